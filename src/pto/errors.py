@@ -1,0 +1,52 @@
+"""Error hierarchy of pto.
+
+Every error raised on bad user input is a subclass of :class:`PtoError`, and its
+message names what was wrong and where (kernel, task, block, buffer, source
+line) so that a kernel author never has to read a torch traceback from deep
+inside a kernel.
+"""
+
+
+class PtoError(Exception):
+    """Base class of every error pto raises on purpose."""
+
+
+class BindError(PtoError):
+    """An argument does not match its annotation (rank, static dim, dynamic dim,
+    dtype, direction), or an ``init_value`` cannot be represented in the dtype."""
+
+
+class CapacityError(PtoError):
+    """A runtime-sized tensor or a runtime count exceeds its declared ``capacity``."""
+
+
+class HeapExhaustedError(PtoError):
+    """The ring heap cannot satisfy an allocation; names the request and the
+    high-water mark."""
+
+
+class ConfigError(PtoError):
+    """A model config or run config a kernel cannot honour (e.g. cannot be tiled)."""
+
+
+class DslError(PtoError):
+    """A DSL construct was used wrongly: shape or dtype mismatch between tiles,
+    an out-of-bounds slice, a tile op outside a task, ..."""
+
+
+class UndefinedValueError(PtoError):
+    """Check mode: an undefined scalar was used as an index, loop bound or branch."""
+
+
+class UndefinedOutputError(PtoError):
+    """Check mode: an element of an Out/InOut argument that the program wrote is
+    undefined at the end of the program."""
+
+
+class RaceError(PtoError):
+    """Check mode: two blocks whose footprints overlap with a write are not
+    ordered by the task graph."""
+
+
+class GoldenDataError(PtoError):
+    """Saved golden data is missing, malformed or does not match the specs."""
