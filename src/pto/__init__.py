@@ -1,0 +1,15 @@
+"""pto: a Python tile-programming framework with a CPU task-graph runtime, and
+DeepSeek-V4-Flash kernels written in it. See DESIGN.md for the architecture.
+
+``import pto.language as pl`` is the DSL; ``pto.runtime`` runs it;
+``pto.golden`` validates it against torch goldens.
+"""
+
+from pto.errors import (BindError, CapacityError, ConfigError, DslError, GoldenDataError, HeapExhaustedError,
+                        PtoError, RaceError, UndefinedOutputError, UndefinedValueError)
+from pto.runtime import Program, RunConfig, run
+
+__all__ = ["PtoError", "BindError", "CapacityError", "HeapExhaustedError", "ConfigError", "DslError",
+           "UndefinedValueError", "UndefinedOutputError", "RaceError", "GoldenDataError", "Program",
+           "RunConfig", "run"]
+__version__ = "0.1.0"

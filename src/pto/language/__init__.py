@@ -1,0 +1,35 @@
+"""The pto DSL surface: ``import pto.language as pl``.
+
+Reference: dsl-api.md (construct semantics); DESIGN.md sections 2-4.
+"""
+
+from types import SimpleNamespace as _NS
+
+from pto.language import system, tile_ops as _tile_ops
+from pto.language.control import Level, at, manual_scope, parallel, pipeline, range, scope, spmd, unroll
+from pto.language.dtypes import (BF16, BOOL, FP16, FP32, INDEX, INT8, INT16, INT32, INT64, TASK_ID, UINT8,
+                                 UINT32, DType)
+from pto.language.jit import jit
+from pto.language.tensor_ops import (AtomicType, GMTensor, assemble, create_tensor, load, read, reshape, slice,
+                                     store, write)
+from pto.language.tensor_ops import dim as _dim
+from pto.language.tensor_ops import max, min  # noqa: A004 - DSL names
+from pto.language.tile_ops import (CAST_MODES, PadValue, Tile, abs, add, arange, cast, col_expand,  # noqa: A004
+                                   col_expand_add, col_expand_div, col_expand_expdif, col_expand_mul,
+                                   col_expand_sub, col_max, col_sum, div, exp, fillpad, full, gather, log,
+                                   matmul, matmul_acc, maximum, minimum, mul, neg, recip, row_expand,
+                                   row_expand_add, row_expand_div, row_expand_mul, row_expand_sub, row_max,
+                                   row_min, row_sum, rsqrt, set_validshape, sqrt, sub, transpose)
+from pto.language.typing import DynVar, InOut, Out, Scalar, ScalarValue, Tensor, dynamic
+
+tensor = _NS(dim=_dim, read=read, write=write, slice=slice, reshape=reshape, assemble=assemble)
+tile = _NS(get_block_idx=system.get_block_idx, full=full, load=load, store=store, write=write, read=read)
+
+
+class MemorySpace:
+    """On-chip memory spaces (placement only; numerically inert)."""
+
+    DDR, Vec, Mat, Left, Right, Acc, Bias = "DDR", "Vec", "Mat", "Left", "Right", "Acc", "Bias"
+
+
+Mem = MemorySpace

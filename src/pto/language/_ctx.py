@@ -1,0 +1,53 @@
+"""The hook between the DSL surface and whatever executes it.
+
+The language layer never imports the runtime (import direction language ->
+runtime -> golden -> models -> cli). The runtime installs itself here: while a
+program runs, ``state.program`` is the executing ``pto.runtime.Program`` and
+``state.block`` the block whose body is running (None in orchestration).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from pto.errors import DslError
+
+
+class _State:
+    __slots__ = ("program", "block", "program_factory", "check")
+
+    def __init__(self):
+        self.program = None
+        self.block = None
+        self.program_factory = None  # installed by pto.runtime
+        self.check = False  # definedness tracking on for the running program
+
+
+state = _State()
+
+
+def program(what: str):
+    """The running program, or DslError naming the construct used outside one."""
+    prog = state.program
+    if prog is None:
+        raise DslError(f"{what} used outside a running @pl.jit program")
+    return prog
+
+
+def in_block() -> bool:
+    """True while a task block body is running."""
+    return state.block is not None
+
+
+def caller_site(depth: int = 2) -> str:
+    """``file:line`` of the frame ``depth`` levels up (for error messages and origins)."""
+    f = sys._getframe(depth)
+    return f"{f.f_code.co_filename}:{f.f_lineno}"
+
+
+def user_frame():
+    """First frame outside the pto.language package (the kernel source line)."""
+    f = sys._getframe(1)
+    while f is not None and "/pto/language/" in f.f_code.co_filename.replace("\\", "/"):
+        f = f.f_back
+    return f

@@ -1,0 +1,278 @@
+"""Task-creating scopes and loops (reference dsl-api.md sections 4-6).
+
+* ``for b in pl.spmd(n, name_hint=...)``: one task of ``n`` blocks; each
+  iteration is one block. The object is also the task handle:
+  ``s = pl.spmd(n); for b in s: ...; s.tid``. As a decorator,
+  ``@pl.spmd(n, ...)`` on ``def body(b): ...`` runs the task and binds the
+  name to its task id. A generator body (``yield pl.system.syncall()``) is
+  the form that supports the all-block barrier.
+* ``with pl.at(level=pl.Level.CORE_GROUP, name_hint=...) as tid``: one task of
+  one block.
+* ``pl.manual_scope()``: dependency derivation off inside (explicit ``deps=``
+  only); ``pl.scope()``: a heap scope whose tensors are freed at exit.
+* ``pl.range`` / ``pl.pipeline`` / ``pl.unroll`` / ``pl.parallel``: loops.
+  Inside a task they are on-core loops; in orchestration every iteration is an
+  AUTO scope (tensors created in it are freed at the end of the iteration).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from pto.errors import DslError
+from pto.language import _ctx
+from pto.language.typing import concrete
+
+__all__ = ["Level", "spmd", "at", "manual_scope", "scope", "range", "pipeline", "unroll", "parallel"]
+
+_builtin_range = range
+
+
+class Level:
+    """Hierarchy levels for ``pl.at``."""
+
+    CORE_GROUP = "core_group"
+    CHIP = "chip"
+    HOST = "host"
+
+
+def _deps_list(deps):
+    out = []
+    for d in deps or ():
+        if d is None:
+            continue
+        if isinstance(d, (list, tuple)):
+            out.extend(_deps_list(d))
+        elif hasattr(d, "tid"):
+            out.append(d.tid)
+        else:
+            out.append(int(concrete(d, "a task id")))
+    return out
+
+
+class spmd:
+    """One SPMD task of ``n`` blocks (see the module docstring for the forms).
+
+    Args:
+        n: block count (a runtime value is fine; 0 blocks is an empty task).
+        name_hint: task name (swimlane row, messages).
+        deps: explicit extra predecessors (task ids; ``-1`` = invalid, ignored).
+        allow_early_resolve, sync_start: scheduling hints, numerically inert.
+
+    Raises:
+        DslError: nested task scopes, or ``with pl.spmd(n)`` with ``n != 1``.
+    """
+
+    def __init__(self, n, name_hint: str = "", deps=None, allow_early_resolve: bool = False,
+                 sync_start: bool = False, predicate=None, optimizations=None):
+        self.n = int(concrete(n, "an spmd block count"))
+        if self.n < 0:
+            raise DslError(f"pl.spmd: negative block count {self.n}")
+        self.name = name_hint or "spmd"
+        self.deps = deps
+        self.tid = -1
+        self._site = _ctx.user_frame()
+
+    def __iter__(self):
+        prog = _ctx.program("pl.spmd")
+        task = prog.begin_task(self.name, self.n, _deps_list(self.deps), self._site)
+        self.tid = task.id
+        ok = False
+        try:
+            for b in _builtin_range(self.n):
+                prog.begin_block(task, b)
+                yield b
+                prog.end_block()
+            ok = True
+        finally:
+            if not ok:
+                prog.end_block()
+            prog.end_task(task, ok)
+
+    def __call__(self, body):
+        """Decorator form: run ``body(b)`` for every block; returns the task id."""
+        prog = _ctx.program("pl.spmd")
+        task = prog.begin_task(self.name, self.n, _deps_list(self.deps), self._site)
+        self.tid = task.id
+        ok = False
+        try:
+            if inspect.isgeneratorfunction(body):
+                _run_phased(prog, task, body, self.n)
+            else:
+                for b in _builtin_range(self.n):
+                    prog.begin_block(task, b)
+                    body(b)
+                    prog.end_block()
+            ok = True
+        finally:
+            if not ok:
+                prog.end_block()
+            prog.end_task(task, ok)
+        return task.id
+
+    def __enter__(self):
+        if self.n != 1:
+            raise DslError(f"`with pl.spmd({self.n})` would run its body once; use `for b in pl.spmd(n)` "
+                           "or the decorator form for more than one block")
+        prog = _ctx.program("pl.spmd")
+        self._task = prog.begin_task(self.name, 1, _deps_list(self.deps), self._site)
+        self.tid = self._task.id
+        prog.begin_block(self._task, 0)
+        return self.tid
+
+    def __exit__(self, et, ev, tb):
+        prog = _ctx.state.program
+        prog.end_block()
+        prog.end_task(self._task, et is None)
+        return False
+
+
+def _run_phased(prog, task, body, n):
+    """Run a generator body whose ``yield pl.system.syncall()`` statements split
+    it into phases: phase k of every block runs before phase k+1 of any block
+    (the CPU emulation of a hard barrier, reference dsl-api.md section 4)."""
+    gens = []
+    live = list(_builtin_range(n))
+    phase = 0
+    for b in live:
+        prog.begin_block(task, b, phase)
+        gens.append(body(b))
+        prog.end_block()
+    while live:
+        nxt = []
+        for b in live:
+            prog.begin_block(task, b, phase)
+            try:
+                marker = next(gens[b])
+            except StopIteration:
+                marker = None
+            finally:
+                prog.end_block()
+            if marker is not None:
+                if marker is not _SYNCALL:
+                    raise DslError(f"spmd body of {task.name!r} yielded {marker!r}; only "
+                                   "`yield pl.system.syncall()` is allowed")
+                nxt.append(b)
+        if nxt and len(nxt) != len(live):
+            raise DslError(f"task {task.name!r}: blocks reached a different number of syncall barriers")
+        live = nxt
+        phase += 1
+        if live:
+            prog.barrier(task, phase)
+
+
+_SYNCALL = object()
+
+
+class at:
+    """One task of one block on a core group: ``with pl.at(...) as tid``.
+
+    Raises:
+        DslError: nested inside another task.
+    """
+
+    def __init__(self, level=Level.CORE_GROUP, name_hint: str = "", deps=None, no_dep_args=None,
+                 allow_early_resolve: bool = False, optimizations=None, dumps=None):
+        self.name = name_hint or "at"
+        self.deps = deps
+        self.tid = -1
+        self._site = _ctx.user_frame()
+
+    def __enter__(self):
+        prog = _ctx.program("pl.at")
+        self._task = prog.begin_task(self.name, 1, _deps_list(self.deps), self._site)
+        self.tid = self._task.id
+        prog.begin_block(self._task, 0)
+        return self.tid
+
+    def __exit__(self, et, ev, tb):
+        prog = _ctx.state.program
+        prog.end_block()
+        prog.end_task(self._task, et is None)
+        return False
+
+
+class manual_scope:
+    """Dependency derivation off for every task inside (explicit ``deps=`` only;
+    creator retention stays). Cannot nest.
+
+    Raises:
+        DslError: nested manual scopes or use inside a task.
+    """
+
+    def __enter__(self):
+        prog = _ctx.program("pl.manual_scope")
+        if _ctx.state.block is not None:
+            raise DslError("pl.manual_scope is orchestration-only")
+        if prog.manual:
+            raise DslError("pl.manual_scope cannot nest inside another manual scope")
+        prog.manual = True
+        return self
+
+    def __exit__(self, et, ev, tb):
+        _ctx.state.program.manual = False
+        return False
+
+
+class scope:
+    """A heap scope: tensors created inside are freed (FIFO) at exit."""
+
+    def __init__(self, mode=None):
+        self.mode = mode
+
+    def __enter__(self):
+        prog = _ctx.program("pl.scope")
+        if self.mode is not None and str(self.mode).lower().endswith("manual"):
+            self._manual = manual_scope().__enter__()
+        else:
+            self._manual = None
+        prog.push_scope()
+        return self
+
+    def __exit__(self, et, ev, tb):
+        prog = _ctx.state.program
+        prog.pop_scope()
+        if self._manual is not None:
+            self._manual.__exit__(et, ev, tb)
+        return False
+
+
+def _bounds(args, what):
+    return [int(concrete(a, f"a {what} bound")) for a in args]
+
+
+def _loop(args, what):
+    bounds = _bounds(args, what)
+    prog = _ctx.state.program
+    if prog is None or _ctx.state.block is not None:
+        return _builtin_range(*bounds)
+    return _scoped_iter(prog, _builtin_range(*bounds))
+
+
+def _scoped_iter(prog, it):
+    for i in it:
+        prog.push_scope()
+        try:
+            yield i
+        finally:
+            prog.pop_scope()
+
+
+def range(*args, init_values=None):  # noqa: A001 - DSL name
+    """Sequential loop ``range(stop)`` / ``(start, stop[, step])``; bounds may be scalars."""
+    return _loop(args, "pl.range")
+
+
+def pipeline(*args, stage: int = 2):
+    """Software-pipelined loop; numerically identical to :func:`range`."""
+    return _loop(args, "pl.pipeline")
+
+
+def unroll(*args):
+    """Fully unrolled loop; literal bounds; numerically identical to :func:`range`."""
+    return _loop(args, "pl.unroll")
+
+
+def parallel(*args):
+    """Loop whose iterations are asserted independent; numerically :func:`range`."""
+    return _loop(args, "pl.parallel")

@@ -1,0 +1,197 @@
+"""``@pl.jit`` (program entry) and ``@pl.jit.inline`` (composable body), and argument binding.
+
+Calling a ``@pl.jit`` function with torch tensors runs one ``Program``
+(DESIGN section 3): arguments are bound to their annotations, orchestration
+runs as plain Python, tasks execute eagerly. ``fn.run(*args, config=...)``
+returns the Program (statistics, task graph); a plain call returns what the
+function returns, with GM tensors mapped back to the caller's torch tensors.
+
+A ``@pl.jit.inline`` function called inside a running program is spliced in
+(its annotations are checked against the GM tensors it receives); called
+outside a program it runs as its own entry program.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+from pto.errors import BindError, DslError
+from pto.language import _ctx
+from pto.language.dtypes import from_torch
+from pto.language.typing import IN, DynVar, ScalarType, ScalarValue, TensorType
+
+__all__ = ["jit", "JitFunction", "bind_arguments", "Param"]
+
+
+class Param:
+    """One bound parameter: name, annotation (TensorType / ScalarType / None), value."""
+
+    __slots__ = ("name", "ann", "value")
+
+    def __init__(self, name, ann, value):
+        self.name = name
+        self.ann = ann
+        self.value = value
+
+    @property
+    def direction(self) -> str:
+        return self.ann.direction if isinstance(self.ann, TensorType) else IN
+
+
+class JitFunction:
+    """A kernel entry or inline body; see the module docstring."""
+
+    def __init__(self, fn, inline: bool = False, auto_scope: bool = True):
+        self.fn = fn
+        self.inline = inline
+        self.__name__ = fn.__name__
+        self.__qualname__ = getattr(fn, "__qualname__", fn.__name__)
+        self.__doc__ = fn.__doc__
+        self.__module__ = fn.__module__
+        self.__wrapped__ = fn
+        self._sig = None
+        self._anns = None
+
+    def signature(self):
+        """(inspect.Signature, {name: annotation}) with annotations evaluated.
+
+        Raises:
+            DslError: an annotation string that cannot be evaluated (use eager
+                annotations in kernel modules, no ``from __future__ import annotations``).
+        """
+        if self._sig is None:
+            try:
+                anns = inspect.get_annotations(self.fn, eval_str=True)
+            except Exception as e:  # noqa: BLE001 - user annotation code
+                raise DslError(f"kernel {self.__name__}: cannot evaluate its annotations ({e}); "
+                               "kernel modules must not use postponed annotations") from None
+            self._sig = inspect.signature(self.fn)
+            self._anns = anns
+        return self._sig, self._anns
+
+    def __call__(self, *args, **kwargs):
+        if _ctx.state.program is not None:
+            params = bind_arguments(self, args, kwargs, gm=True)
+            return self.fn(*[p.value for p in params])
+        return self.run(*args, **kwargs).result
+
+    def run(self, *args, config=None, **kwargs):
+        """Run as an entry program and return the ``pto.runtime.Program``."""
+        factory = _ctx.state.program_factory
+        if factory is None:
+            raise DslError("no runtime installed; import pto")
+        if _ctx.state.program is not None:
+            raise DslError(f"{self.__name__}.run() called inside a running program")
+        return factory(self, args, kwargs, config)
+
+    def __repr__(self) -> str:
+        return f"<pl.jit{'.inline' if self.inline else ''} {self.__qualname__}>"
+
+
+def _check_tensor(kernel: str, name: str, ann: TensorType, shape, dtype, dyn: dict) -> None:
+    if ann.dtype is not None and dtype != ann.dtype.torch:
+        raise BindError(f"kernel {kernel}: parameter {name!r}: dtype {from_torch(dtype)} does not match "
+                        f"annotation {ann.dtype}")
+    if ann.dims is None:
+        return
+    if len(shape) != len(ann.dims):
+        raise BindError(f"kernel {kernel}: parameter {name!r}: rank {len(shape)} (shape {list(shape)}) does not "
+                        f"match annotation rank {len(ann.dims)} {ann}")
+    for d, (want, got) in enumerate(zip(ann.dims, shape)):
+        if isinstance(want, DynVar):
+            seen = dyn.get(id(want))
+            if seen is None:
+                dyn[id(want)] = (got, name, d)
+            elif seen[0] != got:
+                raise BindError(f"kernel {kernel}: parameter {name!r}: dynamic dim {want.name} (dim {d}) is {got}, "
+                                f"but parameter {seen[1]!r} bound it to {seen[0]} (dim {seen[2]})")
+        elif want != got:
+            raise BindError(f"kernel {kernel}: parameter {name!r}: dim {d} is {got}, annotation requires {want}")
+
+
+def bind_arguments(jf: JitFunction, args, kwargs, gm: bool) -> list[Param]:
+    """Match call arguments to the kernel's annotations.
+
+    Args:
+        gm: True when the arguments are GM tensors (inline call inside a
+            program), False for torch tensors at a program entry.
+
+    Returns:
+        list[Param] in signature order (defaults applied).
+
+    Raises:
+        BindError: a missing or extra argument, a tensor whose rank, static
+            dim, dynamic dim or dtype does not match, a non-tensor for a
+            tensor parameter, or a bad scalar — naming the parameter.
+    """
+    sig, anns = jf.signature()
+    try:
+        ba = sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise BindError(f"kernel {jf.__name__}: {e}") from None
+    ba.apply_defaults()
+    dyn: dict = {}
+    out = []
+    for name, value in ba.arguments.items():
+        ann = anns.get(name)
+        if isinstance(ann, TensorType):
+            if gm:
+                data = getattr(value, "data", None)
+                if not isinstance(data, torch.Tensor) or not hasattr(value, "buf"):
+                    raise BindError(f"kernel {jf.__name__}: parameter {name!r} expects a GM tensor, "
+                                    f"got {type(value).__name__}")
+            else:
+                if not isinstance(value, torch.Tensor):
+                    raise BindError(f"kernel {jf.__name__}: parameter {name!r} expects a torch tensor, "
+                                    f"got {type(value).__name__}")
+                data = value
+            _check_tensor(jf.__name__, name, ann, tuple(data.shape), data.dtype, dyn)
+        elif isinstance(ann, ScalarType):
+            value = _bind_scalar(jf.__name__, name, ann, value)
+        out.append(Param(name, ann, value))
+    return out
+
+
+def _bind_scalar(kernel: str, name: str, ann: ScalarType, value):
+    if isinstance(value, ScalarValue):
+        return value
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0:
+            raise BindError(f"kernel {kernel}: scalar parameter {name!r} got a tensor of shape {list(value.shape)}")
+        value = value.item()
+    dt = ann.dtype
+    if dt.is_int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BindError(f"kernel {kernel}: scalar parameter {name!r} ({dt}) expects an int, got {value!r}")
+        if not dt.min <= value <= dt.max:
+            raise BindError(f"kernel {kernel}: scalar parameter {name!r} value {value} out of range of {dt}")
+    elif dt.is_float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BindError(f"kernel {kernel}: scalar parameter {name!r} ({dt}) expects a number, got {value!r}")
+        value = float(value)
+    else:
+        if not isinstance(value, bool):
+            raise BindError(f"kernel {kernel}: scalar parameter {name!r} ({dt}) expects a bool, got {value!r}")
+    return value
+
+
+class _Jit:
+    """``@pl.jit`` / ``@pl.jit(auto_scope=False)`` / ``@pl.jit.inline``."""
+
+    def __call__(self, fn=None, **opts):
+        if fn is None:
+            return functools.partial(self.__call__, **opts)
+        return JitFunction(fn, inline=False, **opts)
+
+    def inline(self, fn=None, **opts):
+        if fn is None:
+            return functools.partial(self.inline, **opts)
+        return JitFunction(fn, inline=True, **opts)
+
+    incore = inline
+
+
+jit = _Jit()

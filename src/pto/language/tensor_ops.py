@@ -1,0 +1,543 @@
+"""GM tensors and the operations that move data between GM and tiles.
+
+A :class:`GMTensor` is a view of a root GM buffer (a caller argument or a
+``pl.create_tensor`` allocation). Inside a task block, reading a window
+(``x[a:b, c:d]``, ``pl.slice``, ``pl.load``, ``pl.read``) loads a :class:`Tile`
+and records a read footprint; writing (``y[...] = tile``, ``pl.assemble``,
+``pl.store``, ``pl.write``) records a write, or an atomic add with
+``atomic=pl.AtomicType.Add``. In orchestration, slicing and reshaping give
+zero-copy views and GM writes are rejected (they belong in a task).
+
+Footprints are boxes on the root buffer, in the root's 2-D coordinates
+``[rows = prod(shape[:-1]), cols = shape[-1]]`` (DESIGN section 3.4); a view
+whose window does not map onto a box is recorded by its bounding box.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pto.errors import DslError
+from pto.language import _ctx
+from pto.language.dtypes import as_dtype
+from pto.language.tile_ops import PadValue, Tile, _pad_scalar, tile_assemble, tile_reshape, tile_slice
+from pto.language.typing import ScalarValue, concrete
+
+__all__ = ["GMTensor", "AtomicType", "create_tensor", "slice", "reshape", "assemble", "read",
+           "write", "load", "store", "dim", "max", "min", "R", "W", "A"]
+
+R, W, A = 0, 1, 2  # footprint kinds: read, plain write, atomic add
+_pyslice = slice
+
+
+class AtomicType:
+    """Combine modes of ``pl.assemble`` / ``pl.store`` into GM."""
+
+    Add = "add"
+    None_ = None
+
+
+def _idx(v, what: str) -> int:
+    if isinstance(v, int):
+        return v
+    return int(concrete(v, what))
+
+
+class GMTensor:
+    """A view of a root GM buffer.
+
+    Attributes:
+        data: the torch view (shape, dtype, strides of this view).
+        buf: the root buffer record (owned by the runtime: id, name, origin,
+            2-D width ``C``, base storage offset, shadow mask in check mode).
+        name: the parameter or allocation name, for messages.
+    """
+
+    __slots__ = ("data", "buf", "name", "_off", "_strides", "_smask")
+
+    def __init__(self, data: torch.Tensor, buf, name: str):
+        self.data = data
+        self.buf = buf
+        self.name = name
+        self._off = data.storage_offset() - buf.base_off
+        self._strides = data.stride()
+        self._smask = None
+
+    # ---- metadata --------------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self):
+        return as_dtype(self.data.dtype)
+
+    def __repr__(self) -> str:
+        return f"GMTensor({self.name!r}, {list(self.shape)}, {self.dtype})"
+
+    def __len__(self) -> int:
+        return self.data.shape[0]
+
+    def smask(self):
+        """The shadow definedness view matching this view (check mode only)."""
+        if self._smask is None:
+            sh = self.buf.shadow
+            self._smask = sh.as_strided(self.data.shape, self._strides, sh.storage_offset() + self._off)
+        return self._smask
+
+    def box(self, starts, stops):
+        """Root 2-D box ``(r0, r1, c0, c1)`` (half-open) of the window
+        ``[starts, stops)`` of this view, or None when the window is empty."""
+        C = self.buf.C
+        off = self._off
+        r_lo = r_hi = c_lo = c_hi = 0
+        f_lo = f_hi = off
+        mixed = False
+        for a, b, s in zip(starts, stops, self._strides):
+            if b <= a:
+                return None
+            f_lo += a * s
+            f_hi += (b - 1) * s
+            if s % C == 0:
+                q = s // C
+                r_lo += a * q
+                r_hi += (b - 1) * q
+            else:
+                c_lo += a * s
+                c_hi += (b - 1) * s
+                if s > C:
+                    mixed = True
+        br, bc = divmod(off, C)
+        c_lo += bc
+        c_hi += bc
+        if mixed or c_hi >= C:
+            r0, r1 = divmod(f_lo, C)[0], divmod(f_hi, C)[0]
+            if r0 == r1:
+                return (r0, r0 + 1, f_lo - r0 * C, f_hi - r0 * C + 1)
+            return (r0, r1 + 1, 0, C)
+        return (br + r_lo, br + r_hi + 1, c_lo, c_hi + 1)
+
+    # ---- subscript sugar ---------------------------------------------------
+    def _parse(self, key):
+        """(starts, stops, dropped dims) of a subscript key."""
+        if not isinstance(key, tuple):
+            key = (key,)
+        shape = self.data.shape
+        if len(key) > len(shape):
+            raise DslError(f"{self.name}: {len(key)} indices for a rank-{len(shape)} tensor")
+        starts, stops, drop = [], [], []
+        for d, k in enumerate(key):
+            if isinstance(k, _pyslice):
+                if k.step not in (None, 1):
+                    raise DslError(f"{self.name}: strided slices are not supported")
+                a = 0 if k.start is None else _idx(k.start, "a slice start")
+                b = shape[d] if k.stop is None else _idx(k.stop, "a slice stop")
+                starts.append(a)
+                stops.append(b)
+            else:
+                i = _idx(k, "an index")
+                starts.append(i)
+                stops.append(i + 1)
+                drop.append(d)
+        for d in range(len(key), len(shape)):
+            starts.append(0)
+            stops.append(shape[d])
+        for d, (a, b) in enumerate(zip(starts, stops)):
+            if a < 0 or b > shape[d] or a > b:
+                raise DslError(f"{self.name}: window [{a}, {b}) out of bounds of dim {d} (extent {shape[d]}) "
+                               f"of shape {list(shape)}{_where()}")
+        return starts, stops, drop
+
+    def __getitem__(self, key):
+        starts, stops, drop = self._parse(key)
+        if len(drop) == len(self.data.shape):
+            return _read_elem(self, starts)
+        if _ctx.state.block is None:
+            return self._view(starts, stops, drop)
+        t = _load(self, starts, stops, None, None)
+        if drop:
+            keep = [s for d, s in enumerate(t.shape) if d not in drop]
+            t = Tile(t.data.reshape(keep), None if t.mask is None else t.mask.reshape(keep))
+        return t
+
+    def __setitem__(self, key, value):
+        starts, stops, drop = self._parse(key)
+        shape = [b - a for a, b in zip(starts, stops)]
+        if isinstance(value, (int, float, ScalarValue)) and not isinstance(value, bool):
+            if math.prod(shape) != 1:
+                raise DslError(f"{self.name}: assigning a number to a window of shape {shape}; use pl.full")
+            write(self, starts, value)
+            return
+        if not isinstance(value, Tile):
+            raise DslError(f"{self.name}: subscript assign needs a tile, got {type(value).__name__}")
+        if list(value.shape) != shape:
+            if math.prod(value.shape) != math.prod(shape) or value.valid is not None:
+                raise DslError(f"{self.name}: tile of shape {list(value.shape)} assigned to window {shape}")
+            value = Tile(value.data.reshape(shape), None if value.mask is None else value.mask.reshape(shape))
+        _store(self, starts, value, None)
+
+    def _view(self, starts, stops, drop=()):
+        key = tuple(_pyslice(a, b) for a, b in zip(starts, stops))
+        v = self.data[key]
+        if drop:
+            v = v.reshape([s for d, s in enumerate(v.shape) if d not in drop])
+        return GMTensor(v, self.buf, self.name)
+
+
+def _where() -> str:
+    blk = _ctx.state.block
+    f = _ctx.user_frame()
+    site = f" at {f.f_code.co_filename}:{f.f_lineno}" if f is not None else ""
+    if blk is not None:
+        return f" (task {blk.task.name!r} block {blk.idx}{site})"
+    return site
+
+
+def _prog_block(what: str):
+    blk = _ctx.state.block
+    if blk is None:
+        raise DslError(f"{what} must run inside a task (pl.at / pl.spmd){_where()}")
+    return blk
+
+
+def _load(t: GMTensor, starts, stops, valid, pad) -> Tile:
+    """Load the window [starts, stops) of t; with ``valid`` only the top-left
+    valid extents are read and the rest is padding (zero unless ``pad``)."""
+    blk = _ctx.state.block
+    buf = t.buf
+    if buf.freed:
+        raise DslError(f"{t.name}: read after its scope ended (use after free){_where()}")
+    shape = [b - a for a, b in zip(starts, stops)]
+    if valid is not None:
+        valid = tuple(_idx(v, "a valid extent") for v in valid)
+        if len(valid) != len(shape):
+            raise DslError(f"{t.name}: valid_shape {list(valid)} has the wrong rank for window {shape}")
+        for d, v in enumerate(valid):
+            if not 0 <= v <= shape[d]:
+                raise DslError(f"{t.name}: valid_shape {list(valid)} outside window {shape}{_where()}")
+            if starts[d] + v > t.data.shape[d]:
+                raise DslError(f"{t.name}: valid window [{starts[d]}, {starts[d] + v}) out of bounds of dim {d} "
+                               f"(extent {t.data.shape[d]}){_where()}")
+        vstops = [a + v for a, v in zip(starts, valid)]
+    else:
+        for d, b in enumerate(stops):
+            if b > t.data.shape[d] or starts[d] < 0:
+                raise DslError(f"{t.name}: window [{starts[d]}, {b}) out of bounds of dim {d} "
+                               f"(extent {t.data.shape[d]}){_where()}")
+        vstops = stops
+    key = tuple(_pyslice(a, b) for a, b in zip(starts, vstops))
+    src = t.data[key]
+    box = t.box(starts, vstops)
+    if box is not None and not buf.untracked:
+        blk.fp.append((buf, box, R))
+    blk.bytes += src.numel() * src.element_size()
+    mask = None
+    if buf.shadow is not None:
+        m = t.smask()[key]
+        if box is not None and bool(m.any()):
+            mask = m.clone()
+            buf.program.note_undefined_read(mask, blk)
+    if valid is None or tuple(vstops) == tuple(stops):
+        return Tile(src.clone(), mask, None if valid is None else valid)
+    fill = 0 if pad is None else _pad_scalar(src.dtype, pad)
+    data = torch.full(shape, fill, dtype=src.dtype)
+    vkey = tuple(_pyslice(0, b - a) for a, b in zip(starts, vstops))
+    data[vkey] = src
+    if mask is not None:
+        full_mask = torch.zeros(shape, dtype=torch.int32)
+        full_mask[vkey] = mask
+        mask = full_mask
+    return Tile(data, mask, valid)
+
+
+def _store(t: GMTensor, starts, tile: Tile, atomic) -> None:
+    blk = _prog_block(f"writing {t.name}")
+    buf = t.buf
+    if buf.freed:
+        raise DslError(f"{t.name}: write after its scope ended (use after free){_where()}")
+    if buf.readonly:
+        raise DslError(f"{t.name}: parameter is declared In (read-only); declare it pl.Out or pl.InOut "
+                       f"to write it{_where()}")
+    if tile.data.dtype != t.data.dtype:
+        raise DslError(f"{t.name}: storing a {tile.dtype} tile into a {t.dtype} tensor (cast first){_where()}")
+    if len(starts) != t.data.dim():
+        raise DslError(f"{t.name}: {len(starts)} offsets for a rank-{t.data.dim()} tensor{_where()}")
+    ext = tile.valid if tile.valid is not None else tile.shape
+    stops = [a + e for a, e in zip(starts, ext)]
+    for d, (a, b) in enumerate(zip(starts, stops)):
+        if a < 0 or b > t.data.shape[d]:
+            raise DslError(f"{t.name}: store window [{a}, {b}) out of bounds of dim {d} "
+                           f"(extent {t.data.shape[d]}){_where()}")
+    key = tuple(_pyslice(a, b) for a, b in zip(starts, stops))
+    src = tile.data if tile.valid is None else tile.data[tuple(_pyslice(0, e) for e in ext)]
+    dst = t.data[key]
+    if atomic is None:
+        dst.copy_(src)
+    elif atomic == AtomicType.Add:
+        if not (dst.dtype.is_floating_point or dst.dtype in (torch.int32, torch.int16, torch.int8)):
+            raise DslError(f"{t.name}: atomic add on dtype {t.dtype} is not supported")
+        dst.add_(src)
+    else:
+        raise DslError(f"{t.name}: unknown atomic type {atomic!r}")
+    box = t.box(starts, stops)
+    if box is not None and not buf.untracked:
+        blk.fp.append((buf, box, W if atomic is None else A))
+    blk.bytes += src.numel() * src.element_size()
+    if buf.shadow is not None:
+        sm = t.smask()[key]
+        m = None if tile.mask is None else (tile.mask if tile.valid is None else
+                                             tile.mask[tuple(_pyslice(0, e) for e in ext)])
+        if atomic is None:
+            if m is None:
+                sm.zero_()
+            else:
+                sm.copy_(m)
+        elif m is not None:
+            torch.maximum(sm, m, out=sm)
+        buf.written = True
+
+
+def _read_elem(t: GMTensor, idx):
+    buf = t.buf
+    if buf.freed:
+        raise DslError(f"{t.name}: read after its scope ended (use after free){_where()}")
+    value = t.data[tuple(idx)].item()
+    blk = _ctx.state.block
+    box = t.box(idx, [i + 1 for i in idx])
+    if blk is not None:
+        if not buf.untracked:
+            blk.fp.append((buf, box, R))
+        blk.bytes += t.data.element_size()
+    else:
+        buf.program.orchestration_read(buf, box)
+    if buf.shadow is not None:
+        oid = int(t.smask()[tuple(idx)])
+        return ScalarValue(value, oid == 0, f"{t.name}{list(idx)} (allocated at {buf.site})", oid)
+    return value
+
+
+# ---- public ops ---------------------------------------------------------------
+
+def create_tensor(shape, dtype, init_value=None, capacity=None, manual_dep: bool = False,
+                  layout=None, name: str | None = None) -> GMTensor:
+    """Allocate a GM tensor from the ring heap (orchestration only).
+
+    Args:
+        shape: list of dims; entries may be runtime values (``max(t, 16)``).
+        dtype: element dtype.
+        init_value: fill at allocation (no task, no edge). ``0`` for any dtype,
+            ``-1`` and other integers for integer sentinels, floats only for
+            float dtypes. None leaves the contents undefined (stale heap bytes;
+            NaN / a garbage pattern in check mode).
+        capacity: compile-time bound of a runtime-sized shape: an int bounds
+            dim 0, a list bounds each dim (None entries unbounded).
+        manual_dep: exclude the tensor from dependency derivation (creator
+            retention stays).
+        name: name for messages; defaults to the assignment target on the
+            calling source line.
+
+    Returns:
+        GMTensor: the new tensor.
+
+    Raises:
+        DslError: called inside a task, or a negative dim.
+        BindError: an ``init_value`` not representable in ``dtype``.
+        CapacityError: a dim above its declared capacity.
+        HeapExhaustedError: the ring heap cannot hold the tensor.
+    """
+    prog = _ctx.program("pl.create_tensor")
+    if _ctx.state.block is not None:
+        raise DslError(f"pl.create_tensor is orchestration-only; it was called inside a task{_where()}")
+    f = _ctx.user_frame()
+    return prog.new_tensor([_idx(s, "a tensor dim") for s in shape], as_dtype(dtype), init_value, capacity,
+                           manual_dep, name, f)
+
+
+def slice(t, shape, offsets, valid_shape=None, pad_value=None, drop_dims=None, valid_shapes=None):  # noqa: A001
+    """A window of ``shape`` at ``offsets`` of a tensor or tile.
+
+    Inside a task, a GM tensor window is loaded into a tile (read footprint);
+    with ``valid_shape`` only the valid top-left extents are read and the rest
+    of the tile is padding (zero, or ``pad_value``). In orchestration a GM
+    tensor window is a zero-copy view. A tile window is a sub-tile.
+    ``valid_shapes`` is the older spelling of ``valid_shape``.
+
+    Raises:
+        DslError: a window out of bounds, or ranks that do not match.
+    """
+    valid_shape = valid_shape if valid_shape is not None else valid_shapes
+    if isinstance(t, Tile):
+        out = tile_slice(t, shape, offsets)
+    else:
+        if not isinstance(t, GMTensor):
+            raise DslError(f"pl.slice: expected a tensor or tile, got {type(t).__name__}")
+        if len(shape) != t.data.dim() or len(offsets) != t.data.dim():
+            raise DslError(f"pl.slice: {t.name} has rank {t.data.dim()}, got shape {list(shape)} "
+                           f"offsets {list(offsets)}")
+        starts = [_idx(o, "a slice offset") for o in offsets]
+        stops = [a + _idx(s, "a slice dim") for a, s in zip(starts, shape)]
+        if _ctx.state.block is None:
+            for d, (a, b) in enumerate(zip(starts, stops)):
+                if a < 0 or b > t.data.shape[d]:
+                    raise DslError(f"pl.slice: {t.name} window [{a}, {b}) out of bounds of dim {d} "
+                                   f"(extent {t.data.shape[d]}){_where()}")
+            out = t._view(starts, stops)
+            return out if not drop_dims else reshape(out, [s for d, s in enumerate(out.shape) if d not in drop_dims])
+        out = _load(t, starts, stops, valid_shape, pad_value)
+        valid_shape = None
+    if valid_shape is not None:
+        out = Tile(out.data, out.mask, tuple(_idx(v, "a valid extent") for v in valid_shape))
+    if drop_dims:
+        out = tile_reshape(out, [s for d, s in enumerate(out.shape) if d not in drop_dims])
+    return out
+
+
+def load(t: GMTensor, offsets, shapes, valid_shape=None, valid_shapes=None, target_memory=None) -> Tile:
+    """Explicit GM -> tile copy of the window ``shapes`` at ``offsets`` (inside a task).
+
+    Raises:
+        DslError: outside a task, or a window out of bounds.
+    """
+    _prog_block(f"pl.load of {getattr(t, 'name', t)}")
+    return slice(t, shapes, offsets, valid_shape=valid_shape if valid_shape is not None else valid_shapes)
+
+
+def store(tile: Tile, offsets, out_tensor: GMTensor, shapes=None, atomic=None) -> GMTensor:
+    """Tile -> GM at ``offsets``; writes the tile's valid region; ``atomic=Add``
+    accumulates into the target. Returns ``out_tensor``.
+
+    Raises:
+        DslError: outside a task, dtype mismatch, or a window out of bounds.
+    """
+    if shapes is not None and list(shapes) != list(tile.shape):
+        tile = tile_reshape(tile, shapes)
+    _store(out_tensor, [_idx(o, "a store offset") for o in offsets], tile, atomic)
+    return out_tensor
+
+
+def assemble(dst, src, offsets, atomic=None):
+    """Write tile ``src`` into ``dst`` at ``offsets``; returns the updated ``dst``.
+
+    With a GM target (inside a task) this is a store, or an atomic add with
+    ``atomic=pl.AtomicType.Add`` (the target must be zeroed beforehand, e.g.
+    by ``create_tensor(..., init_value=0)``). With a tile target it returns a
+    new tile.
+
+    Raises:
+        DslError: as :func:`store`.
+    """
+    if isinstance(dst, Tile):
+        if atomic is not None:
+            raise DslError("pl.assemble: atomic add needs a GM target")
+        return tile_assemble(dst, src, offsets)
+    if not isinstance(src, Tile):
+        raise DslError(f"pl.assemble: source must be a tile, got {type(src).__name__}")
+    if len(offsets) != dst.data.dim() or src.data.dim() != dst.data.dim():
+        raise DslError(f"pl.assemble: rank mismatch: {dst.name} rank {dst.data.dim()}, "
+                       f"tile {list(src.shape)}, offsets {list(offsets)}{_where()}")
+    _store(dst, [_idx(o, "an assemble offset") for o in offsets], src, atomic)
+    return dst
+
+
+def read(src, idx):
+    """Scalar element read from a GM tensor or tile.
+
+    In orchestration the read waits for the producer (eager execution already
+    did). Returns a Python number, or in check mode a ScalarValue that knows
+    whether it is defined.
+    """
+    if not isinstance(idx, (list, tuple)):
+        idx = [idx]
+    if isinstance(src, Tile):
+        v = src.data[tuple(_idx(i, "an index") for i in idx)].item()
+        if src.mask is not None:
+            oid = int(src.mask[tuple(_idx(i, "an index") for i in idx)])
+            if oid:
+                return ScalarValue(v, False, "an undefined tile element", oid)
+        return v
+    if not isinstance(src, GMTensor):
+        raise DslError(f"pl.read: expected a tensor or tile, got {type(src).__name__}")
+    idx = [_idx(i, "an index") for i in idx]
+    if len(idx) != src.data.dim():
+        raise DslError(f"pl.read: {len(idx)} indices for {src.name} of rank {src.data.dim()}")
+    for d, i in enumerate(idx):
+        if not 0 <= i < src.data.shape[d]:
+            raise DslError(f"pl.read: index {i} out of bounds of dim {d} of {src.name} "
+                           f"(extent {src.data.shape[d]}){_where()}")
+    return _read_elem(src, idx)
+
+
+def write(dst, idx, value):
+    """Scalar element store into a GM tensor (inside a task) or a tile.
+
+    Raises:
+        DslError: a GM write outside a task, or an index out of bounds.
+    """
+    if not isinstance(idx, (list, tuple)):
+        idx = [idx]
+    idx = [_idx(i, "an index") for i in idx]
+    undefined = isinstance(value, ScalarValue) and not value.defined
+    oid = value.oid if undefined else 0
+    v = value.value if isinstance(value, ScalarValue) else value
+    if isinstance(dst, Tile):
+        dst.data[tuple(idx)] = v
+        if dst.mask is not None or undefined:
+            if dst.mask is None:
+                dst.mask = torch.zeros(dst.data.shape, dtype=torch.int32)
+            dst.mask[tuple(idx)] = oid
+        return dst
+    if not isinstance(dst, GMTensor):
+        raise DslError(f"pl.write: expected a tensor or tile, got {type(dst).__name__}")
+    if len(idx) != dst.data.dim():
+        raise DslError(f"pl.write: {len(idx)} indices for {dst.name} of rank {dst.data.dim()}")
+    for d, i in enumerate(idx):
+        if not 0 <= i < dst.data.shape[d]:
+            raise DslError(f"pl.write: index {i} out of bounds of dim {d} of {dst.name} "
+                           f"(extent {dst.data.shape[d]}){_where()}")
+    t = Tile(torch.tensor(v, dtype=dst.data.dtype).reshape([1] * len(idx)),
+             None if not undefined else torch.full([1] * len(idx), oid, dtype=torch.int32))
+    _store(dst, idx, t, None)
+    return dst
+
+
+def reshape(x, shape):
+    """Reinterpret dims (same element count, row-major): a GM view or a tile.
+
+    Raises:
+        DslError: element counts differ, or the GM view is not contiguous.
+    """
+    if isinstance(x, Tile):
+        return tile_reshape(x, shape)
+    if not isinstance(x, GMTensor):
+        raise DslError(f"pl.reshape: expected a tensor or tile, got {type(x).__name__}")
+    shape = [_idx(s, "a reshape dim") for s in shape]
+    if math.prod(shape) != x.data.numel():
+        raise DslError(f"pl.reshape: cannot reshape {x.name} {list(x.shape)} to {shape}")
+    try:
+        v = x.data.view(shape)
+    except RuntimeError:
+        raise DslError(f"pl.reshape: {x.name} view {list(x.shape)} is not contiguous; cannot reshape to {shape}") from None
+    return GMTensor(v, x.buf, x.name)
+
+
+def dim(t, axis: int) -> int:
+    """Runtime extent of dim ``axis`` of a GM tensor or tile (an int)."""
+    return int(t.data.shape[axis])
+
+
+def max(a, b):  # noqa: A001 - DSL name
+    """Scalar maximum of two scalars (not a reduction)."""
+    if isinstance(a, ScalarValue) or isinstance(b, ScalarValue):
+        a_ = a if isinstance(a, ScalarValue) else ScalarValue(a, True)
+        return a_._bin(b, lambda x, y: x if x >= y else y)
+    return a if a >= b else b
+
+
+def min(a, b):  # noqa: A001 - DSL name
+    """Scalar minimum of two scalars (not a reduction)."""
+    if isinstance(a, ScalarValue) or isinstance(b, ScalarValue):
+        a_ = a if isinstance(a, ScalarValue) else ScalarValue(a, True)
+        return a_._bin(b, lambda x, y: x if x <= y else y)
+    return a if a <= b else b

@@ -1,0 +1,733 @@
+"""Tiles and tile operations: the one place that defines the numerics of the DSL.
+
+A :class:`Tile` is an on-chip value: a torch tensor (``data``), an optional
+definedness mask (``mask``, check mode only; ``None`` means all defined) and an
+optional valid shape (``valid``: per-dim extents of the meaningful top-left
+region; elements outside it are padding).
+
+Rules shared by every op (reference dsl-api.md sections 9-13):
+
+* no implicit dtype promotion and no implicit broadcast between tiles of
+  different shapes (use the ``row_expand_*`` / ``col_expand_*`` family);
+* a Python number (or a defined scalar) on either side selects the scalar form;
+* ops compute over the full physical tile, padding included;
+* matmul accumulates BF16/FP16/FP32 operands in FP32 and INT8 operands in exact
+  INT32;
+* definedness masks propagate: elementwise AND, reductions ALL along the
+  reduced axis, matmul out[i, j] = ALL(A[i, :]) AND ALL(B[:, j]), gathers move
+  masks with the data (DESIGN section 5). A mask is an INT32 tensor holding,
+  per element, 0 when defined or else the id of the allocation the undefined
+  value came from, so that the AND is a ``maximum`` and every undefined
+  element still names its origin.
+
+Every op raises :class:`pto.DslError` on a rank, shape or dtype it does not
+accept, naming the op and the offending operand.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pto.errors import DslError
+from pto.language import _ctx
+from pto.language.dtypes import BF16, FP16, FP32, INT8, INT16, INT32, UINT32, DType, as_dtype, from_torch
+from pto.language.typing import ScalarValue, concrete
+
+__all__ = [
+    "Tile", "PadValue", "full", "arange", "cast", "add", "sub", "mul", "div", "maximum",
+    "minimum", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "recip", "row_sum", "row_max",
+    "row_min", "col_sum", "col_max", "row_expand", "row_expand_mul", "row_expand_div",
+    "row_expand_sub", "row_expand_add", "col_expand", "col_expand_mul", "col_expand_add",
+    "col_expand_sub", "col_expand_div", "col_expand_expdif", "gather", "transpose", "matmul",
+    "matmul_acc", "set_validshape", "fillpad", "tile_reshape", "tile_slice", "tile_assemble",
+    "CAST_MODES",
+]
+
+
+class PadValue:
+    """Pad fill modes for :func:`fillpad` and slice ``pad_value``."""
+
+    zero = "zero"
+    min = "min"
+    max = "max"
+
+
+def _count(flops: int = 0) -> None:
+    blk = _ctx.state.block
+    if blk is not None:
+        blk.ops += 1
+        blk.flops += flops
+
+
+class Tile:
+    """An on-chip tile value.
+
+    Args:
+        data: the values, any rank (kernels use rank 1-3), any DSL dtype.
+        mask: INT32 tensor of the same shape: 0 = defined, k > 0 = undefined,
+            originating from allocation k; None = all defined.
+        valid: per-dim extents of the valid region, or None for the full tile.
+
+    Python operators map to the DSL ops (``a + b`` is ``pl.add(a, b)``).
+    """
+
+    __slots__ = ("data", "mask", "valid")
+    __array_priority__ = 100
+
+    def __init__(self, data: torch.Tensor, mask: torch.Tensor | None = None, valid=None):
+        self.data = data
+        self.mask = mask
+        self.valid = valid
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self) -> DType:
+        return from_torch(self.data.dtype)
+
+    @property
+    def valid_shape(self) -> tuple:
+        """Valid extents per dim (the full shape when no valid shape is set)."""
+        return self.valid if self.valid is not None else self.shape
+
+    def __repr__(self) -> str:
+        extra = "" if self.valid is None else f", valid={list(self.valid)}"
+        undef = "" if self.mask is None else f", undefined={int((self.mask != 0).sum())}"
+        return f"Tile({list(self.shape)}, {self.dtype}{extra}{undef})"
+
+    def numpy(self):
+        return self.data.numpy()
+
+    # operators -------------------------------------------------------------
+    def __add__(self, o): return add(self, o)
+    def __radd__(self, o): return add(self, o)
+    def __sub__(self, o): return sub(self, o)
+    def __rsub__(self, o): return add(neg(self), o)
+    def __mul__(self, o): return mul(self, o)
+    def __rmul__(self, o): return mul(self, o)
+    def __truediv__(self, o): return div(self, o)
+    def __rtruediv__(self, o): return mul(recip(self), o)
+    def __neg__(self): return neg(self)
+
+    def __getitem__(self, key):
+        data = self.data[key]
+        return Tile(data, None if self.mask is None else self.mask[key])
+
+    def __setitem__(self, key, value):
+        v = _as_tile(value, "tile subscript assign") if not isinstance(value, (int, float)) else value
+        if isinstance(v, Tile):
+            if v.data.dtype != self.data.dtype:
+                raise DslError(f"tile subscript assign: dtype {v.dtype} into {self.dtype} tile")
+            self.data[key] = v.data
+            if v.mask is not None or self.mask is not None:
+                if self.mask is None:
+                    self.mask = torch.zeros(self.data.shape, dtype=torch.int32)
+                self.mask[key] = 0 if v.mask is None else v.mask
+        else:
+            self.data[key] = v
+            if self.mask is not None:
+                self.mask[key] = 0
+
+
+def _as_tile(x, op: str) -> Tile:
+    if isinstance(x, Tile):
+        return x
+    if isinstance(x, torch.Tensor):
+        return Tile(x)
+    raise DslError(f"{op}: expected a tile, got {type(x).__name__}")
+
+
+def _and(a, b):
+    """Combine two definedness masks (None = all defined)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return torch.maximum(a, b)
+
+
+def _scalar(x, op: str):
+    """(value, undefined-origin id or 0) for a scalar operand."""
+    if isinstance(x, ScalarValue):
+        return x.value, 0 if x.defined else x.oid
+    if isinstance(x, (int, float, bool)):
+        return x, 0
+    raise DslError(f"{op}: expected a tile or a number, got {type(x).__name__}")
+
+
+def _binary(op: str, a, b, fn):
+    if not isinstance(a, Tile):
+        if isinstance(b, Tile):
+            a, b = b, a
+        else:
+            a = _as_tile(a, op)
+    if isinstance(b, torch.Tensor):
+        b = Tile(b)
+    if isinstance(b, Tile):
+        if a.data.dtype != b.data.dtype:
+            raise DslError(f"pl.{op}: dtype mismatch {a.dtype} vs {b.dtype} (no implicit promotion; use pl.cast)")
+        if a.data.shape != b.data.shape:
+            raise DslError(f"pl.{op}: shape mismatch {list(a.shape)} vs {list(b.shape)} "
+                           "(no implicit broadcast; use the row_expand_/col_expand_ ops)")
+        out = fn(a.data, b.data)
+        mask = _and(a.mask, b.mask)
+    else:
+        v, oid = _scalar(b, f"pl.{op}")
+        out = fn(a.data, v)
+        mask = a.mask if not oid else _and(a.mask, torch.full(a.data.shape, oid, dtype=torch.int32))
+    if out.dtype != a.data.dtype:
+        out = out.to(a.data.dtype)
+    _count(out.numel())
+    return Tile(out, mask, a.valid)
+
+
+def add(a, b) -> Tile:
+    """Elementwise ``a + b`` (same shape and dtype, or tile and number)."""
+    return _binary("add", a, b, torch.add)
+
+
+def sub(a, b) -> Tile:
+    """Elementwise ``a - b`` (same shape and dtype, or tile minus number)."""
+    if not isinstance(a, Tile) and isinstance(b, Tile):
+        return add(neg(b), a)
+    return _binary("sub", a, b, torch.sub)
+
+
+def mul(a, b) -> Tile:
+    """Elementwise ``a * b`` (same shape and dtype, or tile and number)."""
+    return _binary("mul", a, b, torch.mul)
+
+
+def div(a, b, high_precision: bool = False) -> Tile:
+    """Elementwise ``a / b`` (IEEE division; x/0 is ±inf)."""
+    if not isinstance(a, Tile) and isinstance(b, Tile):
+        return mul(recip(b), a)
+    return _binary("div", a, b, torch.div)
+
+
+def maximum(a, b) -> Tile:
+    """Elementwise maximum (tile-tile or tile-number)."""
+    return _binary("maximum", a, b, lambda x, y: torch.maximum(x, y) if isinstance(y, torch.Tensor)
+                   else torch.clamp(x, min=y))
+
+
+def minimum(a, b) -> Tile:
+    """Elementwise minimum (tile-tile or tile-number)."""
+    return _binary("minimum", a, b, lambda x, y: torch.minimum(x, y) if isinstance(y, torch.Tensor)
+                   else torch.clamp(x, max=y))
+
+
+def _unary(op: str, x, fn, float_only: bool = True) -> Tile:
+    x = _as_tile(x, f"pl.{op}")
+    if float_only and not x.data.dtype.is_floating_point:
+        raise DslError(f"pl.{op}: needs a float tile, got {x.dtype}")
+    _count(x.data.numel())
+    return Tile(fn(x.data), x.mask, x.valid)
+
+
+def neg(x) -> Tile:
+    """Elementwise ``-x``."""
+    return _unary("neg", x, torch.neg, float_only=False)
+
+
+def abs(x) -> Tile:  # noqa: A001 - DSL name
+    """Elementwise ``|x|``."""
+    return _unary("abs", x, torch.abs, float_only=False)
+
+
+def exp(x) -> Tile:
+    """Elementwise natural exponential (float tiles)."""
+    return _unary("exp", x, torch.exp)
+
+
+def log(x) -> Tile:
+    """Elementwise natural logarithm (float tiles; log(0) = -inf)."""
+    return _unary("log", x, torch.log)
+
+
+def sqrt(x) -> Tile:
+    """Elementwise square root (float tiles)."""
+    return _unary("sqrt", x, torch.sqrt)
+
+
+def rsqrt(x, high_precision: bool = False) -> Tile:
+    """Elementwise ``1/sqrt(x)``; ``high_precision`` selects the accurate device
+    path, which on the CPU is the same IEEE result."""
+    return _unary("rsqrt", x, torch.rsqrt)
+
+
+def recip(x, high_precision: bool = False) -> Tile:
+    """Elementwise ``1/x`` (float tiles)."""
+    return _unary("recip", x, torch.reciprocal)
+
+
+# ---- constants -------------------------------------------------------------
+
+def full(shape, dtype, value) -> Tile:
+    """A tile of ``shape`` filled with ``value`` (an int for integer dtypes).
+
+    Raises:
+        DslError: a float value on an integer dtype, or a non-integral dim.
+    """
+    dt = as_dtype(dtype)
+    value = concrete(value, "a pl.full value")
+    if dt.is_int and isinstance(value, float) and not value.is_integer():
+        raise DslError(f"pl.full: float value {value} for integer dtype {dt}")
+    shape = [int(concrete(s, "a tile dim")) for s in shape]
+    _count()
+    return Tile(torch.full(shape, value, dtype=dt.torch))
+
+
+def arange(start, shape, dtype=INT32, descending: bool = False) -> Tile:
+    """Consecutive integers ``start, start+1, ...`` (or descending) in a ``[1, N]`` tile.
+
+    Leading dims must be 1 (reference dsl-api.md section 7). Dtypes INT16, INT32, UINT32.
+
+    Raises:
+        DslError: leading dims other than 1, or a non-integer dtype.
+    """
+    dt = as_dtype(dtype)
+    shape = [int(s) for s in shape]
+    if any(s != 1 for s in shape[:-1]):
+        raise DslError(f"pl.arange: leading dims must be 1, got shape {shape}")
+    if not dt.is_int:
+        raise DslError(f"pl.arange: integer dtype required, got {dt}")
+    n = shape[-1]
+    start = int(concrete(start, "an arange start"))
+    v = torch.arange(start, start - n, -1) if descending else torch.arange(start, start + n)
+    _count()
+    return Tile(v.reshape(shape).to(dt.torch))
+
+
+# ---- cast --------------------------------------------------------------------
+
+CAST_MODES = {"none": 0, "rint": 1, "round": 2, "floor": 3, "ceil": 4, "trunc": 5, "odd": 6}
+_MODE_BY_CODE = {v: k for k, v in CAST_MODES.items()}
+_INT_VIEW = {2: torch.int16, 4: torch.int32}
+
+
+def _step(r: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Next representable value of r's float dtype toward +inf (up) or -inf."""
+    nbits = r.element_size() * 8
+    u = r.view(_INT_VIEW[r.element_size()]).to(torch.int64) & ((1 << nbits) - 1)
+    sign_bit = 1 << (nbits - 1)
+    neg = u >= sign_bit
+    zero = (u & (sign_bit - 1)) == 0
+    inc = u + 1
+    dec = u - 1
+    res = torch.where(up,
+                      torch.where(neg, torch.where(zero, torch.ones_like(u), dec), inc),
+                      torch.where(neg, inc, torch.where(zero, torch.full_like(u, sign_bit + 1), dec)))
+    res = torch.where(res >= sign_bit, res - (1 << nbits), res)
+    return res.to(_INT_VIEW[r.element_size()]).view(r.dtype)
+
+
+def _round_to_float(v: torch.Tensor, dst: torch.dtype, mode: str) -> torch.Tensor:
+    """Round float64 values ``v`` to float dtype ``dst`` under ``mode``."""
+    r = v.to(dst)  # round to nearest, ties to even
+    if mode in ("none", "rint"):
+        return r
+    rd = r.to(torch.float64)
+    above = rd > v
+    other = _step(r, ~above)
+    lo = torch.where(above, other, r)
+    hi = torch.where(above, r, other)
+    if mode == "floor":
+        chosen = lo
+    elif mode == "ceil":
+        chosen = hi
+    elif mode == "trunc":
+        chosen = torch.where(v >= 0, lo, hi)
+    elif mode == "round":
+        tie = (v - lo.to(torch.float64)) == (hi.to(torch.float64) - v)
+        chosen = torch.where(tie, torch.where(v >= 0, hi, lo), r)
+    else:
+        raise DslError(f"pl.cast: mode {mode!r} is not supported for float targets")
+    keep = (rd == v) | torch.isnan(v) | torch.isinf(v)
+    return torch.where(keep, r, chosen)
+
+
+def _round_to_int(v: torch.Tensor, mode: str) -> torch.Tensor:
+    if mode in ("rint", "none"):
+        return torch.round(v)  # half to even
+    if mode == "round":
+        return torch.sign(v) * torch.floor(torch.abs(v) + 0.5)
+    if mode == "floor":
+        return torch.floor(v)
+    if mode == "ceil":
+        return torch.ceil(v)
+    if mode == "trunc":
+        return torch.trunc(v)
+    raise DslError(f"pl.cast: mode {mode!r} is not supported for integer targets")
+
+
+def cast(x, target_type, mode="round") -> Tile:
+    """Convert a tile to ``target_type`` with an Ascend rounding mode.
+
+    Modes (name or code): ``none``/0 (nearest-even when precision is lost),
+    ``rint``/1 (nearest, ties to even), ``round``/2 (nearest, ties away from
+    zero; the default), ``floor``/3, ``ceil``/4, ``trunc``/5 (toward zero).
+    ``odd``/6 is rejected. Float to integer casts saturate at the target range
+    (NaN becomes 0); integer narrowing saturates too. Widening casts are exact.
+    Reference: dsl-api.md section 12.
+
+    Raises:
+        DslError: unknown mode, mode ``odd``, or a non-tile operand.
+    """
+    x = _as_tile(x, "pl.cast")
+    dst = as_dtype(target_type)
+    if isinstance(mode, int):
+        if mode not in _MODE_BY_CODE:
+            raise DslError(f"pl.cast: unknown mode code {mode}")
+        mode = _MODE_BY_CODE[mode]
+    if mode not in CAST_MODES or mode == "odd":
+        raise DslError(f"pl.cast: unsupported mode {mode!r}; use one of none, rint, round, floor, ceil, trunc")
+    src = x.data
+    _count(src.numel())
+    if src.dtype == dst.torch:
+        return Tile(src.clone(), x.mask, x.valid)
+    if dst.torch == torch.bool:
+        out = src != 0
+    elif dst.is_float:
+        exact = (src.dtype == torch.bool or
+                 (src.dtype.is_floating_point and torch.finfo(src.dtype).bits <= torch.finfo(dst.torch).bits
+                  and not (src.dtype == torch.bfloat16 and dst.torch == torch.float16))
+                 or (not src.dtype.is_floating_point and src.element_size() <= 2 and dst.torch == torch.float32))
+        if exact:
+            out = src.to(dst.torch)
+        else:
+            out = _round_to_float(src.to(torch.float64), dst.torch, mode)
+    else:
+        if src.dtype.is_floating_point:
+            v = _round_to_int(src.to(torch.float64), mode)
+            v = torch.nan_to_num(v, nan=0.0)
+            out = v.clamp(dst.min, dst.max).to(dst.torch)
+        else:
+            out = src.to(torch.int64).clamp(dst.min, dst.max).to(dst.torch)
+    return Tile(out, x.mask, x.valid)
+
+
+# ---- reductions and expands --------------------------------------------------
+
+def _need_rank2(op: str, x) -> Tile:
+    x = _as_tile(x, f"pl.{op}")
+    if x.data.dim() != 2:
+        raise DslError(f"pl.{op}: needs a rank-2 tile, got shape {list(x.shape)}")
+    return x
+
+
+def _reduce(op: str, x, dim: int, fn) -> Tile:
+    x = _need_rank2(op, x)
+    out = fn(x.data, dim)
+    mask = None if x.mask is None else x.mask.amax(dim=dim, keepdim=True)
+    _count(x.data.numel())
+    return Tile(out, mask)
+
+
+def row_sum(x, tmp_tile=None) -> Tile:
+    """Sum along the last axis: ``[M, N] -> [M, 1]``; padding participates."""
+    return _reduce("row_sum", x, 1, lambda d, a: d.sum(dim=a, keepdim=True, dtype=torch.float32).to(d.dtype)
+                   if d.dtype.is_floating_point else d.sum(dim=a, keepdim=True).to(d.dtype))
+
+
+def row_max(x, tmp_tile=None) -> Tile:
+    """Max along the last axis: ``[M, N] -> [M, 1]``."""
+    return _reduce("row_max", x, 1, lambda d, a: d.amax(dim=a, keepdim=True))
+
+
+def row_min(x, tmp_tile=None) -> Tile:
+    """Min along the last axis: ``[M, N] -> [M, 1]``."""
+    return _reduce("row_min", x, 1, lambda d, a: d.amin(dim=a, keepdim=True))
+
+
+def col_sum(x, tmp_tile=None) -> Tile:
+    """Sum along the first axis: ``[M, N] -> [1, N]``."""
+    return _reduce("col_sum", x, 0, lambda d, a: d.sum(dim=a, keepdim=True, dtype=torch.float32).to(d.dtype)
+                   if d.dtype.is_floating_point else d.sum(dim=a, keepdim=True).to(d.dtype))
+
+
+def col_max(x, tmp_tile=None) -> Tile:
+    """Max along the first axis: ``[M, N] -> [1, N]``."""
+    return _reduce("col_max", x, 0, lambda d, a: d.amax(dim=a, keepdim=True))
+
+
+def _expand(op: str, lhs, rhs, axis: str, fn) -> Tile:
+    lhs = _need_rank2(op, lhs)
+    rhs = _need_rank2(op, rhs)
+    m, n = lhs.shape
+    want = (m, 1) if axis == "row" else (1, n)
+    if rhs.shape != want:
+        raise DslError(f"pl.{op}: rhs must be {list(want)} for lhs {list(lhs.shape)}, got {list(rhs.shape)}")
+    if lhs.data.dtype != rhs.data.dtype:
+        raise DslError(f"pl.{op}: dtype mismatch {lhs.dtype} vs {rhs.dtype}")
+    out = fn(lhs.data, rhs.data)
+    mask = lhs.mask
+    if rhs.mask is not None:
+        mask = _and(mask, rhs.mask.expand(m, n))
+    _count(out.numel())
+    return Tile(out.to(lhs.data.dtype), mask, lhs.valid)
+
+
+def row_expand(lhs, rhs) -> Tile:
+    """Broadcast the ``[M, 1]`` column ``rhs`` to ``lhs``'s shape ``[M, N]``."""
+    return _expand("row_expand", lhs, rhs, "row", lambda a, b: b.expand_as(a).clone())
+
+
+def row_expand_mul(lhs, rhs) -> Tile:
+    """``lhs[M, N] * rhs[M, 1]`` per row."""
+    return _expand("row_expand_mul", lhs, rhs, "row", torch.mul)
+
+
+def row_expand_div(lhs, rhs) -> Tile:
+    """``lhs[M, N] / rhs[M, 1]`` per row."""
+    return _expand("row_expand_div", lhs, rhs, "row", torch.div)
+
+
+def row_expand_sub(lhs, rhs) -> Tile:
+    """``lhs[M, N] - rhs[M, 1]`` per row."""
+    return _expand("row_expand_sub", lhs, rhs, "row", torch.sub)
+
+
+def row_expand_add(lhs, rhs) -> Tile:
+    """``lhs[M, N] + rhs[M, 1]`` per row."""
+    return _expand("row_expand_add", lhs, rhs, "row", torch.add)
+
+
+def col_expand(lhs, rhs) -> Tile:
+    """Broadcast the ``[1, N]`` row ``rhs`` down to ``lhs``'s shape ``[M, N]``."""
+    return _expand("col_expand", lhs, rhs, "col", lambda a, b: b.expand_as(a).clone())
+
+
+def col_expand_mul(lhs, rhs) -> Tile:
+    """``lhs[M, N] * rhs[1, N]`` per column."""
+    return _expand("col_expand_mul", lhs, rhs, "col", torch.mul)
+
+
+def col_expand_add(lhs, rhs) -> Tile:
+    """``lhs[M, N] + rhs[1, N]`` per column."""
+    return _expand("col_expand_add", lhs, rhs, "col", torch.add)
+
+
+def col_expand_sub(lhs, rhs) -> Tile:
+    """``lhs[M, N] - rhs[1, N]`` per column."""
+    return _expand("col_expand_sub", lhs, rhs, "col", torch.sub)
+
+
+def col_expand_div(lhs, rhs) -> Tile:
+    """``lhs[M, N] / rhs[1, N]`` per column."""
+    return _expand("col_expand_div", lhs, rhs, "col", torch.div)
+
+
+def col_expand_expdif(lhs, rhs) -> Tile:
+    """``exp(lhs[M, N] - rhs[1, N])`` fused (softmax numerator along columns)."""
+    return _expand("col_expand_expdif", lhs, rhs, "col", lambda a, b: torch.exp(a - b))
+
+
+# ---- data movement inside a tile ----------------------------------------------
+
+def gather(x, dim: int = -1, index=None, mask_pattern=None, output_dtype=None) -> Tile:
+    """Index form: ``out[b, k] = x[b, index[b, k]]`` (rank 2, last dim only).
+
+    ``index`` is an INT32 (or INT16/INT64) tile with the same number of rows as
+    ``x`` (or one row, broadcast to every row). The definedness mask moves with
+    the data. The mask-pattern form is not supported.
+
+    Raises:
+        DslError: wrong rank or dim, non-integer index, an index out of range.
+    """
+    if mask_pattern is not None:
+        raise DslError("pl.gather: the mask_pattern form is not supported")
+    x = _need_rank2("gather", x)
+    if index is None:
+        raise DslError("pl.gather: index= is required")
+    idx = _as_tile(index, "pl.gather")
+    if dim not in (-1, 1):
+        raise DslError(f"pl.gather: only dim=-1 is supported, got {dim}")
+    if idx.data.dtype.is_floating_point or idx.data.dim() != 2:
+        raise DslError(f"pl.gather: index must be a rank-2 integer tile, got {idx}")
+    ii = idx.data.to(torch.int64)
+    if ii.shape[0] == 1 and x.shape[0] != 1:
+        ii = ii.expand(x.shape[0], ii.shape[1])
+    elif ii.shape[0] != x.shape[0]:
+        raise DslError(f"pl.gather: index rows {ii.shape[0]} != x rows {x.shape[0]}")
+    if ii.numel() and (int(ii.min()) < 0 or int(ii.max()) >= x.shape[1]):
+        raise DslError(f"pl.gather: index out of range [0, {x.shape[1]}): min {int(ii.min())}, max {int(ii.max())}")
+    out = torch.gather(x.data, 1, ii)
+    mask = None
+    if x.mask is not None:
+        mask = torch.gather(x.mask, 1, ii)
+    if idx.mask is not None:
+        m = idx.mask if idx.mask.shape == ii.shape else idx.mask.expand_as(ii)
+        mask = _and(mask, m)
+    _count(out.numel())
+    return Tile(out, mask)
+
+
+def transpose(x, axis1: int = 0, axis2: int = 1) -> Tile:
+    """Swap two axes of a tile (the result is a fresh contiguous tile)."""
+    x = _as_tile(x, "pl.transpose")
+    out = x.data.transpose(axis1, axis2).contiguous()
+    mask = None if x.mask is None else x.mask.transpose(axis1, axis2).contiguous()
+    valid = None
+    if x.valid is not None:
+        v = list(x.valid)
+        v[axis1], v[axis2] = v[axis2], v[axis1]
+        valid = tuple(v)
+    _count(out.numel())
+    return Tile(out, mask, valid)
+
+
+def tile_reshape(x, shape) -> Tile:
+    """Reinterpret a tile's dims (same element count, row-major)."""
+    x = _as_tile(x, "pl.reshape")
+    shape = [int(concrete(s, "a reshape dim")) for s in shape]
+    if math.prod(shape) != x.data.numel():
+        raise DslError(f"pl.reshape: cannot reshape tile {list(x.shape)} to {shape}")
+    return Tile(x.data.reshape(shape), None if x.mask is None else x.mask.reshape(shape))
+
+
+def tile_slice(x, shape, offsets) -> Tile:
+    """A sub-tile of ``shape`` at ``offsets`` (a copy)."""
+    x = _as_tile(x, "pl.slice")
+    key = []
+    for d, (o, s) in enumerate(zip(offsets, shape)):
+        o, s = int(concrete(o, "a slice offset")), int(concrete(s, "a slice dim"))
+        if o < 0 or o + s > x.shape[d]:
+            raise DslError(f"pl.slice: window [{o}, {o + s}) out of tile dim {d} of extent {x.shape[d]}")
+        key.append(slice(o, o + s))
+    key = tuple(key)
+    return Tile(x.data[key].clone(), None if x.mask is None else x.mask[key].clone())
+
+
+def tile_assemble(dst, src, offsets) -> Tile:
+    """A copy of tile ``dst`` with tile ``src`` written at ``offsets``."""
+    dst = _as_tile(dst, "pl.assemble")
+    src = _as_tile(src, "pl.assemble")
+    out = Tile(dst.data.clone(), None if dst.mask is None else dst.mask.clone(), dst.valid)
+    key = tuple(slice(int(o), int(o) + s) for o, s in zip(offsets, src.shape))
+    out[key] = src
+    return out
+
+
+# ---- matmul ----------------------------------------------------------------------
+
+_FLOAT_MM = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def matmul(a, b, out_dtype=None, a_trans: bool = False, b_trans: bool = False) -> Tile:
+    """``a[M, K] @ b[K, N]`` on the cube unit (``b_trans``: b stored ``[N, K]``).
+
+    BF16/FP16/FP32 operands accumulate in FP32; INT8 x INT8 accumulates exactly
+    in INT32. ``out_dtype`` must equal the accumulator dtype (FP32 or INT32).
+    Rank-3 operands are a batched matmul.
+
+    Raises:
+        DslError: mixed operand dtypes, unsupported dtypes, a K mismatch, or
+            an ``out_dtype`` other than the accumulator dtype.
+    """
+    a = _as_tile(a, "pl.matmul")
+    b = _as_tile(b, "pl.matmul")
+    A = a.data.transpose(-1, -2) if a_trans else a.data
+    B = b.data.transpose(-1, -2) if b_trans else b.data
+    if A.shape[-1] != B.shape[-2]:
+        raise DslError(f"pl.matmul: K mismatch, a is {list(A.shape)} and b is {list(B.shape)}"
+                       f"{' (b_trans)' if b_trans else ''}")
+    if A.dtype in _FLOAT_MM and B.dtype in _FLOAT_MM:
+        if A.dtype != B.dtype:
+            raise DslError(f"pl.matmul: operand dtypes differ ({a.dtype} vs {b.dtype})")
+        acc = FP32
+        out = torch.matmul(A.to(torch.float32), B.to(torch.float32))
+    elif A.dtype == torch.int8 and B.dtype == torch.int8:
+        acc = INT32
+        out = torch.matmul(A.to(torch.float64), B.to(torch.float64)).to(torch.int32)
+    else:
+        raise DslError(f"pl.matmul: unsupported operand dtypes {a.dtype} x {b.dtype} "
+                       "(BF16/FP16/FP32 pairs or INT8 x INT8)")
+    if out_dtype is not None and as_dtype(out_dtype) is not acc:
+        raise DslError(f"pl.matmul: out_dtype must be the accumulator dtype {acc}, got {as_dtype(out_dtype)}")
+    mask = None
+    if a.mask is not None or b.mask is not None:
+        ma = a.mask.transpose(-1, -2) if (a.mask is not None and a_trans) else a.mask
+        mb = b.mask.transpose(-1, -2) if (b.mask is not None and b_trans) else b.mask
+        rows = torch.zeros(A.shape[:-1], dtype=torch.int32) if ma is None else ma.amax(dim=-1)
+        cols = torch.zeros(B.shape[:-2] + B.shape[-1:], dtype=torch.int32) if mb is None else mb.amax(dim=-2)
+        mask = torch.maximum(rows.unsqueeze(-1), cols.unsqueeze(-2))
+    _count(2 * out.numel() * A.shape[-1])
+    blk = _ctx.state.block
+    if blk is not None:
+        blk.cube = True
+    return Tile(out, mask)
+
+
+def matmul_acc(acc, a, b, a_trans: bool = False, b_trans: bool = False) -> Tile:
+    """``acc + a @ b`` (K-loop accumulation; acc FP32 or INT32, matching the operands).
+
+    Raises:
+        DslError: as :func:`matmul`, or an accumulator of the wrong dtype/shape.
+    """
+    acc = _as_tile(acc, "pl.matmul_acc")
+    part = matmul(a, b, a_trans=a_trans, b_trans=b_trans)
+    if part.data.dtype != acc.data.dtype or part.shape != acc.shape:
+        raise DslError(f"pl.matmul_acc: accumulator {acc} does not match product {part}")
+    return Tile(acc.data + part.data, _and(acc.mask, part.mask))
+
+
+# ---- valid shape -----------------------------------------------------------------
+
+def set_validshape(x, valid_rows, valid_cols) -> Tile:
+    """Declare the meaningful top-left ``[valid_rows, valid_cols]`` region of a
+    rank-2 tile (metadata only; no data moves).
+
+    Raises:
+        DslError: a non-rank-2 tile or extents outside the tile.
+    """
+    x = _need_rank2("set_validshape", x)
+    vr, vc = int(concrete(valid_rows, "a valid row count")), int(concrete(valid_cols, "a valid col count"))
+    if not (0 <= vr <= x.shape[0] and 0 <= vc <= x.shape[1]):
+        raise DslError(f"pl.set_validshape: [{vr}, {vc}] outside tile {list(x.shape)}")
+    return Tile(x.data, x.mask, (vr, vc))
+
+
+def _pad_scalar(dtype: torch.dtype, pad) -> float | int:
+    if pad in (PadValue.zero, 0):
+        return 0
+    if dtype.is_floating_point:
+        info = torch.finfo(dtype)
+        if pad in (PadValue.min, -math.inf):
+            return info.min
+        if pad in (PadValue.max, math.inf):
+            return info.max
+    else:
+        info = torch.iinfo(dtype) if dtype != torch.bool else None
+        if info is not None and pad in (PadValue.min, -math.inf):
+            return info.min
+        if info is not None and pad in (PadValue.max, math.inf):
+            return info.max
+    raise DslError(f"pl.fillpad: pad value must be PadValue.zero/min/max, got {pad!r}")
+
+
+def fillpad(x, pad_value=PadValue.zero) -> Tile:
+    """Materialise the padding: elements outside the valid region become 0, the
+    most negative finite value (``min``) or the largest (``max``). The padded
+    elements are defined. The result's valid region is the full tile.
+
+    Raises:
+        DslError: an unknown pad value.
+    """
+    x = _as_tile(x, "pl.fillpad")
+    v = _pad_scalar(x.data.dtype, pad_value)
+    _count(x.data.numel())
+    if x.valid is None:
+        return Tile(x.data.clone(), x.mask)
+    data = torch.full_like(x.data, v)
+    key = tuple(slice(0, int(e)) for e in x.valid)
+    data[key] = x.data[key]
+    mask = None
+    if x.mask is not None:
+        mask = torch.zeros_like(x.mask)
+        mask[key] = x.mask[key]
+    return Tile(data, mask)

@@ -1,0 +1,187 @@
+"""Parameter annotations and scalar values of the DSL.
+
+``pl.Tensor[[T, D], pl.BF16]`` is a GM tensor parameter (direction In);
+``pl.Out[...]`` and ``pl.InOut[...]`` set the direction; ``pl.Scalar[pl.INT32]``
+is a by-value scalar; ``pl.dynamic("T")`` is a symbolic dimension bound on first
+use and checked for agreement across arguments (DESIGN section 3.1).
+"""
+
+from __future__ import annotations
+
+from pto.errors import DslError, UndefinedValueError
+from pto.language.dtypes import DType, as_dtype
+
+__all__ = ["Tensor", "Out", "InOut", "Scalar", "dynamic", "DynVar", "TensorType",
+           "ScalarType", "ScalarValue", "IN", "OUT", "INOUT"]
+
+IN, OUT, INOUT = "in", "out", "inout"
+
+
+class DynVar:
+    """A symbolic dimension. The same object used in several annotations must
+    bind to the same extent within one call."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"pl.dynamic({self.name!r})"
+
+
+def dynamic(name: str) -> DynVar:
+    """A symbolic dimension called ``name`` (dtype INDEX)."""
+    return DynVar(name)
+
+
+class TensorType:
+    """Annotation of a GM tensor parameter: dims (ints or DynVar), dtype, direction."""
+
+    __slots__ = ("dims", "dtype", "direction")
+
+    def __init__(self, dims, dtype, direction=IN):
+        if dims is not None:
+            for d in dims:
+                if not isinstance(d, (int, DynVar)):
+                    raise DslError(f"tensor annotation dims must be ints or pl.dynamic, got {d!r}")
+            dims = tuple(dims)
+        self.dims = dims
+        self.dtype = as_dtype(dtype) if dtype is not None else None
+        self.direction = direction
+
+    def with_direction(self, direction: str) -> "TensorType":
+        return TensorType(self.dims, self.dtype, direction)
+
+    def __repr__(self) -> str:
+        inner = f"pl.Tensor[{list(self.dims) if self.dims is not None else '...'}, {self.dtype}]"
+        return inner if self.direction == IN else f"pl.{'Out' if self.direction == OUT else 'InOut'}[{inner}]"
+
+
+class _TensorFactory:
+    """``pl.Tensor[[dims], dtype]``; bare ``pl.Tensor`` accepts any shape and dtype."""
+
+    def __getitem__(self, item):
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise DslError("use pl.Tensor[[dim, ...], dtype]")
+        dims, dtype = item
+        return TensorType(list(dims), dtype)
+
+    def __repr__(self) -> str:
+        return "pl.Tensor"
+
+
+class _DirFactory:
+    def __init__(self, direction: str):
+        self.direction = direction
+
+    def __getitem__(self, item):
+        if isinstance(item, _TensorFactory):
+            return TensorType(None, None, self.direction)
+        if not isinstance(item, TensorType):
+            raise DslError(f"pl.{self.direction.capitalize()}[...] takes a pl.Tensor[...] annotation, got {item!r}")
+        return item.with_direction(self.direction)
+
+
+Tensor = _TensorFactory()
+Out = _DirFactory(OUT)
+InOut = _DirFactory(INOUT)
+
+
+class ScalarType:
+    """Annotation of a by-value scalar parameter of a given dtype."""
+
+    __slots__ = ("dtype",)
+
+    def __init__(self, dtype):
+        self.dtype = as_dtype(dtype)
+
+    def __repr__(self) -> str:
+        return f"pl.Scalar[{self.dtype}]"
+
+
+class _ScalarFactory:
+    def __getitem__(self, dtype):
+        return ScalarType(dtype)
+
+
+Scalar = _ScalarFactory()
+
+
+class ScalarValue:
+    """A scalar read from GM in check mode: a number plus a definedness bit.
+
+    Arithmetic propagates definedness; using an undefined value as an index,
+    loop bound, branch condition or Python number raises
+    :class:`pto.UndefinedValueError` at once (DESIGN section 5). Outside check
+    mode ``pl.read`` returns plain Python numbers instead.
+    """
+
+    __slots__ = ("value", "defined", "origin", "oid")
+
+    def __init__(self, value, defined: bool, origin: str = "", oid: int = 0):
+        self.value = value
+        self.defined = defined
+        self.origin = origin
+        self.oid = oid  # allocation id the undefined value came from
+
+    def _need(self, use: str):
+        if not self.defined:
+            raise UndefinedValueError(
+                f"undefined scalar used as {use}: it was read from {self.origin or 'an undefined element'}")
+        return self.value
+
+    def __index__(self):
+        return int(self._need("an index or loop bound"))
+
+    def __int__(self):
+        return int(self._need("an integer"))
+
+    def __float__(self):
+        return float(self._need("a float"))
+
+    def __bool__(self):
+        return bool(self._need("a branch condition"))
+
+    def __repr__(self) -> str:
+        return f"ScalarValue({self.value!r}{'' if self.defined else ', undefined'})"
+
+    def __hash__(self):
+        return hash(self._need("a dictionary key"))
+
+    def _bin(self, other, fn):
+        if isinstance(other, ScalarValue):
+            src = self if not self.defined else other
+            return ScalarValue(fn(self.value, other.value), self.defined and other.defined,
+                               src.origin, src.oid)
+        return ScalarValue(fn(self.value, other), self.defined, self.origin, self.oid)
+
+    def _rbin(self, other, fn):
+        return ScalarValue(fn(other, self.value), self.defined, self.origin, self.oid)
+
+    __add__ = lambda s, o: s._bin(o, lambda a, b: a + b)
+    __radd__ = lambda s, o: s._rbin(o, lambda a, b: a + b)
+    __sub__ = lambda s, o: s._bin(o, lambda a, b: a - b)
+    __rsub__ = lambda s, o: s._rbin(o, lambda a, b: a - b)
+    __mul__ = lambda s, o: s._bin(o, lambda a, b: a * b)
+    __rmul__ = lambda s, o: s._rbin(o, lambda a, b: a * b)
+    __truediv__ = lambda s, o: s._bin(o, lambda a, b: a / b)
+    __rtruediv__ = lambda s, o: s._rbin(o, lambda a, b: a / b)
+    __floordiv__ = lambda s, o: s._bin(o, lambda a, b: a // b)
+    __rfloordiv__ = lambda s, o: s._rbin(o, lambda a, b: a // b)
+    __mod__ = lambda s, o: s._bin(o, lambda a, b: a % b)
+    __rmod__ = lambda s, o: s._rbin(o, lambda a, b: a % b)
+    __lt__ = lambda s, o: s._bin(o, lambda a, b: a < b)
+    __le__ = lambda s, o: s._bin(o, lambda a, b: a <= b)
+    __gt__ = lambda s, o: s._bin(o, lambda a, b: a > b)
+    __ge__ = lambda s, o: s._bin(o, lambda a, b: a >= b)
+    __eq__ = lambda s, o: s._bin(o, lambda a, b: a == b)
+    __ne__ = lambda s, o: s._bin(o, lambda a, b: a != b)
+    __neg__ = lambda s: ScalarValue(-s.value, s.defined, s.origin, s.oid)
+
+
+def concrete(v, use: str = "a value"):
+    """A plain Python number from an int/float/bool or a defined ScalarValue."""
+    if isinstance(v, ScalarValue):
+        return v._need(use)
+    return v

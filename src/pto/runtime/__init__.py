@@ -1,0 +1,22 @@
+"""The pto runtime: programs, the ring heap, the task graph, dependency
+derivation, check mode, the simulator and trace export (DESIGN sections 3-7)."""
+
+from pto.language import _ctx as _lang_ctx
+from pto.runtime.graph import Block, Footprint, Task, TaskGraph
+from pto.runtime.heap import Buffer, RingHeap
+from pto.runtime.program import Program, ProgramStats, RunConfig
+
+__all__ = ["Program", "ProgramStats", "RunConfig", "Task", "Block", "Footprint", "TaskGraph", "RingHeap",
+           "Buffer", "run"]
+
+
+def run(jf, *args, config: RunConfig | None = None, **kwargs) -> Program:
+    """Run ``@pl.jit`` function ``jf`` with torch arguments; returns the Program."""
+    return Program(jf, config).execute(args, kwargs)
+
+
+def _factory(jf, args, kwargs, config):
+    return Program(jf, config).execute(args, kwargs)
+
+
+_lang_ctx.state.program_factory = _factory

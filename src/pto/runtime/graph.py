@@ -1,0 +1,185 @@
+"""The recorded task graph: tasks, blocks, footprints and edges.
+
+A :class:`Task` is one scope launch (``pl.spmd`` / ``pl.at``) or a join node
+(``pl.system.task_dummy``); a :class:`Block` is one SPMD instance (or one
+barrier phase of it). Edges come from dependency derivation (deps.py) and
+explicit ``deps=``. The graph never affects results on the CPU (execution is
+eager, in program order); it feeds the race checker, the simulator and the
+trace (DESIGN section 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Footprint", "Block", "Task", "TaskGraph", "KIND_NAMES"]
+
+KIND_NAMES = ("read", "write", "atomic_add")
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """One GM access box: buffer name and id, kind (read / write /
+    atomic_add) and the half-open root 2-D box ``(r0, r1, c0, c1)``."""
+
+    buffer: str
+    buffer_id: int
+    kind: str
+    box: tuple
+
+    def __str__(self) -> str:
+        r0, r1, c0, c1 = self.box
+        return f"{self.kind} {self.buffer}[{r0}:{r1}, {c0}:{c1}]"
+
+
+class Block:
+    """One block of a task: counters for the cost model and its footprints.
+
+    Attributes:
+        idx: block index; phase: barrier phase (0 without syncall).
+        ops, flops, bytes: tile ops, floating/integer ops, GM bytes moved.
+        cube: True when the block issued a matmul (placed on a cube core).
+        fp: list of ``(buffer, box, kind)`` (kind 0 read, 1 write, 2 atomic).
+    """
+
+    __slots__ = ("task", "idx", "phase", "ops", "flops", "bytes", "cube", "fp")
+
+    def __init__(self, task, idx, phase=0):
+        self.task = task
+        self.idx = idx
+        self.phase = phase
+        self.ops = 0
+        self.flops = 0
+        self.bytes = 0
+        self.cube = False
+        self.fp = []
+
+
+class Task:
+    """One task (or join node) of the graph.
+
+    Attributes:
+        id: dense id in submission order; name: ``name_hint``; kind:
+            ``"spmd"``, ``"at"`` or ``"dummy"``; site: ``file:line``.
+        blocks: the Block records; preds: predecessor ids (derived + explicit).
+        explicit: ids given by ``deps=``; manual: submitted in a manual scope.
+        footprints: coalesced Footprint list; wall_ns: CPU wall time.
+        buffers: ids of the buffers it touches (creator retention).
+    """
+
+    __slots__ = ("id", "name", "kind", "site", "n_blocks", "blocks", "preds", "explicit", "manual", "footprints",
+                 "wall_ns", "buffers", "t0")
+
+    def __init__(self, tid, name, kind, site, n_blocks, explicit, manual):
+        self.id = tid
+        self.name = name
+        self.kind = kind
+        self.site = site
+        self.n_blocks = n_blocks
+        self.blocks = []
+        self.preds = set()
+        self.explicit = list(explicit)
+        self.manual = manual
+        self.footprints = []
+        self.wall_ns = 0
+        self.buffers = set()
+        self.t0 = 0
+
+    @property
+    def flops(self) -> int:
+        return sum(b.flops for b in self.blocks)
+
+    @property
+    def bytes(self) -> int:
+        return sum(b.bytes for b in self.blocks)
+
+    @property
+    def ops(self) -> int:
+        return sum(b.ops for b in self.blocks)
+
+    @property
+    def cube(self) -> bool:
+        return any(b.cube for b in self.blocks)
+
+    def __repr__(self) -> str:
+        return f"Task(#{self.id} {self.name!r} {self.kind} blocks={self.n_blocks} preds={sorted(self.preds)})"
+
+
+class TaskGraph:
+    """All tasks of one program in submission order, with their edges."""
+
+    def __init__(self):
+        self.tasks: list[Task] = []
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __iter__(self):
+        return iter(self.tasks)
+
+    def __getitem__(self, tid: int) -> Task:
+        return self.tasks[tid]
+
+    @property
+    def real_tasks(self) -> list[Task]:
+        """Tasks that run on cores (join nodes excluded)."""
+        return [t for t in self.tasks if t.kind != "dummy"]
+
+    def edges(self) -> set[tuple[int, int]]:
+        """All edges ``(pred, succ)``."""
+        return {(p, t.id) for t in self.tasks for p in t.preds}
+
+    def named_edges(self) -> set[tuple[str, str]]:
+        """Edges as ``(pred name, succ name)`` pairs (for tests and tables)."""
+        return {(self.tasks[p].name, self.tasks[s].name) for p, s in self.edges()}
+
+    def succs(self) -> dict[int, list[int]]:
+        """Successor lists keyed by task id."""
+        out = {t.id: [] for t in self.tasks}
+        for t in self.tasks:
+            for p in t.preds:
+                out[p].append(t.id)
+        return out
+
+    def reachable(self, src: int, dst: int) -> bool:
+        """True if a path ``src -> ... -> dst`` exists (ids are topological)."""
+        if src == dst:
+            return True
+        if src > dst:
+            return False
+        seen = {dst}
+        stack = [dst]
+        while stack:
+            n = stack.pop()
+            for p in self.tasks[n].preds:
+                if p == src:
+                    return True
+                if p > src and p not in seen:
+                    seen.add(p)
+                    stack.append(p)
+        return False
+
+    def critical_path(self, cost=None) -> tuple[float, list[int]]:
+        """Longest path by ``cost(task)`` (default: 1 per real task, 0 per join
+        node). Returns (length, task ids along the path)."""
+        if cost is None:
+            cost = lambda t: 0 if t.kind == "dummy" else 1  # noqa: E731
+        best: dict[int, float] = {}
+        prev: dict[int, int | None] = {}
+        for t in self.tasks:
+            c = cost(t)
+            p_best, p_arg = 0.0, None
+            for p in t.preds:
+                if best[p] > p_best or p_arg is None and best[p] >= p_best:
+                    p_best, p_arg = best[p], p
+            best[t.id] = p_best + c
+            prev[t.id] = p_arg
+        if not best:
+            return 0.0, []
+        end = max(best, key=lambda k: best[k])
+        path = []
+        n = end
+        while n is not None:
+            path.append(n)
+            n = prev[n]
+        return best[end], path[::-1]

@@ -1,0 +1,170 @@
+"""Ring-heap GM allocator with allocation-time initialisation.
+
+Scratch tensors are carved out of one persistent byte buffer (the "GM heap"),
+so an uninitialised tensor really holds stale bytes from earlier programs,
+as on the device. Allocation order is a ring: a new tensor goes at the head,
+memory is reclaimed in FIFO order when scopes end (a tensor freed out of order
+waits for everything allocated before it), and a request that fits nowhere is
+a :class:`pto.HeapExhaustedError` naming the request and the high-water mark.
+
+``init_value`` fills the tensor as part of the allocation (no task, no edge).
+In check mode, undefined storage is poisoned: NaN for floats, the byte
+pattern 0xAB for integers (reference dsl-api.md section 7).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from pto.errors import BindError, HeapExhaustedError
+
+__all__ = ["Buffer", "RingHeap", "POISON_BYTE", "validate_init_value"]
+
+POISON_BYTE = 0xAB
+_ALIGN = 512
+_STORAGE: dict[int, torch.Tensor] = {}
+
+
+class Buffer:
+    """A root GM buffer: a caller argument or a heap allocation.
+
+    Attributes:
+        id: program-unique id (> 0; also the origin id in definedness masks).
+        name, site: for messages (``site`` is ``file:line`` of the allocation
+            or the parameter's kernel).
+        kind: ``"arg"`` or ``"scratch"``; ``direction`` for args (in/out/inout).
+        nbytes, offset: size and heap offset (offset None for arguments).
+        C: width of the root's 2-D footprint coordinates (``shape[-1]``).
+        shadow: INT32 definedness mask shaped like the root (check mode), 0 =
+            defined, else this buffer's id.
+        untracked: excluded from dependency derivation (``manual_dep=True``).
+    """
+
+    __slots__ = ("id", "name", "site", "kind", "direction", "shape", "dtype", "nbytes", "offset", "base_off",
+                 "C", "shadow", "untracked", "freed", "program", "init_value", "first_undef_task", "written",
+                 "wmask", "readonly", "data", "scope")
+
+    def __init__(self, bid, name, site, kind, data: torch.Tensor, program, direction="in", offset=None,
+                 init_value=None, untracked=False):
+        self.id = bid
+        self.name = name
+        self.site = site
+        self.kind = kind
+        self.direction = direction
+        self.shape = tuple(data.shape)
+        self.dtype = data.dtype
+        self.nbytes = data.numel() * data.element_size()
+        self.offset = offset
+        self.base_off = data.storage_offset()
+        self.C = max(1, data.shape[-1]) if data.dim() else 1
+        self.shadow = None
+        self.untracked = untracked
+        self.freed = False
+        self.program = program
+        self.init_value = init_value
+        self.first_undef_task = None
+        self.written = False
+        self.wmask = None
+        self.readonly = False
+        self.data = data
+        self.scope = 0
+
+    def __repr__(self) -> str:
+        return f"Buffer(#{self.id} {self.name!r} {list(self.shape)} {self.dtype} at {self.site})"
+
+
+def validate_init_value(name: str, dtype, init_value) -> None:
+    """Check that ``init_value`` can fill a tensor of DSL ``dtype``.
+
+    Raises:
+        BindError: a float value on an integer dtype, an integer out of the
+            dtype's range, a non-number, or a non-zero fill of a BF16/FP16
+            tensor (rejected by the device runtime).
+    """
+    if isinstance(init_value, bool) or not isinstance(init_value, (int, float)):
+        raise BindError(f"create_tensor {name!r}: init_value must be a number, got {init_value!r}")
+    if dtype.is_int:
+        if isinstance(init_value, float) and not init_value.is_integer():
+            raise BindError(f"create_tensor {name!r}: float init_value {init_value} on integer dtype {dtype}")
+        if not dtype.min <= init_value <= dtype.max:
+            raise BindError(f"create_tensor {name!r}: init_value {init_value} out of range of {dtype}")
+    elif dtype.name in ("BF16", "FP16") and init_value != 0:
+        raise BindError(f"create_tensor {name!r}: non-zero init_value {init_value} on {dtype} is not supported "
+                        "by the device runtime (only 0); use FP32 or fill with a task")
+
+
+class RingHeap:
+    """FIFO ring allocator over a persistent byte buffer of ``size_bytes``.
+
+    Args:
+        size_bytes: heap capacity in bytes (>= 1024).
+
+    Raises:
+        HeapExhaustedError: from :meth:`alloc` when a request does not fit.
+    """
+
+    def __init__(self, size_bytes: int):
+        self.size = int(size_bytes)
+        st = _STORAGE.get(self.size)
+        if st is None:
+            st = torch.empty(self.size, dtype=torch.uint8)
+            _STORAGE.clear()  # keep one backing buffer alive at a time
+            _STORAGE[self.size] = st
+        self.storage = st
+        self.live: deque = deque()  # [offset, size, freed]
+        self.head = 0
+        self.in_use = 0
+        self.peak = 0
+        self.total = 0
+        self.count = 0
+
+    def _fits(self, size: int):
+        if not self.live:
+            return 0 if size <= self.size else None
+        tail = self.live[0][0]
+        if self.head >= tail:
+            if self.head + size <= self.size:
+                return self.head
+            if size <= tail:
+                return 0
+            return None
+        return self.head if self.head + size <= tail else None
+
+    def alloc(self, nbytes: int, what: str) -> int:
+        """Reserve ``nbytes`` (rounded up to 512) and return the byte offset."""
+        size = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
+        off = self._fits(size)
+        if off is None:
+            raise HeapExhaustedError(
+                f"heap exhausted: request {what} of {nbytes} bytes does not fit; heap {self.size} bytes, "
+                f"{self.in_use} in use by {sum(1 for e in self.live if not e[2])} live tensors, "
+                f"high-water mark {self.peak} bytes (raise RunConfig(heap_bytes=...))")
+        self.live.append([off, size, False])
+        self.head = off + size
+        self.in_use += size
+        self.peak = max(self.peak, self.in_use)
+        self.total += size
+        self.count += 1
+        return off
+
+    def free(self, offset: int) -> None:
+        """Release the allocation at ``offset``; memory returns in FIFO order."""
+        for e in self.live:
+            if e[0] == offset and not e[2]:
+                e[2] = True
+                self.in_use -= e[1]
+                break
+        while self.live and self.live[0][2]:
+            self.live.popleft()
+        if not self.live:
+            self.head = 0
+
+    def view(self, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
+        """The typed tensor of ``shape`` at byte ``offset``."""
+        n = 1
+        for s in shape:
+            n *= s
+        nbytes = n * torch.empty((), dtype=dtype).element_size()
+        return self.storage[offset:offset + nbytes].view(dtype).view(list(shape))

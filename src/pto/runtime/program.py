@@ -1,0 +1,367 @@
+"""Program: one call of a ``@pl.jit`` function (DESIGN section 3).
+
+The program binds the arguments, runs the orchestration as plain Python with
+tasks executing eagerly in program order, records the task graph and the
+statistics, and at the end copies Out/InOut results back to the caller.
+Out/InOut arguments are worked on in private copies, so a program that fails
+(bad input, capacity, heap, check-mode error) leaves the caller's tensors
+untouched: nothing is lost or half-written.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from pto.errors import BindError, CapacityError, ConfigError, DslError
+from pto.language import _ctx
+from pto.language.jit import bind_arguments
+from pto.language.tensor_ops import GMTensor
+from pto.language.typing import INOUT, OUT, TensorType
+from pto.runtime.deps import DepTracker, coalesce
+from pto.runtime.graph import KIND_NAMES, Block, Footprint, Task, TaskGraph
+from pto.runtime.heap import POISON_BYTE, Buffer, RingHeap, validate_init_value
+
+__all__ = ["RunConfig", "Program", "ProgramStats"]
+
+
+@dataclass
+class RunConfig:
+    """How a program runs.
+
+    Attributes:
+        heap_bytes: ring-heap capacity in bytes (>= 1024; default 1 GiB).
+        check: check mode: definedness sanitizer and race checker (DESIGN 5, 6).
+            On by default in ``pto.golden.run_jit`` and ``pto check``, off in
+            ``pto run`` and benchmarks.
+        keep_footprints: keep per-block footprints after the run (trace
+            export); check mode keeps them anyway.
+    """
+
+    heap_bytes: int = 1 << 30
+    check: bool = False
+    keep_footprints: bool = False
+
+    def validate(self) -> "RunConfig":
+        """Raises ConfigError on a heap smaller than 1024 bytes."""
+        if not isinstance(self.heap_bytes, int) or self.heap_bytes < 1024:
+            raise ConfigError(f"RunConfig.heap_bytes must be an int >= 1024, got {self.heap_bytes!r}")
+        return self
+
+
+@dataclass
+class ProgramStats:
+    """Statistics of one program run (bytes in bytes, wall time in µs)."""
+
+    tasks: int = 0
+    dummies: int = 0
+    blocks: int = 0
+    edges: int = 0
+    tile_ops: int = 0
+    bytes: int = 0
+    flops: int = 0
+    heap_peak_bytes: int = 0
+    scratch_bytes: int = 0
+    scratch_tensors: int = 0
+    init_bytes: int = 0
+    wall_us: float = 0.0
+    task_wall_us: float = 0.0
+    task_names: dict = field(default_factory=dict)
+
+    def as_row(self) -> dict:
+        """The headline figures as a flat dict."""
+        return {k: getattr(self, k) for k in ("tasks", "edges", "blocks", "tile_ops", "bytes", "flops",
+                                              "heap_peak_bytes", "scratch_bytes", "wall_us")}
+
+
+_LHS = re.compile(r"^\s*([A-Za-z_][A-Za-z_0-9]*)\s*(?::[^=]*)?=(?!=)")
+
+
+def _lhs_name(frame) -> str | None:
+    if frame is None:
+        return None
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    m = _LHS.match(line)
+    return m.group(1) if m else None
+
+
+def _site(frame) -> str:
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "<unknown>"
+
+
+class Program:
+    """One execution of a jit function; see the module docstring.
+
+    Attributes:
+        graph: the TaskGraph; stats: ProgramStats (after the run);
+        result: the function's return value mapped to torch tensors;
+        buffers: every root Buffer (arguments and allocations).
+    """
+
+    def __init__(self, jf, config: RunConfig | None = None):
+        self.jf = jf
+        self.name = jf.__name__
+        self.config = (config or RunConfig()).validate()
+        self.check = self.config.check
+        self.heap = RingHeap(self.config.heap_bytes)
+        self.graph = TaskGraph()
+        self.deps = DepTracker()
+        self.buffers: list[Buffer] = []
+        self.args: list = []  # (Param, caller tensor, GMTensor)
+        self.manual = False
+        self.scopes: list[list[Buffer]] = [[]]
+        self.cur_task: Task | None = None
+        self.result = None
+        self.stats = ProgramStats()
+        self.races = None
+        self.orch_reads = 0
+        self._t0 = 0
+
+    # ---- run -----------------------------------------------------------------
+    def execute(self, args, kwargs) -> "Program":
+        """Bind, run and finish; returns self. Raises the program's errors."""
+        params = bind_arguments(self.jf, args, kwargs, gm=False)
+        values = []
+        for p in params:
+            if isinstance(p.ann, TensorType):
+                values.append(self._bind_tensor(p))
+            else:
+                values.append(p.value)
+        if self.check:
+            from pto.runtime.races import RaceChecker
+            self.races = RaceChecker(self)
+        st = _ctx.state
+        if st.program is not None:
+            raise DslError(f"program {self.name} started while another program is running")
+        st.program, st.block, st.check = self, None, self.check
+        self._t0 = time.perf_counter_ns()
+        ok = False
+        try:
+            ret = self.jf.fn(*values)
+            if self.cur_task is not None:
+                raise DslError(f"program {self.name} ended inside task {self.cur_task.name!r}")
+            if self.check:
+                from pto.runtime.sanitizer import check_outputs
+                check_outputs(self)
+            self.result = self._map_back(ret)
+            self._copy_back()
+            ok = True
+        finally:
+            st.program, st.block, st.check = None, None, False
+            while len(self.scopes) > 1:
+                self.pop_scope()
+            self.pop_scope()
+            self._finish_stats()
+            if not ok:
+                self.result = None
+        return self
+
+    def _bind_tensor(self, p) -> GMTensor:
+        t = p.value
+        if not t.is_contiguous():
+            raise BindError(f"kernel {self.name}: parameter {p.name!r} must be contiguous (call .contiguous())")
+        direction = p.ann.direction
+        data = t if direction not in (OUT, INOUT) else t.clone()
+        buf = Buffer(len(self.buffers) + 1, p.name, f"parameter {p.name!r} of {self.name}", "arg", data, self,
+                     direction=direction)
+        buf.readonly = direction not in (OUT, INOUT)
+        self.buffers.append(buf)
+        if self.check and direction in (OUT, INOUT):
+            buf.shadow = torch.zeros(buf.shape, dtype=torch.int32)
+            if direction == OUT:
+                buf.shadow.fill_(buf.id)
+                _poison(data)
+        g = GMTensor(data, buf, p.name)
+        self.args.append((p, t, g))
+        return g
+
+    def _map_back(self, ret):
+        if isinstance(ret, GMTensor):
+            for p, caller, g in self.args:
+                if g.buf is ret.buf and ret.data.data_ptr() == g.data.data_ptr() and ret.shape == g.shape:
+                    return caller
+            return ret.data.clone()
+        if isinstance(ret, tuple):
+            return tuple(self._map_back(r) for r in ret)
+        if isinstance(ret, list):
+            return [self._map_back(r) for r in ret]
+        return ret
+
+    def _copy_back(self) -> None:
+        for p, caller, g in self.args:
+            if g.buf.direction == INOUT or (g.buf.direction == OUT and not self.check):
+                caller.copy_(g.data)
+            elif g.buf.direction == OUT:
+                written = g.buf.shadow != g.buf.id
+                caller[written] = g.data[written]
+
+    def _finish_stats(self) -> None:
+        s = self.stats
+        s.wall_us = (time.perf_counter_ns() - self._t0) / 1e3
+        real = [t for t in self.graph.tasks if t.kind != "dummy"]
+        s.tasks = len(real)
+        s.dummies = len(self.graph.tasks) - len(real)
+        s.blocks = sum(len(t.blocks) for t in real)
+        s.edges = sum(len(t.preds) for t in self.graph.tasks)
+        s.tile_ops = sum(b.ops for t in real for b in t.blocks)
+        s.flops = sum(b.flops for t in real for b in t.blocks)
+        s.bytes = sum(b.bytes for t in real for b in t.blocks)
+        s.heap_peak_bytes = self.heap.peak
+        s.task_wall_us = sum(t.wall_ns for t in real) / 1e3
+
+    # ---- allocation ------------------------------------------------------------
+    def new_tensor(self, shape, dtype, init_value, capacity, manual_dep, name, frame) -> GMTensor:
+        """Allocate a scratch tensor (see ``pl.create_tensor``)."""
+        site = _site(frame)
+        name = name or _lhs_name(frame) or f"tensor@{site.rsplit(':', 1)[-1]}"
+        for d, s in enumerate(shape):
+            if s < 0:
+                raise DslError(f"create_tensor {name!r} at {site}: negative dim {d} = {s}")
+        if capacity is not None:
+            caps = [capacity] if isinstance(capacity, int) else list(capacity)
+            if len(caps) > len(shape):
+                raise DslError(f"create_tensor {name!r} at {site}: capacity {capacity} has more dims than shape")
+            for d, c in enumerate(caps):
+                if c is not None and shape[d] > c:
+                    raise CapacityError(f"create_tensor {name!r} at {site}: dim {d} = {shape[d]} exceeds its "
+                                        f"declared capacity {c} (shape {shape})")
+        if init_value is not None:
+            validate_init_value(name, dtype, init_value)
+        n = 1
+        for s in shape:
+            n *= s
+        nbytes = n * dtype.itemsize
+        off = self.heap.alloc(nbytes, f"{name!r} {list(shape)} {dtype} at {site}")
+        data = self.heap.view(off, shape, dtype.torch)
+        if init_value is not None:
+            data.fill_(init_value)
+            self.stats.init_bytes += nbytes
+        elif self.check:
+            _poison(data)
+        buf = Buffer(len(self.buffers) + 1, name, site, "scratch", data, self, offset=off,
+                     init_value=init_value, untracked=manual_dep)
+        if self.check:
+            buf.shadow = torch.zeros(buf.shape, dtype=torch.int32) if init_value is not None else \
+                torch.full(buf.shape, buf.id, dtype=torch.int32)
+        buf.scope = len(self.scopes) - 1
+        self.scopes[-1].append(buf)
+        self.buffers.append(buf)
+        self.stats.scratch_bytes += nbytes
+        self.stats.scratch_tensors += 1
+        return GMTensor(data, buf, name)
+
+    def push_scope(self) -> None:
+        """Open a heap scope."""
+        self.scopes.append([])
+
+    def pop_scope(self) -> None:
+        """Close the innermost heap scope, freeing its tensors."""
+        for buf in self.scopes.pop():
+            buf.freed = True
+            self.heap.free(buf.offset)
+
+    # ---- tasks -----------------------------------------------------------------
+    def begin_task(self, name: str, n_blocks: int, deps, frame) -> Task:
+        """Open a task (called by pl.spmd / pl.at)."""
+        if self.cur_task is not None or _ctx.state.block is not None:
+            raise DslError(f"task {name!r} at {_site(frame)} opened inside task "
+                           f"{self.cur_task.name if self.cur_task else '?'!r}; task scopes cannot nest")
+        tid = len(self.graph.tasks)
+        for d in deps:
+            if not (0 <= d < tid) and d != -1:
+                raise DslError(f"task {name!r} at {_site(frame)}: deps names unknown task id {d}")
+        task = Task(tid, name, "spmd" if n_blocks != 1 else "at", _site(frame), n_blocks,
+                    [d for d in deps if d >= 0], self.manual)
+        self.graph.tasks.append(task)
+        self.cur_task = task
+        task.t0 = time.perf_counter_ns()
+        return task
+
+    def begin_block(self, task: Task, idx: int, phase: int = 0) -> None:
+        blk = Block(task, idx, phase)
+        task.blocks.append(blk)
+        _ctx.state.block = blk
+
+    def make_block(self, task: Task, idx: int) -> Block:
+        return Block(task, idx)
+
+    def end_block(self) -> None:
+        _ctx.state.block = None
+
+    def barrier(self, task: Task, phase: int) -> None:
+        """A syncall barrier inside ``task`` (phases are recorded on blocks)."""
+
+    def end_task(self, task: Task, ok: bool) -> None:
+        """Close a task: derive its edges, run the race checker in check mode."""
+        self.cur_task = None
+        _ctx.state.block = None
+        task.wall_ns = time.perf_counter_ns() - task.t0
+        if not ok:
+            return
+        grouped = {}
+        for blk in task.blocks:
+            for buf, box, kind in blk.fp:
+                g = grouped.get(buf)
+                if g is None:
+                    g = grouped[buf] = ([], [], [])
+                g[kind].append(box)
+        fps = []
+        for buf, g in grouped.items():
+            task.buffers.add(buf.id)
+            for k in range(3):
+                if len(g[k]) > 1:
+                    g[k][:] = coalesce(g[k])
+                for box in g[k]:
+                    fps.append((buf, k, box))
+        task.footprints = fps
+        preds = self.deps.derive(task.id, grouped, task.manual)
+        preds.update(task.explicit)
+        task.preds = preds
+        if self.races is not None:
+            self.races.check_task(task)
+        elif not self.config.keep_footprints:
+            for blk in task.blocks:
+                blk.fp = None
+
+    def add_dummy(self, deps, frame) -> int:
+        """A join node (``pl.system.task_dummy``); returns its id."""
+        tid = len(self.graph.tasks)
+        for d in deps:
+            if not 0 <= d < tid:
+                raise DslError(f"task_dummy at {_site(frame)}: deps names unknown task id {d}")
+        task = Task(tid, "task_dummy", "dummy", _site(frame), 0, deps, self.manual)
+        task.preds = set(deps)
+        self.graph.tasks.append(task)
+        if self.races is not None:
+            self.races.add_node(task)
+        return tid
+
+    # ---- check mode hooks ------------------------------------------------------
+    def orchestration_read(self, buf: Buffer, box) -> None:
+        """An orchestration-level ``pl.read`` (blocks until the producer is done)."""
+        self.orch_reads += 1
+
+    def note_undefined_read(self, mask: torch.Tensor, blk: Block) -> None:
+        """Remember the first task that loaded undefined data of each origin."""
+        for oid in torch.unique(mask).tolist():
+            if oid:
+                b = self.buffers[oid - 1]
+                if b.first_undef_task is None:
+                    b.first_undef_task = (blk.task.name, blk.idx, blk.task.site)
+
+    def footprints(self, task: Task) -> list[Footprint]:
+        """The coalesced footprints of ``task`` as Footprint records."""
+        return [Footprint(buf.name, buf.id, KIND_NAMES[k], box) for buf, k, box in task.footprints]
+
+
+def _poison(data: torch.Tensor) -> None:
+    if data.dtype.is_floating_point:
+        data.fill_(float("nan"))
+    elif data.dtype == torch.bool:
+        data.fill_(True)
+    else:
+        data.view(torch.uint8).fill_(POISON_BYTE) if data.is_contiguous() else data.fill_(-85)
