@@ -1,0 +1,354 @@
+"""Prefill attention sub-block of ratio-0 (sliding-window-only) layers.
+
+Chain (v4flash-kernels.md A.3; dsv4-math.md 4, 7), one request, ``T`` token rows of which
+the first ``num_tokens`` are active:
+
+    x_mixed, post, comb = hc_pre(x_hc)                       # [T, D] bf16, [T, 4], [T, 16]
+    x_normed            = rms_norm(x_mixed, attn_norm_w)
+    cos_t, sin_t        = table rows at position_ids          # main RoPE profile
+    q, kv               = qkv_proj_rope(x_normed, ...)        # [T, H, d], [T, d] bf16
+    kv_cache[ori_slot_mapping[t]] = kv[t]                     # t < num_tokens, slot >= 0
+    swa_indices         = window rows pos-W+1 .. pos via block_table
+    attn_out            = prefill_sparse_attn(q, kv_cache, swa_indices, no compressed keys)
+    x_out               = hc_post_prefill(attn_out, x_hc, post, comb)   # rows >= num_tokens = 0
+
+The window of token ``t`` includes the keys this chunk writes (its own included), because
+the cache scatter runs before the attention. Unlike the reference kernel (which asserts
+``sliding_window == block_size`` and ``T == sliding_window``), the golden takes any ``T``,
+start position, window and page size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pto.errors import BindError, ConfigError
+from pto.models.deepseek_v4.config import DeepSeekV4Config
+from pto.models.deepseek_v4.hc_post import golden_hc_post_prefill
+from pto.models.deepseek_v4.hc_pre import HC_BASE_REF, HC_SCALE_REF, golden_hc_pre
+from pto.models.deepseek_v4.prefill_sparse_attn import golden_prefill_sparse_attn, quantize_wo_b
+from pto.models.deepseek_v4.qkv_proj_rope import golden_qkv_proj_rope, quantize_weight_per_column
+from pto.models.deepseek_v4.rms_norm import golden_rms_norm
+from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
+
+__all__ = [
+    "TOLERANCES",
+    "permuted_block_table",
+    "build_window_indices",
+    "golden_prefill_attention_swa",
+    "make_swa_inputs",
+]
+
+# v4flash-kernels.md A.3 / C.2 (run-level rtol=atol=1e-2 in the reference harness).
+#   kv_cache: ratio_allclose (atol, rtol, max_error_ratio)
+#   x_out:    valid_ratio_reldiff (diff_thd, pct_thd, max_diff_hd) -- rows >= num_tokens
+#             must be exactly zero, then ratio_reldiff on the active rows.
+TOLERANCES: dict[str, tuple[float, float, float]] = {
+    "kv_cache": (1e-4, 1e-2, 0.005),
+    "x_out": (3e-3, 0.005, 1.0),
+}
+
+# ---- kernel ----
+# (The pto.language kernel goes here; the goldens below are its numerical contract.)
+# ---- end kernel ----
+
+
+def permuted_block_table(
+    n_entries: int, pages: int, *, offset: int = 3, wrap: bool = False,
+) -> torch.Tensor:  # [n_entries] int32
+    """A non-identity logical -> physical page table ``(b * m + offset) % pages``.
+
+    ``m`` is the first multiplier >= 17 coprime with ``pages`` (17 itself for 64 or 128
+    pages, the reference fixtures' ``(blk*17+3) % pages``), so entries ``0 .. pages-1`` are a
+    permutation of the pool. Entries ``b >= pages`` are ``-1`` (no page), or with ``wrap``
+    continue the same formula, making the pool a ring in which logical pages ``b`` and
+    ``b + pages`` share a physical page (the ratio-128 compressor state table).
+
+    Raises:
+        BindError: ``pages`` not positive or ``n_entries`` negative.
+    """
+    if pages <= 0 or n_entries < 0:
+        raise BindError(f"permuted_block_table: need pages > 0 and n_entries >= 0, got "
+                        f"pages={pages}, n_entries={n_entries}")
+    mult = 17
+    while math.gcd(mult, pages) != 1:
+        mult += 1
+    blk = torch.arange(n_entries)
+    table = (blk * mult + offset) % pages
+    if not wrap:
+        table = torch.where(blk < pages, table, torch.full_like(blk, -1))
+    return table.to(torch.int32)
+
+
+def build_window_indices(
+    positions: torch.Tensor,  # [T] int32 absolute positions
+    num_tokens: int,
+    block_table: torch.Tensor,  # [n_blocks] int32 logical page -> physical page, -1 = none
+    cfg: DeepSeekV4Config,
+) -> torch.Tensor:  # [T, sliding_window] int32
+    """Per-token sliding-window key rows (v4flash-kernels.md A.3 step 5).
+
+    For ``t < num_tokens`` with ``pos = positions[t]``: ``valid = min(W, pos + 1)`` keys
+    ``pos + 1 - valid .. pos`` (ascending) fill columns ``0 .. valid-1``; key ``k`` becomes
+    physical row ``block_table[k // block_size] * block_size + k % block_size`` when that
+    table entry is ``>= 0``, else ``-1``. Remaining columns and all rows ``t >= num_tokens``
+    are ``-1``. ``W = cfg.sliding_window``, page size ``cfg.block_size``.
+
+    Args:
+        positions: ``[T]`` integer absolute positions.
+        num_tokens: active prefix, ``0 <= num_tokens <= T``.
+        block_table: ``[n_blocks]`` integer page table.
+        cfg: model config.
+
+    Returns:
+        ``[T, W]`` INT32 physical rows, ``-1`` invalid.
+
+    Raises:
+        BindError: bad ranks, ``num_tokens`` out of range, a negative position, or a key
+            whose page index is past the end of ``block_table``.
+    """
+    fn = "build_window_indices"
+    if positions.dim() != 1 or positions.is_floating_point():
+        raise BindError(f"{fn}: positions must be an integer [T] tensor, got "
+                        f"{positions.dtype} {list(positions.shape)}")
+    if block_table.dim() != 1 or block_table.is_floating_point():
+        raise BindError(f"{fn}: block_table must be an integer [n_blocks] tensor, got "
+                        f"{block_table.dtype} {list(block_table.shape)}")
+    T, W, bs = positions.shape[0], cfg.sliding_window, cfg.block_size
+    if not 0 <= int(num_tokens) <= T:
+        raise BindError(f"{fn}: num_tokens={num_tokens} outside [0, {T}]")
+    out = torch.full((T, W), -1, dtype=torch.int32)
+    nt = int(num_tokens)
+    if nt == 0:
+        return out
+    pos = positions[:nt].long()
+    if int(pos.min()) < 0:
+        raise BindError(f"{fn}: negative position {int(pos.min())}")
+    if int(pos.max()) // bs >= block_table.shape[0]:
+        raise BindError(f"{fn}: position {int(pos.max())} needs page {int(pos.max()) // bs}, "
+                        f"block_table has {block_table.shape[0]} entries")
+    valid = torch.clamp(pos + 1, max=W)  # [nt]
+    col = torch.arange(W)
+    keys = (pos + 1 - valid)[:, None] + col[None, :]  # [nt, W]
+    in_window = col[None, :] < valid[:, None]
+    keys = torch.where(in_window, keys, torch.zeros_like(keys))
+    phys = block_table.long()[keys // bs]
+    rows = torch.where(phys >= 0, phys * bs + keys % bs, torch.full_like(keys, -1))
+    out[:nt] = torch.where(in_window, rows, torch.full_like(rows, -1)).to(torch.int32)
+    return out
+
+
+def golden_prefill_attention_swa(
+    inputs: dict,
+    cfg: DeepSeekV4Config,
+    *,
+    weight_format: str = "int8",
+    return_intermediates: bool = False,
+):
+    """Golden of the ratio-0 prefill attention block (v4flash-kernels.md A.3).
+
+    Chains the sub-goldens (module docstring): ``golden_hc_pre`` -> ``golden_rms_norm``
+    (``attn_norm_w``, ``cfg.rms_norm_eps``) -> ``golden_materialize_rope_rows`` (main-profile
+    ``freqs_cos/sin`` rows at ``position_ids``; inactive rows zero) -> ``golden_qkv_proj_rope``
+    -> scatter ``kv[t]`` into a clone of ``kv_cache`` at flat row ``ori_slot_mapping[t]``
+    (``t < num_tokens`` and slot ``>= 0``) -> :func:`build_window_indices` ->
+    ``golden_prefill_sparse_attn`` with a zero ``cmp_kv [cmp_kv_block_num, block_size, 1,
+    head_dim]``, a zero ``cmp_block_table [cmp_kv_block_num]`` and all ``-1``
+    ``cmp_indices [T, index_topk]`` -> ``golden_hc_post_prefill``.
+
+    Args:
+        inputs: dict as built by :func:`make_swa_inputs`:
+            ``x_hc [T, hc, D] fp32``, ``hc_attn_fn [mix_hc, hc_dim] fp32``,
+            ``hc_attn_scale [3] fp32``, ``hc_attn_base [mix_hc] fp32``,
+            ``attn_norm_w [D] bf16``, ``wq_a [D, q_lora] bf16``,
+            ``wq_b [q_lora, H*d] int8 (bf16)``, ``wq_b_scale [H*d] fp32``,
+            ``wkv [D, d] bf16``, ``gamma_cq [q_lora] bf16``, ``gamma_ckv [d] bf16``,
+            ``freqs_cos / freqs_sin [P, rope_dim] bf16`` (main profile),
+            ``kv_cache [pages, block_size, 1, d] bf16``, ``block_table [n_blocks] int32``,
+            ``ori_slot_mapping [T] int64``, ``position_ids [T] int32``, ``attn_sink [H] fp32``,
+            ``wo_a [G, o_lora, o_group_in] bf16``, ``wo_b [D, G*o_lora] int8 (bf16)``,
+            ``wo_b_scale [D] fp32``, ``num_tokens`` int. Inputs are not modified.
+        cfg: model config.
+        weight_format: ``"int8"`` (W8A8 q-b and o-b projections) or ``"bf16"``.
+        return_intermediates: also return a dict of the intermediate tensors
+            (``x_mixed, post, comb, x_normed, rope_cos, rope_sin, q, kv, swa_indices,
+            attn_out``).
+
+    Returns:
+        ``(kv_cache, x_out)``: the updated cache ``[pages, block_size, 1, d]`` BF16 and
+        ``x_out [T, hc, D]`` FP32 with rows ``>= num_tokens`` zero; plus the intermediates
+        dict when requested.
+
+    Raises:
+        BindError: a missing input key, bad shapes / dtypes, or a slot outside the cache.
+    """
+    fn = "golden_prefill_attention_swa"
+    needed = ("x_hc", "hc_attn_fn", "hc_attn_scale", "hc_attn_base", "attn_norm_w", "wq_a",
+              "wq_b", "wq_b_scale", "wkv", "gamma_cq", "gamma_ckv", "freqs_cos", "freqs_sin",
+              "kv_cache", "block_table", "ori_slot_mapping", "position_ids", "attn_sink",
+              "wo_a", "wo_b", "wo_b_scale", "num_tokens")
+    missing = [k for k in needed if k not in inputs]
+    if missing:
+        raise BindError(f"{fn}: inputs missing {missing}")
+    i = inputs
+    num_tokens = int(i["num_tokens"])
+    x_hc = i["x_hc"]
+    T = x_hc.shape[0]
+    if not 0 <= num_tokens <= T:
+        raise BindError(f"{fn}: num_tokens={num_tokens} outside [0, {T}]")
+    hd, r = cfg.head_dim, cfg.qk_rope_head_dim
+
+    x_mixed, post, comb = golden_hc_pre(x_hc, i["hc_attn_fn"], i["hc_attn_scale"],
+                                        i["hc_attn_base"], cfg)
+    x_normed = golden_rms_norm(x_mixed, i["attn_norm_w"], cfg.rms_norm_eps)
+    zeros_rows = torch.zeros(T, r, dtype=i["freqs_cos"].dtype)
+    rope_cos, rope_sin = golden_materialize_rope_rows(i["freqs_cos"], i["freqs_sin"],
+                                                      i["position_ids"], num_tokens,
+                                                      zeros_rows, zeros_rows)
+    q, kv, _, _ = golden_qkv_proj_rope(x_normed, i["wq_a"], i["wq_b"], i["wq_b_scale"], i["wkv"],
+                                       rope_cos, rope_sin, i["gamma_cq"], i["gamma_ckv"], cfg,
+                                       weight_format=weight_format)
+
+    kv_cache = i["kv_cache"].clone()
+    flat = kv_cache.view(-1, hd)
+    slots = i["ori_slot_mapping"][:num_tokens].long()
+    if slots.numel() and int(slots.max()) >= flat.shape[0]:
+        raise BindError(f"{fn}: ori_slot_mapping value {int(slots.max())} outside kv_cache "
+                        f"({flat.shape[0]} rows)")
+    for t in range(num_tokens):  # in token order: a repeated slot keeps the last token's row
+        if int(slots[t]) >= 0:
+            flat[int(slots[t])] = kv[t].to(kv_cache.dtype)
+
+    swa_indices = build_window_indices(i["position_ids"], num_tokens, i["block_table"], cfg)
+    cmp_kv = torch.zeros(cfg.cmp_kv_block_num, cfg.block_size, 1, hd, dtype=kv_cache.dtype)
+    cmp_block_table = torch.zeros(cfg.cmp_kv_block_num, dtype=torch.int32)
+    cmp_indices = torch.full((T, cfg.index_topk), -1, dtype=torch.int32)
+    attn_out = golden_prefill_sparse_attn(q, kv_cache, swa_indices, cmp_kv, cmp_block_table,
+                                          cmp_indices, i["attn_sink"], num_tokens, rope_cos,
+                                          rope_sin, i["wo_a"], i["wo_b"], i["wo_b_scale"], cfg,
+                                          weight_format=weight_format)
+    x_out = golden_hc_post_prefill(attn_out, x_hc, post, comb, num_tokens)
+    if not return_intermediates:
+        return kv_cache, x_out
+    mids = {"x_mixed": x_mixed, "post": post, "comb": comb, "x_normed": x_normed,
+            "rope_cos": rope_cos, "rope_sin": rope_sin, "q": q, "kv": kv,
+            "swa_indices": swa_indices, "attn_out": attn_out}
+    return kv_cache, x_out, mids
+
+
+def make_swa_inputs(
+    cfg: DeepSeekV4Config,
+    T: int,
+    start_pos: int,
+    num_tokens: int,
+    seed: int,
+    *,
+    block_table: str = "identity",
+    attn_sink: float | torch.Tensor = 0.0,
+    weight_format: str = "int8",
+) -> dict:
+    """Seeded fixture for :func:`golden_prefill_attention_swa` (v4flash-kernels.md A.3).
+
+    Token ``t`` sits at position ``start_pos + t`` (tail rows too). Draw order from one
+    ``torch.Generator(seed)``: ``x_hc ~ N(0,1)*0.05`` (rows ``>= num_tokens`` then zeroed),
+    ``hc_attn_fn``, ``wq_a``, ``wq_b``, ``wkv``, ``wo_a``, ``wo_b`` each ``U(-1,1) *
+    fan_in^-0.5``, then the pre-filled cache rows ``~ N(0,1)``. ``hc_attn_scale`` /
+    ``hc_attn_base`` are the real layer-0 values ``HC_SCALE_REF`` / ``HC_BASE_REF`` of
+    ``hc_pre``; ``attn_norm_w``, ``gamma_cq``, ``gamma_ckv`` are 1; ``attn_sink`` is the given
+    value (scalar broadcast to ``[H]`` or an ``[H]`` tensor). ``wq_b`` is quantised per output
+    column and ``wo_b`` per output row for ``"int8"`` (BF16 with unit scales for ``"bf16"``).
+    ``freqs_cos/sin`` are the main-profile tables ``[max_position_embeddings, rope_dim]``
+    BF16. ``block_table [max_blocks_per_seq]``: ``"identity"`` (page b -> b) or
+    ``"permuted"`` (:func:`permuted_block_table`); entries past the pool are -1.
+    ``kv_cache [ori_kv_block_num, block_size, 1, head_dim]`` is zero except the rows of the
+    last ``sliding_window`` positions before ``start_pos``. ``ori_slot_mapping[t]`` is the
+    flat cache row of token ``t`` for ``t < num_tokens``, else -1.
+
+    Returns:
+        dict keyed as :func:`golden_prefill_attention_swa` expects (``num_tokens`` int).
+
+    Raises:
+        BindError: ``T`` not positive, ``num_tokens`` outside ``[0, T]``, negative
+            ``start_pos``, positions past the cache pool, unknown ``block_table`` or
+            ``weight_format``, or an ``attn_sink`` tensor of the wrong shape.
+        ConfigError: ``hc_mult != 4`` (the reference hc base has 24 values).
+    """
+    fn = "make_swa_inputs"
+    if T <= 0 or not 0 <= num_tokens <= T or start_pos < 0:
+        raise BindError(f"{fn}: need T > 0, 0 <= num_tokens <= T, start_pos >= 0; got T={T}, "
+                        f"num_tokens={num_tokens}, start_pos={start_pos}")
+    if weight_format not in ("int8", "bf16"):
+        raise BindError(f"{fn}: weight_format must be 'int8' or 'bf16', got {weight_format!r}")
+    if len(HC_BASE_REF) != cfg.mix_hc:
+        raise ConfigError(f"{fn}: config {cfg.name!r} has mix_hc={cfg.mix_hc}; the reference "
+                          f"hc base has {len(HC_BASE_REF)} values")
+    D, hc, H, hd = cfg.hidden_size, cfg.hc_mult, cfg.num_attention_heads, cfg.head_dim
+    Lq, G, Lo, gin = cfg.q_lora_rank, cfg.o_groups, cfg.o_lora_rank, cfg.o_group_in
+    bs, pages, W = cfg.block_size, cfg.ori_kv_block_num, cfg.sliding_window
+    if start_pos + T > pages * bs:
+        raise BindError(f"{fn}: positions up to {start_pos + T - 1} exceed the raw cache pool "
+                        f"({pages} pages x {bs} rows)")
+    n_blocks = cfg.max_blocks_per_seq
+    if block_table == "identity":
+        blk = torch.arange(n_blocks)
+        table = torch.where(blk < pages, blk, torch.full_like(blk, -1)).to(torch.int32)
+    elif block_table == "permuted":
+        table = permuted_block_table(n_blocks, pages)
+    else:
+        raise BindError(f"{fn}: block_table must be 'identity' or 'permuted', got {block_table!r}")
+
+    gen = torch.Generator().manual_seed(seed)
+    bf16 = torch.bfloat16
+
+    def uniform_fan_in(*shape: int) -> torch.Tensor:
+        return (torch.rand(*shape, generator=gen) * 2 - 1) * shape[-1] ** -0.5
+
+    x_hc = torch.randn(T, hc, D, generator=gen) * 0.05
+    x_hc[num_tokens:] = 0
+    hc_fn = uniform_fan_in(cfg.mix_hc, cfg.hc_dim)
+    wq_a = uniform_fan_in(Lq, D).T.contiguous()  # stored [D, q_lora], fan-in D
+    wq_b_f = uniform_fan_in(H * hd, Lq).T.contiguous()  # stored [q_lora, H*d], fan-in q_lora
+    wkv = uniform_fan_in(hd, D).T.contiguous()  # stored [D, d]
+    wo_a = uniform_fan_in(G, Lo, gin)
+    wo_b_f = uniform_fan_in(D, G * Lo)
+
+    def row_of(p: torch.Tensor) -> torch.Tensor:
+        return table.long()[p // bs] * bs + p % bs
+
+    kv_cache = torch.zeros(pages, bs, 1, hd)
+    prev = torch.arange(max(0, start_pos - W), start_pos)
+    kv_cache.view(-1, hd)[row_of(prev)] = torch.randn(prev.numel(), hd, generator=gen)
+    positions = start_pos + torch.arange(T)
+    slot_mapping = torch.full((T,), -1, dtype=torch.int64)
+    slot_mapping[:num_tokens] = row_of(positions[:num_tokens])
+
+    if isinstance(attn_sink, torch.Tensor):
+        if tuple(attn_sink.shape) != (H,):
+            raise BindError(f"{fn}: attn_sink tensor must be [{H}], got {list(attn_sink.shape)}")
+        sink = attn_sink.float().clone()
+    else:
+        sink = torch.full((H,), float(attn_sink), dtype=torch.float32)
+    if weight_format == "int8":
+        wq_b, wq_b_scale = quantize_weight_per_column(wq_b_f)
+        wo_b, wo_b_scale = quantize_wo_b(wo_b_f)
+    else:
+        wq_b, wq_b_scale = wq_b_f.to(bf16), torch.ones(H * hd, dtype=torch.float32)
+        wo_b, wo_b_scale = wo_b_f.to(bf16), torch.ones(D, dtype=torch.float32)
+    cos, sin = rope_tables(cfg, "main")
+    return {
+        "x_hc": x_hc,
+        "hc_attn_fn": hc_fn,
+        "hc_attn_scale": torch.tensor(HC_SCALE_REF, dtype=torch.float32),
+        "hc_attn_base": torch.tensor(HC_BASE_REF, dtype=torch.float32),
+        "attn_norm_w": torch.ones(D, dtype=bf16),
+        "wq_a": wq_a.to(bf16), "wq_b": wq_b, "wq_b_scale": wq_b_scale, "wkv": wkv.to(bf16),
+        "gamma_cq": torch.ones(Lq, dtype=bf16), "gamma_ckv": torch.ones(hd, dtype=bf16),
+        "freqs_cos": cos.to(bf16), "freqs_sin": sin.to(bf16),
+        "kv_cache": kv_cache.to(bf16), "block_table": table,
+        "ori_slot_mapping": slot_mapping, "position_ids": positions.to(torch.int32),
+        "attn_sink": sink,
+        "wo_a": wo_a.to(bf16), "wo_b": wo_b, "wo_b_scale": wo_b_scale,
+        "num_tokens": int(num_tokens),
+    }
