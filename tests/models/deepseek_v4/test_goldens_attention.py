@@ -80,6 +80,28 @@ def test_yarn_compress_frequencies_blend():
     assert torch.equal(rope_inv_freq(TINY, "compress"), rope_inv_freq(FLASH, "compress"))
 
 
+def test_rope_tables_bitwise_parity_with_transformers():
+    modeling = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
+    configuration = pytest.importorskip("transformers.models.deepseek_v4.configuration_deepseek_v4")
+    ys = TINY.rope_scaling
+    hf_cfg = configuration.DeepseekV4Config(
+        hidden_size=TINY.hidden_size, num_attention_heads=TINY.num_attention_heads,
+        head_dim=TINY.head_dim, qk_rope_head_dim=TINY.qk_rope_head_dim,
+        max_position_embeddings=TINY.max_position_embeddings,
+        rope_parameters={"rope_type": "yarn", "factor": ys.factor, "beta_fast": ys.beta_fast,
+                         "beta_slow": ys.beta_slow,
+                         "original_max_position_embeddings": ys.original_max_position_embeddings})
+    rotary = modeling.DeepseekV4RotaryEmbedding(hf_cfg)
+    pos = torch.tensor([[0, 5, 127, 1000, 16383]])
+    half = TINY.qk_rope_head_dim // 2
+    for profile in ("main", "compress"):
+        assert torch.equal(getattr(rotary, f"{profile}_inv_freq"), rope_inv_freq(TINY, profile))
+        cos_hf, sin_hf = rotary(torch.zeros(1), pos, layer_type=profile)
+        cos, sin = rope_tables(TINY, profile)
+        assert torch.equal(cos_hf[0], cos[pos[0], :half])
+        assert torch.equal(sin_hf[0], sin[pos[0], :half])
+
+
 def test_profile_for_ratio():
     assert profile_for_ratio(0) == "main"
     assert profile_for_ratio(4) == "compress"
@@ -388,3 +410,20 @@ def test_compressor_entry_matches_direct_float64():
         row = int(d["cmp_slot_mapping"][(w + 1) * M - 1])
         got = cmp_kv.view(-1, hd)[row].double()
         assert torch.allclose(got, e, atol=1e-3, rtol=2 / 128), (w, (got - e).abs().max())
+
+
+# ---------------------------------------------------------------- FLASH size (slow)
+@pytest.mark.slow
+def test_flash_swa_block_and_compressor_run():
+    cfg = FLASH
+    d = make_swa_inputs(cfg, 128, 128, 120, seed=0, block_table="permuted")
+    kv_cache, x_out = golden_prefill_attention_swa(d, cfg)
+    assert torch.isfinite(x_out).all()
+    assert torch.equal(x_out[120:], torch.zeros_like(x_out[120:]))
+    assert (kv_cache.view(-1, cfg.head_dim)[d["ori_slot_mapping"][:120]].float().abs().sum(dim=1) > 0).all()
+    c = make_compressor_inputs(cfg, 128, 128, 128, seed=1)
+    cmp_one, state_one = golden_prefill_compressor_ratio128(**c, cfg=cfg)
+    cmp_a, state_a = golden_prefill_compressor_ratio128(**_slice_chunk(c, 0, 50), cfg=cfg)
+    cmp_b, state_b = golden_prefill_compressor_ratio128(**_slice_chunk(c, 50, 128, cmp_a, state_a), cfg=cfg)
+    assert torch.equal(cmp_b, cmp_one) and torch.equal(state_b, state_one)
+    assert len(_changed_cmp_rows(cmp_one, c["cmp_kv"])) == 1

@@ -308,8 +308,8 @@ def make_compressor_inputs(
     positions = start_pos + torch.arange(T)
     active = torch.arange(T) < num_tokens
     closes = ((positions + 1) % M == 0) & active
-    entry = (positions + 1) // M - 1
-    cmp_row = cmp_table.long()[(entry.clamp(min=0) // bs).clamp(max=cpages - 1)] * bs + entry.clamp(min=0) % bs
+    entry = ((positions + 1) // M - 1).clamp(min=0)  # compressed entry index (closing tokens)
+    cmp_row = cmp_table.long()[(entry // bs).clamp(max=cpages - 1)] * bs + entry % bs
     cmp_slot_mapping = torch.where(closes, cmp_row, torch.full_like(cmp_row, -1))
     state_slot_mapping = torch.where(active, state_row(positions), torch.full_like(positions, -1))
     cos, sin = rope_tables(cfg, "compress")

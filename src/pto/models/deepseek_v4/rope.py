@@ -85,7 +85,8 @@ def yarn_correction_range(cfg: DeepSeekV4Config) -> tuple[int, int]:
     ys = cfg.rope_scaling
 
     def corr_dim(n_rot: float) -> float:
-        return r * math.log(ys.original_max_position_embeddings / (n_rot * 2 * math.pi)) / (2 * math.log(theta))
+        orig = ys.original_max_position_embeddings
+        return r * math.log(orig / (n_rot * 2 * math.pi)) / (2 * math.log(theta))
 
     low = math.floor(corr_dim(ys.beta_fast))
     high = math.ceil(corr_dim(ys.beta_slow))
