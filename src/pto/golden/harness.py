@@ -1,0 +1,189 @@
+"""``run_jit``: build inputs, run the golden, run the kernel, compare
+(reference golden-harness.md section 3; DESIGN section 8)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from pto.errors import GoldenDataError
+from pto.golden.compare import default_compare, error_stats
+from pto.golden.spec import ScalarSpec, TensorSpec
+from pto.runtime import Program, RunConfig
+
+__all__ = ["run_jit", "RunResult", "OutputReport", "save_golden_data", "load_golden_data"]
+
+
+@dataclass
+class OutputReport:
+    """Comparison of one output: pass flag, compare label, failure detail and
+    error statistics (max_abs, mean_abs, max_rel, nan, inf, numel)."""
+
+    name: str
+    passed: bool
+    label: str
+    detail: str
+    stats: dict
+
+
+@dataclass
+class RunResult:
+    """Outcome of :func:`run_jit`.
+
+    Attributes:
+        passed: every output passed; error: the combined failure message.
+        outputs: per-output reports; program: the kernel's Program (stats,
+            graph); kernel_ms / golden_ms: CPU wall times.
+        actual / expected: output tensors by name.
+    """
+
+    passed: bool
+    error: str | None = None
+    outputs: dict = field(default_factory=dict)
+    program: Program | None = None
+    kernel_ms: float = 0.0
+    golden_ms: float = 0.0
+    actual: dict = field(default_factory=dict)
+    expected: dict = field(default_factory=dict)
+
+    @property
+    def stats(self):
+        return self.program.stats if self.program is not None else None
+
+    @property
+    def max_abs_error(self) -> float:
+        return max((o.stats["max_abs"] for o in self.outputs.values()), default=0.0)
+
+    def __str__(self) -> str:
+        return f"PASS ({self.kernel_ms:.1f} ms)" if self.passed else f"FAIL: {self.error} ({self.kernel_ms:.1f} ms)"
+
+
+def _file_names(directory: str):
+    return os.path.join(directory, "in.safetensors"), os.path.join(directory, "out.safetensors")
+
+
+def save_golden_data(directory: str, inputs: dict, golden: dict) -> None:
+    """Write inputs (tensors and 0-dim scalars) and golden outputs as safetensors."""
+    from safetensors.torch import save_file
+    os.makedirs(directory, exist_ok=True)
+    fin, fout = _file_names(directory)
+    save_file({k: v.contiguous() for k, v in inputs.items()}, fin)
+    save_file({k: v.contiguous() for k, v in golden.items()}, fout)
+
+
+def load_golden_data(directory: str, specs) -> tuple[dict, dict]:
+    """Load saved inputs and golden outputs, checked against ``specs``.
+
+    Raises:
+        GoldenDataError: missing files or tensors, or a name, shape or dtype
+            that does not match the specs.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    fin, fout = _file_names(directory)
+    missing = [f for f in (fin, fout) if not os.path.exists(f)]
+    if missing:
+        raise GoldenDataError(f"golden_data {directory!r} is missing files: {missing}")
+    try:
+        ins, outs = load_file(fin), load_file(fout)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise GoldenDataError(f"golden_data {directory!r}: unreadable safetensors file ({e})") from None
+    for s in specs:
+        table = outs if isinstance(s, TensorSpec) and s.is_pure_output else ins
+        if s.name not in table:
+            raise GoldenDataError(f"golden_data {directory!r}: tensor {s.name!r} missing")
+        t = table[s.name]
+        want_shape = list(s.shape) if isinstance(s, TensorSpec) else []
+        if list(t.shape) != want_shape or t.dtype != s.dtype:
+            raise GoldenDataError(f"golden_data {directory!r}: {s.name!r} is {list(t.shape)} {t.dtype}, "
+                                  f"spec says {want_shape} {s.dtype}")
+        if isinstance(s, TensorSpec) and s.is_output and s.name not in outs:
+            raise GoldenDataError(f"golden_data {directory!r}: golden output {s.name!r} missing")
+    return ins, outs
+
+
+def run_jit(fn, specs, golden_fn=None, compare_fn=None, rtol: float = 1e-5, atol: float = 1e-5,
+            check: bool = True, golden_data: str | None = None, save_data: str | None = None,
+            seed: int | None = 0, config: RunConfig | None = None) -> RunResult:
+    """Run kernel ``fn`` against ``golden_fn`` and compare every output.
+
+    Args:
+        fn: a ``@pl.jit`` function whose parameters are ``specs`` in order.
+        specs: TensorSpec / ScalarSpec list in parameter order.
+        golden_fn: ``golden_fn(values)`` fills the output entries of a dict of
+            clones (pure outputs start as zeros, scalars are Python values).
+        compare_fn: {output name: compare function}; others use exact compare
+            (integer outputs) or ``allclose(atol, rtol)``.
+        check: run the kernel in check mode (sanitizer + race checker).
+        golden_data / save_data: directory to replay from / save to (safetensors).
+        seed: ``torch.manual_seed`` before building inputs (None: leave the RNG).
+        config: RunConfig for the kernel (``check`` overrides its field).
+
+    Returns:
+        RunResult. Kernel errors (PtoError) propagate; mismatches do not raise.
+
+    Raises:
+        GoldenDataError: bad golden data.
+    """
+    compare_fn = compare_fn or {}
+    expected: dict = {}
+    if golden_data is not None:
+        ins, outs = load_golden_data(golden_data, specs)
+        values = {}
+        for s in specs:
+            if isinstance(s, ScalarSpec):
+                values[s.name] = ins[s.name].item()
+            elif s.is_pure_output:
+                values[s.name] = torch.zeros(s.shape, dtype=s.dtype)
+            else:
+                values[s.name] = ins[s.name].clone()
+        expected = {s.name: outs[s.name] for s in specs if isinstance(s, TensorSpec) and s.is_output}
+        golden_ms = 0.0
+    else:
+        if seed is not None:
+            torch.manual_seed(seed)
+        values = {}
+        for s in specs:
+            values[s.name] = s.to_python() if isinstance(s, ScalarSpec) else s.create_tensor()
+        golden_ms = 0.0
+        if golden_fn is not None:
+            gvals = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
+            t0 = time.perf_counter()
+            golden_fn(gvals)
+            golden_ms = (time.perf_counter() - t0) * 1e3
+            expected = {s.name: gvals[s.name] for s in specs if isinstance(s, TensorSpec) and s.is_output}
+        if save_data is not None:
+            ins = {s.name: (torch.tensor(values[s.name], dtype=s.dtype) if isinstance(s, ScalarSpec)
+                            else values[s.name].clone())
+                   for s in specs if not (isinstance(s, TensorSpec) and s.is_pure_output)}
+            save_golden_data(save_data, ins, expected)
+    cfg = RunConfig(**{**(config.__dict__ if config else {}), "check": check})
+    args = [values[s.name] for s in specs]
+    t0 = time.perf_counter()
+    prog = fn.run(*args, config=cfg)
+    kernel_ms = (time.perf_counter() - t0) * 1e3
+    res = RunResult(passed=True, program=prog, kernel_ms=kernel_ms, golden_ms=golden_ms)
+    if not expected:
+        return res
+    failures = []
+    for s in specs:
+        if not (isinstance(s, TensorSpec) and s.is_output):
+            continue
+        actual, exp = values[s.name], expected[s.name]
+        res.actual[s.name], res.expected[s.name] = actual, exp
+        cmp = compare_fn.get(s.name) or default_compare(s.dtype, rtol, atol)
+        if actual.shape != exp.shape:
+            ok, detail = False, f"shape {list(actual.shape)} != golden {list(exp.shape)}"
+        else:
+            ok, detail = cmp(actual, exp, rtol_run=rtol, atol_run=atol, inputs=values)
+        res.outputs[s.name] = OutputReport(s.name, ok, getattr(cmp, "__name__", "compare"), detail,
+                                           error_stats(actual, exp) if actual.shape == exp.shape else {})
+        if not ok:
+            failures.append(f"{s.name}: {detail}")
+    if failures:
+        res.passed = False
+        res.error = "Output(s) do not match golden: " + " | ".join(failures)
+    return res

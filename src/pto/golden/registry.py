@@ -1,0 +1,84 @@
+"""The kernel registry: every kernel module registers a :class:`KernelCase`;
+the CLI, the tests, the demo and the benchmarks iterate it (DESIGN section 8)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from pto.errors import ConfigError
+
+__all__ = ["KernelCase", "CaseRun", "register", "get_case", "all_cases", "REGISTRY"]
+
+
+@dataclass
+class CaseRun:
+    """Everything :func:`pto.golden.run_jit` needs for one (preset, mode) run.
+
+    Attributes:
+        fn: the ``@pl.jit`` entry; specs: arguments in order; golden: golden
+        function over the value dict; compare: {output: compare function};
+        rtol / atol: run tolerances; label: e.g. ``"prefill T=128"``.
+    """
+
+    fn: object
+    specs: list
+    golden: Callable
+    compare: dict = field(default_factory=dict)
+    rtol: float = 1e-3
+    atol: float = 1e-3
+    label: str = ""
+
+
+@dataclass
+class KernelCase:
+    """A registered kernel.
+
+    Attributes:
+        name: CLI name (``hc_pre``).
+        build: ``build(preset, mode, **options) -> CaseRun``; options include
+            ``seed_scopes`` for kernels that keep a seed variant.
+        modes: the modes ``build`` accepts (``"decode"``, ``"prefill"``, ...).
+        seed_variant: True when ``seed_scopes=True`` is supported.
+        description: one line for tables.
+    """
+
+    name: str
+    build: Callable
+    modes: tuple = ("prefill",)
+    seed_variant: bool = False
+    description: str = ""
+    group: str = "model"
+
+
+REGISTRY: dict[str, KernelCase] = {}
+
+
+def register(case: KernelCase) -> KernelCase:
+    """Add ``case`` to the registry (re-registering a name replaces it)."""
+    REGISTRY[case.name] = case
+    return case
+
+
+def _load_all() -> None:
+    import importlib
+    importlib.import_module("pto.models.deepseek_v4")
+
+
+def all_cases(group: str | None = None) -> list[KernelCase]:
+    """Every registered case (importing the model package first), optionally one group."""
+    _load_all()
+    return [c for c in REGISTRY.values() if group is None or c.group == group]
+
+
+def get_case(name: str) -> KernelCase:
+    """The case called ``name``.
+
+    Raises:
+        ConfigError: an unknown name, listing the known ones.
+    """
+    _load_all()
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown kernel {name!r}; known kernels: {sorted(REGISTRY)}") from None

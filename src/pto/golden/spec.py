@@ -1,0 +1,108 @@
+"""Argument specs of the golden harness (reference golden-harness.md section 1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pto.errors import BindError
+from pto.language.dtypes import to_torch
+
+__all__ = ["TensorSpec", "ScalarSpec"]
+
+_RANDOM_FACTORIES = (torch.randn, torch.rand, torch.zeros, torch.ones)
+
+
+@dataclass
+class TensorSpec:
+    """One tensor argument, in kernel parameter order.
+
+    Args:
+        name: the kernel parameter name.
+        shape: list of ints.
+        dtype: torch or pl dtype.
+        init_value: None (zeros), a number (filled), a tensor (converted to
+            ``dtype``), ``torch.randn``/``rand``/``zeros``/``ones`` (called as
+            ``f(shape, dtype=dtype)`` on the seeded global RNG) or another
+            callable taking no arguments.
+        is_output: validate this tensor after the run. With ``init_value``
+            None it is a pure output; otherwise an in/out state tensor.
+    """
+
+    name: str
+    shape: list
+    dtype: Any
+    init_value: Any = None
+    is_output: bool = False
+
+    def __post_init__(self):
+        self.dtype = to_torch(self.dtype)
+        self.shape = [int(s) for s in self.shape]
+
+    @property
+    def is_pure_output(self) -> bool:
+        return self.is_output and self.init_value is None
+
+    def create_tensor(self) -> torch.Tensor:
+        """Build the initial tensor from ``init_value``.
+
+        Raises:
+            BindError: an ``init_value`` of an unsupported kind, or a tensor of
+                the wrong shape.
+        """
+        v = self.init_value
+        if v is None:
+            return torch.zeros(self.shape, dtype=self.dtype)
+        if isinstance(v, (bool, int, float)):
+            return torch.full(self.shape, v, dtype=self.dtype)
+        if isinstance(v, torch.Tensor):
+            if list(v.shape) != self.shape:
+                raise BindError(f"TensorSpec {self.name!r}: init tensor shape {list(v.shape)} != spec {self.shape}")
+            return v.to(self.dtype).contiguous()
+        if any(v is f for f in _RANDOM_FACTORIES):
+            return v(self.shape, dtype=self.dtype)
+        if callable(v):
+            out = torch.as_tensor(v(), dtype=self.dtype)
+            if list(out.shape) != self.shape:
+                raise BindError(f"TensorSpec {self.name!r}: init callable gave shape {list(out.shape)} != {self.shape}")
+            return out.contiguous()
+        raise BindError(f"TensorSpec {self.name!r}: unsupported init_value {type(v).__name__}")
+
+
+@dataclass
+class ScalarSpec:
+    """One by-value scalar argument (``value`` is checked against ``dtype``).
+
+    Raises:
+        BindError: a bool for a number dtype, a float for an integer dtype, or
+            an integer out of range.
+    """
+
+    name: str
+    dtype: Any
+    value: Any
+
+    def __post_init__(self):
+        self.dtype = to_torch(self.dtype)
+        v = self.value
+        if isinstance(v, torch.Tensor):
+            if v.dim() != 0 or v.dtype != self.dtype:
+                raise BindError(f"ScalarSpec {self.name!r}: tensor value must be 0-dim {self.dtype}")
+            v = v.item()
+        if self.dtype == torch.bool:
+            if not isinstance(v, bool):
+                raise BindError(f"ScalarSpec {self.name!r}: bool dtype needs a bool, got {v!r}")
+        elif self.dtype.is_floating_point:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise BindError(f"ScalarSpec {self.name!r}: {self.dtype} needs a number, got {v!r}")
+        else:
+            info = torch.iinfo(self.dtype)
+            if isinstance(v, bool) or not isinstance(v, int) or not info.min <= v <= info.max:
+                raise BindError(f"ScalarSpec {self.name!r}: {self.dtype} needs an int in range, got {v!r}")
+        self.value = torch.tensor(v, dtype=self.dtype)
+
+    def to_python(self):
+        """The value at device precision as a Python number."""
+        return self.value.item()
