@@ -1,0 +1,91 @@
+"""Kernel CPU wall time vs its torch golden's, side by side in one run.
+
+For every registered model kernel at the given preset (default ``flash``) and
+mode (default ``prefill``, falling back to the case's first mode), build the
+inputs once, time the golden and the kernel (unchecked) over ``--repeat``
+runs each, and print both walls and their ratio (target: ratio <= 3).
+
+    python benchmarks/bench_kernels.py [--preset flash] [--mode prefill] [--repeat 3] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+import pto
+from pto.golden import ScalarSpec, TensorSpec, all_cases
+
+
+def _inputs(run):
+    vals = {}
+    for s in run.specs:
+        vals[s.name] = s.to_python() if isinstance(s, ScalarSpec) else s.create_tensor()
+    return vals
+
+
+def _time(fn, repeat: int) -> float:
+    walls = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        walls.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(walls)
+
+
+def bench_case(case, preset: str, mode: str, repeat: int) -> dict:
+    """Median kernel and golden wall (ms) of one case; inputs are rebuilt from
+    the same seed before each run so InOut state starts equal."""
+    run = case.build(preset, mode)
+
+    def golden():
+        torch.manual_seed(0)
+        vals = _inputs(run)
+        run.golden(vals)
+
+    def kernel():
+        torch.manual_seed(0)
+        vals = _inputs(run)
+        run.fn.run(*[vals[s.name] for s in run.specs], config=pto.RunConfig(check=False))
+
+    def build_only():
+        torch.manual_seed(0)
+        _inputs(run)
+
+    base = _time(build_only, repeat)
+    g = max(_time(golden, repeat) - base, 1e-3)
+    k = max(_time(kernel, repeat) - base, 1e-3)
+    return {"name": case.name, "mode": mode, "kernel_ms": k, "golden_ms": g, "ratio": k / g}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="flash")
+    ap.add_argument("--mode", default="prefill")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--only", nargs="*", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    rows = []
+    for case in all_cases(group="model"):
+        if args.only and case.name not in args.only:
+            continue
+        mode = args.mode if args.mode in case.modes else case.modes[0]
+        rows.append(bench_case(case, args.preset, mode, args.repeat))
+    table = Table(title=f"kernel vs golden CPU wall, preset={args.preset} (median of {args.repeat})")
+    for col in ("kernel", "mode", "kernel ms", "golden ms", "kernel/golden"):
+        table.add_column(col, justify="right" if col != "kernel" else "left")
+    for r in rows:
+        table.add_row(r["name"], r["mode"], f"{r['kernel_ms']:.1f}", f"{r['golden_ms']:.1f}", f"{r['ratio']:.2f}")
+    Console().print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
