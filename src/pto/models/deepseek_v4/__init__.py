@@ -1,0 +1,4 @@
+"""DeepSeek-V4 kernels written in pto.language; importing this package registers every
+kernel module's ``KernelCase`` (DESIGN section 8)."""
+
+from pto.models.deepseek_v4 import hc_post  # noqa: F401  (registers "hc_post")

@@ -9,14 +9,18 @@ in matrix form ``Y = post (x) x + C^T R``. The prefill variant computes only the
 ``num_tokens`` rows and writes exact zeros into the static tail.
 """
 
-from __future__ import annotations
+import functools
+from types import SimpleNamespace
 
 import torch
 
-from pto.errors import BindError
-from pto.models.deepseek_v4.config import DeepSeekV4Config
+import pto.language as pl
+from pto.errors import BindError, ConfigError
+from pto.golden import CaseRun, KernelCase, ScalarSpec, TensorSpec, ratio_allclose, register
+from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 
-__all__ = ["TOLERANCES", "golden_hc_post", "golden_hc_post_prefill", "make_hc_post_inputs"]
+__all__ = ["TOLERANCES", "HC_POST_TOKEN_TILE", "HC_POST_PAD_TILE", "hc_post_kernels", "golden_hc_post",
+           "golden_hc_post_prefill", "make_hc_post_inputs", "build_case"]
 
 # Compare functions per output as ratio_allclose (atol, rtol, max_error_ratio). The
 # reference uses the default allclose with rtol = atol = 1e-3 (v4flash-kernels.md B.2 / C.2),
@@ -26,8 +30,120 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {
 }
 
 # ---- kernel ----
-# (The pto.language kernels hc_post / hc_post_prefill go here; the goldens below are
-# their numerical contract.)
+# Tokens per hc_post block: one block = (4-token tile, output stream j) (v4flash-kernels.md B.2).
+HC_POST_TOKEN_TILE = 4
+# Rows per block of the prefill tail zero-fill ("hc_post_inactive_pad", B.2).
+HC_POST_PAD_TILE = 16
+
+T_DYN = pl.dynamic("T")
+
+
+def _hc_post_block(x2, res2, post, comb, y3, t0: int, rows: int, j: int, N: int, D: int) -> None:
+    """One hc_post block body: rows ``t0 .. t0+rows`` of output stream ``j``, all FP32.
+
+    ``x2 [T, D]`` BF16, ``res2 [T, N*D]`` a 2-D view of the residual streams (a strided
+    read, recorded as its bounding box), ``y3 [T, N, D]`` the output, written one token row
+    at a time so that each write footprint is exact, ``post [T, N]``, ``comb [T, N*N]``. Op order is the golden's: ``post*x`` first, then the
+    input streams ``i = 0..N-1`` added in order (bit-identical to :func:`golden_hc_post`).
+    """
+    TT = HC_POST_TOKEN_TILE
+    xf = pl.cast(pl.slice(x2, [TT, D], [t0, 0], valid_shape=[rows, D]), pl.FP32)
+    acc = pl.row_expand_mul(xf, pl.slice(post, [TT, 1], [t0, j], valid_shape=[rows, 1]))
+    for i in range(N):
+        r_i = pl.slice(res2, [TT, D], [t0, i * D], valid_shape=[rows, D])
+        c_ij = pl.slice(comb, [TT, 1], [t0, i * N + j], valid_shape=[rows, 1])
+        acc = pl.add(acc, pl.row_expand_mul(r_i, c_ij))
+    for r in range(rows):  # one [1, D] row per token: stream j of token t is root row t*N + j
+        pl.assemble(y3, pl.reshape(pl.slice(acc, [1, D], [r, 0]), [1, 1, D]), [t0 + r, j, 0])
+
+
+@functools.lru_cache(maxsize=None)
+def hc_post_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
+    """Build the hc_post DSL kernels for ``cfg`` (cached per config).
+
+    Tiling (v4flash-kernels.md B.2): ``spmd(ceil(T/4) * hc_mult)`` blocks, block ``b`` =
+    (token tile ``b // hc_mult`` of :data:`HC_POST_TOKEN_TILE` rows, output stream
+    ``b % hc_mult``), each a whole ``hidden_size`` row at once; the prefill tail is zeroed by
+    ``spmd(ceil(inactive/16) * hc_mult)`` blocks of :data:`HC_POST_PAD_TILE` rows. ``T`` is a
+    dynamic dim; a ragged last tile uses a valid shape.
+
+    Returns:
+        namespace with the inline bodies ``hc_post(x, residual, post, comb, y)`` and
+        ``hc_post_prefill(x, residual, post, comb, y, num_tokens)`` and the ``@pl.jit``
+        entries ``hc_post_test`` / ``hc_post_prefill_test`` (same parameters). Shapes:
+        ``x [T, D] BF16``, ``residual [T, N, D] FP32``, ``post [T, N] FP32``,
+        ``comb [T, N*N] FP32``, ``y [T, N, D] FP32`` (Out), ``num_tokens`` INT32 scalar,
+        with ``N = hc_mult``, ``D = hidden_size``.
+
+    Raises:
+        ConfigError: ``hc_mult`` or ``hidden_size`` not positive.
+    """
+    N, D = cfg.hc_mult, cfg.hidden_size
+    if N <= 0 or D <= 0:
+        raise ConfigError(f"hc_post_kernels: config {cfg.name!r} needs hc_mult > 0 and hidden_size > 0, "
+                          f"got hc_mult={N}, hidden_size={D}")
+    TT, PT = HC_POST_TOKEN_TILE, HC_POST_PAD_TILE
+
+    def views(x, residual, y):
+        t = pl.tensor.dim(x, 0)
+        return t, pl.reshape(residual, [t, N * D]), y
+
+    @pl.jit.inline
+    def hc_post(x: pl.Tensor[[T_DYN, D], pl.BF16],
+                residual: pl.Tensor[[T_DYN, N, D], pl.FP32],
+                post: pl.Tensor[[T_DYN, N], pl.FP32],
+                comb: pl.Tensor[[T_DYN, N * N], pl.FP32],
+                y: pl.Out[pl.Tensor[[T_DYN, N, D], pl.FP32]]):
+        """hc_post over every row: ``y[:, j] = post[:, j]*x + sum_i comb[:, i*N+j]*residual[:, i]``."""
+        t, res2, y2 = views(x, residual, y)
+        for b in pl.spmd(-(-t // TT) * N, name_hint="hc_post"):
+            t0 = (b // N) * TT
+            _hc_post_block(x, res2, post, comb, y2, t0, min(TT, t - t0), b % N, N, D)
+        return y
+
+    @pl.jit.inline
+    def hc_post_prefill(x: pl.Tensor[[T_DYN, D], pl.BF16],
+                        residual: pl.Tensor[[T_DYN, N, D], pl.FP32],
+                        post: pl.Tensor[[T_DYN, N], pl.FP32],
+                        comb: pl.Tensor[[T_DYN, N * N], pl.FP32],
+                        y: pl.Out[pl.Tensor[[T_DYN, N, D], pl.FP32]],
+                        num_tokens: pl.Scalar[pl.INT32]):
+        """hc_post on rows ``< num_tokens`` (clamped into ``[0, T]``); rows past it are zero."""
+        t, res2, y2 = views(x, residual, y)
+        active = pl.min(pl.max(num_tokens, 0), t)
+        if active > 0:  # orchestration-level conditional submission (B.2)
+            for b in pl.spmd(-(-active // TT) * N, name_hint="hc_post_prefill"):
+                t0 = (b // N) * TT
+                _hc_post_block(x, res2, post, comb, y2, t0, min(TT, active - t0), b % N, N, D)
+        inactive = t - active
+        if inactive > 0:
+            for b in pl.spmd(-(-inactive // PT) * N, name_hint="hc_post_inactive_pad"):
+                t0 = active + (b // N) * PT
+                rows = min(PT, t - t0)
+                zero = pl.full([rows, D], pl.FP32, 0.0)
+                for r in range(rows):
+                    pl.assemble(y2, pl.reshape(pl.slice(zero, [1, D], [r, 0]), [1, 1, D]), [t0 + r, b % N, 0])
+        return y
+
+    @pl.jit
+    def hc_post_test(x: pl.Tensor[[T_DYN, D], pl.BF16],
+                     residual: pl.Tensor[[T_DYN, N, D], pl.FP32],
+                     post: pl.Tensor[[T_DYN, N], pl.FP32],
+                     comb: pl.Tensor[[T_DYN, N * N], pl.FP32],
+                     y: pl.Out[pl.Tensor[[T_DYN, N, D], pl.FP32]]):
+        return hc_post(x, residual, post, comb, y)
+
+    @pl.jit
+    def hc_post_prefill_test(x: pl.Tensor[[T_DYN, D], pl.BF16],
+                             residual: pl.Tensor[[T_DYN, N, D], pl.FP32],
+                             post: pl.Tensor[[T_DYN, N], pl.FP32],
+                             comb: pl.Tensor[[T_DYN, N * N], pl.FP32],
+                             y: pl.Out[pl.Tensor[[T_DYN, N, D], pl.FP32]],
+                             num_tokens: pl.Scalar[pl.INT32]):
+        return hc_post_prefill(x, residual, post, comb, y, num_tokens)
+
+    return SimpleNamespace(hc_post=hc_post, hc_post_prefill=hc_post_prefill, hc_post_test=hc_post_test,
+                           hc_post_prefill_test=hc_post_prefill_test)
 # ---- end kernel ----
 
 
@@ -137,3 +253,52 @@ def make_hc_post_inputs(cfg: DeepSeekV4Config, T: int, seed: int) -> dict[str, t
     comb = torch.rand(T, N, N, generator=gen) + 0.01
     comb = comb / comb.sum(dim=1, keepdim=True)
     return {"x": x, "residual": residual, "post": post, "comb": comb.reshape(T, N * N)}
+
+
+def build_case(preset: str, mode: str, **options) -> CaseRun:
+    """Registry builder of the ``hc_post`` case (v4flash-kernels.md B.2).
+
+    Modes: ``"decode"`` runs ``hc_post`` on ``T = decode_batch * decode_seq`` rows;
+    ``"prefill"`` runs ``hc_post_prefill`` on ``T = prefill_seq`` rows with
+    ``num_tokens`` active (default ``T``). Options: ``T``, ``num_tokens`` (prefill only),
+    ``seed`` (fixture seed, default 0). Inputs come from :func:`make_hc_post_inputs`; ``y`` is
+    compared with ``ratio_allclose`` at :data:`TOLERANCES`.
+
+    Raises:
+        ConfigError: unknown preset, mode or option.
+        BindError: a non-positive ``T``.
+    """
+    cfg = get_config(preset)
+    opts = dict(options)
+    if mode not in ("decode", "prefill"):
+        raise ConfigError(f"hc_post: unknown mode {mode!r}; modes: decode, prefill")
+    T = int(opts.pop("T", cfg.decode_tokens if mode == "decode" else cfg.prefill_seq))
+    num_tokens = int(opts.pop("num_tokens", T)) if mode == "prefill" else None
+    seed = int(opts.pop("seed", 0))
+    if opts:
+        raise ConfigError(f"hc_post: unknown options {sorted(opts)} for mode {mode!r}")
+    k = hc_post_kernels(cfg)
+    d = make_hc_post_inputs(cfg, T, seed)
+    N, D = cfg.hc_mult, cfg.hidden_size
+    specs = [TensorSpec("x", [T, D], torch.bfloat16, d["x"]),
+             TensorSpec("residual", [T, N, D], torch.float32, d["residual"]),
+             TensorSpec("post", [T, N], torch.float32, d["post"]),
+             TensorSpec("comb", [T, N * N], torch.float32, d["comb"]),
+             TensorSpec("y", [T, N, D], torch.float32, is_output=True)]
+    if mode == "prefill":
+        specs.append(ScalarSpec("num_tokens", torch.int32, num_tokens))
+
+    def golden(v: dict) -> None:
+        if mode == "prefill":
+            v["y"] = golden_hc_post_prefill(v["x"], v["residual"], v["post"], v["comb"], v["num_tokens"])
+        else:
+            v["y"] = golden_hc_post(v["x"], v["residual"], v["post"], v["comb"])
+
+    label = f"{mode} T={T}" + (f" num_tokens={num_tokens}" if mode == "prefill" else "")
+    return CaseRun(fn=k.hc_post_prefill_test if mode == "prefill" else k.hc_post_test, specs=specs,
+                   golden=golden, compare={"y": ratio_allclose(*TOLERANCES["y"])}, rtol=1e-3, atol=1e-3,
+                   label=label)
+
+
+register(KernelCase("hc_post", build_case, modes=("decode", "prefill"),
+                    description="hyper-connection post-mix (hc_post / hc_post_prefill), B.2"))
