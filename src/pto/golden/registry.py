@@ -4,11 +4,12 @@ the CLI, the tests, the demo and the benchmarks iterate it (DESIGN section 8).""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from pto.errors import ConfigError
 
-__all__ = ["KernelCase", "CaseRun", "register", "get_case", "all_cases", "REGISTRY"]
+__all__ = ["KernelCase", "CaseRun", "register", "get_case", "all_cases", "load_examples", "REGISTRY"]
 
 
 @dataclass
@@ -63,6 +64,50 @@ def register(case: KernelCase) -> KernelCase:
 def _load_all() -> None:
     import importlib
     importlib.import_module("pto.models.deepseek_v4")
+
+
+def default_examples_dir() -> Path:
+    """``examples/`` at the root of the source tree (``src/pto/golden`` -> repo root)."""
+    return Path(__file__).resolve().parents[3] / "examples"
+
+
+def load_examples(directory: str | Path | None = None) -> list[str]:
+    """Import every ``*_example.py`` in ``directory`` so that its ``KernelCase`` registers.
+
+    Args:
+        directory: folder of example modules; default :func:`default_examples_dir`.
+            A missing folder (e.g. an installed, non-editable package) loads nothing.
+
+    Returns:
+        The module names now loaded (a module pytest already imported is reused).
+
+    Raises:
+        ConfigError: an example module that fails to import, naming the file.
+    """
+    import importlib.util
+    import sys
+    folder = Path(directory) if directory is not None else default_examples_dir()
+    if not folder.is_dir():
+        return []
+    names = []
+    for path in sorted(folder.glob("*_example.py")):
+        resolved = str(path.resolve())
+        known = next((m for m in list(sys.modules.values())
+                      if getattr(m, "__file__", None) and str(Path(m.__file__).resolve()) == resolved), None)
+        if known is not None:
+            names.append(known.__name__)
+            continue
+        mod_name = f"pto_examples.{path.stem}"
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001 - user example code
+            del sys.modules[mod_name]
+            raise ConfigError(f"example {path} failed to import: {type(e).__name__}: {e}") from e
+        names.append(mod_name)
+    return names
 
 
 def all_cases(group: str | None = None) -> list[KernelCase]:

@@ -1,0 +1,481 @@
+"""The ``pto`` command line (DESIGN section 2): ``pto demo|run|check|graph ...``.
+
+Registry-driven: kernels are found by name in the :mod:`pto.golden` registry
+(model kernels from ``pto.models.deepseek_v4``, examples from ``examples/``),
+or by ``MODULE:FUNCTION`` for anything else. Kernel modules never parse
+arguments; every option reaches them as ``build(preset, mode, **options)``.
+
+Adding a subcommand is one decorated function::
+
+    def _trace_args(p):                      # argparse.ArgumentParser of the subcommand
+        add_target_args(p)
+        p.add_argument("-o", "--output", default="trace.json")
+
+    @command("trace", "export a Perfetto trace of a kernel run", _trace_args)
+    def cmd_trace(args) -> int:              # returns the exit code
+        target = resolve_target(args.target, args.preset, args.mode, parse_options(args.opt), args.dim)
+        prog = target.run_program(check=False)
+        ...
+
+Exit codes: 0 success, 1 a kernel failed (mismatch or a check-mode error),
+2 bad input (unknown kernel, preset or mode, malformed option); bad input is
+reported as one ``error: ...`` line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import importlib.util
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+import pto
+from pto.errors import BindError, ConfigError, PtoError
+from pto.golden import CaseRun, KernelCase, all_cases, get_case, load_examples, run_jit
+from pto.language.jit import JitFunction
+from pto.language.typing import OUT, DynVar, ScalarType, TensorType
+from pto.runtime import Program, RunConfig
+
+__all__ = ["main", "command", "COMMANDS", "Command", "Target", "resolve_target", "parse_options",
+           "add_target_args", "console", "DEFAULT_PRESET"]
+
+DEFAULT_PRESET = "flash"
+
+
+# ---- subcommand registry --------------------------------------------------------
+
+@dataclass
+class Command:
+    """One subcommand: ``handler(args) -> exit code``; ``configure(parser)`` adds its arguments."""
+
+    name: str
+    help: str
+    handler: Callable
+    configure: Callable | None = None
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str, help: str, configure: Callable | None = None):  # noqa: A002 - argparse word
+    """Decorator registering ``fn(args) -> int`` as subcommand ``name``."""
+    def deco(fn):
+        COMMANDS[name] = Command(name, help, fn, configure)
+        return fn
+    return deco
+
+
+def console() -> Console:
+    """A rich console; 120 columns when stdout is not a terminal (CI logs)."""
+    c = Console()
+    return c if c.is_terminal else Console(width=120)
+
+
+# ---- targets: registered kernels or MODULE:FUNCTION -----------------------------------
+
+def parse_options(items) -> dict:
+    """``["T=128", "seed_scopes=True", "name=x"]`` -> ``{"T": 128, "seed_scopes": True, "name": "x"}``.
+
+    Raises:
+        ConfigError: an item without ``=``.
+    """
+    out = {}
+    for item in items or ():
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"option {item!r} is not KEY=VALUE")
+        try:
+            out[key.strip()] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            out[key.strip()] = raw
+    return out
+
+
+def _check_preset(preset: str) -> None:
+    from pto.models.deepseek_v4.config import PRESETS
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; known presets: {', '.join(sorted(PRESETS))}")
+
+
+def _load_attr(spec: str):
+    mod_part, _, attr = spec.rpartition(":")
+    if not mod_part or not attr:
+        raise ConfigError(f"{spec!r} is not MODULE:FUNCTION")
+    if mod_part.endswith(".py") or "/" in mod_part:
+        path = Path(mod_part)
+        if not path.is_file():
+            raise ConfigError(f"no such file {mod_part!r}")
+        name = f"pto_cli_target.{path.stem}"
+        mod_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[name] = module
+        try:
+            mod_spec.loader.exec_module(module)
+        except PtoError:
+            raise
+        except Exception as e:  # noqa: BLE001 - user code
+            raise ConfigError(f"cannot import {mod_part!r}: {type(e).__name__}: {e}") from None
+    else:
+        if str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))
+        try:
+            module = importlib.import_module(mod_part)
+        except ImportError as e:
+            raise ConfigError(f"cannot import module {mod_part!r}: {e}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"module {mod_part!r} has no attribute {attr!r}") from None
+
+
+def _synth_args(jf: JitFunction, dims: dict, scalars: dict) -> list:
+    """Seeded arguments built from ``jf``'s annotations (floats randn, ints in [0, 8), outputs zero)."""
+    sig, anns = jf.signature()
+    gen = torch.Generator().manual_seed(0)
+    args = []
+    for name, param in sig.parameters.items():
+        ann = anns.get(name)
+        if isinstance(ann, TensorType):
+            if ann.dims is None or ann.dtype is None:
+                raise BindError(f"kernel {jf.__name__}: parameter {name!r} is a bare pl.Tensor; "
+                                "cannot build an argument for it")
+            shape = []
+            for d in ann.dims:
+                if isinstance(d, DynVar):
+                    if d.name not in dims:
+                        raise BindError(f"kernel {jf.__name__}: parameter {name!r} has dynamic dim {d.name}; "
+                                        f"pass --dim {d.name}=<extent>")
+                    shape.append(dims[d.name])
+                else:
+                    shape.append(d)
+            dt = ann.dtype.torch
+            if ann.direction == OUT:
+                t = torch.zeros(shape, dtype=dt)
+            elif dt.is_floating_point:
+                t = torch.randn(shape, generator=gen).to(dt)
+            elif dt == torch.bool:
+                t = torch.zeros(shape, dtype=dt)
+            else:
+                t = torch.randint(0, 8, shape, generator=gen).to(dt)
+            args.append(t)
+        elif isinstance(ann, ScalarType):
+            if name not in scalars:
+                raise BindError(f"kernel {jf.__name__}: scalar parameter {name!r}; pass --scalar {name}=<value>")
+            args.append(scalars[name])
+        elif param.default is param.empty:
+            raise BindError(f"kernel {jf.__name__}: parameter {name!r} has no annotation and no default; "
+                            "wrap the kernel in a function that returns a CaseRun")
+    return args
+
+
+@dataclass
+class Target:
+    """What a command runs: a registered case build or a bare jit function.
+
+    Attributes:
+        name: display name; mode: the mode (``""`` for bare functions).
+        case_run: the CaseRun (golden available) or None.
+        fn, args: the jit function and its arguments (bare functions).
+        program: an already-run Program (a callable that returned one).
+    """
+
+    name: str
+    mode: str = ""
+    case_run: CaseRun | None = None
+    fn: object = None
+    args: list | None = None
+    program: Program | None = None
+
+    def run_program(self, check: bool = False) -> Program:
+        """Run once (no golden) and return the Program."""
+        if self.program is not None:
+            return self.program
+        cfg = RunConfig(check=check, keep_footprints=True)
+        if self.case_run is not None:
+            cr = self.case_run
+            torch.manual_seed(0)
+            vals = [s.to_python() if hasattr(s, "to_python") else s.create_tensor() for s in cr.specs]
+            return cr.fn.run(*vals, config=cfg)
+        return self.fn.run(*self.args, config=cfg)
+
+
+def resolve_target(spec: str, preset: str | None, mode: str | None, options: dict, dims=None,
+                   scalars=None) -> Target:
+    """Turn ``KERNEL`` or ``MODULE:FUNCTION`` into a :class:`Target`.
+
+    ``MODULE`` is a dotted module name or a ``.py`` path; ``FUNCTION`` is a
+    ``@pl.jit`` function (arguments built from its annotations, ``dims`` for
+    dynamic dims and ``scalars`` for scalar parameters), a ``KernelCase``, or
+    a zero-argument callable returning a ``CaseRun`` or a ``Program``.
+
+    Raises:
+        ConfigError: unknown kernel, preset or mode; bad module or attribute.
+        BindError: arguments that cannot be built from the annotations.
+    """
+    preset = preset or DEFAULT_PRESET
+    if ":" not in spec:
+        load_examples()
+        return _case_target(get_case(spec), preset, mode, options)
+    obj = _load_attr(spec)
+    if isinstance(obj, KernelCase):
+        return _case_target(obj, preset, mode, options)
+    if isinstance(obj, JitFunction):
+        return Target(spec, fn=obj, args=_synth_args(obj, dims or {}, scalars or {}))
+    if callable(obj):
+        res = obj()
+        if isinstance(res, CaseRun):
+            return Target(spec, case_run=res)
+        if isinstance(res, Program):
+            return Target(spec, program=res)
+        raise ConfigError(f"{spec} returned {type(res).__name__}; expected a CaseRun or a Program")
+    raise ConfigError(f"{spec} is a {type(obj).__name__}, not a kernel")
+
+
+def _case_target(case: KernelCase, preset: str, mode: str | None, options: dict) -> Target:
+    _check_preset(preset)
+    mode = mode or case.modes[0]
+    if mode not in case.modes:
+        raise ConfigError(f"kernel {case.name!r} has no mode {mode!r}; modes: {', '.join(case.modes)}")
+    if options.get("seed_scopes") and not case.seed_variant:
+        raise ConfigError(f"kernel {case.name!r} has no seed variant (seed_scopes)")
+    try:
+        cr = case.build(preset, mode, **options)
+    except TypeError as e:
+        raise ConfigError(f"kernel {case.name!r}: bad options {options}: {e}") from None
+    return Target(case.name, mode, case_run=cr)
+
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    """The target arguments shared by run/check/graph (and later trace/sim)."""
+    p.add_argument("target", help="registered kernel name, or MODULE:FUNCTION (module name or .py path)")
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"model preset (default {DEFAULT_PRESET})")
+    p.add_argument("--mode", default=None, help="kernel mode (default: its first mode)")
+    p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra build option, e.g. --opt T=64 --opt seed_scopes=True")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
+                   help="extent of a pl.dynamic dim (MODULE:FUNCTION targets)")
+    p.add_argument("--scalar", action="append", default=[], metavar="NAME=VALUE",
+                   help="value of a pl.Scalar parameter (MODULE:FUNCTION targets)")
+
+
+def _target_from_args(args) -> Target:
+    dims = parse_options(args.dim)
+    for k, v in dims.items():
+        if not isinstance(v, int) or v < 0:
+            raise ConfigError(f"--dim {k}={v!r}: extent must be a non-negative int")
+    return resolve_target(args.target, args.preset, args.mode, parse_options(args.opt), dims,
+                          parse_options(args.scalar))
+
+
+# ---- formatting ------------------------------------------------------------------------
+
+def fmt_bytes(n: int) -> str:
+    """``1536`` -> ``"1.5 KiB"``."""
+    x = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if x < 1024 or unit == "GiB":
+            return f"{int(x)} B" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    return f"{n} B"
+
+
+def fmt_err(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x == 0:
+        return "0"
+    if math.isinf(x) or math.isnan(x):
+        return str(x)
+    return f"{x:.2e}"
+
+
+def _stats_table(title: str, prog: Program) -> Table:
+    s = prog.stats
+    t = Table(title=title, title_justify="left", show_header=True)
+    t.add_column("statistic")
+    t.add_column("value", justify="right")
+    rows = [("tasks", s.tasks), ("join nodes", s.dummies), ("blocks", s.blocks), ("edges", s.edges),
+            ("tile ops", s.tile_ops), ("GM bytes moved", fmt_bytes(s.bytes)), ("flops", f"{s.flops:,}"),
+            ("heap peak", fmt_bytes(s.heap_peak_bytes)),
+            ("scratch tensors", f"{s.scratch_tensors} ({fmt_bytes(s.scratch_bytes)})"),
+            ("wall", f"{s.wall_us / 1e3:.2f} ms")]
+    for k, v in rows:
+        t.add_row(k, str(v))
+    return t
+
+
+def _first_line(msg: str, limit: int = 160) -> str:
+    line = str(msg).strip().splitlines()[0] if str(msg).strip() else ""
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+# ---- subcommands -------------------------------------------------------------------------
+
+def _demo_args(p):
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"preset of the model kernels (default "
+                                                            f"{DEFAULT_PRESET})")
+    p.add_argument("--group", choices=("model", "example"), default=None, help="only this group")
+    p.add_argument("--only", action="append", default=[], metavar="NAME", help="only these kernels")
+    p.add_argument("--check", action="store_true", help="also run the sanitizer and race checker")
+
+
+@command("demo", "run every registered kernel against its golden and print a table", _demo_args)
+def cmd_demo(args) -> int:
+    """Every registered case (model kernels at ``--preset`` in each mode, and the
+    examples) through ``run_jit``; a table; exit 1 when anything fails."""
+    _check_preset(args.preset)
+    load_examples()
+    cases = all_cases(args.group)
+    if args.only:
+        unknown = sorted(set(args.only) - {c.name for c in cases})
+        if unknown:
+            raise ConfigError(f"unknown kernel(s) {unknown}; known: {sorted(c.name for c in cases)}")
+        cases = [c for c in cases if c.name in args.only]
+    cases.sort(key=lambda c: (c.group != "model", c.name))
+    con = console()
+    table = Table(title=f"pto demo (model preset {args.preset}, golden validation"
+                        f"{', check mode' if args.check else ''})")
+    for col, just in (("kernel", "left"), ("mode", "left"), ("tasks", "right"), ("edges", "right"),
+                      ("heap peak", "right"), ("max error", "right"), ("pass", "center"), ("CPU ms", "right")):
+        table.add_column(col, justify=just)
+    failures = []
+    t_start = time.perf_counter()
+    for case in cases:
+        for mode in case.modes:
+            preset = args.preset
+            label = mode
+            try:
+                cr = case.build(preset, mode)
+                label = f"{mode} {cr.label}".strip() if cr.label and cr.label != mode else mode
+                res = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, rtol=cr.rtol, atol=cr.atol,
+                              check=args.check)
+            except Exception as e:  # noqa: BLE001 - one failing kernel must not hide the others
+                failures.append((case.name, mode, f"{type(e).__name__}: {_first_line(e)}"))
+                table.add_row(case.name, label, "-", "-", "-", "-", "[red]ERROR[/red]", "-")
+                continue
+            s = res.stats
+            if not res.passed:
+                failures.append((case.name, mode, _first_line(res.error)))
+            table.add_row(case.name, label, str(s.tasks), str(s.edges), fmt_bytes(s.heap_peak_bytes),
+                          fmt_err(res.max_abs_error), "[green]PASS[/green]" if res.passed else "[red]FAIL[/red]",
+                          f"{res.kernel_ms:.1f}")
+    con.print(table)
+    n = table.row_count
+    con.print(f"{n - len(failures)}/{n} passed in {time.perf_counter() - t_start:.2f} s")
+    for name, mode, err in failures:
+        con.print(f"[red]FAIL[/red] {name} [{mode}]: {err}", highlight=False, markup=True)
+    return 1 if failures or n == 0 else 0
+
+
+@command("run", "run a kernel once without checks and print its statistics", add_target_args)
+def cmd_run(args) -> int:
+    """``pto run KERNEL --preset P --mode M`` or ``pto run MODULE:FUNCTION``."""
+    target = _target_from_args(args)
+    prog = target.run_program(check=False)
+    title = f"{target.name} {target.mode}".strip()
+    console().print(_stats_table(title, prog))
+    return 0
+
+
+@command("check", "run a kernel in check mode against its golden; print PASS or the error", add_target_args)
+def cmd_check(args) -> int:
+    """Check mode (sanitizer + race checker) and the golden comparison."""
+    target = _target_from_args(args)
+    title = f"{target.name} {target.mode}".strip()
+    con = console()
+    try:
+        if target.case_run is not None:
+            cr = target.case_run
+            res = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, rtol=cr.rtol, atol=cr.atol, check=True)
+            if not res.passed:
+                con.print(f"FAIL {title}: {res.error}", highlight=False, markup=False)
+                return 1
+            s = res.stats
+            con.print(f"PASS {title}: max error {fmt_err(res.max_abs_error)}, {s.tasks} tasks, {s.edges} edges, "
+                      f"heap peak {fmt_bytes(s.heap_peak_bytes)}, {res.kernel_ms:.1f} ms (check mode)",
+                      highlight=False, markup=False)
+            return 0
+        prog = target.run_program(check=True)
+    except (BindError, ConfigError):
+        raise
+    except PtoError as e:
+        con.print(f"FAIL {title}: {type(e).__name__}: {e}", highlight=False, markup=False)
+        return 1
+    con.print(f"PASS {title}: no undefined outputs, no races ({prog.stats.tasks} tasks; no golden)",
+              highlight=False, markup=False)
+    return 0
+
+
+def _graph_args(p):
+    add_target_args(p)
+    p.add_argument("--footprints", action="store_true", help="list each task's coalesced footprints")
+
+
+@command("graph", "run a kernel and print its tasks and edges", _graph_args)
+def cmd_graph(args) -> int:
+    """The recorded task graph as a table: id, name, kind, blocks, predecessors, site."""
+    target = _target_from_args(args)
+    prog = target.run_program(check=False)
+    g = prog.graph
+    title = f"{target.name} {target.mode}".strip()
+    table = Table(title=f"task graph of {title}: {prog.stats.tasks} tasks, {prog.stats.dummies} join nodes, "
+                        f"{prog.stats.edges} edges")
+    for col in ("id", "task", "kind", "blocks", "waits for", "site"):
+        table.add_column(col, justify="right" if col in ("id", "blocks") else "left")
+    if args.footprints:
+        table.add_column("footprints")
+    for t in g:
+        preds = ", ".join(f"#{p} {g[p].name}" for p in sorted(t.preds)) or "-"
+        site = t.site.rsplit("/", 1)[-1]
+        row = [str(t.id), t.name, t.kind, str(len(t.blocks)), preds, site]
+        if args.footprints:
+            row.append("\n".join(str(f) for f in prog.footprints(t)) or "-")
+        table.add_row(*row)
+    console().print(table)
+    return 0
+
+
+# ---- entry point -------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser with one subparser per registered command."""
+    parser = argparse.ArgumentParser(prog="pto", description="pto: tile DSL, CPU task-graph runtime and "
+                                                             "DeepSeek-V4-Flash kernels")
+    parser.add_argument("--version", action="version", version=f"pto {pto.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for cmd in COMMANDS.values():
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        if cmd.configure is not None:
+            cmd.configure(p)
+        p.set_defaults(_handler=cmd.handler)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Console-script entry: parse, dispatch, map PtoError to a one-line ``error:`` and exit code 2."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "_handler", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._handler(args) or 0)
+    except PtoError as e:
+        print(f"error: {_first_line(e, 400)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
