@@ -1,0 +1,141 @@
+"""Chrome / Perfetto trace JSON of a real CPU run or a simulated run
+(DESIGN section 7).
+
+The output is the Trace Event Format's JSON object form:
+``{"traceEvents": [...], "displayTimeUnit": "ns", "otherData": {...}}``.
+Spans are complete events (``"ph": "X"``) with ``ts`` and ``dur`` in µs;
+processes and threads are named by metadata events (``"ph": "M"``,
+``process_name`` / ``thread_name`` / ``thread_sort_index``). Open the file in
+https://ui.perfetto.dev or chrome://tracing.
+
+* :func:`cpu_trace`: one process, one track; one span per real task with its
+  measured CPU wall time (the eager runtime runs tasks one after another).
+* :func:`sim_trace`: one process per simulated machine, one track per core
+  (``AIC 00`` ..., ``AIV 00`` ...) and one for the AICPU fills; one span per
+  scheduled block.
+
+Span arguments: task id and name, block index, phase, flops, bytes and the
+footprints (``"read x[0:16, 0:64]"``); per block when the run kept block
+footprints (``RunConfig(keep_footprints=True)`` or check mode), else the
+task's coalesced footprints.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pto.runtime.graph import KIND_NAMES
+
+__all__ = ["cpu_trace", "sim_trace", "write_trace"]
+
+_PID_CPU = 1
+_PID_SIM = 2
+
+
+def _meta(pid: int, tid: int | None, name: str, value) -> dict:
+    ev = {"ph": "M", "pid": pid, "name": name, "args": {"name": value} if name.endswith("_name")
+          else {"sort_index": value}}
+    if tid is not None:
+        ev["tid"] = tid
+    return ev
+
+
+def _fp_strings(program, task) -> list:
+    return [str(f) for f in program.footprints(task)] if task.footprints else []
+
+
+def _block_fp(records) -> list | None:
+    """Footprint strings of the block records of one (block, phase), or None
+    when the run dropped block footprints."""
+    out = []
+    for blk in records:
+        if blk.fp is None:
+            return None
+        for buf, box, kind in blk.fp:
+            r0, r1, c0, c1 = box
+            s = f"{KIND_NAMES[kind]} {buf.name}[{r0}:{r1}, {c0}:{c1}]"
+            if s not in out:
+                out.append(s)
+    return out
+
+
+def cpu_trace(program) -> dict:
+    """Trace of the real CPU run of ``program`` (a finished Program): one
+    track, one complete event per real task at its measured start and wall
+    time (µs since the program started).
+
+    Returns:
+        The trace as a JSON-serialisable dict.
+    """
+    events = [_meta(_PID_CPU, None, "process_name", f"CPU run: {program.name}"),
+              _meta(_PID_CPU, 1, "thread_name", "tasks (eager, program order)"),
+              _meta(_PID_CPU, 1, "thread_sort_index", 0)]
+    t_base = program._t0
+    for t in program.graph.tasks:
+        if t.kind == "dummy":
+            continue
+        start_ns = max(0, t.t0 - t_base)
+        events.append({
+            "ph": "X", "pid": _PID_CPU, "tid": 1, "name": t.name, "cat": t.kind,
+            "ts": start_ns / 1e3, "dur": t.wall_ns / 1e3,
+            "args": {"task_id": t.id, "blocks": t.n_blocks, "preds": sorted(t.preds), "site": t.site,
+                     "flops": t.flops, "bytes": t.bytes, "footprints": _fp_strings(program, t)},
+        })
+    return {"traceEvents": events, "displayTimeUnit": "ns",
+            "otherData": {"program": program.name, "kind": "cpu", "tasks": program.stats.tasks,
+                          "edges": program.stats.edges, "wall_us": program.stats.wall_us}}
+
+
+def sim_trace(sim, program) -> dict:
+    """Trace of a simulated run: ``sim`` is the SimResult of
+    ``pto.runtime.simulate.simulate(program, ...)``. One track per core, one
+    per AICPU fill engine; one complete event per scheduled block or fill.
+
+    Returns:
+        The trace as a JSON-serialisable dict.
+    """
+    m = sim.machine
+    tid_of = {("aic", i): i for i in range(m.n_aic)}
+    tid_of.update({("aiv", i): m.n_aic + i for i in range(m.n_aiv)})
+    fill_tid = m.n_aic + m.n_aiv
+    events = [_meta(_PID_SIM, None, "process_name", f"simulated {m.name}: {program.name}")]
+    for (ct, i), tid in tid_of.items():
+        events.append(_meta(_PID_SIM, tid, "thread_name", f"{ct.upper()} {i:02d}"))
+        events.append(_meta(_PID_SIM, tid, "thread_sort_index", tid))
+    events.append(_meta(_PID_SIM, fill_tid, "thread_name", "AICPU fill (init_value)"))
+    events.append(_meta(_PID_SIM, fill_tid, "thread_sort_index", fill_tid))
+
+    tasks = program.graph.tasks
+    records: dict = {}
+    for t in tasks:
+        for blk in t.blocks:
+            records.setdefault((t.id, blk.idx, blk.phase), []).append(blk)
+    task_fp: dict = {}
+    for r in sim.runs:
+        fps = _block_fp(records.get((r.task, r.block, r.phase), []))
+        scope = "block"
+        if fps is None:
+            if r.task not in task_fp:
+                task_fp[r.task] = _fp_strings(program, tasks[r.task])
+            fps, scope = task_fp[r.task], "task"
+        events.append({
+            "ph": "X", "pid": _PID_SIM, "tid": tid_of[(r.core_type, r.core)], "name": r.name,
+            "cat": "cube" if r.core_type == "aic" else "vector",
+            "ts": r.start_us, "dur": r.end_us - r.start_us,
+            "args": {"task_id": r.task, "block": r.block, "phase": r.phase, "flops": r.flops, "bytes": r.bytes,
+                     "footprints": fps, "footprint_scope": scope},
+        })
+    for f in sim.fill_runs:
+        events.append({"ph": "X", "pid": _PID_SIM, "tid": fill_tid, "name": f"fill {f.name}", "cat": "init",
+                       "ts": f.start_us, "dur": f.end_us - f.start_us,
+                       "args": {"buffer_id": f.buffer, "bytes": f.nbytes}})
+    return {"traceEvents": events, "displayTimeUnit": "ns",
+            "otherData": {"program": program.name, "kind": "simulated", "machine": m.name,
+                          "makespan_us": sim.makespan_us, "critical_path": sim.critical_path,
+                          "tasks": sim.tasks, "edges": sim.edges}}
+
+
+def write_trace(trace: dict, path: str) -> None:
+    """Write ``trace`` (from :func:`cpu_trace` / :func:`sim_trace`) as JSON to ``path``."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(trace, f)
