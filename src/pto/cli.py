@@ -445,6 +445,66 @@ def cmd_graph(args) -> int:
     return 0
 
 
+def _trace_args(p):
+    add_target_args(p)
+    p.add_argument("--out", required=True, metavar="FILE", help="trace JSON to write (open in ui.perfetto.dev)")
+    p.add_argument("--simulate", default=None, metavar="MACHINE",
+                   help="trace a simulated schedule on MACHINE (a2a3 or a5) instead of the CPU run")
+
+
+@command("trace", "export a Chrome/Perfetto trace of a kernel's CPU run or simulated schedule", _trace_args)
+def cmd_trace(args) -> int:
+    """``pto trace KERNEL --out FILE [--simulate a2a3]``: one track of CPU task
+    wall times, or one track per simulated core."""
+    from pto.runtime.simulate import get_machine, simulate
+    from pto.runtime.trace import cpu_trace, sim_trace, write_trace
+    machine = get_machine(args.simulate) if args.simulate else None
+    target = _target_from_args(args)
+    prog = target.run_program(check=False)
+    if machine is None:
+        tr, what = cpu_trace(prog), "CPU run"
+    else:
+        sim = simulate(prog, machine)
+        tr, what = sim_trace(sim, prog), f"simulated {machine.name}, makespan {sim.makespan_us:.2f} us"
+    try:
+        write_trace(tr, args.out)
+    except OSError as e:
+        raise ConfigError(f"cannot write {args.out!r}: {e.strerror}") from None
+    n = sum(1 for e in tr["traceEvents"] if e["ph"] == "X")
+    console().print(f"wrote {args.out}: {n} spans ({what})", highlight=False, markup=False)
+    return 0
+
+
+def _sim_args(p):
+    add_target_args(p)
+    p.add_argument("--machine", default="a2a3", help="machine model: a2a3 (default) or a5")
+
+
+@command("sim", "schedule a kernel's task graph on a simulated accelerator", _sim_args)
+def cmd_sim(args) -> int:
+    """``pto sim KERNEL [--machine a2a3|a5]``: makespan, critical path, utilisation."""
+    from pto.runtime.simulate import get_machine, simulate
+    machine = get_machine(args.machine)
+    target = _target_from_args(args)
+    sim = simulate(target.run_program(check=False), machine)
+    title = f"{target.name} {target.mode}".strip()
+    table = Table(title=f"{title} on {machine.name}", title_justify="left",
+                  caption=f"{machine.n_aic} AIC + {machine.n_aiv} AIV, estimates", caption_justify="left")
+    table.add_column("statistic")
+    table.add_column("value", justify="right")
+    rows = [("tasks", sim.tasks), ("join nodes", sim.dummies), ("edges", sim.edges), ("blocks", sim.blocks),
+            ("init fills", f"{sim.fills} ({fmt_bytes(sim.fill_bytes)}, {sim.fill_us:.2f} us)"),
+            ("makespan", f"{sim.makespan_us:.2f} us"),
+            ("critical path", f"{sim.critical_path_tasks} tasks, {sim.critical_path_us:.2f} us"),
+            ("AIC utilisation", f"{sim.utilisation['aic']:.1%}"), ("AIV utilisation", f"{sim.utilisation['aiv']:.1%}")]
+    for k, v in rows:
+        table.add_row(k, str(v))
+    con = console()
+    con.print(table)
+    con.print("critical path: " + " -> ".join(sim.critical_path), highlight=False, markup=False)
+    return 0
+
+
 # ---- entry point -------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:

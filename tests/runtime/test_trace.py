@@ -128,3 +128,19 @@ def test_traces_of_a_check_mode_run():
     validate_trace(tr)
     assert all(e["args"]["footprint_scope"] == "block" for e in tr["traceEvents"]
                if e["ph"] == "X" and e["cat"] != "init")
+
+
+def test_cli_trace_and_sim(tmp_path, capsys):
+    from pto.cli import main
+    out = tmp_path / "sim.json"
+    assert main(["trace", "example_splitk_matmul", "--out", str(out), "--simulate", "a2a3"]) == 0
+    tr = json.loads(out.read_text())
+    validate_trace(tr)
+    assert tr["otherData"]["machine"] == "a2a3"
+    out2 = tmp_path / "cpu.json"
+    assert main(["trace", "example_splitk_matmul", "--out", str(out2)]) == 0
+    validate_trace(json.loads(out2.read_text()))
+    assert main(["sim", "example_splitk_matmul", "--machine", "a5"]) == 0
+    assert "critical path: fill acc -> splitk_mm -> copy_out" in capsys.readouterr().out
+    assert main(["sim", "example_splitk_matmul", "--machine", "z9"]) == 2
+    assert "unknown machine 'z9'" in capsys.readouterr().err
