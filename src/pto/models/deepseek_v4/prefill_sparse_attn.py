@@ -30,15 +30,20 @@ Not modelled: the reference kernel's bias columns only cover the first 256 compr
 candidates (``cmp_indices[:, :256]``); pass ``cmp_candidate_limit=256`` to reproduce that.
 """
 
-from __future__ import annotations
-
+import functools
 import math
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
-from pto.errors import BindError
-from pto.models.deepseek_v4.config import DeepSeekV4Config
+import pto.language as pl
+from pto.errors import BindError, ConfigError
+from pto.golden import CaseRun, KernelCase, TensorSpec, ScalarSpec, ratio_allclose, register
+from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 from pto.models.deepseek_v4.qkv_proj_rope import (
+    INT8_AMAX_EPS,
+    INT8_SCALE_MAX,
     quantize_per_row_int8,
     quantize_weight_per_column,
     rope_interleaved,
@@ -46,6 +51,10 @@ from pto.models.deepseek_v4.qkv_proj_rope import (
 from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
 
 __all__ = [
+    "SparseAttnTiling",
+    "sparse_attn_tiling",
+    "prefill_sparse_attn_kernels",
+    "build_case",
     "ATTN_KEY_TILE_MAX",
     "TOLERANCES",
     "attn_key_tile",
@@ -67,7 +76,394 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {
 }
 
 # ---- kernel ----
-# (The pto.language kernel goes here; the goldens below are its numerical contract.)
+# FP32_NEG_INF of the reference: the most negative finite FP32, the additive mask of an
+# invalid key (v4flash-kernels.md section 0); exp(s + NEG_INF - m) is exactly 0.
+FP32_MAX = float(torch.finfo(torch.float32).max)
+GATHER_TOK_TILE = 4  # tokens per gather_kv block (B.4 step 1)
+BIAS_TOK_TILE = 16  # token rows per build_bias block (B.4 step 2)
+ROPE_TOK_TILE = 64  # token rows per rope_cs / rope block (B.4 steps 5-6)
+ROPE_HEAD_TILE_MAX = 4  # heads per rope block (B.4 step 6)
+PROJ_A_N_TILE_MAX = 128  # o_lora columns per proj_a_mm task (B.4 step 7)
+QUANT_TOK_TILE = 32  # token rows per quant task (B.4 step 7: 4 chunks of 32 at T = 128)
+PROJ_B_D_SPLIT = 4  # output-column chunks of proj_b_mm (B.4 step 7: 4 x 1024 at FLASH)
+ACT_COL_TILE_MAX = 512  # output columns per proj_b_act block (B.4 step 8)
+ACT_TOK_TILE = 32  # token rows per proj_b_act block (B.4 step 8)
+
+T_DYN = pl.dynamic("T")
+
+
+@dataclass(frozen=True)
+class SparseAttnTiling:
+    """Tile sizes of :func:`prefill_sparse_attn_kernels`, derived from a config.
+
+    Attributes:
+        key_tile: key rows per online-softmax block (:func:`attn_key_tile`; 128 at FLASH).
+        swa_blocks: key blocks holding the window columns (``sliding_window / key_tile``).
+        max_compressed: compressed candidates a prefill token can have,
+            ``max(1, min(index_topk, window + window // 2))`` (192 at FLASH, B.4).
+        sparse_pad: key columns per token, ``round_up(window + max_compressed, key_tile)``
+            (384 at FLASH); ``key_blocks = sparse_pad / key_tile``.
+        cmp_cols: leading ``cmp_indices`` columns the kernel attends,
+            ``min(index_topk, sparse_pad - window)`` (256 at FLASH, all 16 at tiny).
+        rope_head_tile, proj_a_n_tile, proj_b_n_tile, act_col_tile: see the constants.
+    """
+
+    key_tile: int
+    swa_blocks: int
+    max_compressed: int
+    sparse_pad: int
+    cmp_cols: int
+    rope_head_tile: int
+    proj_a_n_tile: int
+    proj_b_n_tile: int
+    act_col_tile: int
+
+    @property
+    def key_blocks(self) -> int:
+        """Key blocks per token (``sparse_pad // key_tile``; 3 at FLASH, 2 at tiny)."""
+        return self.sparse_pad // self.key_tile
+
+
+def sparse_attn_tiling(cfg: DeepSeekV4Config) -> SparseAttnTiling:
+    """Derive and validate the kernel's tile sizes (see :class:`SparseAttnTiling`).
+
+    Raises:
+        ConfigError: a window that is not a multiple of the key tile, heads per group not a
+            multiple of the rope head tile, ``o_lora_rank`` not a multiple of the proj_a
+            tile, ``hidden_size`` not divisible into the proj_b / proj_b_act tiles, or an odd
+            ``qk_rope_head_dim``.
+    """
+    W, kt = cfg.sliding_window, attn_key_tile(cfg)
+
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ConfigError(f"prefill_sparse_attn: config {cfg.name!r} cannot be tiled: {msg}")
+
+    need(kt > 0 and W % kt == 0, f"sliding_window={W} is not a multiple of the key tile {kt}")
+    need(cfg.qk_rope_head_dim % 2 == 0, f"qk_rope_head_dim={cfg.qk_rope_head_dim} must be even")
+    max_cmp = max(1, min(cfg.index_topk, W + W // 2))
+    pad = -(-(W + max_cmp) // kt) * kt
+    hpg = cfg.heads_per_group
+    rht = min(ROPE_HEAD_TILE_MAX, hpg)
+    need(hpg % rht == 0, f"heads_per_group={hpg} is not a multiple of the rope head tile {rht}")
+    na = min(PROJ_A_N_TILE_MAX, cfg.o_lora_rank)
+    need(cfg.o_lora_rank % na == 0, f"o_lora_rank={cfg.o_lora_rank} is not a multiple of {na}")
+    D = cfg.hidden_size
+    need(D % PROJ_B_D_SPLIT == 0, f"hidden_size={D} is not divisible into {PROJ_B_D_SPLIT} proj_b chunks")
+    act = min(ACT_COL_TILE_MAX, D)
+    need(D % act == 0, f"hidden_size={D} is not a multiple of the proj_b_act column tile {act}")
+    return SparseAttnTiling(key_tile=kt, swa_blocks=W // kt, max_compressed=max_cmp, sparse_pad=pad,
+                            cmp_cols=min(cfg.index_topk, pad - W), rope_head_tile=rht, proj_a_n_tile=na,
+                            proj_b_n_tile=D // PROJ_B_D_SPLIT, act_col_tile=act)
+
+
+def _invalid_bias(idx):
+    """Additive mask tile from an INT32 index tile: 0 where ``idx >= 0``, ``-FP32_MAX`` where
+    ``idx < 0`` -- the reference's ``(clamp(idx + 1, 0, 1) - 1) * 3.4e38`` (B.4 step 2)."""
+    valid = pl.minimum(pl.maximum(pl.add(idx, 1), 0), 1)
+    return pl.mul(pl.cast(pl.sub(valid, 1), pl.FP32), FP32_MAX)
+
+
+def _rope_index_rows(r: int):
+    """``(pair, swap, sign)`` ``[1, r]`` rows of the interleaved inverse RoPE: ``pair = j >> 1``
+    (INT32), ``swap = j ^ 1`` (INT32), ``sign = +1`` on even / ``-1`` on odd ``j`` (FP32),
+    built from ``pl.arange`` with ``trunc`` casts ("RoPE tables" in v4flash-kernels.md)."""
+    j = pl.arange(0, [1, r], dtype=pl.INT32)
+    pair = pl.cast(pl.mul(pl.cast(j, pl.FP32), 0.5), pl.INT32, mode="trunc")
+    parity = pl.sub(j, pl.mul(pair, 2))
+    sign = pl.sub(pl.full([1, r], pl.INT32, 1), pl.mul(parity, 2))
+    return pair, pl.add(j, sign), pl.cast(sign, pl.FP32)
+
+
+@functools.lru_cache(maxsize=None)
+def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
+    """Build the prefill sparse-attention DSL kernel for ``cfg`` (cached per config).
+
+    Tasks (v4flash-kernels.md B.4; ``NB = key_blocks``, ``KT = key_tile``, ``T`` dynamic):
+
+    1. ``gather_kv`` ``spmd(ceil(T/4) * NB)``: block = (4 tokens, key block); per active
+       token a zeroed ``[KT, head_dim]`` stage receives the valid rows (raw rows from
+       ``swa_indices``; compressed slots lowered through ``cmp_block_table``), copied in
+       runs of consecutive rows; a ``-1`` column copies nothing (the row stays zero).
+    2. ``build_bias`` ``spmd(ceil(T/16))``: additive mask ``[T, sparse_pad]``.
+    3. ``qk_pv`` ``spmd(T)``: per active token and key block, all heads at once: scores,
+       ``* softmax_scale``, ``+ bias``, row max, ``exp``, row sum, BF16 probabilities @ kv;
+       ``(m, l, o)`` per block to scratch.
+    4. ``merge_norm`` ``spmd(T)``: online-softmax merge of the blocks in order, sink in the
+       denominator, ``o / (l + exp(sink - m))``; nope part BF16 into ``o_packed``
+       (group-major: row ``g*T + t``), rope part FP32 to a stage; inactive tokens zero.
+    5. ``rope_cs`` ``spmd(ceil(T/64))``: interleaved cos and sign-folded sin rows.
+    6. ``rope`` ``spmd((H/rope_head_tile) * ceil(T/64))``: inverse RoPE into ``o_packed``.
+    7. ``pl.manual_scope()``: ``proj_a_mm`` (``G * o_lora/proj_a_n_tile`` tasks, deps =
+       merge and rope), ``quant`` (``ceil(T/32) * G``, deps = the group's proj_a tasks),
+       ``proj_b_mm`` (``4 * G``, deps = the group's quant tasks).
+    8. ``proj_b_act`` ``spmd((D/act_col_tile) * ceil(T/32))``, deps = every proj_b task:
+       ``sum_g float(partial_g) * act_scale[t, g]``, ``* wo_b_scale``, BF16.
+
+    Returns:
+        namespace with ``tiling`` (:class:`SparseAttnTiling`), the inline body
+        ``prefill_sparse_attn(q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices,
+        attn_sink, num_tokens, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale, attn_out)`` (returns
+        ``attn_out``) and the ``@pl.jit`` entry ``prefill_sparse_attn_test`` (same parameters).
+
+    Raises:
+        ConfigError: from :func:`sparse_attn_tiling`.
+    """
+    tl = sparse_attn_tiling(cfg)
+    H, HD, R, N = cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim, cfg.nope_head_dim
+    BS, P, CP, W, TOPK = cfg.block_size, cfg.ori_kv_block_num, cfg.cmp_kv_block_num, cfg.sliding_window, \
+        cfg.index_topk
+    G, HPG, LO, GIN, D = cfg.o_groups, cfg.heads_per_group, cfg.o_lora_rank, cfg.o_group_in, cfg.hidden_size
+    KT, NB, NBS, PAD, NCMP = tl.key_tile, tl.key_blocks, tl.swa_blocks, tl.sparse_pad, tl.cmp_cols
+    HT, NA, DN, CT = tl.rope_head_tile, tl.proj_a_n_tile, tl.proj_b_n_tile, tl.act_col_tile
+    scale = cfg.softmax_scale
+
+    def gather_rows(src_flat, idx, n: int, lower, stage):
+        """Copy the rows of the ``n`` leading index columns into ``stage``, one slice per run
+        of consecutive rows; ``lower(col, value)`` maps an index to a flat row (or -1)."""
+        rows = [lower(k, pl.read(idx, [0, k])) for k in range(n)]
+        k = 0
+        while k < n:
+            if rows[k] < 0:
+                k += 1
+                continue
+            k1 = k + 1
+            while k1 < n and rows[k1] == rows[k] + (k1 - k):
+                k1 += 1
+            stage = pl.assemble(stage, pl.slice(src_flat, [k1 - k, HD], [rows[k], 0]), [k, 0])
+            k = k1
+        return stage
+
+    @pl.jit.inline
+    def prefill_sparse_attn(q: pl.Tensor[[T_DYN, H, HD], pl.BF16],
+                            ori_kv: pl.Tensor[[P, BS, 1, HD], pl.BF16],
+                            swa_indices: pl.Tensor[[T_DYN, W], pl.INT32],
+                            cmp_kv: pl.Tensor[[CP, BS, 1, HD], pl.BF16],
+                            cmp_block_table: pl.Tensor[[CP], pl.INT32],
+                            cmp_indices: pl.Tensor[[T_DYN, TOPK], pl.INT32],
+                            attn_sink: pl.Tensor[[H], pl.FP32],
+                            num_tokens: pl.Scalar[pl.INT32],
+                            rope_cos: pl.Tensor[[T_DYN, R], pl.BF16],
+                            rope_sin: pl.Tensor[[T_DYN, R], pl.BF16],
+                            wo_a: pl.Tensor[[G, LO, GIN], pl.BF16],
+                            wo_b: pl.Tensor[[D, G * LO], pl.INT8],
+                            wo_b_scale: pl.Tensor[[D], pl.FP32],
+                            attn_out: pl.Out[pl.Tensor[[T_DYN, D], pl.BF16]]):
+        """Sparse attention with sink, inverse RoPE and the grouped INT8 o-projection (B.4)."""
+        t = pl.tensor.dim(q, 0)
+        active = pl.min(pl.max(num_tokens, 0), t)
+        ori_flat = pl.reshape(ori_kv, [P * BS, HD])
+        cmp_flat = pl.reshape(cmp_kv, [CP * BS, HD])
+        sink_col = pl.reshape(attn_sink, [H, 1])
+        wo_b_scale_row = pl.reshape(wo_b_scale, [1, D])
+
+        sparse_kv = pl.create_tensor([t * PAD, HD], pl.BF16)
+        sparse_bias = pl.create_tensor([t, PAD], pl.FP32)
+        blk_m = pl.create_tensor([t * NB * H, 1], pl.FP32)
+        blk_l = pl.create_tensor([t * NB * H, 1], pl.FP32)
+        blk_o = pl.create_tensor([t * NB * H, HD], pl.FP32)
+        attn_rope_stage = pl.create_tensor([t * H, R], pl.FP32)
+        o_packed = pl.create_tensor([G * t, GIN], pl.BF16)
+        rope_cos_il = pl.create_tensor([t, R], pl.FP32)
+        rope_sin_signed = pl.create_tensor([t, R], pl.FP32)
+        o_r = pl.create_tensor([t, G * LO], pl.FP32)
+        o_r_i8 = pl.create_tensor([t, G * LO], pl.INT8)
+        act_scale_dq = pl.create_tensor([t, G], pl.FP32)
+        partials = pl.create_tensor([t, G * D], pl.INT32)
+        stage3 = pl.reshape(attn_rope_stage, [t, H, R])
+        o_packed3 = pl.reshape(o_packed, [G * t, HPG, HD])
+
+        # 1. gather the key rows of every active token, one key block per block
+        for b in pl.spmd(-(-t // GATHER_TOK_TILE) * NB, name_hint="gather_kv"):
+            tile, kb = divmod(b, NB)
+            for tok in range(tile * GATHER_TOK_TILE, min((tile + 1) * GATHER_TOK_TILE, active)):
+                stage = pl.full([KT, HD], pl.BF16, 0)
+                if kb < NBS:
+                    c0 = kb * KT
+                    idx = pl.slice(swa_indices, [1, KT], [tok, c0])
+                    if pl.read(pl.row_max(idx), [0, 0]) >= 0:
+                        stage = gather_rows(ori_flat, idx, KT, lambda k, v: v, stage)
+                elif (kb - NBS) * KT < NCMP:
+                    c0 = (kb - NBS) * KT
+                    n = min(KT, NCMP - c0)
+                    idx = pl.slice(cmp_indices, [1, n], [tok, c0])
+                    if pl.read(pl.row_max(idx), [0, 0]) >= 0:
+                        pages = {}
+
+                        def lower(k, slot, tok=tok, c0=c0, pages=pages):
+                            if slot < 0:
+                                return -1
+                            page = slot // BS
+                            if page >= CP:
+                                raise BindError(f"prefill_sparse_attn: cmp_indices[{tok}, {c0 + k}] = {slot} "
+                                                f"is past the compressed block table ({CP} pages of {BS})")
+                            if page not in pages:
+                                pages[page] = pl.read(cmp_block_table, [page])
+                            phys = pages[page]
+                            if not 0 <= phys < CP:
+                                raise BindError(f"prefill_sparse_attn: cmp_indices[{tok}, {c0 + k}] = {slot} "
+                                                f"maps to cmp_block_table[{page}] = {phys}, not a page of cmp_kv")
+                            return phys * BS + slot % BS
+                        stage = gather_rows(cmp_flat, idx, n, lower, stage)
+                pl.assemble(sparse_kv, stage, [(tok * NB + kb) * KT, 0])
+
+        # 2. additive mask: 0 for a valid column, -FP32_MAX for -1 and for the padding columns
+        for b in pl.spmd(-(-t // BIAS_TOK_TILE), name_hint="build_bias"):
+            t0 = b * BIAS_TOK_TILE
+            rows = min(BIAS_TOK_TILE, t - t0)
+            sw = pl.slice(swa_indices, [BIAS_TOK_TILE, W], [t0, 0], valid_shape=[rows, W])
+            pl.assemble(sparse_bias, _invalid_bias(sw), [t0, 0])
+            if NCMP:
+                cm = pl.slice(cmp_indices, [BIAS_TOK_TILE, NCMP], [t0, 0], valid_shape=[rows, NCMP])
+                pl.assemble(sparse_bias, _invalid_bias(cm), [t0, W])
+            if PAD > W + NCMP:
+                pl.assemble(sparse_bias, pl.full([rows, PAD - W - NCMP], pl.FP32, -FP32_MAX), [t0, W + NCMP])
+
+        # 3. per active token and key block, every head at once: (m, l, o) of the block
+        for tok in pl.spmd(t, name_hint="qk_pv"):
+            if tok < active:
+                qt = q[tok, :, :]  # [H, HD]
+                for kb in pl.range(NB):
+                    r0 = (tok * NB + kb) * KT
+                    kv = sparse_kv[r0:r0 + KT, :]
+                    s = pl.mul(pl.matmul(qt, kv, b_trans=True), scale)  # [H, KT] FP32
+                    s = pl.col_expand_add(s, sparse_bias[tok:tok + 1, kb * KT:(kb + 1) * KT])
+                    m = pl.row_max(s)
+                    p = pl.exp(pl.row_expand_sub(s, m))
+                    hr = (tok * NB + kb) * H
+                    blk_m[hr:hr + H, :] = m
+                    blk_l[hr:hr + H, :] = pl.row_sum(p)
+                    blk_o[hr:hr + H, :] = pl.matmul(pl.cast(p, pl.BF16, mode="rint"), kv)
+
+        # 4. merge the key blocks (golden order), attention sink, split nope / rope parts
+        merge = pl.spmd(t, name_hint="merge_norm")
+        for tok in merge:
+            if tok < active:
+                h0 = tok * NB * H
+                m, l, o = blk_m[h0:h0 + H, :], blk_l[h0:h0 + H, :], blk_o[h0:h0 + H, :]
+                for kb in pl.range(1, NB):
+                    hr = h0 + kb * H
+                    m_b = blk_m[hr:hr + H, :]
+                    m_new = pl.maximum(m, m_b)
+                    alpha, beta = pl.exp(pl.sub(m, m_new)), pl.exp(pl.sub(m_b, m_new))
+                    l = pl.add(pl.mul(alpha, l), pl.mul(beta, blk_l[hr:hr + H, :]))
+                    o = pl.add(pl.row_expand_mul(o, alpha), pl.row_expand_mul(blk_o[hr:hr + H, :], beta))
+                    m = m_new
+                denom = pl.add(l, pl.exp(pl.sub(sink_col[:, :], m)))
+                o = pl.row_expand_div(o, denom)
+                nope = pl.cast(pl.slice(o, [H, N], [0, 0]), pl.BF16, mode="rint")
+                rope = pl.slice(o, [H, R], [0, N])
+            else:
+                nope = pl.full([H, N], pl.BF16, 0)
+                rope = pl.full([H, R], pl.FP32, 0.0)
+            nope3 = pl.reshape(nope, [G, HPG, N])
+            for g in pl.range(G):
+                pl.assemble(o_packed3, pl.slice(nope3, [1, HPG, N], [g, 0, 0]), [g * t + tok, 0, 0])
+            pl.assemble(attn_rope_stage, rope, [tok * H, 0])
+        merge_tid = merge.tid
+
+        # 5. interleaved cos and sign-folded sin rows (inverse rotation); inactive rows zero
+        for b in pl.spmd(-(-t // ROPE_TOK_TILE), name_hint="rope_cs"):
+            t0 = b * ROPE_TOK_TILE
+            rows, act_rows = min(ROPE_TOK_TILE, t - t0), max(0, min(ROPE_TOK_TILE, active - t0))
+            pair, _, sign = _rope_index_rows(R)
+            cos = pl.fillpad(pl.slice(rope_cos, [ROPE_TOK_TILE, R], [t0, 0], valid_shape=[act_rows, R]))
+            sin = pl.fillpad(pl.slice(rope_sin, [ROPE_TOK_TILE, R], [t0, 0], valid_shape=[act_rows, R]))
+            cos_il = pl.gather(pl.cast(cos, pl.FP32), index=pair)
+            sin_signed = pl.col_expand_mul(pl.gather(pl.cast(sin, pl.FP32), index=pair), sign)
+            pl.assemble(rope_cos_il, pl.set_validshape(cos_il, rows, R), [t0, 0])
+            pl.assemble(rope_sin_signed, pl.set_validshape(sin_signed, rows, R), [t0, 0])
+
+        # 6. inverse RoPE of the rope part: out[j] = x[j]*cos[j>>1] + x[j^1]*sign[j]*sin[j>>1]
+        n_rt = -(-t // ROPE_TOK_TILE)
+        rope_task = pl.spmd((H // HT) * n_rt, name_hint="rope")
+        for b in rope_task:
+            ht, tt = divmod(b, n_rt)
+            t0 = tt * ROPE_TOK_TILE
+            rows = min(ROPE_TOK_TILE, t - t0)
+            _, swap, _ = _rope_index_rows(R)
+            cos = pl.slice(rope_cos_il, [ROPE_TOK_TILE, R], [t0, 0], valid_shape=[rows, R])
+            sin = pl.slice(rope_sin_signed, [ROPE_TOK_TILE, R], [t0, 0], valid_shape=[rows, R])
+            x3 = pl.slice(stage3, [ROPE_TOK_TILE, HT, R], [t0, ht * HT, 0], valid_shape=[rows, HT, R])
+            for hh in pl.range(HT):
+                g, hp = divmod(ht * HT + hh, HPG)
+                x = pl.reshape(pl.slice(x3, [ROPE_TOK_TILE, 1, R], [0, hh, 0]), [ROPE_TOK_TILE, R])
+                y = pl.add(pl.mul(x, cos), pl.mul(pl.gather(x, index=swap), sin))
+                y = pl.set_validshape(pl.cast(y, pl.BF16, mode="rint"), rows, R)
+                pl.assemble(o_packed, y, [g * t + t0, hp * HD + N])
+        rope_tid = rope_task.tid
+
+        # 7. grouped o-projection, ordered by explicit task ids only
+        proj_a_tids = [[] for _ in range(G)]
+        quant_tids = [[] for _ in range(G)]
+        proj_b_tids = []
+        n_qt = -(-t // QUANT_TOK_TILE)
+        with pl.manual_scope():
+            for g in pl.parallel(G):
+                for nf in pl.range(LO // NA):
+                    with pl.at(level=pl.Level.CORE_GROUP, name_hint="proj_a_mm",
+                               deps=[merge_tid, rope_tid]) as tid:
+                        acc = pl.matmul(o_packed[g * t:(g + 1) * t, :], wo_a[g, nf * NA:(nf + 1) * NA, :],
+                                        b_trans=True)  # [T, NA] FP32
+                        pl.assemble(o_r, acc, [0, g * LO + nf * NA])
+                    proj_a_tids[g].append(tid)
+            for tc in pl.parallel(n_qt):
+                for g in pl.range(G):
+                    with pl.at(level=pl.Level.CORE_GROUP, name_hint="quant", deps=proj_a_tids[g]) as tid:
+                        t0 = tc * QUANT_TOK_TILE
+                        rows = min(QUANT_TOK_TILE, t - t0)
+                        x = pl.slice(o_r, [QUANT_TOK_TILE, LO], [t0, g * LO], valid_shape=[rows, LO])
+                        amax = pl.maximum(pl.row_max(pl.abs(x)), INT8_AMAX_EPS)
+                        s_q = INT8_SCALE_MAX / amax
+                        codes = pl.cast(pl.row_expand_mul(x, s_q), pl.INT32, mode="rint")
+                        codes = pl.cast(pl.cast(codes, pl.FP16, mode="round"), pl.INT8, mode="trunc")
+                        pl.assemble(o_r_i8, codes, [t0, g * LO])
+                        pl.assemble(act_scale_dq, pl.set_validshape(1.0 / s_q, rows, 1), [t0, g])
+                    quant_tids[g].append(tid)
+            for dc in pl.parallel(PROJ_B_D_SPLIT):
+                for g in pl.range(G):
+                    with pl.at(level=pl.Level.CORE_GROUP, name_hint="proj_b_mm", deps=quant_tids[g]) as tid:
+                        acc = pl.matmul(o_r_i8[:, g * LO:(g + 1) * LO],
+                                        wo_b[dc * DN:(dc + 1) * DN, g * LO:(g + 1) * LO], b_trans=True)
+                        pl.assemble(partials, acc, [0, g * D + dc * DN])  # exact INT32
+                    proj_b_tids.append(tid)
+
+        # 8. dequantise, sum over groups in order, per-row weight scale, BF16
+        n_at = -(-t // ACT_TOK_TILE)
+        for b in pl.spmd((D // CT) * n_at, name_hint="proj_b_act", deps=proj_b_tids):
+            ci, ti = divmod(b, n_at)
+            c0, t0 = ci * CT, ti * ACT_TOK_TILE
+            rows = min(ACT_TOK_TILE, t - t0)
+            acc = None
+            for g in pl.range(G):
+                part = pl.slice(partials, [ACT_TOK_TILE, CT], [t0, g * D + c0], valid_shape=[rows, CT])
+                s_g = pl.slice(act_scale_dq, [ACT_TOK_TILE, 1], [t0, g], valid_shape=[rows, 1])
+                term = pl.row_expand_mul(pl.cast(part, pl.FP32, mode="rint"), s_g)
+                acc = term if acc is None else pl.add(acc, term)
+            acc = pl.col_expand_mul(acc, wo_b_scale_row[:, c0:c0 + CT])
+            pl.assemble(attn_out, pl.cast(acc, pl.BF16, mode="rint"), [t0, c0])
+        return attn_out
+
+    @pl.jit
+    def prefill_sparse_attn_test(q: pl.Tensor[[T_DYN, H, HD], pl.BF16],
+                                 ori_kv: pl.Tensor[[P, BS, 1, HD], pl.BF16],
+                                 swa_indices: pl.Tensor[[T_DYN, W], pl.INT32],
+                                 cmp_kv: pl.Tensor[[CP, BS, 1, HD], pl.BF16],
+                                 cmp_block_table: pl.Tensor[[CP], pl.INT32],
+                                 cmp_indices: pl.Tensor[[T_DYN, TOPK], pl.INT32],
+                                 attn_sink: pl.Tensor[[H], pl.FP32],
+                                 num_tokens: pl.Scalar[pl.INT32],
+                                 rope_cos: pl.Tensor[[T_DYN, R], pl.BF16],
+                                 rope_sin: pl.Tensor[[T_DYN, R], pl.BF16],
+                                 wo_a: pl.Tensor[[G, LO, GIN], pl.BF16],
+                                 wo_b: pl.Tensor[[D, G * LO], pl.INT8],
+                                 wo_b_scale: pl.Tensor[[D], pl.FP32],
+                                 attn_out: pl.Out[pl.Tensor[[T_DYN, D], pl.BF16]]):
+        return prefill_sparse_attn(q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink,
+                                   num_tokens, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale, attn_out)
+
+    return SimpleNamespace(tiling=tl, prefill_sparse_attn=prefill_sparse_attn,
+                           prefill_sparse_attn_test=prefill_sparse_attn_test)
 # ---- end kernel ----
 
 
@@ -460,3 +856,53 @@ def make_sparse_attn_inputs(
         "rope_cos": cos_tab[pos].to(bf16), "rope_sin": sin_tab[pos].to(bf16),
         "wo_a": wo_a.to(bf16), "wo_b": wo_b, "wo_b_scale": wo_b_scale,
     }
+
+
+_SPEC_ORDER = ("q", "ori_kv", "swa_indices", "cmp_kv", "cmp_block_table", "cmp_indices", "attn_sink",
+               "num_tokens", "rope_cos", "rope_sin", "wo_a", "wo_b", "wo_b_scale")
+
+
+def build_case(preset: str, mode: str, **options) -> CaseRun:
+    """Registry builder of the ``prefill_sparse_attn`` case (v4flash-kernels.md B.4).
+
+    Mode ``"prefill"`` (``T = prefill_seq``, 128). Options: ``T``, ``num_tokens`` (default
+    ``T``), ``compress_ratio`` (0, 4 or 128: how many compressed candidates the fixture gives
+    each token, default 4), ``seed`` (default 0). Inputs from :func:`make_sparse_attn_inputs`;
+    the golden is :func:`golden_prefill_sparse_attn` limited to the ``cmp_cols`` candidate
+    columns the kernel attends (all of them at tiny); ``attn_out`` compares with
+    ``ratio_allclose`` at :data:`TOLERANCES`.
+
+    Raises:
+        ConfigError: unknown preset, mode, option or compress ratio, or an untileable config.
+        BindError: ``T`` / ``num_tokens`` out of range.
+    """
+    cfg = get_config(preset)
+    if mode != "prefill":
+        raise ConfigError(f"prefill_sparse_attn: unknown mode {mode!r}; modes: prefill")
+    opts = dict(options)
+    T = int(opts.pop("T", cfg.prefill_seq))
+    num_tokens = int(opts.pop("num_tokens", T))
+    ratio = int(opts.pop("compress_ratio", 4))
+    seed = int(opts.pop("seed", 0))
+    if opts:
+        raise ConfigError(f"prefill_sparse_attn: unknown options {sorted(opts)}")
+    k = prefill_sparse_attn_kernels(cfg)
+    d = make_sparse_attn_inputs(cfg, T, num_tokens, seed, compress_ratio=ratio)
+    specs = []
+    for name in _SPEC_ORDER:
+        v = d[name]
+        specs.append(ScalarSpec(name, torch.int32, v) if name == "num_tokens"
+                     else TensorSpec(name, list(v.shape), v.dtype, v))
+    specs.append(TensorSpec("attn_out", [T, cfg.hidden_size], torch.bfloat16, is_output=True))
+    limit = k.tiling.cmp_cols
+
+    def golden(v: dict) -> None:
+        v["attn_out"] = golden_prefill_sparse_attn(*(v[n] for n in _SPEC_ORDER), cfg, cmp_candidate_limit=limit)
+
+    return CaseRun(fn=k.prefill_sparse_attn_test, specs=specs, golden=golden,
+                   compare={"attn_out": ratio_allclose(*TOLERANCES["attn_out"])}, rtol=1e-3, atol=1e-3,
+                   label=f"prefill T={T} num_tokens={num_tokens} compress_ratio={ratio}")
+
+
+register(KernelCase("prefill_sparse_attn", build_case, modes=("prefill",),
+                    description="prefill sparse attention + sink + inverse RoPE + grouped INT8 o-proj, B.4"))
