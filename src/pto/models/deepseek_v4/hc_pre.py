@@ -81,7 +81,8 @@ def golden_hc_pre(
     cfg: DeepSeekV4Config,
     *,
     out_bf16: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return_pre: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Hyper-connection pre-mix golden (v4flash-kernels.md A.1, dsv4-math.md 7.1).
 
     Numerics: everything in FP32. ``inv_rms`` is the rsqrt of the mean of squares over
@@ -102,11 +103,14 @@ def golden_hc_pre(
             ``hc_sinkhorn_iters``).
         out_bf16: cast ``x_mixed`` to BF16 (RNE, the kernel's ``rint`` cast); ``False``
             keeps it FP32.
+        return_pre: also return the stream weights ``pre`` (the kernel's ``pre_val_store``
+            scratch; used by the transformers parity tests).
 
     Returns:
         ``(x_mixed, post, comb)``: ``x_mixed [T, D]`` BF16 (or FP32), ``post [T, hc_mult]``
         FP32 in (0, 2), ``comb [T, hc_mult*hc_mult]`` FP32 with ``comb[t, i*hc_mult + j]``
-        (i = input stream, j = output stream), column sums ~= 1.
+        (i = input stream, j = output stream), column sums ~= 1. With ``return_pre`` a
+        fourth element ``pre [T, hc_mult]`` FP32 in (hc_eps, 1 + hc_eps).
 
     Raises:
         BindError: any argument with the wrong shape or a non-float dtype.
@@ -145,6 +149,8 @@ def golden_hc_pre(
     x_mixed = terms[0]
     if out_bf16:
         x_mixed = x_mixed.to(torch.bfloat16)
+    if return_pre:
+        return x_mixed, post, comb, pre
     return x_mixed, post, comb
 
 

@@ -146,6 +146,7 @@ def golden_prefill_attention_swa(
     *,
     weight_format: str = "int8",
     return_intermediates: bool = False,
+    float32: bool = False,
 ):
     """Golden of the ratio-0 prefill attention block (v4flash-kernels.md A.3).
 
@@ -175,6 +176,10 @@ def golden_prefill_attention_swa(
         return_intermediates: also return a dict of the intermediate tensors
             (``x_mixed, post, comb, x_normed, rope_cos, rope_sin, q, kv, swa_indices,
             attn_out``).
+        float32: parity mode for comparisons with an FP32 model (the transformers oracle,
+            tests/parity): every sub-golden keeps FP32 -- ``x_mixed``, ``x_normed``, ``q``,
+            ``kv`` and ``attn_out`` are not rounded to BF16 and the sparse attention runs
+            with ``float32=True``. Pass FP32 tables / cache to keep them unrounded too.
 
     Returns:
         ``(kv_cache, x_out)``: the updated cache ``[pages, block_size, 1, d]`` BF16 and
@@ -200,16 +205,17 @@ def golden_prefill_attention_swa(
         raise BindError(f"{fn}: num_tokens={num_tokens} outside [0, {T}]")
     hd, r = cfg.head_dim, cfg.qk_rope_head_dim
 
+    bf16 = not float32
     x_mixed, post, comb = golden_hc_pre(x_hc, i["hc_attn_fn"], i["hc_attn_scale"],
-                                        i["hc_attn_base"], cfg)
-    x_normed = golden_rms_norm(x_mixed, i["attn_norm_w"], cfg.rms_norm_eps)
+                                        i["hc_attn_base"], cfg, out_bf16=bf16)
+    x_normed = golden_rms_norm(x_mixed, i["attn_norm_w"], cfg.rms_norm_eps, out_bf16=bf16)
     zeros_rows = torch.zeros(T, r, dtype=i["freqs_cos"].dtype)
     rope_cos, rope_sin = golden_materialize_rope_rows(i["freqs_cos"], i["freqs_sin"],
                                                       i["position_ids"], num_tokens,
                                                       zeros_rows, zeros_rows)
     q, kv, _, _ = golden_qkv_proj_rope(x_normed, i["wq_a"], i["wq_b"], i["wq_b_scale"], i["wkv"],
                                        rope_cos, rope_sin, i["gamma_cq"], i["gamma_ckv"], cfg,
-                                       weight_format=weight_format)
+                                       weight_format=weight_format, out_bf16=bf16)
 
     kv_cache = i["kv_cache"].clone()
     flat = kv_cache.view(-1, hd)
@@ -228,7 +234,7 @@ def golden_prefill_attention_swa(
     attn_out = golden_prefill_sparse_attn(q, kv_cache, swa_indices, cmp_kv, cmp_block_table,
                                           cmp_indices, i["attn_sink"], num_tokens, rope_cos,
                                           rope_sin, i["wo_a"], i["wo_b"], i["wo_b_scale"], cfg,
-                                          weight_format=weight_format)
+                                          weight_format=weight_format, float32=float32)
     x_out = golden_hc_post_prefill(attn_out, x_hc, post, comb, num_tokens)
     if not return_intermediates:
         return kv_cache, x_out

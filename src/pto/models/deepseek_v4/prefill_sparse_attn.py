@@ -26,6 +26,10 @@ per output row with scale ``wo_b_scale [D]``; integer GEMM, dequantised per grou
 group order. ``weight_format="bf16"``: ``o_r`` rounded to BF16 and multiplied by a float ``wo_b``
 (no quantisation, ``wo_b_scale`` ignored).
 
+``float32=True`` (parity mode, for comparisons with an FP32 model such as the transformers
+oracle): no BF16 rounding anywhere -- FP32 probabilities in PV, FP32 attention output
+(no ``o_packed`` rounding), FP32 ``o_r`` before ``wo_b``, FP32 result.
+
 Not modelled: the reference kernel's bias columns only cover the first 256 compressed
 candidates (``cmp_indices[:, :256]``); pass ``cmp_candidate_limit=256`` to reproduce that.
 """
@@ -555,8 +559,9 @@ def _online_softmax_with_sink(
     sink: torch.Tensor,  # [H] fp32
     scale: float,
     key_tile: int,
+    bf16_probs: bool = True,
 ) -> torch.Tensor:  # [H, d] fp32
-    """Tiled online softmax with a sink column, FP32 exp, BF16 probabilities for PV."""
+    """Tiled online softmax with a sink column, FP32 exp, BF16 (or FP32) probabilities for PV."""
     H, d = qh.shape
     if keys.shape[0] == 0:
         return torch.zeros(H, d, dtype=torch.float32)
@@ -569,7 +574,7 @@ def _online_softmax_with_sink(
         m_i = s.amax(dim=-1)
         p = torch.exp(s - m_i[:, None])
         l_i = p.sum(dim=-1)
-        o_i = p.to(torch.bfloat16).float() @ kt
+        o_i = (p.to(torch.bfloat16).float() if bf16_probs else p) @ kt
         m_new = torch.maximum(m, m_i)
         alpha, beta = torch.exp(m - m_new), torch.exp(m_i - m_new)
         l = alpha * l + beta * l_i
@@ -624,7 +629,8 @@ def golden_attention_core(
     key_tile: int | None = None,
     cmp_candidate_limit: int | None = None,
     out_bf16: bool = True,
-) -> torch.Tensor:  # [T, H, head_dim] bf16 (fp32 if not out_bf16)
+    float32: bool = False,
+) -> torch.Tensor:  # [T, H, head_dim] bf16 (fp32 if not out_bf16 or float32)
     """Sparse attention with sink and inverse RoPE, before the o-projection (B.4 steps 1-6).
 
     Per active token: :func:`gather_key_rows`, scores ``q . k * cfg.softmax_scale`` in FP32,
@@ -651,6 +657,8 @@ def golden_attention_core(
         cmp_candidate_limit: only the first N columns of ``cmp_indices`` are considered
             (the reference kernel uses 256); default all.
         out_bf16: round to BF16 (RNE) as the kernel stores it; ``False`` keeps FP32.
+        float32: parity mode: FP32 probabilities in the PV product (no BF16 rounding) and
+            an FP32 result (implies ``out_bf16=False``).
 
     Returns:
         ``[T, H, head_dim]`` attention output after inverse RoPE.
@@ -675,11 +683,12 @@ def golden_attention_core(
     for t in range(int(num_tokens)):
         keys = gather_key_rows(swa_indices[t], cmp_cols[t], ori_flat, cmp_flat,
                                cmp_block_table, cfg.block_size)
-        out[t] = _online_softmax_with_sink(q[t].float(), keys, sink, cfg.softmax_scale, tile)
+        out[t] = _online_softmax_with_sink(q[t].float(), keys, sink, cfg.softmax_scale, tile,
+                                           bf16_probs=not float32)
     nt = int(num_tokens)
     if nt:
         out[:nt, :, n:] = rope_interleaved(out[:nt, :, n:], rope_cos[:nt], rope_sin[:nt], inverse=True)
-    return out.to(torch.bfloat16) if out_bf16 else out
+    return out.to(torch.bfloat16) if out_bf16 and not float32 else out
 
 
 def golden_grouped_o_proj(
@@ -691,14 +700,15 @@ def golden_grouped_o_proj(
     *,
     weight_format: str = "int8",
     out_bf16: bool = True,
-) -> torch.Tensor:  # [T, D] bf16 (fp32 if not out_bf16)
+    float32: bool = False,
+) -> torch.Tensor:  # [T, D] bf16 (fp32 if not out_bf16 or float32)
     """Grouped output projection (v4flash-kernels.md B.4 step 7-8; dsv4-math.md 4).
 
     ``o`` is viewed ``[T, G, (H/G)*head_dim]`` (group g = consecutive heads, head-major);
     ``o_r[t, g] = o[t, g] @ wo_a[g]^T`` in FP32. ``"int8"``: ``codes, s = quantize_per_row_int8
     (o_r)`` per (token, group); ``out = sum_g float(codes[t, g] @ wo_b[:, g]^T) * s[t, g]``
     (integer GEMM exact, groups summed in order, FP32) then ``* wo_b_scale``. ``"bf16"``:
-    ``out = bf16(o_r).flatten() @ wo_b^T`` in FP32.
+    ``out = bf16(o_r).flatten() @ wo_b^T`` in FP32 (with ``float32``: ``o_r`` not rounded).
 
     Args:
         o: ``[T, H, head_dim]`` float (the kernel's BF16 ``o_packed``).
@@ -708,6 +718,8 @@ def golden_grouped_o_proj(
         cfg: model config.
         weight_format: ``"int8"`` or ``"bf16"``.
         out_bf16: BF16 (RNE) output; ``False`` keeps FP32.
+        float32: parity mode: no BF16 rounding of ``o_r`` (``"bf16"`` format) and an FP32
+            result (implies ``out_bf16=False``).
 
     Returns:
         ``[T, D]`` projection output.
@@ -728,7 +740,8 @@ def golden_grouped_o_proj(
     _check(fn, "wo_b", wo_b, (D, G * Lo), "int8" if weight_format == "int8" else "float")
     o_r = torch.einsum("tgk,gok->tgo", o.float().reshape(T, G, gin), wo_a.float())  # [T, G, Lo]
     if weight_format == "bf16":
-        out = o_r.to(torch.bfloat16).float().reshape(T, G * Lo) @ wo_b.float().T
+        o_r_in = o_r if float32 else o_r.to(torch.bfloat16).float()
+        out = o_r_in.reshape(T, G * Lo) @ wo_b.float().T
     else:
         if wo_b_scale is None:
             raise BindError(f"{fn}: wo_b_scale [{D}] is required for weight_format='int8'")
@@ -740,7 +753,7 @@ def golden_grouped_o_proj(
             partial = (codes[:, g].double() @ w[:, g].T).float()  # exact integer sums
             out = out + partial * act_scale[:, g]
         out = out * wo_b_scale.float()
-    return out.to(torch.bfloat16) if out_bf16 else out
+    return out.to(torch.bfloat16) if out_bf16 and not float32 else out
 
 
 def golden_prefill_sparse_attn(
@@ -763,12 +776,15 @@ def golden_prefill_sparse_attn(
     out_bf16: bool = True,
     key_tile: int | None = None,
     cmp_candidate_limit: int | None = None,
-) -> torch.Tensor:  # [T, D] bf16 (fp32 if not out_bf16)
+    float32: bool = False,
+) -> torch.Tensor:  # [T, D] bf16 (fp32 if not out_bf16 or float32)
     """Prefill sparse attention + grouped o-projection golden (v4flash-kernels.md B.4).
 
     :func:`golden_attention_core` (BF16, as the kernel's ``o_packed``) followed by
     :func:`golden_grouped_o_proj`; rows ``t >= num_tokens`` of the result are zero.
     Arguments are those of the two parts (same names); see their docstrings.
+    ``float32=True`` (parity mode) is passed to both parts: no BF16 rounding of the
+    probabilities, of ``o_packed``, of ``o_r`` or of the result.
 
     Returns:
         ``attn_out [T, D]`` BF16 (FP32 when ``out_bf16`` is False).
@@ -778,9 +794,10 @@ def golden_prefill_sparse_attn(
     """
     o = golden_attention_core(q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices,
                               attn_sink, num_tokens, rope_cos, rope_sin, cfg, key_tile=key_tile,
-                              cmp_candidate_limit=cmp_candidate_limit, out_bf16=True)
+                              cmp_candidate_limit=cmp_candidate_limit, out_bf16=True,
+                              float32=float32)
     out = golden_grouped_o_proj(o, wo_a, wo_b, wo_b_scale, cfg, weight_format=weight_format,
-                                out_bf16=out_bf16)
+                                out_bf16=out_bf16, float32=float32)
     out[int(num_tokens):] = 0
     return out
 
