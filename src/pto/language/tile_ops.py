@@ -327,28 +327,44 @@ def _step(r: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def _round_to_float(v: torch.Tensor, dst: torch.dtype, mode: str) -> torch.Tensor:
-    """Round float64 values ``v`` to float dtype ``dst`` under ``mode``."""
-    r = v.to(dst)  # round to nearest, ties to even
-    if mode in ("none", "rint"):
-        return r
-    rd = r.to(torch.float64)
-    above = rd > v
-    other = _step(r, ~above)
-    lo = torch.where(above, other, r)
-    hi = torch.where(above, r, other)
+    """Round float64 values ``v`` to float dtype ``dst`` under ``mode``, rounding the
+    exact value once.
+
+    torch converts float64 to BF16/FP16 through FP32, which can round twice (an
+    INT32 just above a BF16 midpoint lands on the midpoint, then on the even
+    side). The conversion is only used to find one neighbour; the representable
+    neighbours ``lo <= v <= hi`` are then chosen between exactly. Beyond the
+    largest finite value the next value up is taken as ``max + ulp`` (IEEE
+    overflow: nearest modes give inf from ``max + ulp/2`` on; trunc saturates).
+    """
+    c = v.to(dst)
+    if dst == torch.float32 and mode in ("none", "rint"):
+        return c  # float64 -> float32 is a single correctly rounded conversion
+    cd = c.to(torch.float64)
+    down = torch.zeros(v.shape, dtype=torch.bool)
+    lo = torch.where(cd > v, _step(c, down), c)
+    hi = torch.where(cd < v, _step(c, ~down), c)
     if mode == "floor":
-        chosen = lo
-    elif mode == "ceil":
-        chosen = hi
-    elif mode == "trunc":
-        chosen = torch.where(v >= 0, lo, hi)
-    elif mode == "round":
-        tie = (v - lo.to(torch.float64)) == (hi.to(torch.float64) - v)
-        chosen = torch.where(tie, torch.where(v >= 0, hi, lo), r)
-    else:
+        return lo
+    if mode == "ceil":
+        return hi
+    if mode == "trunc":
+        return torch.where(v >= 0, lo, hi)
+    if mode not in ("none", "rint", "round"):
         raise DslError(f"pl.cast: mode {mode!r} is not supported for float targets")
-    keep = (rd == v) | torch.isnan(v) | torch.isinf(v)
-    return torch.where(keep, r, chosen)
+    lo_d, hi_d = lo.to(torch.float64), hi.to(torch.float64)
+    # an infinite neighbour of a finite value stands for max + ulp (same spacing as below max)
+    hi_v = torch.where(torch.isinf(hi_d) & torch.isfinite(lo_d), 2 * lo_d - _step(lo, down).to(torch.float64), hi_d)
+    lo_v = torch.where(torch.isinf(lo_d) & torch.isfinite(hi_d), 2 * hi_d - _step(hi, ~down).to(torch.float64), lo_d)
+    dl, dh = v - lo_v, hi_v - v
+    nearest = torch.where(dl < dh, lo, hi)
+    if mode == "round":
+        tie_pick = torch.where(v >= 0, hi, lo)
+    else:
+        lo_even = (lo.view(_INT_VIEW[lo.element_size()]) & 1) == 0
+        tie_pick = torch.where(lo_even, lo, hi)
+    out = torch.where(dl == dh, tie_pick, nearest)
+    return torch.where(torch.isnan(v) | (lo_d == hi_d), c, out)
 
 
 def _round_to_int(v: torch.Tensor, mode: str) -> torch.Tensor:
@@ -373,6 +389,9 @@ def cast(x, target_type, mode="round") -> Tile:
     zero; the default), ``floor``/3, ``ceil``/4, ``trunc``/5 (toward zero).
     ``odd``/6 is rejected. Float to integer casts saturate at the target range
     (NaN becomes 0); integer narrowing saturates too. Widening casts are exact.
+    A narrowing cast rounds the exact source value once (INT32 -> BF16 is not
+    rounded through FP32 first); INT64 sources beyond 2^53 are first rounded to
+    float64.
     Reference: dsl-api.md section 12.
 
     Raises:
@@ -404,8 +423,10 @@ def cast(x, target_type, mode="round") -> Tile:
     else:
         if src.dtype.is_floating_point:
             v = _round_to_int(src.to(torch.float64), mode)
-            v = torch.nan_to_num(v, nan=0.0)
-            out = v.clamp(dst.min, dst.max).to(dst.torch)
+            big = v >= float(dst.max)  # float(INT64 max) is 2^63: exactly the values that overflow
+            small = v <= float(dst.min)
+            mid = torch.where(big | small | torch.isnan(v), torch.zeros_like(v), v).to(torch.int64)
+            out = torch.where(big, dst.max, torch.where(small, dst.min, mid)).to(dst.torch)
         else:
             out = src.to(torch.int64).clamp(dst.min, dst.max).to(dst.torch)
     return Tile(out, x.mask, x.valid)
