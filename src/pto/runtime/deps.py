@@ -63,11 +63,77 @@ def _covers(a, b) -> bool:
     return a[0] <= b[0] and b[1] <= a[1] and a[2] <= b[2] and b[3] <= a[3]
 
 
+class _Producers:
+    """The registered producers of one root buffer, indexed by rows so that a
+    lookup costs the number of nearby entries, not the number of entries.
+
+    An entry ``(box, task id, kind)`` of row height ``h`` lives at level
+    ``floor(log2(h))`` in every bucket of ``2**level`` rows it touches (at most
+    three). A lookup visits, per level, the buckets its box touches, or every
+    bucket of the level when that is fewer."""
+
+    __slots__ = ("levels",)
+
+    def __init__(self):
+        self.levels: dict = {}  # level -> {bucket index: [entry, ...]}
+
+    def __bool__(self) -> bool:
+        return bool(self.levels)
+
+    def add(self, box, tid: int, kind: int) -> None:
+        e = (box, tid, kind)
+        lv = (box[1] - box[0]).bit_length() - 1
+        bk = self.levels.get(lv)
+        if bk is None:
+            bk = self.levels[lv] = {}
+        for b in range(box[0] >> lv, ((box[1] - 1) >> lv) + 1):
+            lst = bk.get(b)
+            if lst is None:
+                bk[b] = [e]
+            else:
+                lst.append(e)
+
+    def overlapping(self, box) -> list:
+        """Entries whose box overlaps ``box`` (an entry may appear more than once)."""
+        out = []
+        r0, r1, c0, c1 = box
+        for lv, bk in self.levels.items():
+            b0, b1 = r0 >> lv, (r1 - 1) >> lv
+            if b1 - b0 < len(bk):
+                lists = [bk[b] for b in range(b0, b1 + 1) if b in bk]
+            else:
+                lists = bk.values()
+            for lst in lists:
+                for e in lst:
+                    eb = e[0]
+                    if r0 < eb[1] and eb[0] < r1 and c0 < eb[3] and eb[2] < c1:
+                        out.append(e)
+        return out
+
+    def remove_covered(self, box) -> None:
+        """Drop every entry whose box lies inside ``box``."""
+        seen = set()
+        for e in self.overlapping(box):
+            if id(e) in seen or not _covers(box, e[0]):
+                continue
+            seen.add(id(e))
+            eb = e[0]
+            lv = (eb[1] - eb[0]).bit_length() - 1
+            bk = self.levels[lv]
+            for b in range(eb[0] >> lv, ((eb[1] - 1) >> lv) + 1):
+                lst = bk[b]
+                lst.remove(e)
+                if not lst:
+                    del bk[b]
+            if not bk:
+                del self.levels[lv]
+
+
 class DepTracker:
     """Producer registry of one program (see the module docstring)."""
 
     def __init__(self):
-        self.reg: dict[int, list] = {}  # buffer id -> [(box, task id, kind)]
+        self.reg: dict[int, _Producers] = {}  # buffer id -> registered producers
 
     def derive(self, tid: int, grouped: dict, manual: bool) -> set:
         """Predecessors of task ``tid`` from ``grouped`` = {buffer: [reads,
@@ -83,24 +149,22 @@ class DepTracker:
             entries = reg.get(buf.id)
             if entries:
                 for box in reads:
-                    for e in entries:
-                        if _overlap(box, e[0]):
-                            preds.add(e[1])
+                    for e in entries.overlapping(box):
+                        preds.add(e[1])
                 for box in writes:
-                    for e in entries:
-                        if _overlap(box, e[0]):
-                            preds.add(e[1])
+                    for e in entries.overlapping(box):
+                        preds.add(e[1])
                 for box in atomics:
-                    for e in entries:
-                        if e[2] == 1 and _overlap(box, e[0]):
+                    for e in entries.overlapping(box):
+                        if e[2] == 1:
                             preds.add(e[1])
             if writes or atomics:
                 if entries is None:
-                    entries = reg[buf.id] = []
+                    entries = reg[buf.id] = _Producers()
                 for box in writes:
-                    entries[:] = [e for e in entries if not _covers(box, e[0])]
-                    entries.append((box, tid, 1))
+                    entries.remove_covered(box)
+                    entries.add(box, tid, 1)
                 for box in atomics:
-                    entries.append((box, tid, 2))
+                    entries.add(box, tid, 2)
         preds.discard(tid)
         return preds
