@@ -4,3 +4,6 @@ kernel module's ``KernelCase`` (DESIGN section 8)."""
 from pto.models.deepseek_v4 import hc_post  # noqa: F401  (registers "hc_post")
 from pto.models.deepseek_v4 import prefill_sparse_attn  # noqa: F401  (registers "prefill_sparse_attn")
 from pto.models.deepseek_v4 import prefill_compressor_ratio128  # noqa: F401  (registers "prefill_compressor_ratio128")
+from pto.models.deepseek_v4 import rms_norm  # noqa: F401  (registers "rms_norm")
+from pto.models.deepseek_v4 import hc_pre  # noqa: F401  (registers "hc_pre")
+from pto.models.deepseek_v4 import qkv_proj_rope  # noqa: F401  (registers "qkv_proj_rope")

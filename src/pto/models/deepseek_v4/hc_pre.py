@@ -16,14 +16,22 @@ row sums only approximately. The RMS epsilon is ``rms_norm_eps`` (HF builds the 
 norm with it); every other epsilon is ``hc_eps`` (both are 1e-6 in all presets).
 """
 
-from __future__ import annotations
+import functools
+from types import SimpleNamespace
 
 import torch
 
-from pto.errors import BindError, ConfigError
+import pto.language as pl
+from pto.errors import BindError, CapacityError, ConfigError
+from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
+from pto.models.deepseek_v4.tiling import MATMUL_M_TILE, expect_tensor, mode_tokens, need, round_up, token_capacity
 
 __all__ = [
+    "hc_pre",
+    "hc_pre_tiling",
+    "hc_pre_entry",
+    "build_hc_pre",
     "HC_K_CHUNK",
     "HC_SCALE_REF",
     "HC_BASE_REF",
@@ -53,7 +61,257 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {
 }
 
 # ---- kernel ----
-# (The pto.language kernel goes here; the golden below is its numerical contract.)
+T_DYN = pl.dynamic("T")  # runtime token count
+HC_DYN = pl.dynamic("HC")  # hc_mult
+D_DYN = pl.dynamic("D")  # hidden_size
+MIX_DYN = pl.dynamic("MIX")  # mix_hc = (2 + hc_mult) * hc_mult
+HCD_DYN = pl.dynamic("HC_DIM")  # hc_dim = hc_mult * hidden_size
+HCC_DYN = pl.dynamic("HC_HC")  # hc_mult * hc_mult
+
+# Tiling. Structure as in v4flash-kernels.md A.1 ("separate" variant): one task per work
+# type, split-K factor 4 on the linear; tile sizes are CPU-sized (reference values in
+# brackets) so that each block is a few large tile ops instead of many small ones.
+HC_OK = 4  # K-slices of hc_pre_linear, atomically added into mixes_raw [4]
+HC_RMS_T_TILE = 32  # token rows per hc_pre_rms block [8]
+HC_LINEAR_M_TILE = 128  # rows per hc_pre_linear block, a multiple of MATMUL_M_TILE [16]
+HC_LINEAR_K_TILE_MAX = 4096  # K per matmul step inside a K-slice [256]
+HC_SPLIT_T_TILE = 32  # token rows per split_pre_post block [8]
+HC_COMB_T_TILE = 128  # token rows per comb_sinkhorn block: 20 rounds vectorised over tokens [8]
+HC_MIX_T_TILE = 32  # token rows per mix_x block [8]
+HC_MIX_D_TILE_MAX = 4096  # hidden columns per mix_x block [1024]
+
+
+def hc_pre_tiling(cfg: DeepSeekV4Config) -> SimpleNamespace:
+    """Tile sizes of :func:`hc_pre` for ``cfg``.
+
+    Returns a namespace with ``hc`` (hc_mult), ``d`` (hidden_size), ``hc_dim``, ``mix``
+    (mix_hc), ``mix_pad`` / ``hc_pad`` (``mix`` / ``hc`` rounded up to 8 FP32 = 32-byte
+    rows; 32 / 8 at flash), ``k_slice = hc_dim / HC_OK``, ``k_tile`` (``k_slice`` split into
+    equal steps of at most :data:`HC_LINEAR_K_TILE_MAX`), ``k_steps``, ``d_tile``
+    (:data:`HC_MIX_D_TILE_MAX` or less, dividing ``d``), and the per-task token tiles.
+
+    Raises:
+        ConfigError: ``hc_mult < 1``; ``hidden_size`` not a positive multiple of 16;
+            ``hc_dim`` not splittable into ``HC_OK`` K-slices of whole 16-column steps;
+            ``hc_mult`` above 8 (one 32-byte row of FP32 holds the per-token pre weights).
+    """
+    hc, D = cfg.hc_mult, cfg.hidden_size
+    need(1 <= hc <= 8, "hc_pre", cfg, f"hc_mult={hc} must be in [1, 8]")
+    need(D > 0 and D % 16 == 0, "hc_pre", cfg, f"hidden_size={D} must be a positive multiple of 16")
+    hc_dim = hc * D
+    need(hc_dim % (HC_OK * 16) == 0, "hc_pre", cfg,
+         f"hc_dim={hc_dim} must split into {HC_OK} K-slices of a multiple of 16 columns")
+    k_slice = hc_dim // HC_OK
+    k_steps = -(-k_slice // HC_LINEAR_K_TILE_MAX)
+    need(k_slice % k_steps == 0 and (k_slice // k_steps) % 16 == 0, "hc_pre", cfg,
+         f"K-slice {k_slice} does not split into {k_steps} equal steps of a multiple of 16")
+    d_tile = D
+    while d_tile > HC_MIX_D_TILE_MAX and d_tile % 2 == 0 and (d_tile // 2) % 16 == 0:
+        d_tile //= 2
+    return SimpleNamespace(hc=hc, d=D, hc_dim=hc_dim, mix=cfg.mix_hc, mix_pad=round_up(cfg.mix_hc, 8),
+                           hc_pad=8, k_slice=k_slice, k_steps=k_steps, k_tile=k_slice // k_steps,
+                           d_tile=d_tile, rms_t=HC_RMS_T_TILE, lin_m=HC_LINEAR_M_TILE, split_t=HC_SPLIT_T_TILE,
+                           comb_t=HC_COMB_T_TILE, mix_t=HC_MIX_T_TILE)
+
+
+def _sinkhorn_rows(c, eps: float):
+    """Row pass on ``c [R, hc_pad]`` (rows = (token, input stream i), columns = output
+    stream j, zero pad columns): ``c / (sum_j c + eps)``."""
+    return pl.row_expand_div(c, pl.row_sum(c) + eps)
+
+
+def _sinkhorn_cols(c, tt: int, hc: int, hc_pad: int, eps: float):
+    """Column pass on ``c [tt*hc, hc_pad]``: ``c / (sum_i c + eps)`` per (token, j), done as a
+    row pass in the transposed ``[tt*hc_pad, hc]`` layout (zero pad rows stay zero)."""
+    ct = pl.reshape(pl.transpose(pl.reshape(c, [tt, hc, hc_pad]), 1, 2), [tt * hc_pad, hc])
+    ct = pl.row_expand_div(ct, pl.row_sum(ct) + eps)
+    return pl.reshape(pl.transpose(pl.reshape(ct, [tt, hc_pad, hc]), 1, 2), [tt * hc, hc_pad])
+
+
+@pl.jit.inline
+def hc_pre(
+    x: pl.Tensor[[T_DYN, HC_DYN, D_DYN], pl.FP32],
+    hc_fn: pl.Tensor[[MIX_DYN, HCD_DYN], pl.FP32],
+    hc_scale: pl.Tensor[[3], pl.FP32],
+    hc_base: pl.Tensor[[MIX_DYN], pl.FP32],
+    x_mixed: pl.Out[pl.Tensor[[T_DYN, D_DYN], pl.BF16]],
+    post: pl.Out[pl.Tensor[[T_DYN, HC_DYN], pl.FP32]],
+    comb: pl.Out[pl.Tensor[[T_DYN, HCC_DYN], pl.FP32]],
+    cfg,
+    seed_scopes: bool = False,
+):
+    """Hyper-connection pre-mix, "separate" variant (v4flash-kernels.md A.1).
+
+    Stable inline signature:
+    ``hc_pre(x, hc_fn, hc_scale, hc_base, x_mixed, post, comb, cfg, seed_scopes=False)
+    -> (x_mixed, post, comb)``.
+
+    Tasks (ordered only by the derived graph): ``hc_pre_rms`` (inv_rms rows),
+    ``hc_pre_linear`` (split-K ``x_flat @ hc_fn^T``, ``HC_OK`` K-slices atomically added
+    into ``mixes_raw``), ``split_pre_post`` (pre weights, post), ``comb_sinkhorn`` (softmax
+    with ``fillpad(min)`` pads, one column pass, ``iters - 1`` row/column rounds), ``mix_x``
+    (weighted stream sum, BF16 ``rint``). GM scratch: ``mixes_raw [t_linear, mix_pad] FP32``
+    zero-initialised at allocation, ``inv_rms [t_linear, 1]`` and ``pre_val_store
+    [t_linear, hc_pad]`` uninitialised (rows >= T never read), ``t_linear = round_up(T, 16)``
+    with capacity :func:`token_capacity`. ``seed_scopes=True`` is the pre-commit variant:
+    static scratch of ``capacity`` rows and an explicit ``hc_pre_seed`` task zero-filling
+    ``mixes_raw`` rows ``[0, t_linear)``; outputs are bit-identical.
+
+    Args:
+        x: ``[T, hc_mult, D]`` FP32 residual streams.
+        hc_fn: ``[mix_hc, hc_mult*D]`` FP32 mixing projection.
+        hc_scale: ``[3]`` FP32 scales of the pre, post and comb logits.
+        hc_base: ``[mix_hc]`` FP32 biases.
+        x_mixed: ``[T, D]`` BF16 output ``sum_h pre_h * x_h``.
+        post: ``[T, hc_mult]`` FP32 output ``2*sigmoid(...)``.
+        comb: ``[T, hc_mult^2]`` FP32 output, ``comb[t, i*hc_mult + j]`` (i input stream,
+            j output stream), doubly stochastic after Sinkhorn.
+        cfg: model config (``hc_mult``, ``hidden_size``, ``rms_norm_eps``, ``hc_eps``,
+            ``hc_sinkhorn_iters``).
+        seed_scopes: build the seed-task variant.
+
+    Returns:
+        ``(x_mixed, post, comb)`` (the output tensors).
+
+    Raises:
+        ConfigError: ``cfg`` cannot be tiled (:func:`hc_pre_tiling`).
+        BindError: an argument whose shape does not match ``cfg``.
+        CapacityError: ``round_up(T, 16)`` exceeds :func:`token_capacity`, naming the
+            scratch tensor, before any task is submitted.
+    """
+    tl = hc_pre_tiling(cfg)
+    hc, D, hc_dim, mix, mix_pad, hc_pad = tl.hc, tl.d, tl.hc_dim, tl.mix, tl.mix_pad, tl.hc_pad
+    t = pl.tensor.dim(x, 0)
+    expect_tensor("hc_pre", "x", x, [t, hc, D], pl.FP32)
+    expect_tensor("hc_pre", "hc_fn", hc_fn, [mix, hc_dim], pl.FP32)
+    expect_tensor("hc_pre", "hc_base", hc_base, [mix], pl.FP32)
+    rms_eps, hc_eps, iters = cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters
+    cap = token_capacity(cfg)
+    t_linear = round_up(t, MATMUL_M_TILE)
+
+    # ---- GM scratch (allocated at scope entry, before any task) ----
+    if seed_scopes:
+        if t_linear > cap:
+            raise CapacityError(f"hc_pre (seed_scopes): create_tensor 'mixes_raw' needs {t_linear} rows "
+                                f"(T={t} rounded up to {MATMUL_M_TILE}), above its static capacity {cap}")
+        mixes_raw = pl.create_tensor([cap, mix_pad], pl.FP32, name="mixes_raw")
+        inv_rms = pl.create_tensor([cap, 1], pl.FP32, name="inv_rms")
+        pre_val_store = pl.create_tensor([cap, hc_pad], pl.FP32, name="pre_val_store")
+    else:
+        mixes_raw = pl.create_tensor([t_linear, mix_pad], pl.FP32, init_value=0, capacity=cap, name="mixes_raw")
+        inv_rms = pl.create_tensor([t_linear, 1], pl.FP32, capacity=cap, name="inv_rms")
+        pre_val_store = pl.create_tensor([t_linear, hc_pad], pl.FP32, capacity=cap, name="pre_val_store")
+
+    x_flat = pl.reshape(x, [t, hc_dim])
+    base_row = pl.reshape(hc_base, [1, mix])
+
+    if seed_scopes:
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="hc_pre_seed", allow_early_resolve=True):
+            mixes_raw[0:t_linear, 0:mix_pad] = pl.full([t_linear, mix_pad], pl.FP32, 0.0)
+
+    # 1. inv_rms = rsqrt(mean(x_flat^2) + eps) per token
+    RT = tl.rms_t
+    for b in pl.spmd(-(-t // RT), name_hint="hc_pre_rms", allow_early_resolve=True):
+        t0 = b * RT
+        rows = min(RT, t - t0)
+        xt = pl.slice(x_flat, [RT, hc_dim], [t0, 0], valid_shape=[rows, hc_dim])
+        inv = pl.rsqrt(pl.row_sum(xt * xt) / float(hc_dim) + rms_eps, high_precision=True)
+        pl.assemble(inv_rms, pl.set_validshape(inv, rows, 1), [t0, 0])
+
+    # 2. mixes_raw += x_flat[:, K-slice] @ hc_fn[:, K-slice]^T  (split-K, atomic add)
+    LM, k_slice, k_tile = tl.lin_m, tl.k_slice, tl.k_tile
+    for b in pl.spmd(-(-t_linear // LM) * HC_OK, name_hint="hc_pre_linear", allow_early_resolve=True):
+        m0 = (b // HC_OK) * LM
+        kq = b % HC_OK
+        m = min(LM, t_linear - m0)
+        rows = min(m, t - m0)
+        acc = None
+        for kc in pl.range(tl.k_steps):
+            k0 = kq * k_slice + kc * k_tile
+            xa = pl.slice(x_flat, [m, k_tile], [m0, k0], valid_shape=[rows, k_tile])
+            wb = pl.slice(hc_fn, [mix_pad, k_tile], [0, k0], valid_shape=[mix, k_tile])
+            acc = pl.matmul(xa, wb, b_trans=True) if acc is None else pl.matmul_acc(acc, xa, wb, b_trans=True)
+        pl.assemble(mixes_raw, acc, [m0, 0], atomic=pl.AtomicType.Add)
+
+    # 3. pre = sigmoid(mixes[:, :hc]*s0 + b) + eps -> pre_val_store; post = 2*sigmoid(...)
+    ST = tl.split_t
+    for b in pl.spmd(-(-t // ST), name_hint="split_pre_post", allow_early_resolve=True):
+        t0 = b * ST
+        rows = min(ST, t - t0)
+        inv = pl.slice(inv_rms, [ST, 1], [t0, 0], valid_shape=[rows, 1])
+        s_pre, s_post = pl.read(hc_scale, [0]), pl.read(hc_scale, [1])
+        z_pre = pl.row_expand_mul(pl.slice(mixes_raw, [ST, hc_pad], [t0, 0], valid_shape=[rows, hc]), inv)
+        z_pre = pl.col_expand_add(z_pre * s_pre, pl.slice(base_row, [1, hc_pad], [0, 0], valid_shape=[1, hc]))
+        pre = pl.recip(pl.exp(-z_pre) + 1.0) + hc_eps
+        pl.assemble(pre_val_store, pl.set_validshape(pre, rows, hc), [t0, 0])
+        z_post = pl.row_expand_mul(pl.slice(mixes_raw, [ST, hc_pad], [t0, hc], valid_shape=[rows, hc]), inv)
+        z_post = pl.col_expand_add(z_post * s_post, pl.slice(base_row, [1, hc_pad], [0, hc], valid_shape=[1, hc]))
+        pl.assemble(post, pl.set_validshape(pl.recip(pl.exp(-z_post) + 1.0) * 2.0, rows, hc), [t0, 0])
+
+    # 4. comb = sinkhorn(softmax_j(mixes[:, 2hc:]*s2 + b) + eps)
+    CT = tl.comb_t
+    for b in pl.spmd(-(-t // CT), name_hint="comb_sinkhorn", allow_early_resolve=True):
+        t0 = b * CT
+        rows = min(CT, t - t0)
+        inv = pl.slice(inv_rms, [CT, 1], [t0, 0], valid_shape=[rows, 1])
+        s_comb = pl.read(hc_scale, [2])
+        z = pl.row_expand_mul(pl.slice(mixes_raw, [CT, hc * hc], [t0, 2 * hc], valid_shape=[rows, hc * hc]), inv)
+        z = pl.col_expand_add(z * s_comb, pl.slice(base_row, [1, hc * hc], [0, 2 * hc]))
+        # rows = (token, input stream i), columns = output stream j padded to hc_pad
+        zp = pl.assemble(pl.full([CT * hc, hc_pad], pl.FP32, 0.0), pl.reshape(z, [CT * hc, hc]), [0, 0])
+        zp = pl.fillpad(pl.set_validshape(zp, CT * hc, hc), pl.PadValue.min)  # exp(pad - max) = 0
+        e = pl.exp(pl.row_expand_sub(zp, pl.row_max(zp)))
+        c = pl.row_expand_div(e, pl.row_sum(e)) + hc_eps
+        c = pl.fillpad(pl.set_validshape(c, CT * hc, hc), pl.PadValue.zero)
+        c = _sinkhorn_cols(c, CT, hc, hc_pad, hc_eps)
+        for _ in pl.range(iters - 1):
+            c = _sinkhorn_cols(_sinkhorn_rows(c, hc_eps), CT, hc, hc_pad, hc_eps)
+        out = pl.reshape(pl.slice(c, [CT * hc, hc], [0, 0]), [CT, hc * hc])
+        pl.assemble(comb, pl.set_validshape(out, rows, hc * hc), [t0, 0])
+
+    # 5. x_mixed = bf16_rne((x0*pre0 + x1*pre1) + (x2*pre2 + x3*pre3))
+    MT, DT = tl.mix_t, tl.d_tile
+    n_d = D // DT
+    for b in pl.spmd(-(-t // MT) * n_d, name_hint="mix_x", allow_early_resolve=True):
+        t0 = (b // n_d) * MT
+        d0 = (b % n_d) * DT
+        rows = min(MT, t - t0)
+        pre = pl.slice(pre_val_store, [MT, hc_pad], [t0, 0], valid_shape=[rows, hc])
+        terms = []
+        for h in range(hc):
+            xh = pl.slice(x, [MT, 1, DT], [t0, h, d0], valid_shape=[rows, 1, DT], drop_dims=[1])
+            terms.append(pl.row_expand_mul(xh, pl.slice(pre, [MT, 1], [0, h])))
+        while len(terms) > 1:  # pairwise tree, as the golden
+            terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+        pl.assemble(x_mixed, pl.set_validshape(pl.cast(terms[0], pl.BF16, mode="rint"), rows, DT), [t0, d0])
+    return x_mixed, post, comb
+
+
+@functools.lru_cache(maxsize=None)
+def hc_pre_entry(cfg: DeepSeekV4Config, seed_scopes: bool = False):
+    """The ``@pl.jit`` test entry ``hc_pre_test(x, hc_fn, hc_scale, hc_base, x_mixed, post,
+    comb)`` for ``cfg`` (static dims from the config, ``T`` dynamic; shapes as
+    :func:`hc_pre`), calling :func:`hc_pre` with ``seed_scopes``.
+
+    Raises:
+        ConfigError: ``cfg`` cannot be tiled.
+    """
+    hc_pre_tiling(cfg)
+    hc, D, mix = cfg.hc_mult, cfg.hidden_size, cfg.mix_hc
+
+    @pl.jit
+    def hc_pre_test(
+        x: pl.Tensor[[T_DYN, hc, D], pl.FP32],
+        hc_fn: pl.Tensor[[mix, hc * D], pl.FP32],
+        hc_scale: pl.Tensor[[3], pl.FP32],
+        hc_base: pl.Tensor[[mix], pl.FP32],
+        x_mixed: pl.Out[pl.Tensor[[T_DYN, D], pl.BF16]],
+        post: pl.Out[pl.Tensor[[T_DYN, hc], pl.FP32]],
+        comb: pl.Out[pl.Tensor[[T_DYN, hc * hc], pl.FP32]],
+    ):
+        return hc_pre(x, hc_fn, hc_scale, hc_base, x_mixed, post, comb, cfg, seed_scopes)
+
+    return hc_pre_test
 # ---- end kernel ----
 
 
@@ -189,3 +447,39 @@ def make_hc_pre_inputs(cfg: DeepSeekV4Config, T: int, seed: int) -> dict[str, to
         "hc_scale": torch.tensor(HC_SCALE_REF, dtype=torch.float32),
         "hc_base": torch.tensor(HC_BASE_REF, dtype=torch.float32),
     }
+
+
+# ---- registration ----
+def build_hc_pre(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None, seed: int = 0,
+                 seed_scopes: bool = False) -> CaseRun:
+    """KernelCase builder: ``hc_pre`` at ``preset`` in ``mode`` (decode: 4x2 = 8 tokens at
+    flash, prefill: 128) or ``T`` tokens, inputs from :func:`make_hc_pre_inputs`;
+    ``seed_scopes=True`` selects the seed-task variant.
+
+    Raises:
+        ConfigError: unknown preset / mode, bad ``T``, or a config hc_pre cannot tile.
+    """
+    cfg, T = mode_tokens(preset, mode, T)
+    hc, D, mix = cfg.hc_mult, cfg.hidden_size, cfg.mix_hc
+    ins = make_hc_pre_inputs(cfg, T, seed)
+    f32 = torch.float32
+    specs = [
+        TensorSpec("x", [T, hc, D], f32, init_value=ins["x"]),
+        TensorSpec("hc_fn", [mix, hc * D], f32, init_value=ins["hc_fn"]),
+        TensorSpec("hc_scale", [3], f32, init_value=ins["hc_scale"]),
+        TensorSpec("hc_base", [mix], f32, init_value=ins["hc_base"]),
+        TensorSpec("x_mixed", [T, D], torch.bfloat16, is_output=True),
+        TensorSpec("post", [T, hc], f32, is_output=True),
+        TensorSpec("comb", [T, hc * hc], f32, is_output=True),
+    ]
+
+    def golden(v: dict) -> None:
+        v["x_mixed"], v["post"], v["comb"] = golden_hc_pre(v["x"], v["hc_fn"], v["hc_scale"], v["hc_base"], cfg)
+
+    compare = {k: ratio_allclose(*tol) for k, tol in TOLERANCES.items()}
+    label = f"{preset} {mode} T={T}" + (" seed_scopes" if seed_scopes else "")
+    return CaseRun(hc_pre_entry(cfg, bool(seed_scopes)), specs, golden, compare, rtol=1e-3, atol=1e-3, label=label)
+
+
+register(KernelCase("hc_pre", build_hc_pre, modes=("decode", "prefill"), seed_variant=True,
+                    description="hyper-connection pre-mix, separate variant, split-K into init-0 mixes_raw (A.1)"))

@@ -22,14 +22,25 @@ strided ``cos[:, 0::2]`` would be wrong for this layout.) :func:`rope_interleave
 accepts half-width ``[T, rope_dim/2]`` tables.
 """
 
-from __future__ import annotations
+import functools
+from types import SimpleNamespace
 
 import torch
 
-from pto.errors import BindError
+import pto.language as pl
+from pto.errors import BindError, CapacityError
+from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
+from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, VEC_T_TILE, expect_tensor, mode_tokens, need, round_up,
+                                           token_capacity)
 
 __all__ = [
+    "qkv_proj_rope",
+    "materialize_rope_rows",
+    "qkv_proj_rope_tiling",
+    "qkv_proj_rope_entry",
+    "materialize_rope_rows_entry",
+    "build_qkv_proj_rope",
     "INT8_SCALE_MAX",
     "INT8_AMAX_EPS",
     "TOLERANCES",
@@ -54,7 +65,418 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {
 }
 
 # ---- kernel ----
-# (The pto.language kernel goes here; the golden below is its numerical contract.)
+T_DYN = pl.dynamic("T")  # runtime token count
+D_DYN = pl.dynamic("D")  # hidden_size
+LQ_DYN = pl.dynamic("Q_LORA")  # q_lora_rank
+QD_DYN = pl.dynamic("Q_DIM")  # num_attention_heads * head_dim
+H_DYN = pl.dynamic("H")  # num_attention_heads
+HD_DYN = pl.dynamic("HEAD_DIM")  # head_dim
+R_DYN = pl.dynamic("ROPE_DIM")  # qk_rope_head_dim
+P_DYN = pl.dynamic("P")  # rope table rows (max positions)
+
+# Tiling. Tasks, split-K factors and the per-task work split follow v4flash-kernels.md A.2;
+# tile sizes are CPU-sized (reference values in brackets): the matmul tasks take all
+# t_pad rows (up to QKV_M_TILE) and their whole K-slice per step, the vector tasks 32 tokens.
+QR_OK = 2  # K-slices of qr_proj_matmul (atomic add into qr_fp32) [2]
+QR_N_TILE = 128  # q_lora columns per qr_proj_matmul block [128]
+KV_OK = 4  # K-slices of kv_proj_matmul (atomic add into kv_fp32) [4]
+KV_N_TILE = 128  # head_dim columns per kv_proj_matmul block [128]
+QP_N_TILE = 1024  # q columns per qproj_matmul N-tile [1024]
+QP_TILES_PER_TASK = 2  # N-tiles per qproj_matmul block [2]
+QD_HEADS = 4  # heads per qproj_dequant_rms_nope_rope block [4]
+QKV_M_TILE = 128  # matmul rows per step, a multiple of MATMUL_M_TILE [16]
+QKV_K_TILE_MAX = 4096  # K per matmul step [256 (BF16), 128 (INT8)]
+QKV_T_TILE = 32  # token rows per vector-task step [8]
+ROPE_ROWS_T_TILE = VEC_T_TILE  # token rows per qkv_rope_rows block [8]
+
+
+def _k_steps(k: int, kmax: int) -> int:
+    """Number of equal steps of at most ``kmax`` covering ``k`` (0 if none divides evenly)."""
+    s = -(-k // kmax)
+    return s if k % s == 0 else 0
+
+
+def qkv_proj_rope_tiling(cfg: DeepSeekV4Config) -> SimpleNamespace:
+    """Tile sizes of :func:`qkv_proj_rope` for ``cfg``.
+
+    Returns a namespace with the model dims (``d``, ``lq``, ``h``, ``hd``, ``r``, ``n`` =
+    nope dims, ``qd``) and ``qr_n`` / ``qr_k`` / ``qr_steps`` (qr_proj N tile, K-slice,
+    steps per slice), ``kv_n`` / ``kv_k`` / ``kv_steps``, ``qp_n`` / ``qp_per_task``,
+    ``qd_heads``, ``m_tile``, ``t_tile``.
+
+    Raises:
+        ConfigError: a dimension that does not split into the tiles above: ``hidden_size``
+            not divisible into ``QR_OK`` and ``KV_OK`` K-slices of whole 16-column steps;
+            ``q_lora_rank`` not a multiple of 32 (INT8 rows of 32 bytes) or of its N tile;
+            ``head_dim`` not a multiple of its N tile; ``num_attention_heads`` not a
+            multiple of the heads per dequant block; the q width not a multiple of its
+            N tile; ``q_lora_rank * 127^2`` not below 2^31 (exact INT32 accumulation).
+    """
+    k = "qkv_proj_rope"
+    D, Lq, H, hd, r = cfg.hidden_size, cfg.q_lora_rank, cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim
+    qd = H * hd
+    need(D > 0 and D % (QR_OK * 16) == 0 and D % (KV_OK * 16) == 0, k, cfg,
+         f"hidden_size={D} must split into {QR_OK} and {KV_OK} K-slices of a multiple of 16")
+    need(Lq > 0 and Lq % 32 == 0, k, cfg, f"q_lora_rank={Lq} must be a positive multiple of 32")
+    need(Lq * 127 * 127 < 2 ** 31, k, cfg, f"q_lora_rank={Lq} overflows the INT32 accumulator")
+    qr_n = min(QR_N_TILE, Lq)
+    need(Lq % qr_n == 0, k, cfg, f"q_lora_rank={Lq} is not a multiple of the qr N tile {qr_n}")
+    kv_n = min(KV_N_TILE, hd)
+    need(hd % 16 == 0 and hd % kv_n == 0, k, cfg, f"head_dim={hd} must be a multiple of 16 and of {kv_n}")
+    need(r % 2 == 0 and 0 < r <= hd, k, cfg, f"qk_rope_head_dim={r} must be even and in (0, head_dim]")
+    qd_heads = min(QD_HEADS, H)
+    need(H % qd_heads == 0, k, cfg, f"num_attention_heads={H} is not a multiple of {qd_heads}")
+    qp_n = min(QP_N_TILE, qd)
+    need(qd % qp_n == 0, k, cfg, f"q width {qd} is not a multiple of the q-proj N tile {qp_n}")
+    qp_per_task = QP_TILES_PER_TASK if (qd // qp_n) % QP_TILES_PER_TASK == 0 else 1
+    qr_k, kv_k = D // QR_OK, D // KV_OK
+    qr_steps, kv_steps = _k_steps(qr_k, QKV_K_TILE_MAX), _k_steps(kv_k, QKV_K_TILE_MAX)
+    need(qr_steps and (qr_k // qr_steps) % 16 == 0 and kv_steps and (kv_k // kv_steps) % 16 == 0, k, cfg,
+         f"K-slices {qr_k} / {kv_k} do not split into equal steps of a multiple of 16")
+    return SimpleNamespace(d=D, lq=Lq, h=H, hd=hd, r=r, n=hd - r, qd=qd, qr_n=qr_n, qr_k=qr_k, qr_steps=qr_steps,
+                           kv_n=kv_n, kv_k=kv_k, kv_steps=kv_steps, qp_n=qp_n, qp_per_task=qp_per_task,
+                           qd_heads=qd_heads, m_tile=QKV_M_TILE, t_tile=QKV_T_TILE)
+
+
+def _split_k_matmul(a, w, acc_dst, t: int, t_pad: int, m_tile: int, k0: int, k: int, steps: int, n0: int,
+                    n: int) -> None:
+    """One split-K block: ``acc_dst[:, n0:n0+n] += a[:, k0:k0+k] @ w[k0:k0+k, n0:n0+n]``
+    over row tiles of ``m_tile`` (rows ``>= t`` of ``a`` read as zero), atomically."""
+    kt = k // steps
+    for m0 in pl.range(0, t_pad, m_tile):
+        m = min(m_tile, t_pad - m0)
+        rows = min(m, t - m0)
+        acc = None
+        for s in pl.range(steps):
+            xa = pl.slice(a, [m, kt], [m0, k0 + s * kt], valid_shape=[rows, kt])
+            wb = pl.slice(w, [kt, n], [k0 + s * kt, n0])
+            acc = pl.matmul(xa, wb) if acc is None else pl.matmul_acc(acc, xa, wb)
+        pl.assemble(acc_dst, acc, [m0, n0], atomic=pl.AtomicType.Add)
+
+
+def _rope_tiles(cos_il, sin_signed, swap_idx, t0: int, tt: int, rows: int, r: int):
+    """Load the per-token rope tables of rows ``t0 .. t0+rows`` as ``[tt, r]`` tiles."""
+    return (pl.slice(cos_il, [tt, r], [t0, 0], valid_shape=[rows, r]),
+            pl.slice(sin_signed, [tt, r], [t0, 0], valid_shape=[rows, r]),
+            pl.slice(swap_idx, [tt, r], [t0, 0], valid_shape=[rows, r]))
+
+
+def _rotate(y, cos, sin, swap):
+    """Interleaved RoPE on ``y [tt, r]`` FP32: ``y*cos_il + y[j^1]*sign*sin_il``."""
+    return y * cos + pl.gather(y, index=swap) * sin
+
+
+@pl.jit.inline
+def qkv_proj_rope(
+    x: pl.Tensor[[T_DYN, D_DYN], pl.BF16],
+    wq_a: pl.Tensor[[D_DYN, LQ_DYN], pl.BF16],
+    wq_b: pl.Tensor[[LQ_DYN, QD_DYN], pl.INT8],
+    wq_b_scale: pl.Tensor[[QD_DYN], pl.FP32],
+    wkv: pl.Tensor[[D_DYN, HD_DYN], pl.BF16],
+    rope_cos: pl.Tensor[[T_DYN, R_DYN], pl.BF16],
+    rope_sin: pl.Tensor[[T_DYN, R_DYN], pl.BF16],
+    gamma_cq: pl.Tensor[[LQ_DYN], pl.BF16],
+    gamma_ckv: pl.Tensor[[HD_DYN], pl.BF16],
+    q: pl.Out[pl.Tensor[[T_DYN, H_DYN, HD_DYN], pl.BF16]],
+    kv: pl.Out[pl.Tensor[[T_DYN, HD_DYN], pl.BF16]],
+    qr: pl.Out[pl.Tensor[[T_DYN, LQ_DYN], pl.INT8]],
+    qr_scale: pl.Out[pl.Tensor[[T_DYN, 1], pl.FP32]],
+    late_dep: pl.Scalar[pl.TASK_ID],
+    cfg,
+    seed_scopes: bool = False,
+):
+    """MLA q / kv projections with RMSNorm, INT8 q-LoRA latent and interleaved RoPE (A.2).
+
+    Stable inline signature:
+    ``qkv_proj_rope(x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, gamma_cq, gamma_ckv,
+    q, kv, qr, qr_scale, late_dep, cfg, seed_scopes=False) -> (q, kv, qr, qr_scale)``.
+
+    Tasks, in submission order: ``q_rope_prepare`` (interleaved cos, signed sin and the
+    ``j^1`` swap index per token), ``qr_proj_matmul`` (``x @ wq_a``, ``QR_OK`` K-slices
+    atomically added into ``qr_fp32``), ``qr_rms_norm_quant`` (RMSNorm with ``gamma_cq``,
+    per-row INT8: ``amax`` floored at 1e-4, ``s = 127/amax``, FP32 -rint-> INT32 -round->
+    FP16 -trunc-> INT8; writes ``qr``, ``qr_scale = 1/s`` and ``qr_i8_matmul``),
+    ``qproj_matmul`` (INT8 x INT8 -> INT32 into ``q_proj_i32``), ``qproj_dequant_rms_nope_rope``
+    (``acc * qr_scale * wq_b_scale``, per-head RMSNorm without weight, RoPE on the last
+    ``rope_dim`` channels, BF16 ``rint``), ``kv_proj_matmul`` (``deps=[late_dep]``,
+    ``x @ wkv`` in ``KV_OK`` K-slices atomically added into ``kv_fp32``), ``kv_rms_norm_rope``.
+
+    GM scratch (``t_pad = round_up(T, 16)``, capacity :func:`token_capacity`):
+    ``qr_fp32 [t_pad, q_lora]`` and ``kv_fp32 [t_pad, head_dim]`` FP32 zero-initialised at
+    allocation; ``qr_i8_matmul [t_pad, q_lora]`` INT8 and ``q_proj_i32 [t_pad, H*head_dim]``
+    INT32 uninitialised; ``q_rope_cos_il`` / ``q_rope_sin_signed`` FP32 and ``q_rope_swap_idx``
+    INT32, ``[T, rope_dim]`` uninitialised. Tail rows go through ``valid_shape``; padding rows
+    are never stored to an output. ``seed_scopes=True`` is the pre-commit variant: the four
+    projection scratch tensors static at ``capacity`` rows, and ``qr_proj_seed`` /
+    ``kv_proj_seed`` tasks zero-filling rows ``[0, t_pad)``; outputs are bit-identical.
+
+    Args:
+        x: ``[T, D]`` BF16 attention-normed activations.
+        wq_a: ``[D, q_lora]`` BF16. wq_b: ``[q_lora, H*head_dim]`` INT8 per-column codes.
+        wq_b_scale: ``[H*head_dim]`` FP32 per-column dequant scale.
+        wkv: ``[D, head_dim]`` BF16.
+        rope_cos, rope_sin: ``[T, rope_dim]`` BF16 per-token rows, full-width duplicated
+            layout (pair ``i`` reads column ``i``).
+        gamma_cq: ``[q_lora]`` BF16. gamma_ckv: ``[head_dim]`` BF16.
+        q: ``[T, H, head_dim]`` BF16 out. kv: ``[T, head_dim]`` BF16 out.
+        qr: ``[T, q_lora]`` INT8 out. qr_scale: ``[T, 1]`` FP32 out (``amax / 127``).
+        late_dep: task id that ``kv_proj_matmul`` waits for (``-1``: none); callers pass
+            ``pl.system.task_dummy(deps=[rms_norm_tid])`` (scheduling only).
+        cfg: model config. seed_scopes: build the seed-task variant.
+
+    Returns:
+        ``(q, kv, qr, qr_scale)``.
+
+    Raises:
+        ConfigError: ``cfg`` cannot be tiled (:func:`qkv_proj_rope_tiling`).
+        BindError: an argument whose shape does not match ``cfg``.
+        CapacityError: ``round_up(T, 16)`` exceeds :func:`token_capacity`, naming the
+            scratch tensor, before any task is submitted.
+    """
+    tl = qkv_proj_rope_tiling(cfg)
+    D, Lq, H, hd, r, n, qd = tl.d, tl.lq, tl.h, tl.hd, tl.r, tl.n, tl.qd
+    t = pl.tensor.dim(x, 0)
+    kname = "qkv_proj_rope"
+    expect_tensor(kname, "x", x, [t, D], pl.BF16)
+    expect_tensor(kname, "wq_a", wq_a, [D, Lq], pl.BF16)
+    expect_tensor(kname, "wq_b", wq_b, [Lq, qd], pl.INT8)
+    expect_tensor(kname, "wkv", wkv, [D, hd], pl.BF16)
+    expect_tensor(kname, "rope_cos", rope_cos, [t, r], pl.BF16)
+    expect_tensor(kname, "q", q, [t, H, hd], pl.BF16)
+    eps = cfg.rms_norm_eps
+    cap = token_capacity(cfg)
+    t_pad = round_up(t, MATMUL_M_TILE)
+    MT, TT = tl.m_tile, tl.t_tile
+
+    # ---- GM scratch (allocated at scope entry, before any task) ----
+    if seed_scopes:
+        if t_pad > cap:
+            raise CapacityError(f"{kname} (seed_scopes): create_tensor 'qr_fp32' needs {t_pad} rows "
+                                f"(T={t} rounded up to {MATMUL_M_TILE}), above its static capacity {cap}")
+        qr_fp32 = pl.create_tensor([cap, Lq], pl.FP32, name="qr_fp32")
+        qr_i8_matmul = pl.create_tensor([cap, Lq], pl.INT8, name="qr_i8_matmul")
+        q_proj_i32 = pl.create_tensor([cap, qd], pl.INT32, name="q_proj_i32")
+        kv_fp32 = pl.create_tensor([cap, hd], pl.FP32, name="kv_fp32")
+    else:
+        qr_fp32 = pl.create_tensor([t_pad, Lq], pl.FP32, init_value=0, capacity=cap, name="qr_fp32")
+        qr_i8_matmul = pl.create_tensor([t_pad, Lq], pl.INT8, capacity=cap, name="qr_i8_matmul")
+        q_proj_i32 = pl.create_tensor([t_pad, qd], pl.INT32, capacity=cap, name="q_proj_i32")
+        kv_fp32 = pl.create_tensor([t_pad, hd], pl.FP32, init_value=0, capacity=cap, name="kv_fp32")
+    q_rope_cos_il = pl.create_tensor([t, r], pl.FP32, capacity=cap, name="q_rope_cos_il")
+    q_rope_sin_signed = pl.create_tensor([t, r], pl.FP32, capacity=cap, name="q_rope_sin_signed")
+    q_rope_swap_idx = pl.create_tensor([t, r], pl.INT32, capacity=cap, name="q_rope_swap_idx")
+
+    gamma_cq_row = pl.reshape(gamma_cq, [1, Lq])
+    gamma_ckv_row = pl.reshape(gamma_ckv, [1, hd])
+    wq_b_scale_row = pl.reshape(wq_b_scale, [1, qd])
+
+    # 1. head-invariant rope tables: cos_il[j] = cos[j>>1], sin_signed[j] = +-sin[j>>1], swap[j] = j^1
+    for b in pl.spmd(-(-t // TT), name_hint="q_rope_prepare", allow_early_resolve=True):
+        t0 = b * TT
+        rows = min(TT, t - t0)
+        jf = pl.cast(pl.arange(0, [1, r], pl.INT32), pl.FP32, mode="none")
+        half = pl.cast(jf * 0.5, pl.INT32, mode="trunc")  # j >> 1
+        halff = pl.cast(half, pl.FP32, mode="none")
+        odd = jf - halff * 2.0  # j & 1
+        swap = pl.cast(halff * 2.0 + 1.0 - odd, pl.INT32, mode="trunc")  # j ^ 1
+        sign = odd * 2.0 - 1.0  # -1 on even lanes, +1 on odd lanes
+        cos = pl.cast(pl.slice(rope_cos, [TT, r], [t0, 0], valid_shape=[rows, r]), pl.FP32, mode="none")
+        sin = pl.cast(pl.slice(rope_sin, [TT, r], [t0, 0], valid_shape=[rows, r]), pl.FP32, mode="none")
+        pl.assemble(q_rope_cos_il, pl.set_validshape(pl.gather(cos, index=half), rows, r), [t0, 0])
+        sin_signed = pl.col_expand_mul(pl.gather(sin, index=half), sign)
+        pl.assemble(q_rope_sin_signed, pl.set_validshape(sin_signed, rows, r), [t0, 0])
+        swap_rows = pl.col_expand(pl.full([TT, r], pl.INT32, 0), swap)
+        pl.assemble(q_rope_swap_idx, pl.set_validshape(swap_rows, rows, r), [t0, 0])
+
+    # 2. qr_fp32 += x[:, K-half] @ wq_a[K-half, N-group]  (split-K, atomic add)
+    if seed_scopes:
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="qr_proj_seed", allow_early_resolve=True):
+            qr_fp32[0:t_pad, 0:Lq] = pl.full([t_pad, Lq], pl.FP32, 0.0)
+    n_qr = Lq // tl.qr_n
+    for b in pl.spmd(n_qr * QR_OK, name_hint="qr_proj_matmul", allow_early_resolve=True):
+        _split_k_matmul(x, wq_a, qr_fp32, t, t_pad, MT, (b % QR_OK) * tl.qr_k, tl.qr_k, tl.qr_steps,
+                        (b // QR_OK) * tl.qr_n, tl.qr_n)
+
+    # 3. RMSNorm(gamma_cq) + per-row INT8 quantisation of the q-LoRA latent
+    for b in pl.spmd(-(-t // TT), name_hint="qr_rms_norm_quant", allow_early_resolve=True):
+        t0 = b * TT
+        rows = min(TT, t - t0)
+        a = pl.slice(qr_fp32, [TT, Lq], [t0, 0], valid_shape=[rows, Lq])
+        inv = pl.rsqrt(pl.row_sum(a * a) / float(Lq) + eps, high_precision=True)
+        g = pl.cast(gamma_cq_row[0:1, 0:Lq], pl.FP32, mode="none")
+        y = pl.col_expand_mul(pl.row_expand_mul(a, inv), g)
+        amax = pl.maximum(pl.row_max(pl.abs(y)), INT8_AMAX_EPS)  # [TT, 1]
+        s = pl.div(pl.full([TT, 1], pl.FP32, INT8_SCALE_MAX), amax)
+        code = pl.cast(pl.row_expand_mul(y, s), pl.INT32, mode="rint")
+        code = pl.cast(pl.cast(code, pl.FP16, mode="round"), pl.INT8, mode="trunc")
+        code = pl.set_validshape(code, rows, Lq)
+        pl.assemble(qr, code, [t0, 0])
+        pl.assemble(qr_i8_matmul, code, [t0, 0])
+        pl.assemble(qr_scale, pl.set_validshape(pl.recip(s), rows, 1), [t0, 0])
+
+    # 4. q_proj_i32 = qr_i8 @ wq_b  (INT8 x INT8 -> exact INT32)
+    PN, PPT = tl.qp_n, tl.qp_per_task
+    for b in pl.spmd(qd // PN // PPT, name_hint="qproj_matmul", allow_early_resolve=True):
+        for j in pl.range(PPT):
+            n0 = (b * PPT + j) * PN
+            for m0 in pl.range(0, t_pad, MT):
+                m = min(MT, t_pad - m0)
+                a8 = pl.slice(qr_i8_matmul, [m, Lq], [m0, 0], valid_shape=[min(m, t - m0), Lq])
+                pl.assemble(q_proj_i32, pl.matmul(a8, pl.slice(wq_b, [Lq, PN], [0, n0]), out_dtype=pl.INT32),
+                            [m0, n0])
+
+    # 5. dequant, per-head RMSNorm (no weight), RoPE on the last r channels, BF16
+    QH = tl.qd_heads
+    for b in pl.spmd(H // QH, name_hint="qproj_dequant_rms_nope_rope", allow_early_resolve=True):
+        h0 = b * QH
+        c0, w = h0 * hd, QH * hd
+        col_scale = wq_b_scale_row[0:1, c0:c0 + w]
+        for t0 in pl.range(0, t, TT):
+            rows = min(TT, t - t0)
+            acc = pl.cast(pl.slice(q_proj_i32, [TT, w], [t0, c0], valid_shape=[rows, w]), pl.FP32, mode="none")
+            qs = pl.slice(qr_scale, [TT, 1], [t0, 0], valid_shape=[rows, 1])
+            dq = pl.reshape(pl.col_expand_mul(pl.row_expand_mul(acc, qs), col_scale), [TT * QH, hd])
+            inv = pl.rsqrt(pl.row_sum(dq * dq) / float(hd) + eps, high_precision=True)
+            y = pl.reshape(pl.row_expand_mul(dq, inv), [TT, QH, hd])
+            out = pl.cast(y, pl.BF16, mode="rint")
+            cos, sin, swap = _rope_tiles(q_rope_cos_il, q_rope_sin_signed, q_rope_swap_idx, t0, TT, rows, r)
+            for h in pl.range(QH):
+                yr = pl.reshape(pl.slice(y, [TT, 1, r], [0, h, n]), [TT, r])
+                rot = pl.cast(_rotate(yr, cos, sin, swap), pl.BF16, mode="rint")
+                out = pl.assemble(out, pl.reshape(rot, [TT, 1, r]), [0, h, n])
+            for i in pl.range(rows):  # one token row per store: its QH heads are contiguous in q
+                pl.assemble(q, pl.slice(out, [1, QH, hd], [i, 0, 0]), [t0 + i, h0, 0])
+
+    # 6. kv_fp32 += x[:, K-quarter] @ wkv[K-quarter, N-group]  (split-K, atomic add), gated by late_dep
+    if seed_scopes:
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="kv_proj_seed", allow_early_resolve=True):
+            kv_fp32[0:t_pad, 0:hd] = pl.full([t_pad, hd], pl.FP32, 0.0)
+    n_kv = hd // tl.kv_n
+    for b in pl.spmd(n_kv * KV_OK, name_hint="kv_proj_matmul", deps=[late_dep], allow_early_resolve=True):
+        _split_k_matmul(x, wkv, kv_fp32, t, t_pad, MT, (b % KV_OK) * tl.kv_k, tl.kv_k, tl.kv_steps,
+                        (b // KV_OK) * tl.kv_n, tl.kv_n)
+
+    # 7. kv = RMSNorm(gamma_ckv), RoPE on the last r channels (after gamma), BF16
+    for b in pl.spmd(-(-t // TT), name_hint="kv_rms_norm_rope", allow_early_resolve=True):
+        t0 = b * TT
+        rows = min(TT, t - t0)
+        a = pl.slice(kv_fp32, [TT, hd], [t0, 0], valid_shape=[rows, hd])
+        inv = pl.rsqrt(pl.row_sum(a * a) / float(hd) + eps, high_precision=True)
+        g = pl.cast(gamma_ckv_row[0:1, 0:hd], pl.FP32, mode="none")
+        y = pl.col_expand_mul(pl.row_expand_mul(a, inv), g)
+        cos, sin, swap = _rope_tiles(q_rope_cos_il, q_rope_sin_signed, q_rope_swap_idx, t0, TT, rows, r)
+        rot = pl.cast(_rotate(pl.slice(y, [TT, r], [0, n]), cos, sin, swap), pl.BF16, mode="rint")
+        out = pl.assemble(pl.cast(y, pl.BF16, mode="rint"), rot, [0, n])
+        pl.assemble(kv, pl.set_validshape(out, rows, hd), [t0, 0])
+    return q, kv, qr, qr_scale
+
+
+@pl.jit.inline
+def materialize_rope_rows(
+    freqs_cos: pl.Tensor[[P_DYN, R_DYN], pl.BF16],
+    freqs_sin: pl.Tensor[[P_DYN, R_DYN], pl.BF16],
+    position_ids: pl.Tensor[[T_DYN], pl.INT32],
+    num_tokens: pl.Scalar[pl.INT32],
+    rope_cos_t: pl.Out[pl.Tensor[[T_DYN, R_DYN], pl.BF16]],
+    rope_sin_t: pl.Out[pl.Tensor[[T_DYN, R_DYN], pl.BF16]],
+):
+    """Per-token RoPE rows for prefill (v4flash-kernels.md A.2 ``materialize_rope_rows``).
+
+    Stable inline signature:
+    ``materialize_rope_rows(freqs_cos, freqs_sin, position_ids, num_tokens, rope_cos_t,
+    rope_sin_t) -> task id``.
+
+    One task ``qkv_rope_rows`` of ``ceil(T/8)`` blocks: for every row ``t < num_tokens``
+    (clamped into ``[0, T]``) copy table row ``position_ids[t]`` of ``freqs_cos`` /
+    ``freqs_sin`` into row ``t`` of ``rope_cos_t`` / ``rope_sin_t``; rows ``>= num_tokens``
+    are not touched (they keep the caller's values).
+
+    Args:
+        freqs_cos, freqs_sin: ``[P, rope_dim]`` BF16 full tables (``rope.rope_tables``).
+        position_ids: ``[T]`` INT32 absolute positions, each in ``[0, P)`` for active rows.
+        num_tokens: active prefix length (INT32 scalar).
+        rope_cos_t, rope_sin_t: ``[T, rope_dim]`` BF16 outputs.
+
+    Returns:
+        The task id of ``qkv_rope_rows``.
+
+    Raises:
+        DslError: an active position outside ``[0, P)`` (a table window out of bounds).
+        UndefinedValueError: (check mode) an undefined position used as a row index.
+    """
+    t = pl.tensor.dim(position_ids, 0)
+    r = pl.tensor.dim(freqs_cos, 1)
+    active = pl.min(pl.max(num_tokens, 0), t)
+    RT = ROPE_ROWS_T_TILE
+    task = pl.spmd(-(-t // RT), name_hint="qkv_rope_rows", allow_early_resolve=True)
+    for b in task:
+        t0 = b * RT
+        rows = min(RT, active - t0)
+        if rows > 0:
+            pos = pl.slice(position_ids, [RT], [t0], valid_shape=[rows])
+            for i in pl.range(rows):
+                p = pl.read(pos, [i])
+                rope_cos_t[t0 + i:t0 + i + 1, 0:r] = freqs_cos[p:p + 1, 0:r]
+                rope_sin_t[t0 + i:t0 + i + 1, 0:r] = freqs_sin[p:p + 1, 0:r]
+    return task.tid
+
+
+@functools.lru_cache(maxsize=None)
+def qkv_proj_rope_entry(cfg: DeepSeekV4Config, seed_scopes: bool = False):
+    """The ``@pl.jit`` test entry ``qkv_proj_rope_test(x, wq_a, wq_b, wq_b_scale, wkv,
+    rope_cos, rope_sin, gamma_cq, gamma_ckv, q, kv, qr, qr_scale)`` for ``cfg`` (static dims
+    from the config, ``T`` dynamic; shapes as :func:`qkv_proj_rope`). Like the reference
+    test entry it passes ``late_dep = pl.system.task_dummy(deps=[])`` (no gate).
+
+    Raises:
+        ConfigError: ``cfg`` cannot be tiled.
+    """
+    tl = qkv_proj_rope_tiling(cfg)
+    D, Lq, H, hd, r, qd = tl.d, tl.lq, tl.h, tl.hd, tl.r, tl.qd
+
+    @pl.jit
+    def qkv_proj_rope_test(
+        x: pl.Tensor[[T_DYN, D], pl.BF16],
+        wq_a: pl.Tensor[[D, Lq], pl.BF16],
+        wq_b: pl.Tensor[[Lq, qd], pl.INT8],
+        wq_b_scale: pl.Tensor[[qd], pl.FP32],
+        wkv: pl.Tensor[[D, hd], pl.BF16],
+        rope_cos: pl.Tensor[[T_DYN, r], pl.BF16],
+        rope_sin: pl.Tensor[[T_DYN, r], pl.BF16],
+        gamma_cq: pl.Tensor[[Lq], pl.BF16],
+        gamma_ckv: pl.Tensor[[hd], pl.BF16],
+        q: pl.Out[pl.Tensor[[T_DYN, H, hd], pl.BF16]],
+        kv: pl.Out[pl.Tensor[[T_DYN, hd], pl.BF16]],
+        qr: pl.Out[pl.Tensor[[T_DYN, Lq], pl.INT8]],
+        qr_scale: pl.Out[pl.Tensor[[T_DYN, 1], pl.FP32]],
+    ):
+        late_dep = pl.system.task_dummy(deps=[])
+        return qkv_proj_rope(x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, gamma_cq, gamma_ckv,
+                             q, kv, qr, qr_scale, late_dep, cfg, seed_scopes)
+
+    return qkv_proj_rope_test
+
+
+@functools.lru_cache(maxsize=None)
+def materialize_rope_rows_entry(cfg: DeepSeekV4Config):
+    """The ``@pl.jit`` test entry ``materialize_rope_rows_test(freqs_cos [P, r], freqs_sin
+    [P, r], position_ids [T] INT32, num_tokens INT32, rope_cos_t Out [T, r], rope_sin_t Out
+    [T, r])`` with ``P = cfg.max_position_embeddings``, ``r = cfg.qk_rope_head_dim``."""
+    P, r = cfg.max_position_embeddings, cfg.qk_rope_head_dim
+
+    @pl.jit
+    def materialize_rope_rows_test(
+        freqs_cos: pl.Tensor[[P, r], pl.BF16],
+        freqs_sin: pl.Tensor[[P, r], pl.BF16],
+        position_ids: pl.Tensor[[T_DYN], pl.INT32],
+        num_tokens: pl.Scalar[pl.INT32],
+        rope_cos_t: pl.Out[pl.Tensor[[T_DYN, r], pl.BF16]],
+        rope_sin_t: pl.Out[pl.Tensor[[T_DYN, r], pl.BF16]],
+    ):
+        materialize_rope_rows(freqs_cos, freqs_sin, position_ids, num_tokens, rope_cos_t, rope_sin_t)
+        return rope_cos_t, rope_sin_t
+
+    return materialize_rope_rows_test
 # ---- end kernel ----
 
 
@@ -356,3 +778,48 @@ def make_qkv_inputs(
         "gamma_cq": gamma_cq.to(bf16),
         "gamma_ckv": gamma_ckv.to(bf16),
     }
+
+
+# ---- registration ----
+def build_qkv_proj_rope(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None, seed: int = 0,
+                        seed_scopes: bool = False) -> CaseRun:
+    """KernelCase builder: ``qkv_proj_rope`` at ``preset`` in ``mode`` (decode: 4x2 = 8
+    tokens at flash, prefill: 128) or ``T`` tokens, inputs from :func:`make_qkv_inputs`
+    (INT8 ``wq_b``); ``seed_scopes=True`` selects the seed-task variant.
+
+    Raises:
+        ConfigError: unknown preset / mode, bad ``T``, or a config the kernel cannot tile.
+    """
+    cfg, T = mode_tokens(preset, mode, T)
+    D, Lq, H, hd, r = cfg.hidden_size, cfg.q_lora_rank, cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim
+    ins = make_qkv_inputs(cfg, T, seed)
+    bf16, f32 = torch.bfloat16, torch.float32
+    specs = [
+        TensorSpec("x", [T, D], bf16, init_value=ins["x"]),
+        TensorSpec("wq_a", [D, Lq], bf16, init_value=ins["wq_a"]),
+        TensorSpec("wq_b", [Lq, H * hd], torch.int8, init_value=ins["wq_b"]),
+        TensorSpec("wq_b_scale", [H * hd], f32, init_value=ins["wq_b_scale"]),
+        TensorSpec("wkv", [D, hd], bf16, init_value=ins["wkv"]),
+        TensorSpec("rope_cos", [T, r], bf16, init_value=ins["rope_cos"]),
+        TensorSpec("rope_sin", [T, r], bf16, init_value=ins["rope_sin"]),
+        TensorSpec("gamma_cq", [Lq], bf16, init_value=ins["gamma_cq"]),
+        TensorSpec("gamma_ckv", [hd], bf16, init_value=ins["gamma_ckv"]),
+        TensorSpec("q", [T, H, hd], bf16, is_output=True),
+        TensorSpec("kv", [T, hd], bf16, is_output=True),
+        TensorSpec("qr", [T, Lq], torch.int8, is_output=True),
+        TensorSpec("qr_scale", [T, 1], f32, is_output=True),
+    ]
+
+    def golden(v: dict) -> None:
+        v["q"], v["kv"], v["qr"], v["qr_scale"] = golden_qkv_proj_rope(
+            v["x"], v["wq_a"], v["wq_b"], v["wq_b_scale"], v["wkv"], v["rope_cos"], v["rope_sin"],
+            v["gamma_cq"], v["gamma_ckv"], cfg)
+
+    compare = {k: ratio_allclose(*tol) for k, tol in TOLERANCES.items()}
+    label = f"{preset} {mode} T={T}" + (" seed_scopes" if seed_scopes else "")
+    return CaseRun(qkv_proj_rope_entry(cfg, bool(seed_scopes)), specs, golden, compare, rtol=5e-3, atol=5e-3,
+                   label=label)
+
+
+register(KernelCase("qkv_proj_rope", build_qkv_proj_rope, modes=("decode", "prefill"), seed_variant=True,
+                    description="q/kv LoRA projections, INT8 q-b, RMSNorm, RoPE; init-0 split-K scratch (A.2)"))

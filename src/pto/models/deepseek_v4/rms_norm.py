@@ -5,19 +5,27 @@ all in FP32, mean over the hidden axis D:
 
     x_normed = bf16_rne((x * rsqrt(mean(x^2) + eps)) * w)
 
-The kernel accumulates sum(x^2) over 128-wide chunks and writes BF16 with ``rint``
-(round-to-nearest-even); the golden below uses torch's FP32 mean and ``.to(bfloat16)``
-(also RNE), so the two differ only by FP32 summation order.
+Kernel (``rms_norm``, one task ``rms_norm`` of ``ceil(T/8)`` blocks, no GM scratch): each
+block loads its 8-token row tile as one ``[8, D]`` tile (tail rows via ``valid_shape``, zero
+padding never stored), sums squares in FP32, ``inv = rsqrt(sum/D + eps)``, writes
+``x*inv*w`` as BF16 with ``rint`` (round-to-nearest-even). The reference walks D in 32
+chunks of 128 per pass; on the CPU one full-width tile per block is the same math with
+32x fewer tile ops. The golden below uses torch's FP32 mean and ``.to(bfloat16)`` (also
+RNE), so the two differ only by FP32 summation order.
 """
 
-from __future__ import annotations
+import functools
 
 import torch
 
-from pto.errors import BindError
+import pto.language as pl
+from pto.errors import BindError, ConfigError
+from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
+from pto.models.deepseek_v4.tiling import VEC_T_TILE, expect_tensor, mode_tokens, need
 
-__all__ = ["TOLERANCES", "golden_rms_norm", "make_rms_norm_inputs"]
+__all__ = ["TOLERANCES", "rms_norm", "rms_norm_tiling", "rms_norm_entry", "build_rms_norm", "golden_rms_norm",
+           "make_rms_norm_inputs"]
 
 # Compare functions per output as ratio_allclose (atol, rtol, max_error_ratio);
 # v4flash-kernels.md B.1 / C.2 (0.005 is ratio_allclose's default max_error_ratio).
@@ -26,7 +34,87 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {
 }
 
 # ---- kernel ----
-# (The pto.language kernel goes here; the golden below is its numerical contract.)
+T_DYN = pl.dynamic("T")  # runtime token count
+D_DYN = pl.dynamic("D")  # hidden size (checked against cfg.hidden_size)
+RMS_T_TILE = VEC_T_TILE  # token rows per block
+
+
+def rms_norm_tiling(cfg: DeepSeekV4Config) -> dict:
+    """Tile sizes of :func:`rms_norm` for ``cfg``: ``{"t_tile": 8, "d": hidden_size}``.
+
+    Raises:
+        ConfigError: ``hidden_size`` not a positive multiple of 16 (a BF16 tile row must
+            be a whole number of 32-byte units).
+    """
+    D = cfg.hidden_size
+    need(D > 0 and D % 16 == 0, "rms_norm", cfg, f"hidden_size={D} must be a positive multiple of 16")
+    return {"t_tile": RMS_T_TILE, "d": D}
+
+
+@pl.jit.inline
+def rms_norm(
+    x: pl.Tensor[[T_DYN, D_DYN], pl.BF16],
+    w: pl.Tensor[[D_DYN], pl.BF16],
+    x_normed: pl.Out[pl.Tensor[[T_DYN, D_DYN], pl.BF16]],
+    cfg,
+):
+    """Token RMSNorm ``x_normed = bf16_rne(x * rsqrt(mean(x^2) + eps) * w)`` (B.1).
+
+    Stable inline signature: ``rms_norm(x, w, x_normed, cfg) -> task id``.
+
+    Args:
+        x: ``[T, D]`` BF16 activations (``D = cfg.hidden_size``), any ``T >= 0``.
+        w: ``[D]`` BF16 norm weight.
+        x_normed: ``[T, D]`` BF16 output; rows ``>= T`` of any tile are never written.
+        cfg: model config (``hidden_size``, ``rms_norm_eps``).
+
+    Returns:
+        The task id of the single ``rms_norm`` task (``spmd(ceil(T/8))``), for
+        ``pl.system.task_dummy(deps=[tid])`` late-dependency gates.
+
+    Raises:
+        ConfigError: ``cfg`` cannot be tiled (:func:`rms_norm_tiling`).
+        BindError: ``x``/``w``/``x_normed`` do not match ``cfg``.
+    """
+    tl = rms_norm_tiling(cfg)
+    D, TT = tl["d"], tl["t_tile"]
+    t = pl.tensor.dim(x, 0)
+    expect_tensor("rms_norm", "x", x, [t, D], pl.BF16)
+    eps = cfg.rms_norm_eps
+    w_row = pl.reshape(w, [1, D])
+    task = pl.spmd((t + TT - 1) // TT, name_hint="rms_norm", allow_early_resolve=True)
+    for b in task:
+        t0 = b * TT
+        rows = min(TT, t - t0)
+        xt = pl.cast(pl.slice(x, [TT, D], [t0, 0], valid_shape=[rows, D]), pl.FP32, mode="none")
+        inv = pl.rsqrt(pl.row_sum(xt * xt) / float(D) + eps, high_precision=True)  # [TT, 1]
+        wt = pl.cast(w_row[0:1, 0:D], pl.FP32, mode="none")
+        y = pl.col_expand_mul(pl.row_expand_mul(xt, inv), wt)
+        pl.assemble(x_normed, pl.set_validshape(pl.cast(y, pl.BF16, mode="rint"), rows, D), [t0, 0])
+    return task.tid
+
+
+@functools.lru_cache(maxsize=None)
+def rms_norm_entry(cfg: DeepSeekV4Config):
+    """The ``@pl.jit`` test entry ``rms_norm_test(x [T, D] BF16, w [D] BF16,
+    x_normed Out [T, D] BF16)`` for ``cfg`` (dims static from the config, ``T`` dynamic).
+
+    Raises:
+        ConfigError: ``cfg`` cannot be tiled.
+    """
+    rms_norm_tiling(cfg)
+    D = cfg.hidden_size
+
+    @pl.jit
+    def rms_norm_test(
+        x: pl.Tensor[[T_DYN, D], pl.BF16],
+        w: pl.Tensor[[D], pl.BF16],
+        x_normed: pl.Out[pl.Tensor[[T_DYN, D], pl.BF16]],
+    ):
+        rms_norm(x, w, x_normed, cfg)
+        return x_normed
+
+    return rms_norm_test
 # ---- end kernel ----
 
 
@@ -92,3 +180,36 @@ def make_rms_norm_inputs(cfg: DeepSeekV4Config, T: int, seed: int) -> dict[str, 
     x = torch.randn(T, D, generator=gen) - 0.5
     w = 1.0 + 0.1 * torch.randn(D, generator=gen)
     return {"x": x.to(torch.bfloat16), "w": w.to(torch.bfloat16)}
+
+
+# ---- registration ----
+def build_rms_norm(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None, seed: int = 0,
+                   seed_scopes: bool = False) -> CaseRun:
+    """KernelCase builder: ``rms_norm`` at ``preset`` in ``mode`` (decode: 4x2 = 8 tokens
+    at flash, prefill: 128), or ``T`` tokens; inputs from :func:`make_rms_norm_inputs`.
+
+    Raises:
+        ConfigError: unknown preset / mode, bad ``T``, or ``seed_scopes=True`` (rms_norm
+            never had a seed task).
+    """
+    if seed_scopes:
+        raise ConfigError("rms_norm has no seed variant (it never had a seed task)")
+    cfg, T = mode_tokens(preset, mode, T)
+    D = cfg.hidden_size
+    ins = make_rms_norm_inputs(cfg, T, seed)
+    specs = [
+        TensorSpec("x", [T, D], torch.bfloat16, init_value=ins["x"]),
+        TensorSpec("w", [D], torch.bfloat16, init_value=ins["w"]),
+        TensorSpec("x_normed", [T, D], torch.bfloat16, is_output=True),
+    ]
+
+    def golden(v: dict) -> None:
+        v["x_normed"] = golden_rms_norm(v["x"], v["w"], cfg.rms_norm_eps)
+
+    compare = {k: ratio_allclose(*tol) for k, tol in TOLERANCES.items()}
+    return CaseRun(rms_norm_entry(cfg), specs, golden, compare, rtol=5e-3, atol=5e-3,
+                   label=f"{preset} {mode} T={T}")
+
+
+register(KernelCase("rms_norm", build_rms_norm, modes=("decode", "prefill"), seed_variant=False,
+                    description="token RMSNorm, one spmd task (B.1)"))

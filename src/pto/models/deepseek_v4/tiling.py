@@ -1,0 +1,68 @@
+"""Shared tiling helpers of the DeepSeek-V4 kernels: token geometry, capacity, checks.
+
+The kernels are parametric in a :class:`DeepSeekV4Config`; the helpers here turn the
+config and the runtime token count ``T`` into the sizes every kernel agrees on
+(v4flash-kernels.md section 0 and A.1/A.2):
+
+* ``VEC_T_TILE = 8`` rows: the token tile of the vector tasks (one block per 8 tokens);
+* ``MATMUL_M_TILE = 16`` rows: the cube row granule; split-K scratch is sized
+  ``t_pad = round_up(T, 16)`` (``t_linear`` in hc_pre, ``t_matmul`` in qkv_proj_rope);
+* ``token_capacity(cfg)``: the declared bound of ``t_pad`` (the reference's former
+  static ``T_MAX``: the larger of the decode and prefill token counts, rounded up to 16).
+"""
+
+from pto.errors import BindError, ConfigError
+from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
+
+__all__ = ["VEC_T_TILE", "MATMUL_M_TILE", "round_up", "token_capacity", "mode_tokens", "need",
+           "expect_tensor"]
+
+VEC_T_TILE = 8  # token rows per vector block (v4flash-kernels.md A.1 / A.2 / B.1)
+MATMUL_M_TILE = 16  # cube row granule; runtime-sized matmul scratch rounds T up to this
+
+
+def round_up(n: int, m: int) -> int:
+    """Smallest multiple of ``m`` that is ``>= n`` (``n >= 0``, ``m > 0``)."""
+    return -(-int(n) // m) * m
+
+
+def token_capacity(cfg: DeepSeekV4Config) -> int:
+    """Declared capacity (rows) of runtime-sized token scratch: ``round_up(max(decode
+    tokens, prefill_seq), MATMUL_M_TILE)`` -- 128 for every preset. A call whose padded
+    token count exceeds it raises ``pto.CapacityError`` before any task runs."""
+    return round_up(max(cfg.decode_tokens, cfg.prefill_seq), MATMUL_M_TILE)
+
+
+def mode_tokens(preset: str, mode: str, T: int | None = None) -> tuple[DeepSeekV4Config, int]:
+    """``(cfg, T)`` of a KernelCase build: ``decode`` = ``decode_batch * decode_seq`` tokens
+    (flash: 4 x 2 = 8), ``prefill`` = ``prefill_seq`` (128); an explicit ``T`` wins.
+
+    Raises:
+        ConfigError: an unknown preset or mode, or ``T < 1``.
+    """
+    cfg = get_config(preset)
+    if mode not in ("decode", "prefill"):
+        raise ConfigError(f"unknown mode {mode!r}; modes are 'decode' and 'prefill'")
+    if T is None:
+        T = cfg.decode_tokens if mode == "decode" else cfg.prefill_seq
+    if not isinstance(T, int) or T < 1:
+        raise ConfigError(f"token count T must be a positive int, got {T!r}")
+    return cfg, T
+
+
+def need(cond: bool, kernel: str, cfg: DeepSeekV4Config, msg: str) -> None:
+    """Raise ``ConfigError`` naming the kernel and the config unless ``cond``."""
+    if not cond:
+        raise ConfigError(f"{kernel}: config {cfg.name!r} cannot be tiled: {msg}")
+
+
+def expect_tensor(kernel: str, name: str, t, shape, dtype) -> None:
+    """Check a GM tensor argument of an inline kernel against the config-derived shape.
+
+    Raises:
+        BindError: naming the kernel, the parameter, and the expected and actual shape
+            and dtype.
+    """
+    if tuple(t.shape) != tuple(shape) or t.dtype is not dtype:
+        raise BindError(f"kernel {kernel}: parameter {name!r} must be {list(shape)} {dtype}, "
+                        f"got {list(t.shape)} {t.dtype}")
