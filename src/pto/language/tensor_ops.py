@@ -230,15 +230,14 @@ def _load(t: GMTensor, starts, stops, valid, pad) -> Tile:
     key = tuple(_pyslice(a, b) for a, b in zip(starts, vstops))
     src = t.data[key]
     box = t.box(starts, vstops)
-    if box is not None and not buf.untracked:
-        blk.fp.append((buf, box, R))
+    if box is not None:
+        blk.fp.append((buf, box, R))  # manual_dep tensors too: the race checker needs them
     blk.bytes += src.numel() * src.element_size()
     mask = None
     if buf.shadow is not None:
         m = t.smask()[key]
         if box is not None and bool(m.any()):
-            mask = m.clone()
-            buf.program.note_undefined_read(mask, blk)
+            mask = buf.program.consume_undefined(m.clone(), blk, "load")
     if valid is None or tuple(vstops) == tuple(stops):
         return Tile(src.clone(), mask, None if valid is None else valid)
     fill = 0 if pad is None else _pad_scalar(src.dtype, pad)
@@ -282,7 +281,7 @@ def _store(t: GMTensor, starts, tile: Tile, atomic) -> None:
     else:
         raise DslError(f"{t.name}: unknown atomic type {atomic!r}")
     box = t.box(starts, stops)
-    if box is not None and not buf.untracked:
+    if box is not None:
         blk.fp.append((buf, box, W if atomic is None else A))
     blk.bytes += src.numel() * src.element_size()
     if buf.shadow is not None:
@@ -294,8 +293,11 @@ def _store(t: GMTensor, starts, tile: Tile, atomic) -> None:
                 sm.zero_()
             else:
                 sm.copy_(m)
-        elif m is not None:
-            torch.maximum(sm, m, out=sm)
+        else:
+            if bool(sm.any()):  # adding onto undefined consumes it: the sum stays undefined
+                buf.program.consume_undefined(sm, blk, "atomic add onto undefined")
+            if m is not None:
+                torch.maximum(sm, m, out=sm)
         buf.written = True
 
 
@@ -313,8 +315,15 @@ def _read_elem(t: GMTensor, idx):
     else:
         buf.program.orchestration_read(buf, box)
     if buf.shadow is not None:
-        oid = int(t.smask()[tuple(idx)])
-        return ScalarValue(value, oid == 0, f"{t.name}{list(idx)} (allocated at {buf.site})", oid)
+        tag = int(t.smask()[tuple(idx)])
+        if tag == 0:
+            return value  # defined: a plain number, as outside check mode
+        site = None
+        if blk is None:
+            f = _ctx.user_frame()
+            site = f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else None
+        tag = buf.program.consume_scalar(tag, blk, site)
+        return ScalarValue(value, False, f"{buf.name}{list(idx)}; {buf.program.describe_undefined(tag)}", tag)
     return value
 
 
@@ -445,17 +454,22 @@ def read(src, idx):
     """Scalar element read from a GM tensor or tile.
 
     In orchestration the read waits for the producer (eager execution already
-    did). Returns a Python number, or in check mode a ScalarValue that knows
-    whether it is defined.
+    did). Returns a Python number; in check mode an undefined element comes
+    back as an undefined :class:`ScalarValue` (naming its origin allocation),
+    which raises UndefinedValueError when used as an index, loop bound or
+    branch condition and propagates through arithmetic and tile ops.
     """
     if not isinstance(idx, (list, tuple)):
         idx = [idx]
     if isinstance(src, Tile):
-        v = src.data[tuple(_idx(i, "an index") for i in idx)].item()
+        key = tuple(_idx(i, "an index") for i in idx)
+        v = src.data[key].item()
         if src.mask is not None:
-            oid = int(src.mask[tuple(_idx(i, "an index") for i in idx)])
-            if oid:
-                return ScalarValue(v, False, "an undefined tile element", oid)
+            tag = int(src.mask[key])
+            if tag:
+                prog = _ctx.state.program
+                origin = prog.describe_undefined(tag) if prog is not None and prog.sanitizer else ""
+                return ScalarValue(v, False, f"tile element {list(key)}; {origin}", tag)
         return v
     if not isinstance(src, GMTensor):
         raise DslError(f"pl.read: expected a tensor or tile, got {type(src).__name__}")
@@ -484,9 +498,7 @@ def write(dst, idx, value):
     if isinstance(dst, Tile):
         dst.data[tuple(idx)] = v
         if dst.mask is not None or undefined:
-            if dst.mask is None:
-                dst.mask = torch.zeros(dst.data.shape, dtype=torch.int32)
-            dst.mask[tuple(idx)] = oid
+            dst.own_mask()[tuple(idx)] = oid
         return dst
     if not isinstance(dst, GMTensor):
         raise DslError(f"pl.write: expected a tensor or tile, got {type(dst).__name__}")

@@ -16,9 +16,11 @@ Rules shared by every op (reference dsl-api.md sections 9-13):
 * definedness masks propagate: elementwise AND, reductions ALL along the
   reduced axis, matmul out[i, j] = ALL(A[i, :]) AND ALL(B[:, j]), gathers move
   masks with the data (DESIGN section 5). A mask is an INT32 tensor holding,
-  per element, 0 when defined or else the id of the allocation the undefined
-  value came from, so that the AND is a ``maximum`` and every undefined
-  element still names its origin.
+  per element, 0 when defined or else a positive undefinedness tag that names
+  the allocation the value came from and the task that first consumed it
+  (pto/runtime/sanitizer.py), so that the AND is a ``maximum`` and every
+  undefined element still names its origin. Ops may share a mask tensor
+  between input and result; in-place updates go through ``Tile.own_mask``.
 
 Every op raises :class:`pto.DslError` on a rank, shape or dtype it does not
 accept, naming the op and the offending operand.
@@ -73,13 +75,23 @@ class Tile:
     Python operators map to the DSL ops (``a + b`` is ``pl.add(a, b)``).
     """
 
-    __slots__ = ("data", "mask", "valid")
+    __slots__ = ("data", "mask", "valid", "_mown")
     __array_priority__ = 100
 
     def __init__(self, data: torch.Tensor, mask: torch.Tensor | None = None, valid=None):
         self.data = data
         self.mask = mask
         self.valid = valid
+        self._mown = False  # ops pass masks through by reference; mutate only an owned copy
+
+    def own_mask(self) -> torch.Tensor:
+        """This tile's mask as a private tensor, ready for in-place updates
+        (created all-defined when absent, copied once when possibly shared)."""
+        if not self._mown:
+            self.mask = (torch.zeros(self.data.shape, dtype=torch.int32) if self.mask is None
+                         else self.mask.clone())
+            self._mown = True
+        return self.mask
 
     @property
     def shape(self) -> tuple:
@@ -118,19 +130,22 @@ class Tile:
         return Tile(data, None if self.mask is None else self.mask[key])
 
     def __setitem__(self, key, value):
+        if isinstance(value, ScalarValue):
+            self.data[key] = value.value
+            if self.mask is not None or not value.defined:
+                self.own_mask()[key] = 0 if value.defined else value.oid
+            return
         v = _as_tile(value, "tile subscript assign") if not isinstance(value, (int, float)) else value
         if isinstance(v, Tile):
             if v.data.dtype != self.data.dtype:
                 raise DslError(f"tile subscript assign: dtype {v.dtype} into {self.dtype} tile")
             self.data[key] = v.data
             if v.mask is not None or self.mask is not None:
-                if self.mask is None:
-                    self.mask = torch.zeros(self.data.shape, dtype=torch.int32)
-                self.mask[key] = 0 if v.mask is None else v.mask
+                self.own_mask()[key] = 0 if v.mask is None else v.mask
         else:
             self.data[key] = v
             if self.mask is not None:
-                self.mask[key] = 0
+                self.own_mask()[key] = 0
 
 
 def _as_tile(x, op: str) -> Tile:
@@ -274,12 +289,16 @@ def full(shape, dtype, value) -> Tile:
         DslError: a float value on an integer dtype, or a non-integral dim.
     """
     dt = as_dtype(dtype)
-    value = concrete(value, "a pl.full value")
+    tag = 0
+    if isinstance(value, ScalarValue):  # an undefined value fills an undefined tile (no error yet)
+        tag = 0 if value.defined else value.oid
+        value = value.value
     if dt.is_int and isinstance(value, float) and not value.is_integer():
         raise DslError(f"pl.full: float value {value} for integer dtype {dt}")
     shape = [int(concrete(s, "a tile dim")) for s in shape]
     _count()
-    return Tile(torch.full(shape, value, dtype=dt.torch))
+    mask = torch.full(shape, tag, dtype=torch.int32) if tag else None
+    return Tile(torch.full(shape, value, dtype=dt.torch), mask)
 
 
 def arange(start, shape, dtype=INT32, descending: bool = False) -> Tile:
@@ -488,7 +507,7 @@ def _expand(op: str, lhs, rhs, axis: str, fn) -> Tile:
     out = fn(lhs.data, rhs.data)
     mask = lhs.mask
     if rhs.mask is not None:
-        mask = _and(mask, rhs.mask.expand(m, n))
+        mask = _and(mask, rhs.mask.expand(m, n).contiguous())  # broadcast the [M,1] / [1,N] mask
     _count(out.numel())
     return Tile(out.to(lhs.data.dtype), mask, lhs.valid)
 
@@ -555,7 +574,8 @@ def gather(x, dim: int = -1, index=None, mask_pattern=None, output_dtype=None) -
 
     ``index`` is an INT32 (or INT16/INT64) tile with the same number of rows as
     ``x`` (or one row, broadcast to every row). The definedness mask moves with
-    the data. The mask-pattern form is not supported.
+    the data; an undefined index (check mode) yields an undefined element
+    instead of a range error. The mask-pattern form is not supported.
 
     Raises:
         DslError: wrong rank or dim, non-integer index, an index out of range.
@@ -571,6 +591,8 @@ def gather(x, dim: int = -1, index=None, mask_pattern=None, output_dtype=None) -
     if idx.data.dtype.is_floating_point or idx.data.dim() != 2:
         raise DslError(f"pl.gather: index must be a rank-2 integer tile, got {idx}")
     ii = idx.data.to(torch.int64)
+    if idx.mask is not None:  # undefined indices gather an undefined element, not an error
+        ii = torch.where(idx.mask != 0, 0, ii)
     if ii.shape[0] == 1 and x.shape[0] != 1:
         ii = ii.expand(x.shape[0], ii.shape[1])
     elif ii.shape[0] != x.shape[0]:
@@ -582,7 +604,7 @@ def gather(x, dim: int = -1, index=None, mask_pattern=None, output_dtype=None) -
     if x.mask is not None:
         mask = torch.gather(x.mask, 1, ii)
     if idx.mask is not None:
-        m = idx.mask if idx.mask.shape == ii.shape else idx.mask.expand_as(ii)
+        m = idx.mask if idx.mask.shape == ii.shape else idx.mask.expand_as(ii).contiguous()
         mask = _and(mask, m)
     _count(out.numel())
     return Tile(out, mask)
@@ -629,6 +651,7 @@ def tile_assemble(dst, src, offsets) -> Tile:
     dst = _as_tile(dst, "pl.assemble")
     src = _as_tile(src, "pl.assemble")
     out = Tile(dst.data.clone(), None if dst.mask is None else dst.mask.clone(), dst.valid)
+    out._mown = out.mask is not None
     key = tuple(slice(int(o), int(o) + s) for o, s in zip(offsets, src.shape))
     out[key] = src
     return out

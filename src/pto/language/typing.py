@@ -109,12 +109,16 @@ Scalar = _ScalarFactory()
 
 
 class ScalarValue:
-    """A scalar read from GM in check mode: a number plus a definedness bit.
+    """A scalar read from an undefined GM or tile element in check mode: a
+    number plus a definedness bit, the origin text and the undefinedness tag
+    (``oid``; see pto/runtime/sanitizer.py).
 
-    Arithmetic propagates definedness; using an undefined value as an index,
-    loop bound, branch condition or Python number raises
-    :class:`pto.UndefinedValueError` at once (DESIGN section 5). Outside check
-    mode ``pl.read`` returns plain Python numbers instead.
+    Arithmetic with numbers and other ScalarValues propagates definedness;
+    with a tile the tile op takes it as an undefined scalar operand. Using an
+    undefined value as an index, loop bound, branch condition, dict key or
+    Python ``int``/``float`` raises :class:`pto.UndefinedValueError` at once
+    (DESIGN section 5), naming the use site and the origin. ``pl.read``
+    returns plain Python numbers for defined elements and outside check mode.
     """
 
     __slots__ = ("value", "defined", "origin", "oid")
@@ -127,8 +131,14 @@ class ScalarValue:
 
     def _need(self, use: str):
         if not self.defined:
+            from pto.language import _ctx
+            f = _ctx.user_frame()
+            site = f" at {f.f_code.co_filename}:{f.f_lineno}" if f is not None else ""
+            blk = _ctx.state.block
+            where = f" (task {blk.task.name!r} block {blk.idx})" if blk is not None else ""
             raise UndefinedValueError(
-                f"undefined scalar used as {use}: it was read from {self.origin or 'an undefined element'}")
+                f"undefined scalar used as {use}{site}{where}: it was read from "
+                f"{self.origin or 'an undefined element'}")
         return self.value
 
     def __index__(self):
@@ -154,9 +164,13 @@ class ScalarValue:
             src = self if not self.defined else other
             return ScalarValue(fn(self.value, other.value), self.defined and other.defined,
                                src.origin, src.oid)
+        if not isinstance(other, (int, float, bool)):
+            return NotImplemented  # e.g. a Tile: its reflected op takes the scalar with its mask
         return ScalarValue(fn(self.value, other), self.defined, self.origin, self.oid)
 
     def _rbin(self, other, fn):
+        if not isinstance(other, (int, float, bool)):
+            return NotImplemented
         return ScalarValue(fn(other, self.value), self.defined, self.origin, self.oid)
 
     __add__ = lambda s, o: s._bin(o, lambda a, b: a + b)
@@ -171,6 +185,18 @@ class ScalarValue:
     __rfloordiv__ = lambda s, o: s._rbin(o, lambda a, b: a // b)
     __mod__ = lambda s, o: s._bin(o, lambda a, b: a % b)
     __rmod__ = lambda s, o: s._rbin(o, lambda a, b: a % b)
+    __pow__ = lambda s, o: s._bin(o, lambda a, b: a ** b)
+    __rpow__ = lambda s, o: s._rbin(o, lambda a, b: a ** b)
+    __and__ = lambda s, o: s._bin(o, lambda a, b: a & b)
+    __rand__ = lambda s, o: s._rbin(o, lambda a, b: a & b)
+    __or__ = lambda s, o: s._bin(o, lambda a, b: a | b)
+    __ror__ = lambda s, o: s._rbin(o, lambda a, b: a | b)
+    __xor__ = lambda s, o: s._bin(o, lambda a, b: a ^ b)
+    __rxor__ = lambda s, o: s._rbin(o, lambda a, b: a ^ b)
+    __lshift__ = lambda s, o: s._bin(o, lambda a, b: a << b)
+    __rlshift__ = lambda s, o: s._rbin(o, lambda a, b: a << b)
+    __rshift__ = lambda s, o: s._bin(o, lambda a, b: a >> b)
+    __rrshift__ = lambda s, o: s._rbin(o, lambda a, b: a >> b)
     __lt__ = lambda s, o: s._bin(o, lambda a, b: a < b)
     __le__ = lambda s, o: s._bin(o, lambda a, b: a <= b)
     __gt__ = lambda s, o: s._bin(o, lambda a, b: a > b)
@@ -178,6 +204,8 @@ class ScalarValue:
     __eq__ = lambda s, o: s._bin(o, lambda a, b: a == b)
     __ne__ = lambda s, o: s._bin(o, lambda a, b: a != b)
     __neg__ = lambda s: ScalarValue(-s.value, s.defined, s.origin, s.oid)
+    __abs__ = lambda s: ScalarValue(abs(s.value), s.defined, s.origin, s.oid)
+    __invert__ = lambda s: ScalarValue(~s.value, s.defined, s.origin, s.oid)
 
 
 def concrete(v, use: str = "a value"):

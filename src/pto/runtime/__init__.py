@@ -5,10 +5,11 @@ from pto.language import _ctx as _lang_ctx
 from pto.runtime.graph import Block, Footprint, Task, TaskGraph
 from pto.runtime.heap import Buffer, RingHeap
 from pto.runtime.program import Program, ProgramStats, RunConfig
+from pto.runtime.sanitizer import drop_init_values
 from pto.runtime.simulate import Machine, SimResult, simulate  # pto.runtime.simulate is the function
 
 __all__ = ["Program", "ProgramStats", "RunConfig", "Task", "Block", "Footprint", "TaskGraph", "RingHeap",
-           "Buffer", "run", "simulate", "Machine", "SimResult"]
+           "Buffer", "run", "simulate", "Machine", "SimResult", "drop_init_values"]
 
 
 def run(jf, *args, config: RunConfig | None = None, **kwargs) -> Program:

@@ -38,13 +38,13 @@ class Buffer:
         nbytes, offset: size and heap offset (offset None for arguments).
         C: width of the root's 2-D footprint coordinates (``shape[-1]``).
         shadow: INT32 definedness mask shaped like the root (check mode), 0 =
-            defined, else this buffer's id.
+            defined, else an undefinedness tag (see runtime/sanitizer.py).
         untracked: excluded from dependency derivation (``manual_dep=True``).
     """
 
     __slots__ = ("id", "name", "site", "kind", "direction", "shape", "dtype", "nbytes", "offset", "base_off",
-                 "C", "shadow", "untracked", "freed", "program", "init_value", "first_undef_task", "written",
-                 "wmask", "readonly", "data", "scope")
+                 "C", "shadow", "untracked", "freed", "program", "init_value", "init_dropped", "written",
+                 "readonly", "data", "scope")
 
     def __init__(self, bid, name, site, kind, data: torch.Tensor, program, direction="in", offset=None,
                  init_value=None, untracked=False):
@@ -64,9 +64,8 @@ class Buffer:
         self.freed = False
         self.program = program
         self.init_value = init_value
-        self.first_undef_task = None
+        self.init_dropped = False  # init_value ignored by the mutation hook (sanitizer.drop_init_values)
         self.written = False
-        self.wmask = None
         self.readonly = False
         self.data = data
         self.scope = 0

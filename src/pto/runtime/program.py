@@ -40,16 +40,24 @@ class RunConfig:
             ``pto run`` and benchmarks.
         keep_footprints: keep per-block footprints after the run (trace
             export); check mode keeps them anyway.
+        drop_init: testing tool, off by default (empty): names of
+            allocations whose ``init_value`` is ignored (left undefined), so a
+            mutation test can show that check mode catches the missing
+            initialisation without editing kernel source. Same effect as the
+            ``pto.runtime.drop_init_values(...)`` context manager.
     """
 
     heap_bytes: int = 1 << 30
     check: bool = False
     keep_footprints: bool = False
+    drop_init: tuple = ()
 
     def validate(self) -> "RunConfig":
         """Raises ConfigError on a heap smaller than 1024 bytes."""
         if not isinstance(self.heap_bytes, int) or self.heap_bytes < 1024:
             raise ConfigError(f"RunConfig.heap_bytes must be an int >= 1024, got {self.heap_bytes!r}")
+        if isinstance(self.drop_init, str) or not all(isinstance(n, str) for n in self.drop_init):
+            raise ConfigError(f"RunConfig.drop_init must be a tuple of allocation names, got {self.drop_init!r}")
         return self
 
 
@@ -118,6 +126,10 @@ class Program:
         self.result = None
         self.stats = ProgramStats()
         self.races = None
+        self.sanitizer = None
+        self.dropped_init: list[str] = []  # allocations whose init_value the mutation hook dropped
+        from pto.runtime.sanitizer import active_drop_init
+        self._drop_init = frozenset(self.config.drop_init) | active_drop_init()
         self.orch_reads = 0
         self._t0 = 0
 
@@ -133,7 +145,9 @@ class Program:
                 values.append(p.value)
         if self.check:
             from pto.runtime.races import RaceChecker
+            from pto.runtime.sanitizer import Sanitizer
             self.races = RaceChecker(self)
+            self.sanitizer = Sanitizer(self)
         st = _ctx.state
         if st.program is not None:
             raise DslError(f"program {self.name} started while another program is running")
@@ -231,6 +245,10 @@ class Program:
                                         f"declared capacity {c} (shape {shape})")
         if init_value is not None:
             validate_init_value(name, dtype, init_value)
+        dropped = init_value is not None and name in self._drop_init
+        if dropped:
+            init_value = None
+            self.dropped_init.append(name)
         n = 1
         for s in shape:
             n *= s
@@ -244,6 +262,7 @@ class Program:
             _poison(data)
         buf = Buffer(len(self.buffers) + 1, name, site, "scratch", data, self, offset=off,
                      init_value=init_value, untracked=manual_dep)
+        buf.init_dropped = dropped
         if self.check:
             buf.shadow = torch.zeros(buf.shape, dtype=torch.int32) if init_value is not None else \
                 torch.full(buf.shape, buf.id, dtype=torch.int32)
@@ -345,13 +364,19 @@ class Program:
         """An orchestration-level ``pl.read`` (blocks until the producer is done)."""
         self.orch_reads += 1
 
-    def note_undefined_read(self, mask: torch.Tensor, blk: Block) -> None:
-        """Remember the first task that loaded undefined data of each origin."""
-        for oid in torch.unique(mask).tolist():
-            if oid:
-                b = self.buffers[oid - 1]
-                if b.first_undef_task is None:
-                    b.first_undef_task = (blk.task.name, blk.idx, blk.task.site)
+    def consume_undefined(self, mask: torch.Tensor, blk: Block | None, how: str = "load") -> torch.Tensor:
+        """Check mode: tag the raw undefined elements of ``mask`` with ``blk``
+        as their first consumer (in place; see runtime/sanitizer.py)."""
+        return self.sanitizer.consume(mask, blk, how)
+
+    def consume_scalar(self, tag: int, blk: Block | None, site: str | None = None) -> int:
+        """Check mode: the tag of an undefined scalar read by ``blk`` (None:
+        an orchestration read at ``site``)."""
+        return self.sanitizer.consume_scalar(tag, blk, "scalar read", site)
+
+    def describe_undefined(self, tag: int) -> str:
+        """Check mode: origin allocation and first consumer of a tag, one line."""
+        return self.sanitizer.describe(tag)
 
     def footprints(self, task: Task) -> list[Footprint]:
         """The coalesced footprints of ``task`` as Footprint records."""

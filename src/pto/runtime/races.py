@@ -1,38 +1,91 @@
-"""Race checker (DESIGN section 6).
+"""Race checker (DESIGN section 6), run in check mode as each task closes.
 
-* Intra-task: two blocks of one task (same barrier phase) whose footprints
-  overlap, where at least one writes (plain write or atomic add), except two
-  atomic adds.
-* Inter-task: a footprint of a new task overlapping a footprint of an earlier
-  task, at least one writing (again except atomic/atomic), with no path
-  between the two tasks in the derived graph. This finds a missing
-  write-after-read edge, a manual scope without ``deps=``, a wrong direction.
+Eager execution in program order is one valid schedule; the checker proves
+the result does not depend on which valid schedule the device picks. Two
+accesses *conflict* when their boxes on one root buffer overlap and at least
+one writes (plain write or atomic add), except two atomic adds.
 
-Reachability uses ancestor bitsets (Python ints), one per task.
+* Intra-task: blocks of one task run in any order, so two blocks of the
+  same task (and the same ``syncall`` phase) with conflicting footprints
+  race.
+* Inter-task: a footprint of a new task that conflicts with a footprint of
+  an earlier task races unless the earlier task is an ancestor in the
+  runtime-visible graph (derived edges plus explicit ``deps=``). This finds
+  a missing write-after-read edge (not derived, DESIGN section 4), a manual
+  scope without ``deps=``, a ``manual_dep`` tensor without ``deps=`` and a
+  wrong direction.
+
+Reachability uses ancestor bitsets (Python ints), one per task. The access
+history of a buffer drops entries that a later plain write of a descendant
+(or of the same task) covers: any later access that conflicts with a dropped
+entry conflicts with that write too, so no race goes unreported.
+
+A race raises :class:`pto.RaceError` naming both tasks (name, id, source
+line), both blocks, the kinds of access, the buffer and the overlapping box
+in the buffer's root 2-D coordinates (rows = prod(shape[:-1]), cols =
+shape[-1]).
 """
 
 from __future__ import annotations
 
 from pto.errors import RaceError
+from pto.runtime.deps import coalesce
 from pto.runtime.graph import KIND_NAMES
 
 __all__ = ["RaceChecker"]
 
+_R, _W, _A = 0, 1, 2
+
 
 def _conflict(k1: int, k2: int) -> bool:
-    return (k1 != 0 or k2 != 0) and not (k1 == 2 and k2 == 2)
+    return (k1 != _R or k2 != _R) and not (k1 == _A and k2 == _A)
 
 
 def _ov(a, b) -> bool:
     return a[0] < b[1] and b[0] < a[1] and a[2] < b[3] and b[2] < a[3]
 
 
+def _covers(a, b) -> bool:
+    return a[0] <= b[0] and b[1] <= a[1] and a[2] <= b[2] and b[3] <= a[3]
+
+
 def _isect(a, b):
     return (max(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), min(a[3], b[3]))
 
 
+def _box_text(box) -> str:
+    return f"rows [{box[0]}, {box[1]}) cols [{box[2]}, {box[3]})"
+
+
+def _buf_text(buf) -> str:
+    return f"{buf.name!r} {list(buf.shape)}"
+
+
+def _hazard(k1: int, k2: int) -> str:
+    """Name of the hazard between an earlier access k1 and a later one k2."""
+    if k1 == _R:
+        return "write-after-read hazard; the runtime never derives such edges"
+    if k2 == _R:
+        return "read-after-write hazard"
+    return "write-after-write hazard"
+
+
+def _fix(t1, t2, buf) -> str:
+    """How to add the missing edge, for the message."""
+    edge = f"give {t2.name!r} an edge from {t1.name!r} (deps=[<task id of {t1.name!r}>]"
+    if buf.untracked:
+        return f"{edge}): {buf.name!r} is a manual_dep tensor, so no edge is derived for it"
+    if t1.manual or t2.manual:
+        return f"{edge}, or submit the tasks outside pl.manual_scope())"
+    return f"{edge}, or a direction that lets the runtime derive it)"
+
+
 class RaceChecker:
-    """Per-program race checker; ``check_task`` runs as each task closes."""
+    """Per-program race checker; ``check_task`` runs as each task closes.
+
+    Args:
+        program: the running ``pto.runtime.Program`` (its graph and name).
+    """
 
     def __init__(self, program):
         self.program = program
@@ -41,8 +94,9 @@ class RaceChecker:
 
     def _ancestors(self, task) -> int:
         a = 0
+        anc = self.anc
         for p in task.preds:
-            a |= self.anc[p] | (1 << p)
+            a |= anc[p] | (1 << p)
         return a
 
     def add_node(self, task) -> None:
@@ -58,51 +112,91 @@ class RaceChecker:
         self._intra(task)
         anc = self._ancestors(task)
         self.anc.append(anc)
+        per_buf: dict = {}
         for buf, kind, box in task.footprints:
-            for hbox, htid, hkind in self.history.get(buf.id, ()):
-                if _conflict(kind, hkind) and _ov(box, hbox) and not (anc >> htid) & 1:
-                    self._report(self.program.graph[htid], task, buf, hbox, box, hkind, kind)
-        for buf, kind, box in task.footprints:
-            self.history.setdefault(buf.id, []).append((box, task.id, kind))
+            per_buf.setdefault(buf, []).append((box, kind))
+        history = self.history
+        for buf, accesses in per_buf.items():
+            hist = history.get(buf.id)
+            if hist:
+                for box, kind in accesses:
+                    for hbox, htid, hkind in hist:
+                        if (not (anc >> htid) & 1 and _conflict(kind, hkind) and hbox[0] < box[1]
+                                and box[0] < hbox[1] and hbox[2] < box[3] and box[2] < hbox[3]):
+                            self._report(self.program.graph[htid], task, buf, hbox, box, hkind, kind)
+            else:
+                hist = history[buf.id] = []
+            tid = task.id
+            for box, kind in accesses:
+                hist.append((box, tid, kind))
+            for box, kind in accesses:
+                if kind == _W:
+                    hist[:] = [e for e in hist if (e[0] is box and e[1] == tid) or not _covers(box, e[0])
+                               or not (e[1] == tid or (anc >> e[1]) & 1)]
 
+    # ---- intra-task ------------------------------------------------------------
     def _intra(self, task) -> None:
-        if len(task.blocks) < 2:
+        blocks = task.blocks
+        if len(blocks) < 2:
             return
         per_buf: dict = {}
-        for blk in task.blocks:
-            for buf, box, kind in blk.fp:
-                per_buf.setdefault(buf, []).append((box, blk.idx, blk.phase, kind))
+        for blk in blocks:
+            fp = blk.fp
+            if not fp:
+                continue
+            mine: dict = {}
+            for buf, box, kind in fp:
+                mine.setdefault((buf, kind), []).append(box)
+            for (buf, kind), boxes in mine.items():
+                lst = per_buf.get(buf)
+                if lst is None:
+                    lst = per_buf[buf] = []
+                for box in (coalesce(boxes) if len(boxes) > 1 else boxes):
+                    lst.append((box, blk.idx, blk.phase, kind))
         for buf, items in per_buf.items():
-            if all(k == 0 for _, _, _, k in items) or all(k == 2 for _, _, _, k in items):
+            kinds = {it[3] for it in items}
+            if kinds == {_R} or kinds == {_A}:
                 continue
             items.sort(key=lambda x: x[0][0])
             n = len(items)
             for i in range(n):
                 bi, bli, phi, ki = items[i]
+                r1 = bi[1]
                 for j in range(i + 1, n):
                     bj, blj, phj, kj = items[j]
-                    if bj[0] >= bi[1]:
+                    if bj[0] >= r1:
                         break
                     if blj != bli and phj == phi and _conflict(ki, kj) and _ov(bi, bj):
-                        r0, r1, c0, c1 = _isect(bi, bj)
+                        lo, hi = (bli, ki), (blj, kj)
+                        if blj < bli:
+                            lo, hi = hi, lo
                         raise RaceError(
-                            f"kernel {self.program.name}: blocks {bli} and {blj} of task {task.name!r} "
-                            f"(#{task.id}, {task.site}) race on {buf.name!r}: {KIND_NAMES[ki]} vs "
-                            f"{KIND_NAMES[kj]} of box rows [{r0}, {r1}) cols [{c0}, {c1})")
+                            f"kernel {self.program.name}: blocks {lo[0]} and {hi[0]} of task {task.name!r} "
+                            f"(#{task.id}, {task.site}) race on buffer {_buf_text(buf)}: block {lo[0]} "
+                            f"{KIND_NAMES[lo[1]]} and block {hi[0]} {KIND_NAMES[hi[1]]} overlap in "
+                            f"{_box_text(_isect(bi, bj))}; the blocks of one task run in any order "
+                            "(make their boxes disjoint, use atomic add, or order them with a syncall)")
 
-    def _blocks_touching(self, task, buf, box, kind):
-        for blk in task.blocks:
-            for b2, bx, k in blk.fp or ():
-                if b2 is buf and k == kind and _ov(bx, box):
-                    return blk.idx
-        return "?"
+    # ---- reporting -------------------------------------------------------------
+    @staticmethod
+    def _block_pair(t1, t2, buf, k1, k2, box):
+        """Blocks of t1 (kind k1) and t2 (kind k2) whose raw boxes on ``buf``
+        overlap inside ``box``; returns (block1, block2, intersection)."""
+        for b1 in t1.blocks:
+            for bb1, bx1, kk1 in b1.fp or ():
+                if bb1 is not buf or kk1 != k1 or not _ov(bx1, box):
+                    continue
+                x1 = _isect(bx1, box)
+                for b2 in t2.blocks:
+                    for bb2, bx2, kk2 in b2.fp or ():
+                        if bb2 is buf and kk2 == k2 and _ov(bx2, x1):
+                            return b1.idx, b2.idx, _isect(x1, bx2)
+        return "?", "?", box
 
     def _report(self, t1, t2, buf, box1, box2, k1, k2):
-        r0, r1, c0, c1 = _isect(box1, box2)
-        b1 = self._blocks_touching(t1, buf, box2, k1)
-        b2 = self._blocks_touching(t2, buf, box1, k2)
+        b1, b2, box = self._block_pair(t1, t2, buf, k1, k2, _isect(box1, box2))
         raise RaceError(
-            f"kernel {self.program.name}: task {t1.name!r} (#{t1.id} block {b1}, {t1.site}) {KIND_NAMES[k1]} "
-            f"and task {t2.name!r} (#{t2.id} block {b2}, {t2.site}) {KIND_NAMES[k2]} overlap on "
-            f"{buf.name!r} rows [{r0}, {r1}) cols [{c0}, {c1}) with no path between them in the task graph "
-            "(add deps=, an InOut direction, or take it out of the manual scope)")
+            f"kernel {self.program.name}: task {t1.name!r} (#{t1.id}, {t1.site}) block {b1} "
+            f"{KIND_NAMES[k1]} and task {t2.name!r} (#{t2.id}, {t2.site}) block {b2} {KIND_NAMES[k2]} "
+            f"overlap on buffer {_buf_text(buf)} in {_box_text(box)} with no path between the two tasks in "
+            f"the task graph ({_hazard(k1, k2)}); fix: {_fix(t1, t2, buf)}")

@@ -1,21 +1,191 @@
-"""Definedness sanitizer, end-of-program check (DESIGN section 5).
+"""Definedness sanitizer: origins, first consumers, the end-of-program check
+and the ``init_value`` mutation hook (DESIGN section 5).
 
-Shadow masks live on every root buffer (``Buffer.shadow``: INT32, 0 =
-defined, k = undefined with origin allocation k) and on every tile
-(``Tile.mask``); loads, stores and tile ops propagate them (tensor_ops.py,
-tile_ops.py). Reading an undefined padding row whose results are later
-discarded is legal and reports nothing: the check happens here, on what
-reaches an output.
+Shadow masks live on every root buffer that can hold undefined data
+(``Buffer.shadow``: scratch allocations and Out/InOut arguments; In arguments
+are defined and carry none) and on every tile (``Tile.mask``; None = all
+defined). Loads, stores and tile ops propagate them (tensor_ops.py,
+tile_ops.py). A mask element is an INT32 *undefinedness tag*:
+
+* ``0``: defined;
+* ``1 <= v < TAINT_BASE``: undefined, straight from allocation ``v`` (the
+  buffer id), not yet touched by any task;
+* ``v >= TAINT_BASE``: undefined, entry ``v - TAINT_BASE`` of the program's
+  taint table: (origin allocation, the task/block that first consumed it).
+
+A task *consumes* undefined data when it loads it into a tile, reads it as a
+scalar, or atomically adds onto it; at that moment raw tags become taint
+tags naming that task and block, and the tag then travels with the data
+through tiles and GM. Combining masks keeps the larger tag (AND of
+definedness), so every undefined element that reaches an output still names
+one allocation it came from and the task that first pulled it in along that
+path. Reading an undefined padding row whose results are later discarded is
+legal and reports nothing: the check is on what reaches an output
+(:func:`check_outputs`), not at the read.
+
+Mutation testing: :func:`drop_init_values` (or ``RunConfig(drop_init=...)``)
+makes ``pl.create_tensor`` of the named allocations ignore their
+``init_value``, so a test can prove that check mode catches the missing
+initialisation without editing kernel source. Off by default; a testing tool.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
 
 import torch
 
 from pto.errors import UndefinedOutputError
 from pto.language.typing import INOUT, OUT
 
-__all__ = ["check_outputs", "undefined_box"]
+__all__ = ["TAINT_BASE", "Sanitizer", "Consumer", "check_outputs", "undefined_box", "drop_init_values",
+           "active_drop_init"]
+
+TAINT_BASE = 1 << 24  # tags below are raw allocation ids; at or above, taint-table entries
+
+_DROP_STACK: list[frozenset] = []
+
+
+@contextlib.contextmanager
+def drop_init_values(*names: str):
+    """Testing tool: inside the ``with`` block, every ``pl.create_tensor`` whose
+    allocation name is in ``names`` ignores its ``init_value`` (the tensor is
+    left undefined: stale heap bytes, poisoned in check mode).
+
+    The allocation name is the ``name=`` argument of ``create_tensor`` or else
+    the assignment target on its source line (``mixes_raw = pl.create_tensor(...)``
+    is ``"mixes_raw"``). Nests; names add up. Equivalent to
+    ``RunConfig(drop_init=names)`` for every program started inside. The
+    names that matched are in ``Program.dropped_init`` after the run.
+
+    Example::
+
+        with pto.runtime.drop_init_values("mixes_raw"):
+            run_jit(...)   # raises UndefinedOutputError naming mixes_raw
+    """
+    _DROP_STACK.append(frozenset(names))
+    try:
+        yield
+    finally:
+        _DROP_STACK.pop()
+
+
+def active_drop_init() -> frozenset:
+    """Allocation names whose ``init_value`` is currently dropped by
+    :func:`drop_init_values` blocks (empty outside them)."""
+    out: frozenset = frozenset()
+    for s in _DROP_STACK:
+        out |= s
+    return out
+
+
+class Consumer:
+    """The first task (and block) that consumed undefined data of an origin.
+
+    Attributes:
+        task_id: task id (None for an orchestration-level ``pl.read``).
+        task: task name; block: block index (None in orchestration);
+        site: ``file:line`` of the task (or of the orchestration read);
+        how: ``"load"``, ``"scalar read"`` or ``"atomic add onto undefined"``.
+    """
+
+    __slots__ = ("task_id", "task", "block", "site", "how")
+
+    def __init__(self, task_id, task, block, site, how):
+        self.task_id, self.task, self.block, self.site, self.how = task_id, task, block, site, how
+
+    def key(self) -> tuple:
+        return (self.task_id if self.task_id is not None else -1, self.block or 0)
+
+    def __str__(self) -> str:
+        if self.task_id is None:
+            return f"the orchestration ({self.how} at {self.site})"
+        return f"task {self.task!r} (#{self.task_id}) block {self.block} at {self.site} ({self.how})"
+
+
+class Sanitizer:
+    """Definedness bookkeeping of one program in check mode: the taint table
+    that maps undefinedness tags to (origin allocation, first consumer)."""
+
+    def __init__(self, program):
+        self.program = program
+        self.taints: list[tuple[int, Consumer]] = []
+        self._index: dict[tuple, int] = {}
+
+    # ---- tagging ------------------------------------------------------------------
+    def _taint(self, oid: int, blk, how: str, site: str | None = None) -> int:
+        if blk is not None:
+            key = (oid, blk.task.id, blk.idx, how)
+        else:
+            key = (oid, None, site, how)
+        tag = self._index.get(key)
+        if tag is None:
+            if blk is not None:
+                cons = Consumer(blk.task.id, blk.task.name, blk.idx, blk.task.site, how)
+            else:
+                cons = Consumer(None, "orchestration", None, site or "<unknown>", how)
+            tag = TAINT_BASE + len(self.taints)
+            self.taints.append((oid, cons))
+            self._index[key] = tag
+        return tag
+
+    def consume(self, mask: torch.Tensor, blk, how: str = "load") -> torch.Tensor:
+        """Turn the raw allocation tags in ``mask`` into taint tags naming
+        ``blk`` (a Block; None in orchestration) as first consumer. Works in
+        place (``mask`` may be a view of a shadow) and returns ``mask``."""
+        raw = (mask > 0) & (mask < TAINT_BASE)
+        if not bool(raw.any()):
+            return mask
+        vals = mask[raw]
+        first = int(vals[0])
+        if bool((vals == first).all()):
+            mask[raw] = self._taint(first, blk, how)
+            return mask
+        for oid in torch.unique(vals).tolist():
+            mask[mask == oid] = self._taint(int(oid), blk, how)
+        return mask
+
+    def consume_scalar(self, tag: int, blk, how: str = "scalar read", site: str | None = None) -> int:
+        """The tag a scalar read of an element tagged ``tag`` carries."""
+        if 0 < tag < TAINT_BASE:
+            return self._taint(tag, blk, how, site)
+        return tag
+
+    # ---- naming ---------------------------------------------------------------------
+    def origin(self, tag: int):
+        """(origin Buffer, Consumer or None) of a non-zero tag."""
+        if tag >= TAINT_BASE:
+            oid, cons = self.taints[tag - TAINT_BASE]
+        else:
+            oid, cons = tag, None
+        return self.program.buffers[oid - 1], cons
+
+    def describe(self, tag: int) -> str:
+        """One line naming the allocation an undefined value came from and
+        its first consumer."""
+        buf, cons = self.origin(tag)
+        text = f"origin: {_describe_buffer(buf)}"
+        if cons is not None:
+            text += f"; first consumed undefined by {cons}"
+        return text
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    try:
+        from pto.language.dtypes import from_torch
+        return str(from_torch(dt))
+    except Exception:  # noqa: BLE001 - naming only
+        return str(dt)
+
+
+def _describe_buffer(buf) -> str:
+    what = f"{list(buf.shape)} {_dtype_name(buf.dtype)}"
+    if buf.kind == "scratch":
+        why = ("init_value dropped by the mutation hook" if getattr(buf, "init_dropped", False)
+               else "no init_value, and not written before it was read")
+        return f"allocation {buf.name!r} {what} at {buf.site} ({why})"
+    return f"Out parameter {buf.name!r} {what} (read before the program wrote it)"
 
 
 def undefined_box(bad: torch.Tensor) -> list[list[int]]:
@@ -24,29 +194,83 @@ def undefined_box(bad: torch.Tensor) -> list[list[int]]:
     return [[int(idx[:, d].min()), int(idx[:, d].max()) + 1] for d in range(bad.dim())]
 
 
+def _box_text(box: list[list[int]]) -> str:
+    return "[" + ", ".join(f"{lo}:{hi}" for lo, hi in box) + "]"
+
+
+def _writers(program, buf, box) -> list[str]:
+    """Names of the tasks with a write/atomic footprint on ``buf`` overlapping
+    the root 2-D box of the N-d bounding ``box`` (for the error message)."""
+    shape = buf.shape
+    if len(box) >= 2:
+        r0 = r1 = 0
+        stride = 1
+        for d in range(len(shape) - 2, -1, -1):
+            r0 += box[d][0] * stride
+            r1 += (box[d][1] - 1) * stride
+            stride *= shape[d]
+        r1 += 1
+        c0, c1 = box[-1]
+    else:
+        r0, r1, c0, c1 = 0, 1, box[0][0], box[0][1]
+    out = []
+    for t in program.graph.tasks:
+        for b, k, (a0, a1, b0, b1) in t.footprints:
+            if b is buf and k != 0 and a0 < r1 and r0 < a1 and b0 < c1 and c0 < b1:
+                out.append(f"{t.name!r} (#{t.id})")
+                break
+    return out
+
+
 def check_outputs(program) -> None:
     """Every element of every Out/InOut argument that the program wrote must be defined.
 
+    For an Out argument, elements still tagged with the argument's own raw
+    id were never written and are not checked (the caller's values stay).
+
     Raises:
-        UndefinedOutputError: naming the output, the undefined box, the origin
-            allocation (name, file:line) and the first task that consumed it
-            undefined.
+        UndefinedOutputError: naming the output, the bounding box of its
+            undefined elements, the origin allocation (name, shape, dtype,
+            file:line), the first task (and block) that consumed it
+            undefined, and the tasks that wrote the box; further origins
+            are listed by name.
     """
+    san = program.sanitizer
     for p, _caller, g in program.args:
         buf = g.buf
         if buf.direction not in (OUT, INOUT) or buf.shadow is None:
             continue
         sh = buf.shadow
-        bad = (sh != 0) & (sh != buf.id) if buf.direction == OUT else (sh != 0)
+        bad = sh != 0
+        if buf.direction == OUT:
+            bad &= sh != buf.id
         if not bool(bad.any()):
             continue
-        oids = torch.unique(sh[bad]).tolist()
-        origin = program.buffers[oids[0] - 1]
-        consumer = origin.first_undef_task
-        cons = (f"; first consumed undefined by task {consumer[0]!r} block {consumer[1]} ({consumer[2]})"
-                if consumer else "")
-        more = f" (and {len(oids) - 1} more origins)" if len(oids) > 1 else ""
-        raise UndefinedOutputError(
-            f"kernel {program.name}: output {p.name!r} has {int(bad.sum())} undefined written elements in box "
-            f"{undefined_box(bad)}; origin: allocation {origin.name!r} at {origin.site} "
-            f"(no init_value and not fully written before it was read){more}{cons}")
+        tags = torch.unique(sh[bad]).tolist()
+        per_origin: dict[int, list] = {}
+        for tag in tags:
+            ob, cons = san.origin(int(tag))
+            per_origin.setdefault(ob.id, [ob, []])[1].append(cons)
+        ob, conses = per_origin[min(per_origin)]
+        known = [c for c in conses if c is not None]
+        first = min(known, key=Consumer.key) if known else None
+        box = undefined_box(bad)
+        lines = [f"kernel {program.name}: output {p.name!r} {list(buf.shape)} has {int(bad.sum())} undefined "
+                 f"written element(s) in box {_box_text(box)}",
+                 f"origin: {_describe_buffer(ob)}"]
+        if first is not None:
+            lines.append(f"first consumed undefined by {first}")
+        writers = _writers(program, buf, box)
+        if writers:
+            lines.append(f"written to {p.name!r} by task(s) {', '.join(writers[:4])}"
+                         f"{' ...' if len(writers) > 4 else ''}")
+        if len(per_origin) > 1:
+            others = [repr(v[0].name) for k, v in sorted(per_origin.items()) if k != ob.id]
+            lines.append(f"other undefined origins: {', '.join(others)}")
+        raise UndefinedOutputError("\n  ".join(lines))
+
+
+def short_site(site: str) -> str:
+    """``file:line`` with the directory stripped (for compact tables)."""
+    path, _, line = site.rpartition(":")
+    return f"{os.path.basename(path)}:{line}" if path else site
