@@ -9,11 +9,13 @@ import pto
 from pto.golden import ScalarSpec, all_cases
 from pto.runtime.simulate import simulate
 
-# (kernel, mode): ((tasks, edges) with seed_scopes=True, (tasks, edges) with init_value, seed task name)
+# (kernel, mode): ((tasks, edges) with seed_scopes=True, (tasks, edges) with init_value, seed task names)
 EXPECTED = {
-    ("hc_pre", "decode"): ((6, 8), (5, 5), "hc_pre_seed"),
-    ("hc_pre", "prefill"): ((6, 8), (5, 5), "hc_pre_seed"),
-    ("prefill_compressor_ratio128", "prefill"): ((7, 9), (6, 7), "prefill_hca_c128_norm_pad_init"),
+    ("hc_pre", "decode"): ((6, 8), (5, 5), ["hc_pre_seed"]),
+    ("hc_pre", "prefill"): ((6, 8), (5, 5), ["hc_pre_seed"]),
+    ("qkv_proj_rope", "decode"): ((9, 11), (7, 7), ["qr_proj_seed", "kv_proj_seed"]),
+    ("qkv_proj_rope", "prefill"): ((9, 11), (7, 7), ["qr_proj_seed", "kv_proj_seed"]),
+    ("prefill_compressor_ratio128", "prefill"): ((7, 9), (6, 7), ["prefill_hca_c128_norm_pad_init"]),
 }
 
 SEED_CASES = [(c.name, m) for c in all_cases("model") if c.seed_variant for m in c.modes]
@@ -37,15 +39,13 @@ def _fill_tasks(prog):
 def test_seed_and_init_graph_counts(name, mode):
     if (name, mode) not in SEED_CASES:
         pytest.skip(f"{name} is not registered with a seed variant")
-    (s_tasks, s_edges), (i_tasks, i_edges), seed_task = EXPECTED[(name, mode)]
+    (s_tasks, s_edges), (i_tasks, i_edges), seed_tasks = EXPECTED[(name, mode)]
     seeded, init = _run(name, mode, True), _run(name, mode, False)
     assert (seeded.stats.tasks, seeded.stats.edges) == (s_tasks, s_edges)
     assert (init.stats.tasks, init.stats.edges) == (i_tasks, i_edges)
-    assert _fill_tasks(seeded) == [seed_task]
+    assert _fill_tasks(seeded) == seed_tasks
     assert _fill_tasks(init) == []
-    names_s = [t.name for t in seeded.graph.tasks]
-    names_s.remove(seed_task)
-    assert names_s == [t.name for t in init.graph.tasks]
+    assert [t.name for t in seeded.graph.tasks if t.name not in seed_tasks] == [t.name for t in init.graph.tasks]
 
 
 @pytest.mark.parametrize("name,mode", SEED_CASES)
