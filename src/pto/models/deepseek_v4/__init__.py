@@ -7,3 +7,4 @@ from pto.models.deepseek_v4 import prefill_compressor_ratio128  # noqa: F401  (r
 from pto.models.deepseek_v4 import rms_norm  # noqa: F401  (registers "rms_norm")
 from pto.models.deepseek_v4 import hc_pre  # noqa: F401  (registers "hc_pre")
 from pto.models.deepseek_v4 import qkv_proj_rope  # noqa: F401  (registers "qkv_proj_rope")
+from pto.models.deepseek_v4 import prefill_attention_swa  # noqa: F401  (registers "prefill_attention_swa")

@@ -18,22 +18,29 @@ the cache scatter runs before the attention. Unlike the reference kernel (which 
 start position, window and page size.
 """
 
-from __future__ import annotations
-
+import functools
 import math
+from types import SimpleNamespace
 
 import torch
 
+import pto.language as pl
 from pto.errors import BindError, ConfigError
-from pto.models.deepseek_v4.config import DeepSeekV4Config
-from pto.models.deepseek_v4.hc_post import golden_hc_post_prefill
-from pto.models.deepseek_v4.hc_pre import HC_BASE_REF, HC_SCALE_REF, golden_hc_pre
-from pto.models.deepseek_v4.prefill_sparse_attn import golden_prefill_sparse_attn, quantize_wo_b
-from pto.models.deepseek_v4.qkv_proj_rope import golden_qkv_proj_rope, quantize_weight_per_column
-from pto.models.deepseek_v4.rms_norm import golden_rms_norm
+from pto.golden import (CaseRun, KernelCase, ScalarSpec, TensorSpec, ratio_allclose, register,
+                        valid_ratio_reldiff)
+from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
+from pto.models.deepseek_v4.hc_post import golden_hc_post_prefill, hc_post_kernels
+from pto.models.deepseek_v4.hc_pre import HC_BASE_REF, HC_SCALE_REF, golden_hc_pre, hc_pre
+from pto.models.deepseek_v4.prefill_sparse_attn import (golden_prefill_sparse_attn, prefill_sparse_attn_kernels,
+                                                        quantize_wo_b)
+from pto.models.deepseek_v4.qkv_proj_rope import (golden_qkv_proj_rope, materialize_rope_rows, qkv_proj_rope,
+                                                  quantize_weight_per_column)
+from pto.models.deepseek_v4.rms_norm import golden_rms_norm, rms_norm
 from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
 
 __all__ = [
+    "prefill_attention_swa_kernels",
+    "build_case",
     "TOLERANCES",
     "permuted_block_table",
     "build_window_indices",
@@ -51,7 +58,186 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {
 }
 
 # ---- kernel ----
-# (The pto.language kernel goes here; the goldens below are its numerical contract.)
+T_DYN = pl.dynamic("T")
+
+
+def _lower_window(t: int, pos, W: int, BS: int, n_blocks: int, block_table):
+    """``[1, W]`` INT32 window row of the token at ``pos``: keys ``pos+1-valid .. pos`` with
+    ``valid = min(W, pos + 1)`` in columns ``0 .. valid-1``, each key ``k`` lowered to
+    ``block_table[k // BS] * BS + k % BS`` one page segment at a time (``pl.arange``); a
+    negative table entry and the remaining columns stay ``-1`` (A.3 step 5)."""
+    if pos < 0:
+        raise BindError(f"prefill_attention_swa: position_ids[{t}] = {pos} is negative")
+    valid = min(W, pos + 1)
+    key = pos + 1 - valid
+    if pos // BS >= n_blocks:
+        raise BindError(f"prefill_attention_swa: position_ids[{t}] = {pos} needs page {pos // BS}, "
+                        f"block_table has {n_blocks} entries")
+    row = pl.full([1, W], pl.INT32, -1)
+    col = 0
+    while col < valid:
+        off = key % BS
+        seg = min(BS - off, valid - col)
+        phys = pl.read(block_table, [key // BS])
+        if phys >= 0:
+            row = pl.assemble(row, pl.arange(phys * BS + off, [1, seg], dtype=pl.INT32), [0, col])
+        key, col = key + seg, col + seg
+    return row
+
+
+@functools.lru_cache(maxsize=None)
+def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleNamespace:
+    """Build the ratio-0 prefill attention sub-layer for ``cfg`` (cached per config / variant).
+
+    Composition (v4flash-kernels.md A.3; ``T`` dynamic, ``num_tokens`` active rows):
+    ``hc_pre`` -> ``rms_norm`` -> ``late_dep = task_dummy(deps=[rms_tid])`` ->
+    ``materialize_rope_rows`` -> ``qkv_proj_rope(..., late_dep)`` ->
+    ``at "prefill_swa_cache_write"`` (``kv[t]`` to flat cache row ``ori_slot_mapping[t]`` for
+    ``t < num_tokens``, ``-1`` skips; consecutive slots copied as one run) ->
+    ``at "prefill_swa_window_indices"`` (per token ``[1, W]`` rows through ``block_table``) ->
+    ``prefill_sparse_attn`` with the dummy compressed metadata -> ``hc_post_prefill``.
+
+    Dummy compressed metadata: ``cmp_block_table [cmp_kv_block_num] INT32`` with
+    ``init_value=0``, ``cmp_indices [T, index_topk] INT32`` with ``init_value=-1`` (the invalid
+    sentinel: nothing is gathered, every compressed column is masked) and ``cmp_kv`` left
+    uninitialised (never read). ``seed_scopes=True`` keeps the former variant: both created
+    uninitialised and filled by the tasks ``prefill_swa_dummy_cmp_table`` and
+    ``prefill_swa_empty_cmp_meta`` (bit-identical results, two more tasks).
+
+    Returns:
+        namespace with the inline body ``prefill_attention_swa(x_hc, hc_attn_fn, hc_attn_scale,
+        hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos,
+        freqs_sin, kv_cache, block_table, ori_slot_mapping, position_ids, attn_sink, wo_a, wo_b,
+        wo_b_scale, x_out, num_tokens)`` returning ``(kv_cache, x_out)``, the ``@pl.jit`` entry
+        ``prefill_attention_swa_test`` (same parameters) and ``seed_scopes``.
+
+    Raises:
+        ConfigError: the config cannot be tiled by one of the composed kernels.
+    """
+    D, HC, H, HD, R = cfg.hidden_size, cfg.hc_mult, cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim
+    LQ, G, LO, GIN, W = cfg.q_lora_rank, cfg.o_groups, cfg.o_lora_rank, cfg.o_group_in, cfg.sliding_window
+    BS, P, CP, TOPK = cfg.block_size, cfg.ori_kv_block_num, cfg.cmp_kv_block_num, cfg.index_topk
+    MAXPOS, NBLK, MIX = cfg.max_position_embeddings, cfg.max_blocks_per_seq, cfg.mix_hc
+
+    attn = prefill_sparse_attn_kernels(cfg).prefill_sparse_attn
+    hc_post_prefill = hc_post_kernels(cfg).hc_post_prefill
+
+    @pl.jit.inline
+    def prefill_attention_swa(x_hc: pl.Tensor[[T_DYN, HC, D], pl.FP32],
+                              hc_attn_fn: pl.Tensor[[MIX, HC * D], pl.FP32],
+                              hc_attn_scale: pl.Tensor[[3], pl.FP32],
+                              hc_attn_base: pl.Tensor[[MIX], pl.FP32],
+                              attn_norm_w: pl.Tensor[[D], pl.BF16],
+                              wq_a: pl.Tensor[[D, LQ], pl.BF16],
+                              wq_b: pl.Tensor[[LQ, H * HD], pl.INT8],
+                              wq_b_scale: pl.Tensor[[H * HD], pl.FP32],
+                              wkv: pl.Tensor[[D, HD], pl.BF16],
+                              gamma_cq: pl.Tensor[[LQ], pl.BF16],
+                              gamma_ckv: pl.Tensor[[HD], pl.BF16],
+                              freqs_cos: pl.Tensor[[MAXPOS, R], pl.BF16],
+                              freqs_sin: pl.Tensor[[MAXPOS, R], pl.BF16],
+                              kv_cache: pl.InOut[pl.Tensor[[P, BS, 1, HD], pl.BF16]],
+                              block_table: pl.Tensor[[NBLK], pl.INT32],
+                              ori_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
+                              position_ids: pl.Tensor[[T_DYN], pl.INT32],
+                              attn_sink: pl.Tensor[[H], pl.FP32],
+                              wo_a: pl.Tensor[[G, LO, GIN], pl.BF16],
+                              wo_b: pl.Tensor[[D, G * LO], pl.INT8],
+                              wo_b_scale: pl.Tensor[[D], pl.FP32],
+                              x_out: pl.Out[pl.Tensor[[T_DYN, HC, D], pl.FP32]],
+                              num_tokens: pl.Scalar[pl.INT32]):
+        """Ratio-0 prefill attention sub-layer (A.3); returns ``(kv_cache, x_out)``."""
+        t = pl.tensor.dim(x_hc, 0)
+        active = pl.min(pl.max(num_tokens, 0), t)
+        x_mixed = pl.create_tensor([t, D], pl.BF16)
+        post = pl.create_tensor([t, HC], pl.FP32)
+        comb = pl.create_tensor([t, HC * HC], pl.FP32)
+        x_normed = pl.create_tensor([t, D], pl.BF16)
+        rope_cos_t = pl.create_tensor([t, R], pl.BF16)
+        rope_sin_t = pl.create_tensor([t, R], pl.BF16)
+        q = pl.create_tensor([t, H, HD], pl.BF16)
+        kv = pl.create_tensor([t, HD], pl.BF16)
+        qr = pl.create_tensor([t, LQ], pl.INT8)
+        qr_scale = pl.create_tensor([t, 1], pl.FP32)
+        swa_indices = pl.create_tensor([t, W], pl.INT32)
+        attn_out = pl.create_tensor([t, D], pl.BF16)
+        if seed_scopes:
+            cmp_block_table = pl.create_tensor([CP], pl.INT32)
+            cmp_indices = pl.create_tensor([t, TOPK], pl.INT32)
+        else:
+            cmp_block_table = pl.create_tensor([CP], pl.INT32, init_value=0)
+            cmp_indices = pl.create_tensor([t, TOPK], pl.INT32, init_value=-1)
+        cmp_kv = pl.create_tensor([CP, BS, 1, HD], pl.BF16)  # never read: every cmp index is -1
+
+        hc_pre(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, x_mixed, post, comb, cfg)
+        rms_tid = rms_norm(x_mixed, attn_norm_w, x_normed, cfg)
+        late_dep = pl.system.task_dummy(deps=[rms_tid])
+        materialize_rope_rows(freqs_cos, freqs_sin, position_ids, num_tokens, rope_cos_t, rope_sin_t)
+        qkv_proj_rope(x_normed, wq_a, wq_b, wq_b_scale, wkv, rope_cos_t, rope_sin_t, gamma_cq, gamma_ckv,
+                      q, kv, qr, qr_scale, late_dep, cfg)
+
+        cache_flat = pl.reshape(kv_cache, [P * BS, HD])
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_cache_write"):
+            tok = 0
+            while tok < active:  # runs of consecutive tokens with consecutive slots: one copy each
+                slot = pl.read(ori_slot_mapping, [tok])
+                end = tok + 1
+                if slot >= 0:
+                    while end < active and pl.read(ori_slot_mapping, [end]) == slot + (end - tok):
+                        end += 1
+                    pl.assemble(cache_flat, kv[tok:end, :], [slot, 0])
+                tok = end
+
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_window_indices"):
+            for tok in pl.range(t):
+                if tok < active:
+                    row = _lower_window(tok, pl.read(position_ids, [tok]), W, BS, NBLK, block_table)
+                else:
+                    row = pl.full([1, W], pl.INT32, -1)
+                pl.assemble(swa_indices, row, [tok, 0])
+
+        if seed_scopes:
+            with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_dummy_cmp_table"):
+                pl.assemble(cmp_block_table, pl.full([CP], pl.INT32, 0), [0])
+            with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_empty_cmp_meta"):
+                pl.assemble(cmp_indices, pl.full([t, TOPK], pl.INT32, -1), [0, 0])
+
+        attn(q, kv_cache, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, num_tokens,
+             rope_cos_t, rope_sin_t, wo_a, wo_b, wo_b_scale, attn_out)
+        hc_post_prefill(attn_out, x_hc, post, comb, x_out, num_tokens)
+        return kv_cache, x_out
+
+    @pl.jit
+    def prefill_attention_swa_test(x_hc: pl.Tensor[[T_DYN, HC, D], pl.FP32],
+                                   hc_attn_fn: pl.Tensor[[MIX, HC * D], pl.FP32],
+                                   hc_attn_scale: pl.Tensor[[3], pl.FP32],
+                                   hc_attn_base: pl.Tensor[[MIX], pl.FP32],
+                                   attn_norm_w: pl.Tensor[[D], pl.BF16],
+                                   wq_a: pl.Tensor[[D, LQ], pl.BF16],
+                                   wq_b: pl.Tensor[[LQ, H * HD], pl.INT8],
+                                   wq_b_scale: pl.Tensor[[H * HD], pl.FP32],
+                                   wkv: pl.Tensor[[D, HD], pl.BF16],
+                                   gamma_cq: pl.Tensor[[LQ], pl.BF16],
+                                   gamma_ckv: pl.Tensor[[HD], pl.BF16],
+                                   freqs_cos: pl.Tensor[[MAXPOS, R], pl.BF16],
+                                   freqs_sin: pl.Tensor[[MAXPOS, R], pl.BF16],
+                                   kv_cache: pl.InOut[pl.Tensor[[P, BS, 1, HD], pl.BF16]],
+                                   block_table: pl.Tensor[[NBLK], pl.INT32],
+                                   ori_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
+                                   position_ids: pl.Tensor[[T_DYN], pl.INT32],
+                                   attn_sink: pl.Tensor[[H], pl.FP32],
+                                   wo_a: pl.Tensor[[G, LO, GIN], pl.BF16],
+                                   wo_b: pl.Tensor[[D, G * LO], pl.INT8],
+                                   wo_b_scale: pl.Tensor[[D], pl.FP32],
+                                   x_out: pl.Out[pl.Tensor[[T_DYN, HC, D], pl.FP32]],
+                                   num_tokens: pl.Scalar[pl.INT32]):
+        return prefill_attention_swa(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b,
+                                     wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos, freqs_sin, kv_cache,
+                                     block_table, ori_slot_mapping, position_ids, attn_sink, wo_a, wo_b,
+                                     wo_b_scale, x_out, num_tokens)
+
+    return SimpleNamespace(prefill_attention_swa=prefill_attention_swa,
+                           prefill_attention_swa_test=prefill_attention_swa_test, seed_scopes=seed_scopes)
 # ---- end kernel ----
 
 
@@ -358,3 +544,57 @@ def make_swa_inputs(
         "wo_a": wo_a.to(bf16), "wo_b": wo_b, "wo_b_scale": wo_b_scale,
         "num_tokens": int(num_tokens),
     }
+
+
+_SPEC_ORDER = ("x_hc", "hc_attn_fn", "hc_attn_scale", "hc_attn_base", "attn_norm_w", "wq_a", "wq_b", "wq_b_scale",
+               "wkv", "gamma_cq", "gamma_ckv", "freqs_cos", "freqs_sin", "kv_cache", "block_table",
+               "ori_slot_mapping", "position_ids", "attn_sink", "wo_a", "wo_b", "wo_b_scale")
+
+
+def build_case(preset: str, mode: str, **options) -> CaseRun:
+    """Registry builder of the ``prefill_attention_swa`` case (v4flash-kernels.md A.3).
+
+    Mode ``"prefill"`` (``T = prefill_seq``, 128). Options: ``T``, ``start_pos`` (default 0),
+    ``num_tokens`` (default ``T``), ``block_table`` (``"identity"`` or ``"permuted"``),
+    ``seed_scopes`` (the two-fill-task variant), ``attn_sink`` (scalar, default 0), ``seed``.
+    Inputs from :func:`make_swa_inputs`; the golden is :func:`golden_prefill_attention_swa`.
+    Compare: ``x_out`` with ``valid_ratio_reldiff(num_tokens, *TOLERANCES["x_out"])`` (rows
+    ``>= num_tokens`` exactly zero), ``kv_cache`` with ``ratio_allclose(*TOLERANCES["kv_cache"])``;
+    run tolerances ``rtol = atol = 1e-2``.
+
+    Raises:
+        ConfigError: unknown preset, mode or option, or an untileable config.
+        BindError: inconsistent ``T`` / ``start_pos`` / ``num_tokens``.
+    """
+    cfg = get_config(preset)
+    if mode != "prefill":
+        raise ConfigError(f"prefill_attention_swa: unknown mode {mode!r}; modes: prefill")
+    opts = dict(options)
+    T = int(opts.pop("T", cfg.prefill_seq))
+    start_pos = int(opts.pop("start_pos", 0))
+    num_tokens = int(opts.pop("num_tokens", T))
+    table = opts.pop("block_table", "identity")
+    seed_scopes = bool(opts.pop("seed_scopes", False))
+    sink = opts.pop("attn_sink", 0.0)
+    seed = int(opts.pop("seed", 0))
+    if opts:
+        raise ConfigError(f"prefill_attention_swa: unknown options {sorted(opts)}")
+    k = prefill_attention_swa_kernels(cfg, seed_scopes)
+    d = make_swa_inputs(cfg, T, start_pos, num_tokens, seed, block_table=table, attn_sink=sink)
+    specs = [TensorSpec(n, list(d[n].shape), d[n].dtype, d[n], is_output=(n == "kv_cache")) for n in _SPEC_ORDER]
+    specs.append(TensorSpec("x_out", [T, cfg.hc_mult, cfg.hidden_size], torch.float32, is_output=True))
+    specs.append(ScalarSpec("num_tokens", torch.int32, num_tokens))
+
+    def golden(v: dict) -> None:
+        v["kv_cache"], v["x_out"] = golden_prefill_attention_swa(v, cfg)
+
+    compare = {"x_out": valid_ratio_reldiff(num_tokens, *TOLERANCES["x_out"]),
+               "kv_cache": ratio_allclose(*TOLERANCES["kv_cache"])}
+    label = (f"prefill T={T} start_pos={start_pos} num_tokens={num_tokens} block_table={table}"
+             + (" seed_scopes" if seed_scopes else ""))
+    return CaseRun(fn=k.prefill_attention_swa_test, specs=specs, golden=golden, compare=compare, rtol=1e-2,
+                   atol=1e-2, label=label)
+
+
+register(KernelCase("prefill_attention_swa", build_case, modes=("prefill",), seed_variant=True,
+                    description="ratio-0 prefill attention sub-layer (hc_pre .. sparse attn .. hc_post), A.3"))
