@@ -122,7 +122,7 @@ class Tile:
     def __mul__(self, o): return mul(self, o)
     def __rmul__(self, o): return mul(self, o)
     def __truediv__(self, o): return div(self, o)
-    def __rtruediv__(self, o): return mul(recip(self), o)
+    def __rtruediv__(self, o): return div(o, self)
     def __neg__(self): return neg(self)
 
     def __getitem__(self, key):
@@ -192,6 +192,11 @@ def _binary(op: str, a, b, fn):
         mask = _and(a.mask, b.mask)
     else:
         v, oid = _scalar(b, f"pl.{op}")
+        if isinstance(v, float) and not a.data.dtype.is_floating_point:
+            if not v.is_integer():
+                raise DslError(f"pl.{op}: fractional scalar {v} with a {a.dtype} tile (no implicit promotion; "
+                               "cast the tile to a float dtype first)")
+            v = int(v)
         out = fn(a.data, v)
         mask = a.mask if not oid else _and(a.mask, torch.full(a.data.shape, oid, dtype=torch.int32))
     if out.dtype != a.data.dtype:
@@ -220,7 +225,7 @@ def mul(a, b) -> Tile:
 def div(a, b, high_precision: bool = False) -> Tile:
     """Elementwise ``a / b`` (IEEE division; x/0 is ±inf)."""
     if not isinstance(a, Tile) and isinstance(b, Tile):
-        return mul(recip(b), a)
+        return _binary("div", b, a, lambda x, y: torch.div(y, x))  # number / tile: one IEEE division
     return _binary("div", a, b, torch.div)
 
 
