@@ -365,6 +365,8 @@ def _round_to_float(v: torch.Tensor, dst: torch.dtype, mode: str) -> torch.Tenso
     if dst == torch.float32 and mode in ("none", "rint"):
         return c  # float64 -> float32 is a single correctly rounded conversion
     cd = c.to(torch.float64)
+    if torch.equal(cd, v):
+        return c  # every value representable: no rounding in any mode
     down = torch.zeros(v.shape, dtype=torch.bool)
     lo = torch.where(cd > v, _step(c, down), c)
     hi = torch.where(cd < v, _step(c, ~down), c)
@@ -440,8 +442,8 @@ def cast(x, target_type, mode="round") -> Tile:
                  (src.dtype.is_floating_point and torch.finfo(src.dtype).bits <= torch.finfo(dst.torch).bits
                   and not (src.dtype == torch.bfloat16 and dst.torch == torch.float16))
                  or (not src.dtype.is_floating_point and src.element_size() <= 2 and dst.torch == torch.float32))
-        if exact:
-            out = src.to(dst.torch)
+        if exact or (src.dtype.is_floating_point and mode in ("none", "rint")):
+            out = src.to(dst.torch)  # float -> narrower float: one correctly rounded (RNE) conversion
         else:
             out = _round_to_float(src.to(torch.float64), dst.torch, mode)
     else:
