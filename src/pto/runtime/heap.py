@@ -2,10 +2,14 @@
 
 Scratch tensors are carved out of one persistent byte buffer (the "GM heap"),
 so an uninitialised tensor really holds stale bytes from earlier programs,
-as on the device. Allocation order is a ring: a new tensor goes at the head,
-memory is reclaimed in FIFO order when scopes end (a tensor freed out of order
-waits for everything allocated before it), and a request that fits nowhere is
-a :class:`pto.HeapExhaustedError` naming the request and the high-water mark.
+as on the device. Allocation order is a ring: a new tensor goes after the
+newest one, wrapping to the start; memory is reclaimed when scopes end, in
+FIFO order from the oldest end and at once from the newest end (the device
+keeps one ring per scope depth, so an inner scope reuses its bytes while an
+outer tensor stays live; one ring reclaimed at both ends behaves the same for
+nested scopes). A tensor freed in the middle waits for an end to reach it. A
+request that fits nowhere is a :class:`pto.HeapExhaustedError` naming the
+request and the high-water mark.
 
 ``init_value`` fills the tensor as part of the allocation (no task, no edge).
 In check mode, undefined storage is poisoned: NaN for floats, the byte
@@ -120,19 +124,30 @@ class RingHeap:
         self.count = 0
 
     def _fits(self, size: int):
+        """Offset where ``size`` bytes fit after the newest allocation, or None.
+
+        Not wrapped (newest after oldest): free space is the end of the buffer,
+        then the start up to the oldest allocation. Wrapped: only the gap
+        between the newest and the oldest allocation.
+        """
         if not self.live:
             return 0 if size <= self.size else None
-        tail = self.live[0][0]
-        if self.head >= tail:
-            if self.head + size <= self.size:
-                return self.head
-            if size <= tail:
-                return 0
-            return None
-        return self.head if self.head + size <= tail else None
+        first = self.live[0][0]
+        last_off, last_size, _ = self.live[-1]
+        end = last_off + last_size
+        if last_off >= first:
+            if end + size <= self.size:
+                return end
+            return 0 if size <= first else None
+        return end if end + size <= first else None
 
     def alloc(self, nbytes: int, what: str) -> int:
-        """Reserve ``nbytes`` (rounded up to 512) and return the byte offset."""
+        """Reserve ``nbytes`` (rounded up to 512) and return the byte offset.
+
+        Raises:
+            HeapExhaustedError: naming ``what``, the request, the heap size, the
+                bytes in use and the high-water mark.
+        """
         size = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
         off = self._fits(size)
         if off is None:
@@ -149,7 +164,11 @@ class RingHeap:
         return off
 
     def free(self, offset: int) -> None:
-        """Release the allocation at ``offset``; memory returns in FIFO order."""
+        """Release the allocation at ``offset``. Memory returns from both ends of
+        the ring: the oldest allocations in FIFO order, and the newest ones as
+        soon as they are freed (an inner scope's tensors, so that a loop whose
+        iterations allocate and free reuses the same bytes while an outer
+        tensor stays live). A tensor freed in the middle waits for an end."""
         for e in self.live:
             if e[0] == offset and not e[2]:
                 e[2] = True
@@ -157,8 +176,9 @@ class RingHeap:
                 break
         while self.live and self.live[0][2]:
             self.live.popleft()
-        if not self.live:
-            self.head = 0
+        while self.live and self.live[-1][2]:
+            self.live.pop()
+        self.head = self.live[-1][0] + self.live[-1][1] if self.live else 0
 
     def view(self, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
         """The typed tensor of ``shape`` at byte ``offset``."""
