@@ -173,9 +173,14 @@ class GMTensor:
         if not isinstance(value, Tile):
             raise DslError(f"{self.name}: subscript assign needs a tile, got {type(value).__name__}")
         if list(value.shape) != shape:
-            if math.prod(value.shape) != math.prod(shape) or value.valid is not None:
-                raise DslError(f"{self.name}: tile of shape {list(value.shape)} assigned to window {shape}")
-            value = Tile(value.data.reshape(shape), None if value.mask is None else value.mask.reshape(shape))
+            if value.valid is not None and list(value.valid) == shape:
+                pass  # a padded tile whose valid region is the window: the store writes that region
+            elif math.prod(value.shape) != math.prod(shape) or value.valid is not None:
+                raise DslError(f"{self.name}: tile of shape {list(value.shape)}"
+                               f"{'' if value.valid is None else f' (valid {list(value.valid)})'} "
+                               f"assigned to window {shape}{_where()}")
+            else:
+                value = Tile(value.data.reshape(shape), None if value.mask is None else value.mask.reshape(shape))
         _store(self, starts, value, None)
 
     def _view(self, starts, stops, drop=()):
@@ -508,6 +513,9 @@ def write(dst, idx, value):
         if not 0 <= i < dst.data.shape[d]:
             raise DslError(f"pl.write: index {i} out of bounds of dim {d} of {dst.name} "
                            f"(extent {dst.data.shape[d]}){_where()}")
+    if isinstance(v, float) and not dst.data.dtype.is_floating_point and not v.is_integer():
+        raise DslError(f"pl.write: fractional value {v} into integer tensor {dst.name} ({dst.dtype}); "
+                       f"cast it first{_where()}")
     t = Tile(torch.tensor(v, dtype=dst.data.dtype).reshape([1] * len(idx)),
              None if not undefined else torch.full([1] * len(idx), oid, dtype=torch.int32))
     _store(dst, idx, t, None)
