@@ -85,8 +85,9 @@ def hc_pre_tiling(cfg: DeepSeekV4Config) -> SimpleNamespace:
     """Tile sizes of :func:`hc_pre` for ``cfg``.
 
     Returns a namespace with ``hc`` (hc_mult), ``d`` (hidden_size), ``hc_dim``, ``mix``
-    (mix_hc), ``mix_pad`` / ``hc_pad`` (``mix`` / ``hc`` rounded up to 8 FP32 = 32-byte
-    rows; 32 / 8 at flash), ``k_slice = hc_dim / HC_OK``, ``k_tile`` (``k_slice`` split into
+    (mix_hc), ``mix_pad`` (``mix`` rounded up to the 16-column cube granule: the matmul N
+    of the linear; 32 at flash), ``hc_pad = 8`` (one 32-byte FP32 row holds the per-token
+    pre / post weights), ``k_slice = hc_dim / HC_OK``, ``k_tile`` (``k_slice`` split into
     equal steps of at most :data:`HC_LINEAR_K_TILE_MAX`), ``k_steps``, ``d_tile``
     (:data:`HC_MIX_D_TILE_MAX` or less, dividing ``d``), and the per-task token tiles.
 
@@ -108,7 +109,7 @@ def hc_pre_tiling(cfg: DeepSeekV4Config) -> SimpleNamespace:
     d_tile = D
     while d_tile > HC_MIX_D_TILE_MAX and d_tile % 2 == 0 and (d_tile // 2) % 16 == 0:
         d_tile //= 2
-    return SimpleNamespace(hc=hc, d=D, hc_dim=hc_dim, mix=cfg.mix_hc, mix_pad=round_up(cfg.mix_hc, 8),
+    return SimpleNamespace(hc=hc, d=D, hc_dim=hc_dim, mix=cfg.mix_hc, mix_pad=round_up(cfg.mix_hc, MATMUL_M_TILE),
                            hc_pad=8, k_slice=k_slice, k_steps=k_steps, k_tile=k_slice // k_steps,
                            d_tile=d_tile, rms_t=HC_RMS_T_TILE, lin_m=HC_LINEAR_M_TILE, split_t=HC_SPLIT_T_TILE,
                            comb_t=HC_COMB_T_TILE, mix_t=HC_MIX_T_TILE)

@@ -1,0 +1,99 @@
+"""hc_pre DSL kernel ("separate" variant) vs its golden (v4flash-kernels.md A.1): tiny
+preset at every tail shape, the seed_scopes variant bit-identical, exact task names and
+edges of both graphs, the init-0 split-K scratch, capacity and tiling errors; FLASH twins
+are slow."""
+
+import functools
+
+import pytest
+import torch
+
+import pto
+from pto.golden import run_jit
+from pto.models.deepseek_v4.config import get_config
+from pto.models.deepseek_v4.hc_pre import build_hc_pre, hc_pre_entry, hc_pre_tiling
+
+TINY = get_config("tiny")
+TASKS = ["hc_pre_rms", "hc_pre_linear", "split_pre_post", "comb_sinkhorn", "mix_x"]
+EDGES = {("hc_pre_rms", "split_pre_post"), ("hc_pre_linear", "split_pre_post"),
+         ("hc_pre_rms", "comb_sinkhorn"), ("hc_pre_linear", "comb_sinkhorn"), ("split_pre_post", "mix_x")}
+# the seed writes mixes_raw: the atomic adds wait for it, and its write box stays registered,
+# so the two readers of mixes_raw also get a (transitively implied) edge on it
+SEED_EDGES = EDGES | {("hc_pre_seed", "hc_pre_linear"), ("hc_pre_seed", "split_pre_post"),
+                      ("hc_pre_seed", "comb_sinkhorn")}
+
+
+@functools.lru_cache(maxsize=None)
+def _run(preset: str, mode: str, T=None, seed_scopes=False):
+    cr = build_hc_pre(preset, mode, T=T, seed_scopes=seed_scopes)
+    return run_jit(cr.fn, cr.specs, cr.golden, cr.compare, rtol=cr.rtol, atol=cr.atol)
+
+
+def _buffer(prog, name):
+    return next(b for b in prog.buffers if b.name == name)
+
+
+@pytest.mark.parametrize("T", [1, 7, 8, 16, 24, 128])
+def test_hc_pre_matches_golden_and_seed_variant_is_bit_identical(T):
+    res, seeded = _run("tiny", "prefill", T), _run("tiny", "prefill", T, True)
+    for r in (res, seeded):
+        assert r.passed, r.error
+        assert set(r.outputs) == {"x_mixed", "post", "comb"}
+    for name in ("x_mixed", "post", "comb"):
+        assert torch.equal(res.actual[name], seeded.actual[name]), name
+    # Sinkhorn ends on a column pass: every output stream's input weights sum to ~1
+    comb = res.actual["comb"].reshape(T, TINY.hc_mult, TINY.hc_mult)
+    assert torch.allclose(comb.sum(dim=1), torch.ones(T, TINY.hc_mult), atol=1e-5)
+
+
+@pytest.mark.parametrize("T", [1, 7, 8, 16, 24, 128])
+def test_hc_pre_graph_has_no_seed_task(T):
+    g = _run("tiny", "prefill", T).program.graph
+    assert [t.name for t in g.tasks] == TASKS
+    assert g.named_edges() == EDGES and len(g.edges()) == 5
+    gs = _run("tiny", "prefill", T, True).program.graph
+    assert [t.name for t in gs.tasks] == ["hc_pre_seed"] + TASKS
+    assert gs.named_edges() == SEED_EDGES and len(gs.edges()) == 8
+
+
+@pytest.mark.parametrize("T", [7, 24])
+def test_hc_pre_mixes_raw_is_zero_initialised_at_t_linear(T):
+    prog = _run("tiny", "prefill", T).program
+    mixes = _buffer(prog, "mixes_raw")
+    t_linear = -(-T // 16) * 16
+    assert mixes.shape == (t_linear, 32) and mixes.init_value == 0 and mixes.kind == "scratch"
+    assert _buffer(prog, "inv_rms").shape == (t_linear, 1) and _buffer(prog, "inv_rms").init_value is None
+    seeded = _run("tiny", "prefill", T, True).program
+    assert _buffer(seeded, "mixes_raw").shape == (128, 32) and _buffer(seeded, "mixes_raw").init_value is None
+    seed = next(t for t in seeded.graph.tasks if t.name == "hc_pre_seed")
+    assert [(f.kind, f.box) for f in seeded.footprints(seed)] == [("write", (0, t_linear, 0, 32))]
+
+
+@pytest.mark.parametrize("seed_scopes", [False, True])
+def test_hc_pre_capacity_error_names_tensor_before_any_task(seed_scopes):
+    cr = build_hc_pre("tiny", "prefill", T=129, seed_scopes=seed_scopes)
+    vals = [s.create_tensor() for s in cr.specs]
+    prog = pto.Program(cr.fn, pto.RunConfig(check=True))
+    with pytest.raises(pto.CapacityError, match="mixes_raw"):
+        prog.execute(vals, {})
+    assert len(prog.graph.tasks) == 0
+
+
+def test_hc_pre_tiling_errors():
+    with pytest.raises(pto.ConfigError, match="hc_mult=9"):
+        hc_pre_tiling(TINY.replace(hc_mult=9))
+    with pytest.raises(pto.ConfigError, match="hidden_size=120"):
+        hc_pre_entry(TINY.replace(hidden_size=120))
+    tl = hc_pre_tiling(get_config("flash"))
+    assert (tl.mix_pad, tl.hc_pad, tl.k_slice, tl.k_tile, tl.d_tile) == (32, 8, 4096, 4096, 4096)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_hc_pre_flash(mode):
+    res, seeded = _run("flash", mode), _run("flash", mode, None, True)
+    assert res.passed, res.error
+    assert seeded.passed, seeded.error
+    for name in ("x_mixed", "post", "comb"):
+        assert torch.equal(res.actual[name], seeded.actual[name]), name
+    assert res.program.graph.named_edges() == EDGES
