@@ -179,15 +179,17 @@ class Program:
         if not t.is_contiguous():
             raise BindError(f"kernel {self.name}: parameter {p.name!r} must be contiguous (call .contiguous())")
         direction = p.ann.direction
-        data = t if direction not in (OUT, INOUT) else t.clone()
+        if direction == OUT and self.check:
+            data = torch.empty_like(t)  # poisoned below: an Out argument is undefined until written
+        else:
+            data = t if direction not in (OUT, INOUT) else t.clone()
         buf = Buffer(len(self.buffers) + 1, p.name, f"parameter {p.name!r} of {self.name}", "arg", data, self,
                      direction=direction)
         buf.readonly = direction not in (OUT, INOUT)
         self.buffers.append(buf)
         if self.check and direction in (OUT, INOUT):
-            buf.shadow = torch.zeros(buf.shape, dtype=torch.int32)
+            buf.shadow = torch.full(buf.shape, buf.id if direction == OUT else 0, dtype=torch.int32)
             if direction == OUT:
-                buf.shadow.fill_(buf.id)
                 _poison(data)
         g = GMTensor(data, buf, p.name)
         self.args.append((p, t, g))
@@ -209,9 +211,12 @@ class Program:
         for p, caller, g in self.args:
             if g.buf.direction == INOUT or (g.buf.direction == OUT and not self.check):
                 caller.copy_(g.data)
-            elif g.buf.direction == OUT:
-                written = g.buf.shadow != g.buf.id
-                caller[written] = g.data[written]
+            elif g.buf.direction == OUT:  # check mode: only the written elements (the rest are poisoned)
+                sh = g.buf.shadow
+                if not bool(sh.any()):  # every element written and defined
+                    caller.copy_(g.data)
+                else:
+                    caller.copy_(torch.where(sh != g.buf.id, g.data, caller))
 
     def _finish_stats(self) -> None:
         s = self.stats
