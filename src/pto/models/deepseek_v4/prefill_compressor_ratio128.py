@@ -89,7 +89,7 @@ BS_DYN = pl.dynamic("BLOCK_SIZE")  # compressed-cache page rows (checked against
 APE_DYN = pl.dynamic("APE_ROWS")  # 128 (checked)
 
 HCA_C128_PROJ_T_TILE = 128  # token rows of a projection tile (the prefill tile; tail rows via valid_shape)
-HCA_C128_PROJ_N_TILE = 64  # output columns per projection block (A.4 uses 32; 64 halves the CPU matmul calls)
+HCA_C128_PROJ_N_TILE = 64  # kv and score columns per projection block (A.4: 32; see compressor_tiling)
 HCA_C128_PROJ_K_TILE = 512  # reduction chunk of the projections (A.4: 8 chunks of 512 at D = 4096)
 HCA_C128_SCATTER_T_TILE = 16  # tokens per state-scatter block
 HCA_C128_POOL_H_TILE = 64  # channels per softmax-pool block (A.4: 64-column head blocks)
@@ -103,8 +103,11 @@ class CompressorTiling:
     """Tile sizes of :func:`prefill_compressor_ratio128` for one config.
 
     Attributes:
-        proj_t, proj_n, proj_k: projection tile rows (tokens), output columns per block and
-            reduction chunk (``min(512, hidden_size)``).
+        proj_t, proj_n, proj_k: projection tile rows (tokens), kv (and score) columns per block
+            (``min(64, head_dim)``) and reduction chunk (``min(512, hidden_size)``). A.4 uses
+            32-column blocks (16 at FLASH); 64 columns with the wkv and wgate rows in one
+            product quarter the CPU matmul calls (CPU wall about 2x lower) at the price of 8
+            instead of 16 blocks (simulated a2a3 makespan 60 instead of 47 us at FLASH).
         scatter_t: tokens per state-scatter block.
         pool_h: channels per softmax-pool block (``min(64, head_dim)``).
         rms_rows: row granule of the pooled / normed pads.
@@ -284,8 +287,9 @@ def prefill_compressor_ratio128(
        destination -1 gets a slot whose destination stays -1.
     2. (``seed_scopes`` only) ``at`` ``prefill_hca_c128_norm_pad_init``: zero-fills the pooled
        and the normed pads (the task the allocation-time zero fill replaced).
-    3. ``spmd(ceil(T/128) * head_dim/32)`` ``prefill_hca_c128_kv_score_proj``: ``[128, 32]``
-       FP32 tiles of ``x @ wkv^T`` and ``x @ wgate^T`` (BF16 operands, K chunks of 512).
+    3. ``spmd(ceil(T/128) * head_dim/64)`` ``prefill_hca_c128_kv_score_proj``: ``[128, 64]``
+       FP32 tiles of ``x @ wkv^T`` and ``x @ wgate^T`` (BF16 operands, K chunks of 512; the
+       64 wkv and 64 wgate rows of a block side by side in one ``[128, 128]`` product).
     4. ``spmd(ceil(T/16))`` ``prefill_hca_c128_state_scatter_pre``: for active tokens with a
        state row: ``state[row] = [kv | score + ape[pos % 128]]``.
     5. ``spmd(W * head_dim/64)`` ``prefill_hca_c128_softmax_pool``: slot ``i`` with a
@@ -401,19 +405,21 @@ def prefill_compressor_ratio128(
 
     PT, PN, PK = tl.proj_t, tl.proj_n, tl.proj_k
     n_col = d // PN
+
+    def kv_gate_rows(c0, k0):  # [2*PN, PK] BF16: the block's wkv rows above its wgate rows
+        w_t = pl.assemble(pl.full([2 * PN, PK], pl.BF16, 0), wkv[c0:c0 + PN, k0:k0 + PK], [0, 0])
+        return pl.assemble(w_t, wgate[c0:c0 + PN, k0:k0 + PK], [PN, 0])
+
     for b in pl.spmd(-(-t_len // PT) * n_col, name_hint="prefill_hca_c128_kv_score_proj"):
         r0, c0 = (b // n_col) * PT, (b % n_col) * PN
         rows = min(PT, t_len - r0)
         xt = pl.slice(x, [PT, PK], [r0, 0], valid_shape=[rows, PK])
-        acc_kv = pl.matmul(xt, wkv[c0:c0 + PN, 0:PK], b_trans=True)
-        acc_score = pl.matmul(xt, wgate[c0:c0 + PN, 0:PK], b_trans=True)
+        acc = pl.matmul(xt, kv_gate_rows(c0, 0), b_trans=True)  # [PT, 2*PN] FP32: kv | score
         for kc in pl.range(1, D // PK):
-            k0 = kc * PK
-            xt = pl.slice(x, [PT, PK], [r0, k0], valid_shape=[rows, PK])
-            acc_kv = pl.matmul_acc(acc_kv, xt, wkv[c0:c0 + PN, k0:k0 + PK], b_trans=True)
-            acc_score = pl.matmul_acc(acc_score, xt, wgate[c0:c0 + PN, k0:k0 + PK], b_trans=True)
-        pl.assemble(kv_proj, pl.set_validshape(acc_kv, rows, PN), [r0, c0])
-        pl.assemble(score_proj, pl.set_validshape(acc_score, rows, PN), [r0, c0])
+            xt = pl.slice(x, [PT, PK], [r0, kc * PK], valid_shape=[rows, PK])
+            acc = pl.matmul_acc(acc, xt, kv_gate_rows(c0, kc * PK), b_trans=True)
+        pl.assemble(kv_proj, pl.set_validshape(pl.slice(acc, [PT, PN], [0, 0]), rows, PN), [r0, c0])
+        pl.assemble(score_proj, pl.set_validshape(pl.slice(acc, [PT, PN], [0, PN]), rows, PN), [r0, c0])
 
     ST = tl.scatter_t
     for b in pl.spmd(-(-t_len // ST), name_hint="prefill_hca_c128_state_scatter_pre"):
