@@ -365,7 +365,8 @@ class ParityRun:
         return {
             "x": self.call(f"model.layers.{layer}.input_layernorm").output[0],
             "compress_state": torch.zeros(spages, page, 2 * d),
-            "state_block_table": (torch.arange(cfg.max_position_embeddings // page) % spages).to(torch.int32),
+            "state_block_table": (torch.arange(cfg.max_position_embeddings // page)
+                                  % spages).to(torch.int32),
             "wkv": self.param(f"{c}.kv_proj.weight"),
             "wgate": self.param(f"{c}.gate_proj.weight"),
             "ape": self.param(f"{c}.position_bias"),
@@ -394,9 +395,11 @@ class ParityRun:
         assert tuple(got.shape) == tuple(want.shape), \
             f"{label}: shape {tuple(got.shape)} vs HF {tuple(want.shape)}"
         g, w = got.double(), want.double()
-        assert bool(torch.isfinite(g).all()) and bool(torch.isfinite(w).all()), f"{label}: non-finite"
+        assert bool(torch.isfinite(g).all()) and bool(torch.isfinite(w).all()), \
+            f"{label}: non-finite values"
         diff = (g - w).abs()
-        res = CompareResult(label, float(diff.max()), float(diff.max() / w.abs().max().clamp_min(1e-30)),
+        res = CompareResult(label, float(diff.max()),
+                            float(diff.max() / w.abs().max().clamp_min(1e-30)),
                             float((diff / (atol + rtol * w.abs())).max()), atol, rtol)
         self.results.append(res)
         print(f"[parity] {label}: max_abs={res.max_abs:.3e} max_rel={res.max_rel:.3e} "
@@ -460,7 +463,8 @@ def build_parity_run(cfg: DeepSeekV4Config, seq_len: int, seed: int) -> ParityRu
             if _is_hc:  # leave the sigmoid recorder entered by the pre-hook
                 recorder.__exit__(None, None, None)
                 recorder.current = None
-            calls.setdefault(_name, []).append(Capture(_detach(args), _detach(kwargs), _detach(output)))
+            calls.setdefault(_name, []).append(
+                Capture(_detach(args), _detach(kwargs), _detach(output)))
 
         handles.append(module.register_forward_hook(hook, with_kwargs=True))
         if is_hc:

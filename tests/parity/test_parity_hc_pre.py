@@ -9,7 +9,8 @@ weighted RMSNorm (``input_layernorm`` / ``post_attention_layernorm``).
 Tolerance: everything is FP32 on both sides; the only differences are summation order
 (the golden splits the 512-wide mixes matmul into 256-wide chunks and normalises after the
 matmul, HF normalises first; the golden adds the four weighted streams as a pairwise tree).
-Measured errors are ~1e-7; the bound is atol = rtol = 1e-5 for every output.
+Measured: max abs error <= 3.8e-6 (collapsed input, values up to ~20), <= 8.4e-7 on
+pre / post / comb, norm-wise relative <= 5e-7. Bound: atol = rtol = 1e-5 for every output.
 """
 
 import pytest

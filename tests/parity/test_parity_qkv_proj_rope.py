@@ -52,12 +52,14 @@ def test_qkv_proj_rope_matches_transformers(hf_run, layer):
     assert torch.equal(cos_hf[0], args["rope_cos"][:, :half]), f"{label}: cos tables differ"
     assert torch.equal(sin_hf[0], args["rope_sin"][:, :half]), f"{label}: sin tables differ"
 
-    q_hf = apply_rotary_pos_emb(hf_run.call(f"{attn}.q_b_norm").output, cos_hf, sin_hf)  # [1, H, S, d]
+    q_norm = hf_run.call(f"{attn}.q_b_norm").output  # [1, H, S, d]
+    q_hf = apply_rotary_pos_emb(q_norm, cos_hf, sin_hf)
     kv_norm = hf_run.call(f"{attn}.kv_norm").output  # [1, S, d]
     kv_hf = apply_rotary_pos_emb(kv_norm.view(1, hf_run.S, 1, cfg.head_dim).transpose(1, 2),
                                  cos_hf, sin_hf)  # [1, 1, S, d]
 
-    hf_run.compare(f"{label} qr", qr, hf_run.call(f"{attn}.q_a_norm").output[0], atol=ATOL, rtol=RTOL)
+    hf_run.compare(f"{label} qr", qr, hf_run.call(f"{attn}.q_a_norm").output[0],
+                   atol=ATOL, rtol=RTOL)
     hf_run.compare(f"{label} q", q, q_hf[0].transpose(0, 1), atol=ATOL, rtol=RTOL)
     hf_run.compare(f"{label} kv", kv, kv_hf[0, 0], atol=ATOL, rtol=RTOL)
     n = cfg.nope_head_dim  # the rotated slice must actually move (RoPE is exercised)

@@ -26,8 +26,8 @@ Another test runs the golden with the kernels' own numerics (BF16 weights, table
 and activations; ``"bf16"`` = unquantised and ``"int8"`` = W8A8 q-b / o-b projections) and
 checks that it stays within quantisation noise of the FP32 model: relative RMS error
 ``||golden - hf||_2 / ||hf||_2`` at most 2% for ``attn_out`` and 1% for ``x_out`` (layer 1,
-measured bf16 / int8: 0.8% / 1.3% for attn_out, 0.1% / 0.2% for x_out). A wrong scale axis or group layout in the
-quantised path gives errors of order 100%.
+measured bf16 / int8: 0.8% / 1.3% for attn_out, 0.1% / 0.2% for x_out). A wrong scale axis
+or group layout in the quantised path gives errors of order 100%.
 """
 
 import pytest
@@ -83,7 +83,8 @@ def test_swa_sublayer_matches_transformers(hf_run, layer):
 
     # every token attends to min(64, t + 1) keys through the window indices
     valid = (mids["swa_indices"] >= 0).sum(dim=1)
-    assert torch.equal(valid, torch.clamp(hf_run.positions + 1, max=cfg.sliding_window).to(valid.dtype))
+    want = torch.clamp(hf_run.positions + 1, max=cfg.sliding_window).to(valid.dtype)
+    assert torch.equal(valid, want)
 
     # the sinks are exercised: dropping them moves the output far outside the tolerance
     # (checked on the first window of tokens only, to save time)
