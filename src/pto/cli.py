@@ -387,11 +387,26 @@ def cmd_run(args) -> int:
     return 0
 
 
-@command("check", "run a kernel in check mode against its golden; print PASS or the error", add_target_args)
+def _check_args(p):
+    add_target_args(p)
+    p.add_argument("--drop-init", action="append", default=[], metavar="ALLOCATION",
+                   help="mutation test: ignore the init_value of this allocation (pto.runtime.drop_init_values)")
+
+
+@command("check", "run a kernel in check mode against its golden; print PASS or the error", _check_args)
 def cmd_check(args) -> int:
-    """Check mode (sanitizer + race checker) and the golden comparison."""
+    """Check mode (sanitizer + race checker) and the golden comparison;
+    ``--drop-init NAME`` runs it with that allocation's init_value dropped."""
+    from pto.runtime import drop_init_values
+    with drop_init_values(*args.drop_init):
+        return _cmd_check(args)
+
+
+def _cmd_check(args) -> int:
     target = _target_from_args(args)
     title = f"{target.name} {target.mode}".strip()
+    if args.drop_init:
+        title += f" (init_value dropped: {', '.join(args.drop_init)})"
     con = console()
     try:
         if target.case_run is not None:

@@ -891,3 +891,16 @@ def test_qkv_decode_padding_rows_report_nothing():
     shapes = {b.name: list(b.shape) for b in res.program.buffers if b.kind == "scratch"}
     assert shapes["qr_i8_matmul"][0] == 16 and shapes["qr_fp32"][0] == 16 and shapes["kv_fp32"][0] == 16
     assert res.program.stats.tasks > 0
+
+
+@pytest.mark.parametrize("drop,rc,needle", [
+    ([], 0, "PASS hc_pre decode"),
+    (["--drop-init", "mixes_raw"], 1, "FAIL hc_pre decode (init_value dropped: mixes_raw): UndefinedOutputError"),
+])
+def test_pto_check_prints_a_pass_line_or_the_error(capsys, drop, rc, needle):
+    from pto.cli import main
+    assert main(["check", "hc_pre", "--preset", "tiny", "--mode", "decode", *drop]) == rc
+    out = " ".join(capsys.readouterr().out.split())  # rich may wrap long lines
+    assert needle in out
+    if rc:
+        assert "origin: allocation 'mixes_raw'" in out and "first consumed undefined by task 'hc_pre_linear'" in out
