@@ -807,14 +807,31 @@ def _run_case(name, mode, drop=(), preset="tiny", **options):
 
 def _all_case_modes():
     from pto.golden import all_cases
-    return [(c.name, m) for c in all_cases("model") for m in c.modes]
+    out = []
+    for c in all_cases("model"):
+        for m in c.modes:
+            out.append((c.name, m, {}))
+            if c.seed_variant:
+                out.append((c.name, m, {"seed_scopes": True}))
+    return out
 
 
-@pytest.mark.parametrize("name,mode", _all_case_modes())
-def test_every_registered_model_kernel_passes_check_mode(name, mode):
-    res = _run_case(name, mode)
+@pytest.mark.parametrize("name,mode,options", _all_case_modes(),
+                         ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) else str(v))
+def test_every_registered_model_kernel_passes_check_mode(name, mode, options):
+    res = _run_case(name, mode, **options)
     assert res.passed, res.error
     assert res.program.dropped_init == []
+
+
+@pytest.mark.parametrize("name", ["qkv_proj_rope", "hc_pre"])
+@pytest.mark.parametrize("t", [1, 7, 20])
+def test_split_k_kernels_pass_check_mode_at_ragged_t(name, t):
+    # T not a multiple of the 16-row matmul tile: the padded scratch rows must never reach an output
+    res = _run_case(name, "prefill", T=t)
+    assert res.passed, res.error
+    pad = {b.name: b.shape[0] for b in res.program.buffers if b.kind == "scratch"}
+    assert pad["qr_fp32" if name == "qkv_proj_rope" else "mixes_raw"] > t  # padded rows exist (tile of 16)
 
 
 # (kernel, mode, allocation, output reported, first consumer task)
