@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -55,7 +56,7 @@ class RunResult:
 
     @property
     def max_abs_error(self) -> float:
-        return max((o.stats["max_abs"] for o in self.outputs.values()), default=0.0)
+        return max((o.stats.get("max_abs", math.inf) for o in self.outputs.values()), default=0.0)
 
     def __str__(self) -> str:
         return f"PASS ({self.kernel_ms:.1f} ms)" if self.passed else f"FAIL: {self.error} ({self.kernel_ms:.1f} ms)"
