@@ -60,9 +60,15 @@ from pto.models.deepseek_v4.rope import rope_tables
 __all__ = [
     "HCA_RATIO",
     "TOLERANCES",
+    "CompressorTiling",
+    "compressor_tiling",
+    "prefill_compressor_ratio128",
+    "prefill_compressor_ratio128_entry",
     "hca_state_rows",
     "golden_prefill_compressor_ratio128",
     "make_compressor_inputs",
+    "compressor_specs",
+    "build_prefill_compressor_ratio128",
 ]
 
 HCA_RATIO = 128  # tokens per compressed entry (ratio-128 layers); also ape rows
@@ -130,6 +136,7 @@ class CompressorTiling:
 
     @property
     def pad_capacity(self) -> int:
+        """Row capacity of the pooled / normed pads: ``round_up(max_cmp_writes, rms_rows)``."""
         return _round_up(self.max_cmp_writes, self.rms_rows)
 
 
