@@ -105,7 +105,10 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
     ``prefill_swa_empty_cmp_meta`` (bit-identical results, two more tasks).
 
     Returns:
-        namespace with the inline body ``prefill_attention_swa(x_hc, hc_attn_fn, hc_attn_scale,
+        namespace with the inline pieces ``swa_cache_write(kv, ori_slot_mapping, num_tokens,
+        kv_cache)`` and ``swa_window_indices(position_ids, block_table, num_tokens, swa_indices)``
+        (each one task; return its id), the entry ``swa_window_indices_test`` (same
+        parameters), the inline body ``prefill_attention_swa(x_hc, hc_attn_fn, hc_attn_scale,
         hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos,
         freqs_sin, kv_cache, block_table, ori_slot_mapping, position_ids, attn_sink, wo_a, wo_b,
         wo_b_scale, x_out, num_tokens)`` returning ``(kv_cache, x_out)``, the ``@pl.jit`` entry
@@ -121,6 +124,56 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
 
     attn = prefill_sparse_attn_kernels(cfg).prefill_sparse_attn
     hc_post_prefill = hc_post_kernels(cfg).hc_post_prefill
+
+    @pl.jit.inline
+    def swa_cache_write(kv: pl.Tensor[[T_DYN, HD], pl.BF16],
+                        ori_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
+                        num_tokens: pl.Scalar[pl.INT32],
+                        kv_cache: pl.InOut[pl.Tensor[[P, BS, 1, HD], pl.BF16]]):
+        """``at "prefill_swa_cache_write"``: ``kv[t]`` to flat cache row ``ori_slot_mapping[t]``
+        for ``t < num_tokens`` (``-1`` skips; a run of consecutive slots is one copy; a repeated
+        slot keeps the later token). Returns the task id."""
+        active = pl.min(pl.max(num_tokens, 0), pl.tensor.dim(kv, 0))
+        cache_flat = pl.reshape(kv_cache, [P * BS, HD])
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_cache_write") as tid:
+            tok = 0
+            while tok < active:
+                slot = pl.read(ori_slot_mapping, [tok])
+                end = tok + 1
+                if slot >= 0:
+                    while end < active and pl.read(ori_slot_mapping, [end]) == slot + (end - tok):
+                        end += 1
+                    pl.assemble(cache_flat, kv[tok:end, :], [slot, 0])
+                tok = end
+        return tid
+
+    @pl.jit.inline
+    def swa_window_indices(position_ids: pl.Tensor[[T_DYN], pl.INT32],
+                           block_table: pl.Tensor[[NBLK], pl.INT32],
+                           num_tokens: pl.Scalar[pl.INT32],
+                           swa_indices: pl.Out[pl.Tensor[[T_DYN, W], pl.INT32]]):
+        """``at "prefill_swa_window_indices"``: row ``t < num_tokens`` holds the physical cache
+        rows of keys ``max(0, pos-W+1) .. pos`` (``pos = position_ids[t]``) through
+        ``block_table``, ``-1`` elsewhere; rows ``>= num_tokens`` are all ``-1``. Returns the
+        task id."""
+        t = pl.tensor.dim(position_ids, 0)
+        active = pl.min(pl.max(num_tokens, 0), t)
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_window_indices") as tid:
+            for tok in pl.range(t):
+                if tok < active:
+                    row = _lower_window(tok, pl.read(position_ids, [tok]), W, BS, NBLK, block_table)
+                else:
+                    row = pl.full([1, W], pl.INT32, -1)
+                pl.assemble(swa_indices, row, [tok, 0])
+        return tid
+
+    @pl.jit
+    def swa_window_indices_test(position_ids: pl.Tensor[[T_DYN], pl.INT32],
+                                block_table: pl.Tensor[[NBLK], pl.INT32],
+                                num_tokens: pl.Scalar[pl.INT32],
+                                swa_indices: pl.Out[pl.Tensor[[T_DYN, W], pl.INT32]]):
+        swa_window_indices(position_ids, block_table, num_tokens, swa_indices)
+        return swa_indices
 
     @pl.jit.inline
     def prefill_attention_swa(x_hc: pl.Tensor[[T_DYN, HC, D], pl.FP32],
@@ -176,25 +229,8 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
         qkv_proj_rope(x_normed, wq_a, wq_b, wq_b_scale, wkv, rope_cos_t, rope_sin_t, gamma_cq, gamma_ckv,
                       q, kv, qr, qr_scale, late_dep, cfg)
 
-        cache_flat = pl.reshape(kv_cache, [P * BS, HD])
-        with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_cache_write"):
-            tok = 0
-            while tok < active:  # runs of consecutive tokens with consecutive slots: one copy each
-                slot = pl.read(ori_slot_mapping, [tok])
-                end = tok + 1
-                if slot >= 0:
-                    while end < active and pl.read(ori_slot_mapping, [end]) == slot + (end - tok):
-                        end += 1
-                    pl.assemble(cache_flat, kv[tok:end, :], [slot, 0])
-                tok = end
-
-        with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_window_indices"):
-            for tok in pl.range(t):
-                if tok < active:
-                    row = _lower_window(tok, pl.read(position_ids, [tok]), W, BS, NBLK, block_table)
-                else:
-                    row = pl.full([1, W], pl.INT32, -1)
-                pl.assemble(swa_indices, row, [tok, 0])
+        swa_cache_write(kv, ori_slot_mapping, num_tokens, kv_cache)
+        swa_window_indices(position_ids, block_table, num_tokens, swa_indices)
 
         if seed_scopes:
             with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_dummy_cmp_table"):
@@ -237,7 +273,9 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
                                      wo_b_scale, x_out, num_tokens)
 
     return SimpleNamespace(prefill_attention_swa=prefill_attention_swa,
-                           prefill_attention_swa_test=prefill_attention_swa_test, seed_scopes=seed_scopes)
+                           prefill_attention_swa_test=prefill_attention_swa_test, swa_cache_write=swa_cache_write,
+                           swa_window_indices=swa_window_indices, swa_window_indices_test=swa_window_indices_test,
+                           seed_scopes=seed_scopes)
 # ---- end kernel ----
 
 
