@@ -73,9 +73,13 @@ def test_dynamic_dims_bind_per_call():
 def test_bare_tensor_annotation_accepts_any_shape_and_dtype():
     @pl.jit
     def k(x: pl.Tensor, y: pl.Out[pl.Tensor]):
+        with pl.at(name_hint="copy"):
+            y[0, 0, 0:3] = pl.cast(x[0:3], pl.FP32)
         return y
 
-    k.run(torch.zeros(3, dtype=torch.int8), torch.zeros(2, 2, 2))
+    y = torch.zeros(2, 2, 3)
+    k.run(torch.tensor([1, 2, 3], dtype=torch.int8), y)
+    assert y[0, 0].tolist() == [1.0, 2.0, 3.0] and (y[1] == 0).all()
 
 
 def test_inline_function_checks_its_annotations_against_gm_tensors():
@@ -139,3 +143,15 @@ def test_a_program_cannot_start_inside_another():
 
     with pytest.raises(DslError, match="called inside a running program"):
         outer.run(torch.zeros(2))
+
+
+def test_dtype_errors_name_torch_dtypes_that_have_no_exact_pto_dtype():
+    with pytest.raises(BindError, match="parameter 'w': dtype torch.float64 does not match annotation pl.FP32"):
+        kern.run(**args(w=torch.zeros(8, 4, dtype=torch.float64)))
+
+    @pl.jit
+    def bare(x: pl.Tensor):
+        pass
+
+    with pytest.raises(BindError, match="parameter 'x': dtype torch.complex64 has no pto dtype"):
+        bare.run(torch.zeros(2, dtype=torch.complex64))

@@ -21,7 +21,7 @@ import torch
 from pto.errors import BindError, DslError
 from pto.language import _ctx
 from pto.language.dtypes import from_torch
-from pto.language.typing import IN, DynVar, ScalarType, ScalarValue, TensorType
+from pto.language.typing import IN, DynVar, ScalarType, ScalarValue, Tensor, TensorType
 
 __all__ = ["jit", "JitFunction", "bind_arguments", "Param"]
 
@@ -69,7 +69,8 @@ class JitFunction:
                 raise DslError(f"kernel {self.__name__}: cannot evaluate its annotations ({e}); "
                                "kernel modules must not use postponed annotations") from None
             self._sig = inspect.signature(self.fn)
-            self._anns = anns
+            # a bare ``pl.Tensor`` is a GM tensor of any shape and dtype
+            self._anns = {k: (TensorType(None, None) if v is Tensor else v) for k, v in anns.items()}
         return self._sig, self._anns
 
     def __call__(self, *args, **kwargs):
@@ -91,9 +92,23 @@ class JitFunction:
         return f"<pl.jit{'.inline' if self.inline else ''} {self.__qualname__}>"
 
 
+def _dtype_name(tdtype) -> str:
+    """``pl.BF16`` for a torch dtype that stores a DSL dtype, else the torch name (``torch.float64``)."""
+    try:
+        dt = from_torch(tdtype)
+    except DslError:
+        return str(tdtype)
+    return repr(dt) if dt.torch == tdtype else str(tdtype)
+
+
 def _check_tensor(kernel: str, name: str, ann: TensorType, shape, dtype, dyn: dict) -> None:
-    if ann.dtype is not None and dtype != ann.dtype.torch:
-        raise BindError(f"kernel {kernel}: parameter {name!r}: dtype {from_torch(dtype)} does not match "
+    if ann.dtype is None:
+        try:
+            from_torch(dtype)
+        except DslError:
+            raise BindError(f"kernel {kernel}: parameter {name!r}: dtype {dtype} has no pto dtype") from None
+    elif dtype != ann.dtype.torch:
+        raise BindError(f"kernel {kernel}: parameter {name!r}: dtype {_dtype_name(dtype)} does not match "
                         f"annotation {ann.dtype}")
     if ann.dims is None:
         return
