@@ -314,6 +314,15 @@ def _stats_table(title: str, prog: Program) -> Table:
     return t
 
 
+def _mode_label(mode: str, preset: str, label: str) -> str:
+    """``"decode T=8"`` from mode ``decode`` and a case label such as ``"flash decode T=8"``:
+    the mode once, the preset (already in the table title) left out."""
+    words = [w for w in (label or "").split() if w != preset]
+    if mode not in words:
+        words.insert(0, mode)
+    return " ".join(words)
+
+
 def _first_line(msg: str, limit: int = 160) -> str:
     line = str(msg).strip().splitlines()[0] if str(msg).strip() else ""
     return line if len(line) <= limit else line[:limit - 3] + "..."
@@ -356,7 +365,7 @@ def cmd_demo(args) -> int:
             label = mode
             try:
                 cr = case.build(preset, mode)
-                label = f"{mode} {cr.label}".strip() if cr.label and cr.label != mode else mode
+                label = _mode_label(mode, preset, cr.label)
                 res = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, rtol=cr.rtol, atol=cr.atol,
                               check=args.check)
             except Exception as e:  # noqa: BLE001 - one failing kernel must not hide the others
