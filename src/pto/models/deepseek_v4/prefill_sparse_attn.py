@@ -188,11 +188,14 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     1. ``gather_kv`` ``spmd(ceil(T/4) * NB)``: block = (4 tokens, key block); per active
        token a zeroed ``[KT, head_dim]`` stage receives the valid rows (raw rows from
        ``swa_indices``; compressed slots lowered through ``cmp_block_table``), copied in
-       runs of consecutive rows; a ``-1`` column copies nothing (the row stays zero).
+       runs of consecutive rows; a ``-1`` column copies nothing (the row stays zero); a block
+       whose every index is ``-1`` is not written at all.
     2. ``build_bias`` ``spmd(ceil(T/16))``: additive mask ``[T, sparse_pad]``.
     3. ``qk_pv`` ``spmd(T)``: per active token and key block, all heads at once: scores,
        ``* softmax_scale``, ``+ bias``, row max, ``exp``, row sum, BF16 probabilities @ kv;
-       ``(m, l, o)`` per block to scratch.
+       ``(m, l, o)`` per block to scratch. A fully masked block (its bias row is all
+       ``-FP32_MAX``) is not loaded: it stores ``(-FP32_MAX, 0, 0)``, which the merge weighs by
+       ``exp(-FP32_MAX - m) = 0`` exactly as the computed block (bit-identical results).
     4. ``merge_norm`` ``spmd(T)``: online-softmax merge of the blocks in order, sink in the
        denominator, ``o / (l + exp(sink - m))``; nope part BF16 into ``o_packed``
        (group-major: row ``g*T + t``), rope part FP32 to a stage; inactive tokens zero.
@@ -277,38 +280,40 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
         stage3 = pl.reshape(attn_rope_stage, [t, H, R])
         o_packed3 = pl.reshape(o_packed, [G * t, HPG, HD])
 
-        # 1. gather the key rows of every active token, one key block per block
+        # 1. gather the key rows of every active token, one key block per block; a block whose
+        #    every index is -1 is left unwritten (qk_pv skips it by its bias row)
         for b in pl.spmd(-(-t // GATHER_TOK_TILE) * NB, name_hint="gather_kv"):
             tile, kb = divmod(b, NB)
+            swa = kb < NBS
+            c0 = kb * KT if swa else (kb - NBS) * KT
+            n = KT if swa else min(KT, NCMP - c0)
+            if n <= 0:
+                continue  # padding block past the attended compressed columns
             for tok in range(tile * GATHER_TOK_TILE, min((tile + 1) * GATHER_TOK_TILE, active)):
+                idx = pl.slice(swa_indices if swa else cmp_indices, [1, n], [tok, c0])
+                if pl.read(pl.row_max(idx), [0, 0]) < 0:
+                    continue
                 stage = pl.full([KT, HD], pl.BF16, 0)
-                if kb < NBS:
-                    c0 = kb * KT
-                    idx = pl.slice(swa_indices, [1, KT], [tok, c0])
-                    if pl.read(pl.row_max(idx), [0, 0]) >= 0:
-                        stage = gather_rows(ori_flat, idx, KT, lambda k, v: v, stage)
-                elif (kb - NBS) * KT < NCMP:
-                    c0 = (kb - NBS) * KT
-                    n = min(KT, NCMP - c0)
-                    idx = pl.slice(cmp_indices, [1, n], [tok, c0])
-                    if pl.read(pl.row_max(idx), [0, 0]) >= 0:
-                        pages = {}
+                if swa:
+                    stage = gather_rows(ori_flat, idx, n, lambda k, v: v, stage)
+                else:
+                    pages = {}
 
-                        def lower(k, slot, tok=tok, c0=c0, pages=pages):
-                            if slot < 0:
-                                return -1
-                            page = slot // BS
-                            if page >= CP:
-                                raise BindError(f"prefill_sparse_attn: cmp_indices[{tok}, {c0 + k}] = {slot} "
-                                                f"is past the compressed block table ({CP} pages of {BS})")
-                            if page not in pages:
-                                pages[page] = pl.read(cmp_block_table, [page])
-                            phys = pages[page]
-                            if not 0 <= phys < CP:
-                                raise BindError(f"prefill_sparse_attn: cmp_indices[{tok}, {c0 + k}] = {slot} "
-                                                f"maps to cmp_block_table[{page}] = {phys}, not a page of cmp_kv")
-                            return phys * BS + slot % BS
-                        stage = gather_rows(cmp_flat, idx, n, lower, stage)
+                    def lower(k, slot, tok=tok, c0=c0, pages=pages):
+                        if slot < 0:
+                            return -1
+                        page = slot // BS
+                        if page >= CP:
+                            raise BindError(f"prefill_sparse_attn: cmp_indices[{tok}, {c0 + k}] = {slot} "
+                                            f"is past the compressed block table ({CP} pages of {BS})")
+                        if page not in pages:
+                            pages[page] = pl.read(cmp_block_table, [page])
+                        phys = pages[page]
+                        if not 0 <= phys < CP:
+                            raise BindError(f"prefill_sparse_attn: cmp_indices[{tok}, {c0 + k}] = {slot} "
+                                            f"maps to cmp_block_table[{page}] = {phys}, not a page of cmp_kv")
+                        return phys * BS + slot % BS
+                    stage = gather_rows(cmp_flat, idx, n, lower, stage)
                 pl.assemble(sparse_kv, stage, [(tok * NB + kb) * KT, 0])
 
         # 2. additive mask: 0 for a valid column, -FP32_MAX for -1 and for the padding columns
@@ -328,13 +333,21 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
             if tok < active:
                 qt = q[tok, :, :]  # [H, HD]
                 for kb in pl.range(NB):
+                    hr = (tok * NB + kb) * H
+                    bias = sparse_bias[tok:tok + 1, kb * KT:(kb + 1) * KT]
+                    if pl.read(pl.row_max(bias), [0, 0]) < 0:
+                        # fully masked block: (m, l, o) = (-FP32_MAX, 0, 0) merges exactly like
+                        # the computed one (its weight exp(-FP32_MAX - m) is 0; alone, o/inf = 0)
+                        blk_m[hr:hr + H, :] = pl.full([H, 1], pl.FP32, -FP32_MAX)
+                        blk_l[hr:hr + H, :] = pl.full([H, 1], pl.FP32, 0.0)
+                        blk_o[hr:hr + H, :] = pl.full([H, HD], pl.FP32, 0.0)
+                        continue
                     r0 = (tok * NB + kb) * KT
                     kv = sparse_kv[r0:r0 + KT, :]
                     s = pl.mul(pl.matmul(qt, kv, b_trans=True), scale)  # [H, KT] FP32
-                    s = pl.col_expand_add(s, sparse_bias[tok:tok + 1, kb * KT:(kb + 1) * KT])
+                    s = pl.col_expand_add(s, bias)
                     m = pl.row_max(s)
                     p = pl.exp(pl.row_expand_sub(s, m))
-                    hr = (tok * NB + kb) * H
                     blk_m[hr:hr + H, :] = m
                     blk_l[hr:hr + H, :] = pl.row_sum(p)
                     blk_o[hr:hr + H, :] = pl.matmul(pl.cast(p, pl.BF16, mode="rint"), kv)
