@@ -8,7 +8,7 @@ import pto
 import pto.language as pl
 from pto.golden import run_jit
 from pto.models.deepseek_v4.config import get_config
-from pto.models.deepseek_v4.rms_norm import build_rms_norm, rms_norm, rms_norm_entry, rms_norm_tiling
+from pto.models.deepseek_v4.rms_norm import RMS_T_TILE, build_rms_norm, rms_norm, rms_norm_entry, rms_norm_tiling
 
 TINY = get_config("tiny")
 T_DYN = pl.dynamic("T")
@@ -25,7 +25,7 @@ def test_rms_norm_matches_golden(T):
     assert res.passed, res.error
     assert res.outputs["x_normed"].label.startswith("ratio_allclose(atol=0.0001, rtol=0.0078125")
     g = res.program.graph
-    assert [(t.name, t.n_blocks) for t in g.tasks] == [("rms_norm", -(-T // 8))]
+    assert [(t.name, t.n_blocks) for t in g.tasks] == [("rms_norm", -(-T // RMS_T_TILE))]
     assert g.edges() == set()
     assert res.program.stats.scratch_tensors == 0
 
