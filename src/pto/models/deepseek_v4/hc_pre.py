@@ -14,6 +14,22 @@ Math (v4flash-kernels.md A.1; dsv4-math.md 7.1), per token, FP32, ``N = hc_mult`
 stream; Sinkhorn ends on a column normalisation, so ``sum_i C[i, j] ~= 1`` tightly and the
 row sums only approximately. The RMS epsilon is ``rms_norm_eps`` (HF builds the HC input
 norm with it); every other epsilon is ``hc_eps`` (both are 1e-6 in all presets).
+
+Kernel (:func:`hc_pre`, the reference's "separate" variant after commit 3b6971a3): five
+tasks ordered only by the derived graph -- ``hc_pre_rms`` and ``hc_pre_linear`` (independent),
+then ``split_pre_post`` and ``comb_sinkhorn`` (each reads ``mixes_raw`` and ``inv_rms``),
+then ``mix_x`` (reads ``pre_val_store``): 5 edges. ``hc_pre_linear`` splits K into
+``HC_OK = 4`` slices whose partial sums are atomically added into ``mixes_raw``, which is
+zero-initialised at allocation (no seed task). ``seed_scopes=True`` keeps the pre-commit
+shape: static scratch at capacity and a ``hc_pre_seed`` task zero-filling ``mixes_raw``
+(6 tasks, 8 edges: the seed precedes the atomic adds and both readers). Deviations from
+the reference, all value-preserving except the K association of the linear: tiles are
+CPU-sized (token tiles of 32 rows for rms / split / mix_x and 128 for Sinkhorn, whose 20
+rounds then run as ~8 tile ops on the whole token tile; the linear takes 128 rows and its
+whole 4096-wide K-slice per matmul); the comb logits are loaded as one ``[tt, 16]`` tile and
+re-laid out as ``[tt*4 (token, i), 8 (j, 4 valid)]`` rows before ``fillpad(min)`` and the
+row softmax (the reference loads four ``[8, 8]`` tiles, valid 4); Sinkhorn's column pass is
+a row pass on the transposed ``[tt*8 (token, j), 4 (i)]`` layout.
 """
 
 import functools

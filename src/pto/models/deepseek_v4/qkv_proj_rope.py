@@ -20,6 +20,21 @@ what the kernel's ``gather(cos, j >> 1)`` over ``j = 0..rope_dim-1`` and the ref
 golden's ``cos[:, :rope_dim/2]`` both read; the duplicated second half is ignored. (A
 strided ``cos[:, 0::2]`` would be wrong for this layout.) :func:`rope_interleaved` also
 accepts half-width ``[T, rope_dim/2]`` tables.
+
+Kernel (:func:`qkv_proj_rope`, after commit 3b6971a3): seven tasks, 7 derived edges
+(``qr_proj_matmul -> qr_rms_norm_quant -> qproj_matmul -> qproj_dequant_rms_nope_rope``,
+``qr_rms_norm_quant -> qproj_dequant_rms_nope_rope``, ``kv_proj_matmul -> kv_rms_norm_rope``,
+``q_rope_prepare`` -> both RoPE consumers). The split-K accumulators ``qr_fp32`` /
+``kv_fp32`` are zero-initialised at allocation and sized ``[t_pad, .]`` with
+``t_pad = round_up(T, 16)`` and a declared capacity (128); ``seed_scopes=True`` is the
+pre-commit shape (static scratch at capacity, ``qr_proj_seed`` / ``kv_proj_seed`` tasks:
+9 tasks, 11 edges). ``materialize_rope_rows`` builds the per-token table rows for prefill.
+Deviations from the reference, all value-preserving except the K association of the BF16
+matmuls (the golden is one FP32 matmul either way): the matmul tasks take up to 128 rows
+and their whole K-slice per matmul (reference: 16 rows, 256/128-wide K steps), the vector
+tasks 32-token tiles (reference 8); the quantiser takes ``amax`` of ``qr*inv*gamma``
+directly (the golden's order) instead of ``inv * amax(qr*gamma)``; q is stored one token
+row (its 4 heads, contiguous in ``q``) at a time so every write footprint is an exact box.
 """
 
 import functools
