@@ -55,7 +55,7 @@ class GMTensor:
         name: the parameter or allocation name, for messages.
     """
 
-    __slots__ = ("data", "buf", "name", "_off", "_strides", "_smask")
+    __slots__ = ("data", "buf", "name", "_off", "_strides", "_smask", "_shape", "_rows")
 
     def __init__(self, data: torch.Tensor, buf, name: str):
         self.data = data
@@ -64,11 +64,17 @@ class GMTensor:
         self._off = data.storage_offset() - buf.base_off
         self._strides = data.stride()
         self._smask = None
+        self._shape = tuple(data.shape)
+        # (base row, base column, rows per dim-0 step) of a 2-D view whose rows are root rows
+        C = buf.C
+        st = self._strides
+        self._rows = ((self._off // C, self._off % C, st[0] // C)
+                      if len(st) == 2 and st[1] == 1 and C > 1 and st[0] % C == 0 else None)
 
     # ---- metadata --------------------------------------------------------
     @property
     def shape(self) -> tuple:
-        return tuple(self.data.shape)
+        return self._shape
 
     @property
     def dtype(self):
@@ -91,6 +97,15 @@ class GMTensor:
         """Root 2-D box ``(r0, r1, c0, c1)`` (half-open) of the window
         ``[starts, stops)`` of this view, or None when the window is empty."""
         C = self.buf.C
+        rows = self._rows
+        if rows is not None:  # fast path, same result as the general loop below
+            a0, a1 = starts
+            b0, b1 = stops
+            br, bc, q = rows
+            if b0 <= a0 or b1 <= a1:
+                return None
+            if bc + b1 <= C:
+                return (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1)
         off = self._off
         r_lo = r_hi = c_lo = c_hi = 0
         f_lo = f_hi = off
@@ -122,41 +137,49 @@ class GMTensor:
     # ---- subscript sugar ---------------------------------------------------
     def _parse(self, key):
         """(starts, stops, dropped dims) of a subscript key."""
-        if not isinstance(key, tuple):
+        shape = self._shape
+        if type(key) is tuple and len(key) == 2 == len(shape):  # fast path: x[a:b, c:d] with int bounds
+            k0, k1 = key
+            if type(k0) is _pyslice and type(k1) is _pyslice and k0.step is None and k1.step is None:
+                a0, b0, a1, b1 = k0.start, k0.stop, k1.start, k1.stop
+                if (type(a0) is int and type(b0) is int and type(a1) is int and type(b1) is int
+                        and 0 <= a0 <= b0 <= shape[0] and 0 <= a1 <= b1 <= shape[1]):
+                    return [a0, a1], [b0, b1], ()
+        if type(key) is not tuple:
             key = (key,)
-        shape = self.data.shape
         if len(key) > len(shape):
             raise DslError(f"{self.name}: {len(key)} indices for a rank-{len(shape)} tensor")
         starts, stops, drop = [], [], []
         for d, k in enumerate(key):
-            if isinstance(k, _pyslice):
-                if k.step not in (None, 1):
+            if type(k) is _pyslice:
+                if k.step is not None and k.step != 1:
                     raise DslError(f"{self.name}: strided slices are not supported")
-                a = 0 if k.start is None else _idx(k.start, "a slice start")
-                b = shape[d] if k.stop is None else _idx(k.stop, "a slice stop")
+                a, b = k.start, k.stop
+                a = 0 if a is None else a if type(a) is int else _idx(a, "a slice start")
+                b = shape[d] if b is None else b if type(b) is int else _idx(b, "a slice stop")
                 starts.append(a)
                 stops.append(b)
             else:
-                i = _idx(k, "an index")
+                i = k if type(k) is int else _idx(k, "an index")
                 starts.append(i)
                 stops.append(i + 1)
                 drop.append(d)
         for d in range(len(key), len(shape)):
             starts.append(0)
             stops.append(shape[d])
-        for d, (a, b) in enumerate(zip(starts, stops)):
-            if a < 0 or b > shape[d] or a > b:
+        for d, a, b, n in zip(range(len(shape)), starts, stops, shape):
+            if a < 0 or b > n or a > b:
                 raise DslError(f"{self.name}: window [{a}, {b}) out of bounds of dim {d} (extent {shape[d]}) "
                                f"of shape {list(shape)}{_where()}")
         return starts, stops, drop
 
     def __getitem__(self, key):
         starts, stops, drop = self._parse(key)
-        if len(drop) == len(self.data.shape):
+        if len(drop) == len(self._shape):
             return _read_elem(self, starts)
         if _ctx.state.block is None:
             return self._view(starts, stops, drop)
-        t = _load(self, starts, stops, None, None)
+        t = _load(self, starts, stops, None, None, checked=True)
         if drop:
             keep = [s for d, s in enumerate(t.shape) if d not in drop]
             t = Tile(t.data.reshape(keep), None if t.mask is None else t.mask.reshape(keep))
@@ -181,7 +204,7 @@ class GMTensor:
                                f"assigned to window {shape}{_where()}")
             else:
                 value = Tile(value.data.reshape(shape), None if value.mask is None else value.mask.reshape(shape))
-        _store(self, starts, value, None)
+        _store(self, starts, value, None, stops)
 
     def _view(self, starts, stops, drop=()):
         key = tuple(_pyslice(a, b) for a, b in zip(starts, stops))
@@ -207,15 +230,16 @@ def _prog_block(what: str):
     return blk
 
 
-def _load(t: GMTensor, starts, stops, valid, pad) -> Tile:
+def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile:
     """Load the window [starts, stops) of t; with ``valid`` only the top-left
-    valid extents are read and the rest is padding (zero unless ``pad``)."""
+    valid extents are read and the rest is padding (zero unless ``pad``).
+    ``checked``: the window is already known to be in bounds."""
     blk = _ctx.state.block
     buf = t.buf
     if buf.freed:
         raise DslError(f"{t.name}: read after its scope ended (use after free){_where()}")
-    shape = [b - a for a, b in zip(starts, stops)]
     if valid is not None:
+        shape = [b - a for a, b in zip(starts, stops)]
         valid = tuple(_idx(v, "a valid extent") for v in valid)
         if len(valid) != len(shape):
             raise DslError(f"{t.name}: valid_shape {list(valid)} has the wrong rank for window {shape}")
@@ -226,13 +250,15 @@ def _load(t: GMTensor, starts, stops, valid, pad) -> Tile:
                 raise DslError(f"{t.name}: valid window [{starts[d]}, {starts[d] + v}) out of bounds of dim {d} "
                                f"(extent {t.data.shape[d]}){_where()}")
         vstops = [a + v for a, v in zip(starts, valid)]
-    else:
-        for d, b in enumerate(stops):
-            if b > t.data.shape[d] or starts[d] < 0:
-                raise DslError(f"{t.name}: window [{starts[d]}, {b}) out of bounds of dim {d} "
-                               f"(extent {t.data.shape[d]}){_where()}")
+    elif checked:
         vstops = stops
-    key = tuple(_pyslice(a, b) for a, b in zip(starts, vstops))
+    else:
+        for d, a, b, n in zip(range(len(stops)), starts, stops, t._shape):
+            if b > n or a < 0:
+                raise DslError(f"{t.name}: window [{a}, {b}) out of bounds of dim {d} "
+                               f"(extent {n}){_where()}")
+        vstops = stops
+    key = tuple(map(_pyslice, starts, vstops))
     src = t.data[key]
     box = t.box(starts, vstops)
     if box is not None:
@@ -243,8 +269,10 @@ def _load(t: GMTensor, starts, stops, valid, pad) -> Tile:
         m = t.smask()[key]
         if box is not None and bool(m.any()):
             mask = buf.program.consume_undefined(m.clone(), blk, "load")
-    if valid is None or tuple(vstops) == tuple(stops):
-        return Tile(src.clone(), mask, None if valid is None else valid)
+    if valid is None:
+        return Tile(src.clone(), mask)
+    if vstops == stops:
+        return Tile(src.clone(), mask, valid)
     fill = 0 if pad is None else _pad_scalar(src.dtype, pad)
     data = torch.full(shape, fill, dtype=src.dtype)
     vkey = tuple(_pyslice(0, b - a) for a, b in zip(starts, vstops))
@@ -256,8 +284,12 @@ def _load(t: GMTensor, starts, stops, valid, pad) -> Tile:
     return Tile(data, mask, valid)
 
 
-def _store(t: GMTensor, starts, tile: Tile, atomic) -> None:
-    blk = _prog_block(f"writing {t.name}")
+def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
+    """Write ``tile`` (its valid region) at ``starts``; ``stops``: the window,
+    already known to be in bounds and to match the tile."""
+    blk = _ctx.state.block
+    if blk is None:
+        _prog_block(f"writing {t.name}")
     buf = t.buf
     if buf.freed:
         raise DslError(f"{t.name}: write after its scope ended (use after free){_where()}")
@@ -266,15 +298,16 @@ def _store(t: GMTensor, starts, tile: Tile, atomic) -> None:
                        f"to write it{_where()}")
     if tile.data.dtype != t.data.dtype:
         raise DslError(f"{t.name}: storing a {tile.dtype} tile into a {t.dtype} tensor (cast first){_where()}")
-    if len(starts) != t.data.dim():
-        raise DslError(f"{t.name}: {len(starts)} offsets for a rank-{t.data.dim()} tensor{_where()}")
-    ext = tile.valid if tile.valid is not None else tile.shape
-    stops = [a + e for a, e in zip(starts, ext)]
-    for d, (a, b) in enumerate(zip(starts, stops)):
-        if a < 0 or b > t.data.shape[d]:
-            raise DslError(f"{t.name}: store window [{a}, {b}) out of bounds of dim {d} "
-                           f"(extent {t.data.shape[d]}){_where()}")
-    key = tuple(_pyslice(a, b) for a, b in zip(starts, stops))
+    ext = tile.valid if tile.valid is not None else tile.data.shape
+    if stops is None:
+        if len(starts) != t.data.dim():
+            raise DslError(f"{t.name}: {len(starts)} offsets for a rank-{t.data.dim()} tensor{_where()}")
+        stops = [a + e for a, e in zip(starts, ext)]
+        for d, a, b, n in zip(range(len(stops)), starts, stops, t._shape):
+            if a < 0 or b > n:
+                raise DslError(f"{t.name}: store window [{a}, {b}) out of bounds of dim {d} "
+                               f"(extent {n}){_where()}")
+    key = tuple(map(_pyslice, starts, stops))
     src = tile.data if tile.valid is None else tile.data[tuple(_pyslice(0, e) for e in ext)]
     dst = t.data[key]
     if atomic is None:
