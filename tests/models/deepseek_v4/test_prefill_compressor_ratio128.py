@@ -247,7 +247,8 @@ def test_task_and_edge_counts_both_variants():
     assert (prog.stats.tasks, prog.stats.edges) == (6, 7)
     assert prog.graph.named_edges() == INIT_EDGES
     _, _, seed = run_kernel(TINY, d, seed_scopes=True)
-    assert [t.name for t in seed.graph.tasks] == INIT_TASKS[:1] + ["prefill_hca_c128_norm_pad_init"] + INIT_TASKS[1:]
+    seed_tasks = INIT_TASKS[:1] + ["prefill_hca_c128_norm_pad_init"] + INIT_TASKS[1:]
+    assert [t.name for t in seed.graph.tasks] == seed_tasks
     assert (seed.stats.tasks, seed.stats.edges) == (7, 9)
     assert seed.graph.named_edges() == INIT_EDGES | SEED_EXTRA_EDGES
 
@@ -261,7 +262,8 @@ def test_capacity_overflow_raises_before_any_task():
         entry = prefill_compressor_ratio128_entry(TINY, cap, False)
         args = [d[k].clone() if isinstance(d[k], torch.Tensor) else d[k] for k in ARG_ORDER]
         prog = Program(entry, pto.RunConfig(check=True))
-        with pytest.raises(CapacityError, match="write_pos_map.*capacity"):
+        with pytest.raises(CapacityError, match=f"T={T} tokens can close {-(-T // HCA_RATIO)} windows.*"
+                                                f"write_pos_map.*max_cmp_writes={cap or 4}"):
             prog.execute(args, {})
         assert len(prog.graph.tasks) == 0  # raised at allocation
         assert torch.equal(args[ARG_ORDER.index("cmp_kv")], d["cmp_kv"])

@@ -351,8 +351,8 @@ def prefill_compressor_ratio128(
         ConfigError: ``cfg`` cannot be tiled.
         BindError: argument shapes that do not match ``cfg``, ``T < 1``, ``num_tokens`` out
             of range, or (from the write-map task) a contract violation listed above.
-        CapacityError: ``ceil(T / 128)`` above ``max_cmp_writes`` (allocation of
-            ``write_pos_map``, before any task runs).
+        CapacityError: ``ceil(T / 128)`` above ``max_cmp_writes`` (before any allocation or
+            task; the scratch allocations declare the same bound as ``capacity=``).
     """
     tl = compressor_tiling(cfg, max_cmp_writes)
     D, d, r, page, M = cfg.hidden_size, cfg.head_dim, cfg.qk_rope_head_dim, tl.page, HCA_RATIO
@@ -374,6 +374,10 @@ def prefill_compressor_ratio128(
     n_state_rows = sp * page
     n_cmp_rows = cmp_kv.shape[0] * cmp_kv.shape[1]
     n_writes = -(-t_len // M)  # windows T consecutive tokens can close
+    if n_writes > tl.max_cmp_writes:
+        raise CapacityError(f"kernel {_NAME}: a chunk of T={t_len} tokens can close {n_writes} windows, but "
+                            f"write_pos_map / write_dst_map / pooled_kv_pad hold max_cmp_writes="
+                            f"{tl.max_cmp_writes} (declared capacity); split the chunk or declare more")
     w_pad = _round_up(n_writes, tl.rms_rows)
     state_rows = pl.reshape(compress_state, [n_state_rows, 2 * d])
     cmp_rows = pl.reshape(cmp_kv, [n_cmp_rows, d])
