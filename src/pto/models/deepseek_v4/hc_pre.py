@@ -24,7 +24,7 @@ zero-initialised at allocation (no seed task). ``seed_scopes=True`` keeps the pr
 shape: static scratch at capacity and a ``hc_pre_seed`` task zero-filling ``mixes_raw``
 (6 tasks, 8 edges: the seed precedes the atomic adds and both readers). Deviations from
 the reference, all value-preserving except the K association of the linear: tiles are
-CPU-sized (token tiles of 32 rows for rms / split / mix_x and 128 for Sinkhorn, whose 20
+CPU-sized (token tiles of up to 32 rows for rms / split / mix_x and up to 128 for Sinkhorn, whose 20
 rounds then run as ~8 tile ops on the whole token tile; the linear takes 128 rows and its
 whole 4096-wide K-slice per matmul); the comb logits are loaded as one ``[tt, 16]`` tile and
 re-laid out as ``[tt*4 (token, i), 8 (j, 4 valid)]`` rows before ``fillpad(min)`` and the
@@ -41,7 +41,8 @@ import pto.language as pl
 from pto.errors import BindError, CapacityError, ConfigError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
-from pto.models.deepseek_v4.tiling import MATMUL_M_TILE, expect_tensor, mode_tokens, need, round_up, token_capacity
+from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, expect_tensor, mode_tokens, need, round_up, token_capacity,
+                                           token_tile)
 
 __all__ = [
     "hc_pre",
@@ -227,7 +228,7 @@ def hc_pre(
             mixes_raw[0:t_linear, 0:mix_pad] = pl.full([t_linear, mix_pad], pl.FP32, 0.0)
 
     # 1. inv_rms = rsqrt(mean(x_flat^2) + eps) per token
-    RT = tl.rms_t
+    RT = token_tile(t, tl.rms_t)
     for b in pl.spmd(-(-t // RT), name_hint="hc_pre_rms", allow_early_resolve=True):
         t0 = b * RT
         rows = min(RT, t - t0)
@@ -251,7 +252,7 @@ def hc_pre(
         pl.assemble(mixes_raw, acc, [m0, 0], atomic=pl.AtomicType.Add)
 
     # 3. pre = sigmoid(mixes[:, :hc]*s0 + b) + eps -> pre_val_store; post = 2*sigmoid(...)
-    ST = tl.split_t
+    ST = token_tile(t, tl.split_t)
     for b in pl.spmd(-(-t // ST), name_hint="split_pre_post", allow_early_resolve=True):
         t0 = b * ST
         rows = min(ST, t - t0)
@@ -266,7 +267,7 @@ def hc_pre(
         pl.assemble(post, pl.set_validshape(pl.recip(pl.exp(-z_post) + 1.0) * 2.0, rows, hc), [t0, 0])
 
     # 4. comb = sinkhorn(softmax_j(mixes[:, 2hc:]*s2 + b) + eps)
-    CT = tl.comb_t
+    CT = token_tile(t, tl.comb_t)
     for b in pl.spmd(-(-t // CT), name_hint="comb_sinkhorn", allow_early_resolve=True):
         t0 = b * CT
         rows = min(CT, t - t0)
@@ -287,7 +288,7 @@ def hc_pre(
         pl.assemble(comb, pl.set_validshape(out, rows, hc * hc), [t0, 0])
 
     # 5. x_mixed = bf16_rne((x0*pre0 + x1*pre1) + (x2*pre2 + x3*pre3))
-    MT, DT = tl.mix_t, tl.d_tile
+    MT, DT = token_tile(t, tl.mix_t), tl.d_tile
     n_d = D // DT
     for b in pl.spmd(-(-t // MT) * n_d, name_hint="mix_x", allow_early_resolve=True):
         t0 = (b // n_d) * MT

@@ -32,7 +32,7 @@ pre-commit shape (static scratch at capacity, ``qr_proj_seed`` / ``kv_proj_seed`
 Deviations from the reference, all value-preserving except the K association of the BF16
 matmuls (the golden is one FP32 matmul either way): the matmul tasks take up to 128 rows
 and their whole K-slice per matmul (reference: 16 rows, 256/128-wide K steps), the vector
-tasks 32-token tiles (reference 8); the quantiser takes ``amax`` of ``qr*inv*gamma``
+tasks token tiles of up to 32 rows (reference 8); the quantiser takes ``amax`` of ``qr*inv*gamma``
 directly (the golden's order) instead of ``inv * amax(qr*gamma)``; q is stored one token
 row (its 4 heads, contiguous in ``q``) at a time so every write footprint is an exact box.
 """
@@ -47,7 +47,7 @@ from pto.errors import BindError, CapacityError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, VEC_T_TILE, expect_tensor, mode_tokens, need, round_up,
-                                           token_capacity)
+                                           token_capacity, token_tile)
 
 __all__ = [
     "qkv_proj_rope",
@@ -261,7 +261,7 @@ def qkv_proj_rope(
     eps = cfg.rms_norm_eps
     cap = token_capacity(cfg)
     t_pad = round_up(t, MATMUL_M_TILE)
-    MT, TT = tl.m_tile, tl.t_tile
+    MT, TT = tl.m_tile, token_tile(t, tl.t_tile)
 
     # ---- GM scratch (allocated at scope entry, before any task) ----
     if seed_scopes:

@@ -24,7 +24,7 @@ import pto.language as pl
 from pto.errors import BindError, ConfigError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
-from pto.models.deepseek_v4.tiling import expect_tensor, mode_tokens, need
+from pto.models.deepseek_v4.tiling import expect_tensor, mode_tokens, need, token_tile
 
 __all__ = ["TOLERANCES", "rms_norm", "rms_norm_tiling", "rms_norm_entry", "build_rms_norm", "golden_rms_norm",
            "make_rms_norm_inputs"]
@@ -71,7 +71,8 @@ def rms_norm(
         cfg: model config (``hidden_size``, ``rms_norm_eps``).
 
     Returns:
-        The task id of the single ``rms_norm`` task (``spmd(ceil(T/RMS_T_TILE))``), for
+        The task id of the single ``rms_norm`` task (``spmd(ceil(T/tile))``, ``tile =``
+        :func:`token_tile` ``(T, RMS_T_TILE)``), for
         ``pl.system.task_dummy(deps=[tid])`` late-dependency gates.
 
     Raises:
@@ -79,8 +80,8 @@ def rms_norm(
         BindError: ``x``/``w``/``x_normed`` do not match ``cfg``.
     """
     tl = rms_norm_tiling(cfg)
-    D, TT = tl["d"], tl["t_tile"]
     t = pl.tensor.dim(x, 0)
+    D, TT = tl["d"], token_tile(t, tl["t_tile"])
     expect_tensor("rms_norm", "x", x, [t, D], pl.BF16)
     eps = cfg.rms_norm_eps
     w_row = pl.reshape(w, [1, D])

@@ -14,7 +14,7 @@ config and the runtime token count ``T`` into the sizes every kernel agrees on
 from pto.errors import BindError, ConfigError
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 
-__all__ = ["VEC_T_TILE", "MATMUL_M_TILE", "round_up", "token_capacity", "mode_tokens", "need",
+__all__ = ["VEC_T_TILE", "MATMUL_M_TILE", "round_up", "token_tile", "token_capacity", "mode_tokens", "need",
            "expect_tensor"]
 
 VEC_T_TILE = 8  # token rows per vector block (v4flash-kernels.md A.1 / A.2 / B.1)
@@ -24,6 +24,13 @@ MATMUL_M_TILE = 16  # cube row granule; runtime-sized matmul scratch rounds T up
 def round_up(n: int, m: int) -> int:
     """Smallest multiple of ``m`` that is ``>= n`` (``n >= 0``, ``m > 0``)."""
     return -(-int(n) // m) * m
+
+
+def token_tile(t: int, max_rows: int) -> int:
+    """Token rows of a vector tile for ``t`` tokens: ``max_rows``, but no more than ``t``
+    rounded up to ``VEC_T_TILE`` (a decode step of 8 tokens gets 8-row tiles, as in the
+    reference; never below ``VEC_T_TILE``)."""
+    return max(VEC_T_TILE, min(max_rows, round_up(t, VEC_T_TILE)))
 
 
 def token_capacity(cfg: DeepSeekV4Config) -> int:
