@@ -24,9 +24,9 @@ zero-initialised at allocation (no seed task). ``seed_scopes=True`` keeps the pr
 shape: static scratch at capacity and a ``hc_pre_seed`` task zero-filling ``mixes_raw``
 (6 tasks, 8 edges: the seed precedes the atomic adds and both readers). Deviations from
 the reference, all value-preserving except the K association of the linear: tiles are
-CPU-sized (token tiles of up to 32 rows for rms / split / mix_x and up to 128 for Sinkhorn, whose 20
-rounds then run as ~8 tile ops on the whole token tile; the linear takes 128 rows and its
-whole 4096-wide K-slice per matmul); the comb logits are loaded as one ``[tt, 16]`` tile and
+CPU-sized (token tiles of up to 32 rows for rms / split / mix_x and up to 128 for
+Sinkhorn, whose 20 rounds then run as ~8 tile ops on the whole token tile; the linear
+takes 128 rows and its whole 4096-wide K-slice per matmul); the comb logits are loaded as one ``[tt, 16]`` tile and
 re-laid out as ``[tt*4 (token, i), 8 (j, 4 valid)]`` rows before ``fillpad(min)`` and the
 row softmax (the reference loads four ``[8, 8]`` tiles, valid 4); Sinkhorn's column pass is
 a row pass on the transposed ``[tt*8 (token, j), 4 (i)]`` layout.

@@ -32,9 +32,11 @@ pre-commit shape (static scratch at capacity, ``qr_proj_seed`` / ``kv_proj_seed`
 Deviations from the reference, all value-preserving except the K association of the BF16
 matmuls (the golden is one FP32 matmul either way): the matmul tasks take up to 128 rows
 and their whole K-slice per matmul (reference: 16 rows, 256/128-wide K steps), the vector
-tasks token tiles of up to 32 rows (reference 8); the quantiser takes ``amax`` of ``qr*inv*gamma``
-directly (the golden's order) instead of ``inv * amax(qr*gamma)``; q is stored one token
-row (its 4 heads, contiguous in ``q``) at a time so every write footprint is an exact box.
+tasks token tiles of up to 32 rows (reference 8); the quantiser takes ``amax`` of
+``qr*inv*gamma`` directly (the golden's order) instead of ``inv * amax(qr*gamma)``; q is
+stored one token row (its 4 heads, contiguous in ``q``) at a time so that every write
+footprint is an exact box (a multi-token window of 4 heads would be recorded as its
+bounding box, overlapping the neighbouring blocks' heads).
 """
 
 import functools
