@@ -97,3 +97,11 @@ def test_hc_pre_flash(mode):
     for name in ("x_mixed", "post", "comb"):
         assert torch.equal(res.actual[name], seeded.actual[name]), name
     assert res.program.graph.named_edges() == EDGES
+
+
+def test_hc_pre_zero_init_is_load_bearing():
+    """Without its allocation-time zero, mixes_raw reaches the outputs undefined."""
+    from pto.runtime.sanitizer import drop_init_values
+    cr = build_hc_pre("tiny", "prefill", T=7)
+    with drop_init_values("mixes_raw"), pytest.raises(pto.UndefinedOutputError, match="mixes_raw"):
+        run_jit(cr.fn, cr.specs, cr.golden, cr.compare)

@@ -187,3 +187,13 @@ def test_qkv_flash(mode):
     for name in OUTPUTS:
         assert torch.equal(res.actual[name], seeded.actual[name]), name
     assert res.program.graph.named_edges() == EDGES
+
+
+@pytest.mark.parametrize("scratch,output", [("qr_fp32", "'q'"), ("kv_fp32", "'kv'")])
+def test_qkv_zero_init_is_load_bearing(scratch, output):
+    """Without its allocation-time zero, a split-K accumulator reaches the outputs undefined."""
+    from pto.runtime.sanitizer import drop_init_values
+    cr = build_qkv_proj_rope("tiny", "prefill", T=7)
+    with drop_init_values(scratch), pytest.raises(pto.UndefinedOutputError, match=scratch) as err:
+        run_jit(cr.fn, cr.specs, cr.golden, cr.compare)
+    assert f"output {output}" in str(err.value)
