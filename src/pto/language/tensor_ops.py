@@ -188,6 +188,9 @@ class GMTensor:
     def __setitem__(self, key, value):
         starts, stops, drop = self._parse(key)
         shape = [b - a for a, b in zip(starts, stops)]
+        if type(value) is Tile and value.valid is None and list(value.data.shape) == shape:
+            _store(self, starts, value, None, stops)  # fast path: a full tile of the window's shape
+            return
         if isinstance(value, (int, float, ScalarValue)) and not isinstance(value, bool):
             if math.prod(shape) != 1:
                 raise DslError(f"{self.name}: assigning a number to a window of shape {shape}; use pl.full")
@@ -204,7 +207,7 @@ class GMTensor:
                                f"assigned to window {shape}{_where()}")
             else:
                 value = Tile(value.data.reshape(shape), None if value.mask is None else value.mask.reshape(shape))
-        _store(self, starts, value, None, stops)
+        _store(self, starts, value, None)
 
     def _view(self, starts, stops, drop=()):
         key = tuple(_pyslice(a, b) for a, b in zip(starts, stops))
