@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import pto
-from pto.errors import BindError, ConfigError
+from pto.errors import BindError, CapacityError, ConfigError
 from pto.golden import get_case, run_jit
 from pto.models.deepseek_v4.config import get_config
 from pto.models.deepseek_v4.prefill_sparse_attn import (golden_prefill_sparse_attn, make_sparse_attn_inputs,
@@ -145,6 +145,12 @@ def test_bad_compressed_slots_raise_bind_error():
     d = make_sparse_attn_inputs(TINY, 8, 8, seed=0, compress_ratio=4)
     d["cmp_indices"][2, 1] = TINY.cmp_kv_block_num * TINY.block_size
     with pytest.raises(BindError, match="past the compressed block table"):
+        _kernel(d, check=False)
+
+
+def test_token_count_above_capacity_raises_before_any_task():
+    d = make_sparse_attn_inputs(TINY, 129, 129, seed=0, compress_ratio=0)
+    with pytest.raises(CapacityError, match="sparse_kv"):
         _kernel(d, check=False)
 
 

@@ -14,8 +14,8 @@ the first ``num_tokens`` are active:
 
 The window of token ``t`` includes the keys this chunk writes (its own included), because
 the cache scatter runs before the attention. Unlike the reference kernel (which asserts
-``sliding_window == block_size`` and ``T == sliding_window``), the golden takes any ``T``,
-start position, window and page size.
+``sliding_window == block_size`` and ``T == sliding_window``), the golden and the DSL kernel
+below take any ``T`` (up to the token capacity), start position, window and page size.
 """
 
 import functools
@@ -37,6 +37,7 @@ from pto.models.deepseek_v4.qkv_proj_rope import (golden_qkv_proj_rope, material
                                                   quantize_weight_per_column)
 from pto.models.deepseek_v4.rms_norm import golden_rms_norm, rms_norm
 from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
+from pto.models.deepseek_v4.tiling import token_capacity
 
 __all__ = [
     "prefill_attention_swa_kernels",
@@ -115,12 +116,15 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
         ``prefill_attention_swa_test`` (same parameters) and ``seed_scopes``.
 
     Raises:
-        ConfigError: the config cannot be tiled by one of the composed kernels.
+        ConfigError: the config cannot be tiled by one of the composed kernels. At run time:
+            ``CapacityError`` for ``T`` above ``tiling.token_capacity(cfg)`` (128), ``BindError``
+            for a negative position or one past the block table.
     """
     D, HC, H, HD, R = cfg.hidden_size, cfg.hc_mult, cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim
     LQ, G, LO, GIN, W = cfg.q_lora_rank, cfg.o_groups, cfg.o_lora_rank, cfg.o_group_in, cfg.sliding_window
     BS, P, CP, TOPK = cfg.block_size, cfg.ori_kv_block_num, cfg.cmp_kv_block_num, cfg.index_topk
     MAXPOS, NBLK, MIX = cfg.max_position_embeddings, cfg.max_blocks_per_seq, cfg.mix_hc
+    cap = token_capacity(cfg)  # bound of the runtime token count (CapacityError before any task)
 
     attn = prefill_sparse_attn_kernels(cfg).prefill_sparse_attn
     hc_post_prefill = hc_post_kernels(cfg).hc_post_prefill
@@ -202,24 +206,24 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
         """Ratio-0 prefill attention sub-layer (A.3); returns ``(kv_cache, x_out)``."""
         t = pl.tensor.dim(x_hc, 0)
         active = pl.min(pl.max(num_tokens, 0), t)
-        x_mixed = pl.create_tensor([t, D], pl.BF16)
-        post = pl.create_tensor([t, HC], pl.FP32)
-        comb = pl.create_tensor([t, HC * HC], pl.FP32)
-        x_normed = pl.create_tensor([t, D], pl.BF16)
-        rope_cos_t = pl.create_tensor([t, R], pl.BF16)
-        rope_sin_t = pl.create_tensor([t, R], pl.BF16)
-        q = pl.create_tensor([t, H, HD], pl.BF16)
-        kv = pl.create_tensor([t, HD], pl.BF16)
-        qr = pl.create_tensor([t, LQ], pl.INT8)
-        qr_scale = pl.create_tensor([t, 1], pl.FP32)
-        swa_indices = pl.create_tensor([t, W], pl.INT32)
-        attn_out = pl.create_tensor([t, D], pl.BF16)
+        x_mixed = pl.create_tensor([t, D], pl.BF16, capacity=cap)
+        post = pl.create_tensor([t, HC], pl.FP32, capacity=cap)
+        comb = pl.create_tensor([t, HC * HC], pl.FP32, capacity=cap)
+        x_normed = pl.create_tensor([t, D], pl.BF16, capacity=cap)
+        rope_cos_t = pl.create_tensor([t, R], pl.BF16, capacity=cap)
+        rope_sin_t = pl.create_tensor([t, R], pl.BF16, capacity=cap)
+        q = pl.create_tensor([t, H, HD], pl.BF16, capacity=cap)
+        kv = pl.create_tensor([t, HD], pl.BF16, capacity=cap)
+        qr = pl.create_tensor([t, LQ], pl.INT8, capacity=cap)
+        qr_scale = pl.create_tensor([t, 1], pl.FP32, capacity=cap)
+        swa_indices = pl.create_tensor([t, W], pl.INT32, capacity=cap)
+        attn_out = pl.create_tensor([t, D], pl.BF16, capacity=cap)
         if seed_scopes:
             cmp_block_table = pl.create_tensor([CP], pl.INT32)
-            cmp_indices = pl.create_tensor([t, TOPK], pl.INT32)
+            cmp_indices = pl.create_tensor([t, TOPK], pl.INT32, capacity=cap)
         else:
             cmp_block_table = pl.create_tensor([CP], pl.INT32, init_value=0)
-            cmp_indices = pl.create_tensor([t, TOPK], pl.INT32, init_value=-1)
+            cmp_indices = pl.create_tensor([t, TOPK], pl.INT32, init_value=-1, capacity=cap)
         cmp_kv = pl.create_tensor([CP, BS, 1, HD], pl.BF16)  # never read: every cmp index is -1
 
         hc_pre(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, x_mixed, post, comb, cfg)

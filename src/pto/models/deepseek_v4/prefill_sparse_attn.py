@@ -30,8 +30,12 @@ group order. ``weight_format="bf16"``: ``o_r`` rounded to BF16 and multiplied by
 oracle): no BF16 rounding anywhere -- FP32 probabilities in PV, FP32 attention output
 (no ``o_packed`` rounding), FP32 ``o_r`` before ``wo_b``, FP32 result.
 
-Not modelled: the reference kernel's bias columns only cover the first 256 compressed
-candidates (``cmp_indices[:, :256]``); pass ``cmp_candidate_limit=256`` to reproduce that.
+Not modelled by default: the reference kernel's bias columns only cover the first 256
+compressed candidates (``cmp_indices[:, :256]``); pass ``cmp_candidate_limit=256`` to
+reproduce that. The DSL kernel below does the same (``SparseAttnTiling.cmp_cols``: 256 at
+FLASH, every column at tiny), and its registered case passes that limit to the golden. Where
+the golden skips a compressed slot past the table or on a negative page, the kernel raises
+``BindError`` (the reference kernel does not check; callers guarantee valid slots).
 """
 
 import functools
@@ -53,6 +57,7 @@ from pto.models.deepseek_v4.qkv_proj_rope import (
     rope_interleaved,
 )
 from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
+from pto.models.deepseek_v4.tiling import token_capacity
 
 __all__ = [
     "SparseAttnTiling",
@@ -213,8 +218,17 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
         attn_sink, num_tokens, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale, attn_out)`` (returns
         ``attn_out``) and the ``@pl.jit`` entry ``prefill_sparse_attn_test`` (same parameters).
 
+    Scratch (uninitialised; rows scale with the runtime ``T``, bounded by
+    ``tiling.token_capacity(cfg)`` = 128 tokens): ``sparse_kv [T*sparse_pad, head_dim]``,
+    ``sparse_bias [T, sparse_pad]``, per-block ``(m, l, o)`` ``[T*NB*H, 1 | 1 | head_dim]``,
+    ``attn_rope_stage [T*H, rope_dim]``, ``o_packed [G*T, o_group_in]``, cos / sin rows
+    ``[T, rope_dim]``, ``o_r`` / ``o_r_i8 [T, G*o_lora]``, ``act_scale_dq [T, G]``,
+    ``partials [T, G*D]`` INT32.
+
     Raises:
-        ConfigError: from :func:`sparse_attn_tiling`.
+        ConfigError: from :func:`sparse_attn_tiling`. At run time the body raises
+            ``CapacityError`` for ``T`` above the capacity (before any task) and
+            ``BindError`` for a compressed slot past the table or on a negative page.
     """
     tl = sparse_attn_tiling(cfg)
     H, HD, R, N = cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim, cfg.nope_head_dim
@@ -224,6 +238,7 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     KT, NB, NBS, PAD, NCMP = tl.key_tile, tl.key_blocks, tl.swa_blocks, tl.sparse_pad, tl.cmp_cols
     HT, NA, DN, CT = tl.rope_head_tile, tl.proj_a_n_tile, tl.proj_b_n_tile, tl.act_col_tile
     scale = cfg.softmax_scale
+    cap = token_capacity(cfg)  # bound of the runtime token count (CapacityError before any task)
 
     def gather_rows(src_flat, idx, n: int, lower, stage):
         """Copy the rows of the ``n`` leading index columns into ``stage``, one slice per run
@@ -264,19 +279,19 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
         sink_col = pl.reshape(attn_sink, [H, 1])
         wo_b_scale_row = pl.reshape(wo_b_scale, [1, D])
 
-        sparse_kv = pl.create_tensor([t * PAD, HD], pl.BF16)
-        sparse_bias = pl.create_tensor([t, PAD], pl.FP32)
-        blk_m = pl.create_tensor([t * NB * H, 1], pl.FP32)
-        blk_l = pl.create_tensor([t * NB * H, 1], pl.FP32)
-        blk_o = pl.create_tensor([t * NB * H, HD], pl.FP32)
-        attn_rope_stage = pl.create_tensor([t * H, R], pl.FP32)
-        o_packed = pl.create_tensor([G * t, GIN], pl.BF16)
-        rope_cos_il = pl.create_tensor([t, R], pl.FP32)
-        rope_sin_signed = pl.create_tensor([t, R], pl.FP32)
-        o_r = pl.create_tensor([t, G * LO], pl.FP32)
-        o_r_i8 = pl.create_tensor([t, G * LO], pl.INT8)
-        act_scale_dq = pl.create_tensor([t, G], pl.FP32)
-        partials = pl.create_tensor([t, G * D], pl.INT32)
+        sparse_kv = pl.create_tensor([t * PAD, HD], pl.BF16, capacity=cap * PAD)
+        sparse_bias = pl.create_tensor([t, PAD], pl.FP32, capacity=cap)
+        blk_m = pl.create_tensor([t * NB * H, 1], pl.FP32, capacity=cap * NB * H)
+        blk_l = pl.create_tensor([t * NB * H, 1], pl.FP32, capacity=cap * NB * H)
+        blk_o = pl.create_tensor([t * NB * H, HD], pl.FP32, capacity=cap * NB * H)
+        attn_rope_stage = pl.create_tensor([t * H, R], pl.FP32, capacity=cap * H)
+        o_packed = pl.create_tensor([G * t, GIN], pl.BF16, capacity=G * cap)
+        rope_cos_il = pl.create_tensor([t, R], pl.FP32, capacity=cap)
+        rope_sin_signed = pl.create_tensor([t, R], pl.FP32, capacity=cap)
+        o_r = pl.create_tensor([t, G * LO], pl.FP32, capacity=cap)
+        o_r_i8 = pl.create_tensor([t, G * LO], pl.INT8, capacity=cap)
+        act_scale_dq = pl.create_tensor([t, G], pl.FP32, capacity=cap)
+        partials = pl.create_tensor([t, G * D], pl.INT32, capacity=cap)
         stage3 = pl.reshape(attn_rope_stage, [t, H, R])
         o_packed3 = pl.reshape(o_packed, [G * t, HPG, HD])
 
