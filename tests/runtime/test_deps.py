@@ -271,3 +271,33 @@ def test_footprints_of_views_map_to_root_coordinates():
     assert fps["copy_plane2"] == ["read x[16:24, 0:16]", "write y[16:24, 0:16]"]
     assert fps["read_row"] == ["read y[19:21, 4:8]"]
     assert edges(p) == {("copy_plane2", "read_row")}
+
+
+# ---- footprint coalescing --------------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pto.runtime.deps import coalesce  # noqa: E402
+
+box = st.tuples(st.integers(0, 6), st.integers(1, 4), st.integers(0, 6), st.integers(1, 4)).map(
+    lambda t: (t[0], t[0] + t[1], t[2], t[2] + t[3]))
+
+
+def cells(boxes):
+    return {(r, c) for r0, r1, c0, c1 in boxes for r in range(r0, r1) for c in range(c0, c1)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(box, max_size=8))
+def test_coalesce_keeps_exactly_the_union_and_never_grows(boxes):
+    out = coalesce(boxes)
+    assert cells(out) == cells(boxes)
+    assert len(out) <= len(set(boxes))
+
+
+def test_coalesce_merges_the_blocks_of_a_row_split_task():
+    rows = [(16 * b, 16 * b + 16, 0, 64) for b in range(8)]
+    assert coalesce(rows) == [(0, 128, 0, 64)]
+    cols = [(0, 4, 32 * b, 32 * b + 32) for b in range(4)]
+    assert coalesce(cols) == [(0, 4, 0, 128)]
