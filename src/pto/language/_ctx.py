@@ -45,9 +45,18 @@ def caller_site(depth: int = 2) -> str:
     return f"{f.f_code.co_filename}:{f.f_lineno}"
 
 
+_IN_LANGUAGE: dict = {}  # source file name -> inside the pto.language package
+
+
 def user_frame():
     """First frame outside the pto.language package (the kernel source line)."""
     f = sys._getframe(1)
-    while f is not None and "/pto/language/" in f.f_code.co_filename.replace("\\", "/"):
+    while f is not None:
+        fname = f.f_code.co_filename
+        inside = _IN_LANGUAGE.get(fname)
+        if inside is None:
+            inside = _IN_LANGUAGE[fname] = "/pto/language/" in fname.replace("\\", "/")
+        if not inside:
+            return f
         f = f.f_back
     return f

@@ -37,8 +37,10 @@ class Level:
 
 
 def _deps_list(deps):
+    if not deps:
+        return []
     out = []
-    for d in deps or ():
+    for d in deps:
         if d is None:
             continue
         if isinstance(d, (list, tuple)):

@@ -99,7 +99,12 @@ class _Producers:
         r0, r1, c0, c1 = box
         for lv, bk in self.levels.items():
             b0, b1 = r0 >> lv, (r1 - 1) >> lv
-            if b1 - b0 < len(bk):
+            if b0 == b1:
+                lst = bk.get(b0)
+                if lst is None:
+                    continue
+                lists = (lst,)
+            elif b1 - b0 < len(bk):
                 lists = [bk[b] for b in range(b0, b1 + 1) if b in bk]
             else:
                 lists = bk.values()
@@ -110,10 +115,12 @@ class _Producers:
                         out.append(e)
         return out
 
-    def remove_covered(self, box) -> None:
-        """Drop every entry whose box lies inside ``box``."""
+    def write(self, box, tid: int, preds: set) -> None:
+        """A plain write of ``box`` by task ``tid``: the tasks of the entries it
+        overlaps join ``preds``, the entries it covers drop, it registers."""
         seen = set()
         for e in self.overlapping(box):
+            preds.add(e[1])
             if id(e) in seen or not _covers(box, e[0]):
                 continue
             seen.add(id(e))
@@ -127,6 +134,7 @@ class _Producers:
                     del bk[b]
             if not bk:
                 del self.levels[lv]
+        self.add(box, tid, 1)
 
 
 class DepTracker:
@@ -151,9 +159,6 @@ class DepTracker:
                 for box in reads:
                     for e in entries.overlapping(box):
                         preds.add(e[1])
-                for box in writes:
-                    for e in entries.overlapping(box):
-                        preds.add(e[1])
                 for box in atomics:
                     for e in entries.overlapping(box):
                         if e[2] == 1:
@@ -162,8 +167,9 @@ class DepTracker:
                 if entries is None:
                     entries = reg[buf.id] = _Producers()
                 for box in writes:
-                    entries.remove_covered(box)
-                    entries.add(box, tid, 1)
+                    # lookup and registration in one pass: an entry dropped by an earlier write box
+                    # of this task was already made a predecessor by that box
+                    entries.write(box, tid, preds)
                 for box in atomics:
                     entries.add(box, tid, 2)
         preds.discard(tid)

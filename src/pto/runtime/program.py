@@ -228,16 +228,23 @@ class Program:
     def _finish_stats(self) -> None:
         s = self.stats
         s.wall_us = (time.perf_counter_ns() - self._t0) / 1e3
-        real = [t for t in self.graph.tasks if t.kind != "dummy"]
-        s.tasks = len(real)
-        s.dummies = len(self.graph.tasks) - len(real)
-        s.blocks = sum(len(t.blocks) for t in real)
-        s.edges = sum(len(t.preds) for t in self.graph.tasks)
-        s.tile_ops = sum(b.ops for t in real for b in t.blocks)
-        s.flops = sum(b.flops for t in real for b in t.blocks)
-        s.bytes = sum(b.bytes for t in real for b in t.blocks)
+        tasks = dummies = blocks = edges = ops = flops = nbytes = wall_ns = 0
+        for t in self.graph.tasks:
+            edges += len(t.preds)
+            if t.kind == "dummy":
+                dummies += 1
+                continue
+            tasks += 1
+            blocks += len(t.blocks)
+            wall_ns += t.wall_ns
+            for b in t.blocks:
+                ops += b.ops
+                flops += b.flops
+                nbytes += b.bytes
+        s.tasks, s.dummies, s.blocks, s.edges = tasks, dummies, blocks, edges
+        s.tile_ops, s.flops, s.bytes = ops, flops, nbytes
         s.heap_peak_bytes = self.heap.peak
-        s.task_wall_us = sum(t.wall_ns for t in real) / 1e3
+        s.task_wall_us = wall_ns / 1e3
 
     # ---- allocation ------------------------------------------------------------
     def new_tensor(self, shape, dtype, init_value, capacity, manual_dep, name, frame) -> GMTensor:
@@ -341,13 +348,16 @@ class Program:
                     g = grouped[buf] = ([], [], [])
                 g[kind].append(box)
         fps = []
+        ids = task.buffers
         for buf, g in grouped.items():
-            task.buffers.add(buf.id)
-            for k in range(3):
-                if len(g[k]) > 1:
-                    g[k][:] = coalesce(g[k])
-                for box in g[k]:
-                    fps.append((buf, k, box))
+            ids.add(buf.id)
+            for k in (0, 1, 2):
+                boxes = g[k]
+                if boxes:
+                    if len(boxes) > 1:
+                        boxes[:] = coalesce(boxes)
+                    for box in boxes:
+                        fps.append((buf, k, box))
         task.footprints = fps
         preds = self.deps.derive(task.id, grouped, task.manual)
         preds.update(task.explicit)
