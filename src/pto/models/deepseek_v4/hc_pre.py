@@ -24,7 +24,7 @@ zero-initialised at allocation (no seed task). ``seed_scopes=True`` keeps the pr
 shape: static scratch at capacity and a ``hc_pre_seed`` task zero-filling ``mixes_raw``
 (6 tasks, 8 edges: the seed precedes the atomic adds and both readers). Deviations from
 the reference, all value-preserving except the K association of the linear: tiles are
-CPU-sized (token tiles of up to 32 rows for rms / split / mix_x and up to 128 for
+CPU-sized (token tiles of up to 32 rows for rms / mix_x and up to 128 for split and
 Sinkhorn, whose 20 rounds then run as ~8 tile ops on the whole token tile; the linear
 takes 128 rows and its whole 4096-wide K-slice per matmul); the comb logits are loaded as one ``[tt, 16]`` tile and
 re-laid out as ``[tt*4 (token, i), 8 (j, 4 valid)]`` rows before ``fillpad(min)`` and the
@@ -92,7 +92,7 @@ HC_OK = 4  # K-slices of hc_pre_linear, atomically added into mixes_raw [4]
 HC_RMS_T_TILE = 32  # token rows per hc_pre_rms block [8]
 HC_LINEAR_M_TILE = 128  # rows per hc_pre_linear block, a multiple of MATMUL_M_TILE [16]
 HC_LINEAR_K_TILE_MAX = 4096  # K per matmul step inside a K-slice [256]
-HC_SPLIT_T_TILE = 32  # token rows per split_pre_post block [8]
+HC_SPLIT_T_TILE = 128  # token rows per split_pre_post block (a few [t, 8] tiles) [8]
 HC_COMB_T_TILE = 128  # token rows per comb_sinkhorn block: 20 rounds vectorised over tokens [8]
 HC_MIX_T_TILE = 32  # token rows per mix_x block [8]
 HC_MIX_D_TILE_MAX = 4096  # hidden columns per mix_x block [1024]
@@ -295,10 +295,8 @@ def hc_pre(
         d0 = (b % n_d) * DT
         rows = min(MT, t - t0)
         pre = pl.slice(pre_val_store, [MT, hc_pad], [t0, 0], valid_shape=[rows, hc])
-        terms = []
-        for h in range(hc):
-            xh = pl.slice(x, [MT, 1, DT], [t0, h, d0], valid_shape=[rows, 1, DT], drop_dims=[1])
-            terms.append(pl.row_expand_mul(xh, pl.slice(pre, [MT, 1], [0, h])))
+        xt = pl.slice(x, [MT, hc, DT], [t0, 0, d0], valid_shape=[rows, hc, DT])  # all streams, one load
+        terms = [pl.row_expand_mul(xt[:, h, :], pl.slice(pre, [MT, 1], [0, h])) for h in range(hc)]
         while len(terms) > 1:  # pairwise tree, as the golden
             terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
         pl.assemble(x_mixed, pl.set_validshape(pl.cast(terms[0], pl.BF16, mode="rint"), rows, DT), [t0, d0])
