@@ -73,3 +73,21 @@ def test_bad_shape_raises_bind_error():
 def test_hc_post_flash(mode):
     res = _run_case("flash", mode, **({"num_tokens": 100} if mode == "prefill" else {}))
     assert torch.equal(res.actual["y"], res.expected["y"])
+
+
+def test_stable_inline_signatures():
+    from pto.models.deepseek_v4.hc_post import hc_post, hc_post_prefill, golden_hc_post
+    import pto.language as pl
+
+    @pl.jit
+    def entry(x: pl.Tensor, residual: pl.Tensor, post: pl.Tensor, comb: pl.Tensor, y: pl.Out[pl.Tensor],
+              y2: pl.Out[pl.Tensor]):
+        hc_post(x, residual, post, comb, y, TINY)
+        hc_post_prefill(x, residual, post, comb, y2, 6, TINY)
+        return y, y2
+
+    d = make_hc_post_inputs(TINY, 10, seed=9)
+    y, y2 = torch.zeros(10, TINY.hc_mult, TINY.hidden_size), torch.zeros(10, TINY.hc_mult, TINY.hidden_size)
+    entry(d["x"], d["residual"], d["post"], d["comb"], y, y2)
+    assert torch.equal(y, golden_hc_post(d["x"], d["residual"], d["post"], d["comb"]))
+    assert torch.equal(y2, golden_hc_post_prefill(d["x"], d["residual"], d["post"], d["comb"], 6))

@@ -210,3 +210,27 @@ def test_flash_seed_variant_bit_identical():
     kv_s, x_s, p_s = _kernel(d, cfg=FLASH, seed_scopes=True)
     assert torch.equal(kv_i, kv_s) and torch.equal(x_i, x_s)
     assert p_s.stats.tasks == p_i.stats.tasks + 2 and p_s.stats.edges == p_i.stats.edges + 2
+
+
+def test_stable_inline_signature_with_seed_scopes():
+    import pto.language as pl
+    from pto.models.deepseek_v4.prefill_attention_swa import prefill_attention_swa
+
+    @pl.jit
+    def entry(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor, hc_attn_base: pl.Tensor,
+              attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor, wq_b_scale: pl.Tensor, wkv: pl.Tensor,
+              gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor, freqs_cos: pl.Tensor, freqs_sin: pl.Tensor,
+              kv_cache: pl.InOut[pl.Tensor], block_table: pl.Tensor, ori_slot_mapping: pl.Tensor,
+              position_ids: pl.Tensor, attn_sink: pl.Tensor, wo_a: pl.Tensor, wo_b: pl.Tensor,
+              wo_b_scale: pl.Tensor, x_out: pl.Out[pl.Tensor], num_tokens: pl.Scalar[pl.INT32]):
+        return prefill_attention_swa(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b,
+                                     wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos, freqs_sin, kv_cache,
+                                     block_table, ori_slot_mapping, position_ids, attn_sink, wo_a, wo_b,
+                                     wo_b_scale, x_out, num_tokens, TINY, seed_scopes=True)
+
+    d = make_swa_inputs(TINY, 24, 40, 21, seed=6, block_table="permuted")
+    kv, x_out = d["kv_cache"].clone(), torch.zeros_like(d["x_hc"])
+    prog = entry.run(*[kv if n == "kv_cache" else d[n] for n in ARGS], x_out, d["num_tokens"])
+    assert "prefill_swa_empty_cmp_meta" in [t.name for t in prog.graph.tasks]
+    ref_kv, ref_x, _ = _kernel(d)
+    assert torch.equal(kv, ref_kv) and torch.equal(x_out, ref_x)

@@ -167,3 +167,22 @@ def test_flash_prefill_matches_golden():
     res = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, cr.rtol, cr.atol)
     assert res.passed, res.error
     assert res.program.stats.tasks == 6 + 64 + 32 + 32 + 1
+
+
+def test_stable_inline_signature():
+    import pto.language as pl
+    from pto.models.deepseek_v4.prefill_sparse_attn import prefill_sparse_attn
+
+    @pl.jit
+    def entry(q: pl.Tensor, ori_kv: pl.Tensor, swa_indices: pl.Tensor, cmp_kv: pl.Tensor,
+              cmp_block_table: pl.Tensor, cmp_indices: pl.Tensor, attn_sink: pl.Tensor,
+              num_tokens: pl.Scalar[pl.INT32], rope_cos: pl.Tensor, rope_sin: pl.Tensor, wo_a: pl.Tensor,
+              wo_b: pl.Tensor, wo_b_scale: pl.Tensor, attn_out: pl.Out[pl.Tensor]):
+        return prefill_sparse_attn(q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink,
+                                   num_tokens, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale, attn_out, TINY)
+
+    d = make_sparse_attn_inputs(TINY, 20, 17, seed=8)
+    out = torch.zeros(20, TINY.hidden_size, dtype=torch.bfloat16)
+    entry(*(d[n] for n in ARGS), out)
+    ref, _ = _kernel(d, check=False)
+    assert torch.equal(out, ref)

@@ -19,7 +19,8 @@ from pto.errors import BindError, ConfigError
 from pto.golden import CaseRun, KernelCase, ScalarSpec, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 
-__all__ = ["TOLERANCES", "HC_POST_TOKEN_TILE", "HC_POST_PAD_TILE", "hc_post_kernels", "golden_hc_post",
+__all__ = ["TOLERANCES", "HC_POST_TOKEN_TILE", "HC_POST_PAD_TILE", "hc_post_kernels", "hc_post", "hc_post_prefill",
+           "golden_hc_post",
            "golden_hc_post_prefill", "make_hc_post_inputs", "build_case"]
 
 # Compare functions per output as ratio_allclose (atol, rtol, max_error_ratio). The
@@ -144,6 +145,30 @@ def hc_post_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
 
     return SimpleNamespace(hc_post=hc_post, hc_post_prefill=hc_post_prefill, hc_post_test=hc_post_test,
                            hc_post_prefill_test=hc_post_prefill_test)
+
+
+@pl.jit.inline
+def hc_post(x: pl.Tensor, residual: pl.Tensor, post: pl.Tensor, comb: pl.Tensor, y: pl.Out[pl.Tensor], cfg):
+    """Stable inline signature ``hc_post(x, residual, post, comb, y, cfg) -> y``: the body of
+    :func:`hc_post_kernels` for ``cfg`` (shapes checked there: ``x [T, D] BF16``,
+    ``residual [T, N, D]``, ``post [T, N]``, ``comb [T, N*N]``, ``y [T, N, D]`` FP32).
+
+    Raises:
+        ConfigError: ``cfg`` cannot be tiled. BindError: a shape or dtype off the config.
+    """
+    return hc_post_kernels(cfg).hc_post(x, residual, post, comb, y)
+
+
+@pl.jit.inline
+def hc_post_prefill(x: pl.Tensor, residual: pl.Tensor, post: pl.Tensor, comb: pl.Tensor, y: pl.Out[pl.Tensor],
+                    num_tokens: pl.Scalar[pl.INT32], cfg):
+    """Stable inline signature ``hc_post_prefill(x, residual, post, comb, y, num_tokens, cfg)
+    -> y``: rows ``< num_tokens`` mixed, the rest exactly zero (see :func:`hc_post_kernels`).
+
+    Raises:
+        ConfigError: ``cfg`` cannot be tiled. BindError: a shape or dtype off the config.
+    """
+    return hc_post_kernels(cfg).hc_post_prefill(x, residual, post, comb, y, num_tokens)
 # ---- end kernel ----
 
 

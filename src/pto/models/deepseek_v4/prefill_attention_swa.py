@@ -41,6 +41,7 @@ from pto.models.deepseek_v4.tiling import token_capacity
 
 __all__ = [
     "prefill_attention_swa_kernels",
+    "prefill_attention_swa",
     "build_case",
     "TOLERANCES",
     "permuted_block_table",
@@ -280,6 +281,25 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
                            prefill_attention_swa_test=prefill_attention_swa_test, swa_cache_write=swa_cache_write,
                            swa_window_indices=swa_window_indices, swa_window_indices_test=swa_window_indices_test,
                            seed_scopes=seed_scopes)
+
+
+@pl.jit.inline
+def prefill_attention_swa(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor, hc_attn_base: pl.Tensor,
+                          attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor, wq_b_scale: pl.Tensor,
+                          wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor, freqs_cos: pl.Tensor,
+                          freqs_sin: pl.Tensor, kv_cache: pl.InOut[pl.Tensor], block_table: pl.Tensor,
+                          ori_slot_mapping: pl.Tensor, position_ids: pl.Tensor, attn_sink: pl.Tensor,
+                          wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor, x_out: pl.Out[pl.Tensor],
+                          num_tokens: pl.Scalar[pl.INT32], cfg, seed_scopes: bool = False):
+    """Stable inline signature ``prefill_attention_swa(x_hc, hc_attn_fn, hc_attn_scale,
+    hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos,
+    freqs_sin, kv_cache, block_table, ori_slot_mapping, position_ids, attn_sink, wo_a, wo_b,
+    wo_b_scale, x_out, num_tokens, cfg, seed_scopes=False) -> (kv_cache, x_out)``: the body of
+    :func:`prefill_attention_swa_kernels` (shapes, variants and errors there)."""
+    return prefill_attention_swa_kernels(cfg, seed_scopes).prefill_attention_swa(
+        x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+        gamma_ckv, freqs_cos, freqs_sin, kv_cache, block_table, ori_slot_mapping, position_ids, attn_sink, wo_a,
+        wo_b, wo_b_scale, x_out, num_tokens)
 # ---- end kernel ----
 
 

@@ -63,6 +63,7 @@ __all__ = [
     "SparseAttnTiling",
     "sparse_attn_tiling",
     "prefill_sparse_attn_kernels",
+    "prefill_sparse_attn",
     "build_case",
     "ATTN_KEY_TILE_MAX",
     "TOLERANCES",
@@ -496,6 +497,20 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
 
     return SimpleNamespace(tiling=tl, prefill_sparse_attn=prefill_sparse_attn,
                            prefill_sparse_attn_test=prefill_sparse_attn_test)
+
+
+@pl.jit.inline
+def prefill_sparse_attn(q: pl.Tensor, ori_kv: pl.Tensor, swa_indices: pl.Tensor, cmp_kv: pl.Tensor,
+                        cmp_block_table: pl.Tensor, cmp_indices: pl.Tensor, attn_sink: pl.Tensor,
+                        num_tokens: pl.Scalar[pl.INT32], rope_cos: pl.Tensor, rope_sin: pl.Tensor, wo_a: pl.Tensor,
+                        wo_b: pl.Tensor, wo_b_scale: pl.Tensor, attn_out: pl.Out[pl.Tensor], cfg):
+    """Stable inline signature ``prefill_sparse_attn(q, ori_kv, swa_indices, cmp_kv,
+    cmp_block_table, cmp_indices, attn_sink, num_tokens, rope_cos, rope_sin, wo_a, wo_b,
+    wo_b_scale, attn_out, cfg) -> attn_out``: the body of :func:`prefill_sparse_attn_kernels`
+    for ``cfg`` (shapes and errors there)."""
+    return prefill_sparse_attn_kernels(cfg).prefill_sparse_attn(
+        q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, num_tokens, rope_cos, rope_sin,
+        wo_a, wo_b, wo_b_scale, attn_out)
 # ---- end kernel ----
 
 
