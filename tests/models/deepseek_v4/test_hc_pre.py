@@ -105,3 +105,22 @@ def test_hc_pre_zero_init_is_load_bearing():
     cr = build_hc_pre("tiny", "prefill", T=7)
     with drop_init_values("mixes_raw"), pytest.raises(pto.UndefinedOutputError, match="mixes_raw"):
         run_jit(cr.fn, cr.specs, cr.golden, cr.compare)
+
+
+def test_hc_pre_token_tiles_do_not_change_values(monkeypatch):
+    """The CPU-sized token and M tiles are value-neutral: the reference's 8-token vector
+    blocks and 16-row linear blocks give the same bits here (rows are independent; only the
+    K tiling associates, up to how the BLAS blocks a matmul)."""
+    import pto.models.deepseek_v4.hc_pre as mod
+    T = 40
+    big = _run("tiny", "prefill", T)
+    for name in ("HC_RMS_T_TILE", "HC_SPLIT_T_TILE", "HC_COMB_T_TILE", "HC_MIX_T_TILE"):
+        monkeypatch.setattr(mod, name, 8)
+    monkeypatch.setattr(mod, "HC_LINEAR_M_TILE", 16)
+    cr = build_hc_pre("tiny", "prefill", T=T)
+    ref = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, rtol=cr.rtol, atol=cr.atol)
+    assert ref.passed, ref.error
+    blocks = {t.name: t.n_blocks for t in ref.program.graph.tasks}
+    assert blocks == {"hc_pre_rms": 5, "hc_pre_linear": 12, "split_pre_post": 5, "comb_sinkhorn": 5, "mix_x": 5}
+    for name in ("x_mixed", "post", "comb"):
+        assert torch.equal(big.actual[name], ref.actual[name]), name

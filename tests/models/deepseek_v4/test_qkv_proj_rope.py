@@ -197,3 +197,18 @@ def test_qkv_zero_init_is_load_bearing(scratch, output):
     with drop_init_values(scratch), pytest.raises(pto.UndefinedOutputError, match=scratch) as err:
         run_jit(cr.fn, cr.specs, cr.golden, cr.compare)
     assert f"output {output}" in str(err.value)
+
+
+def test_qkv_token_tiles_do_not_change_values(monkeypatch):
+    """The CPU-sized token and M tiles are value-neutral: 8-token vector steps and 16-row
+    matmul steps (the reference's) give the same bits here (rows are independent)."""
+    import pto.models.deepseek_v4.qkv_proj_rope as mod
+    T = 40
+    big = _run("tiny", "prefill", T)
+    monkeypatch.setattr(mod, "QKV_T_TILE", 8)
+    monkeypatch.setattr(mod, "QKV_M_TILE", 16)
+    ref = _run_case(build_qkv_proj_rope("tiny", "prefill", T=T))
+    assert ref.passed, ref.error
+    assert {t.name: t.n_blocks for t in ref.program.graph.tasks}["kv_rms_norm_rope"] == 5
+    for name in OUTPUTS:
+        assert torch.equal(big.actual[name], ref.actual[name]), name
