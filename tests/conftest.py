@@ -1,8 +1,14 @@
-"""Shared pytest setup: make ``src/`` importable when the package is not installed."""
+"""Shared pytest setup: make ``src/`` importable when the package is not
+installed, and run torch single-threaded: the tests are many small ops, for
+which intra-op threads on this 2-core machine only add contention."""
 
 import sys
 from pathlib import Path
 
+import torch
+
 _SRC = Path(__file__).resolve().parent.parent / "src"
 if str(_SRC) not in sys.path:
     sys.path.insert(0, str(_SRC))
+
+torch.set_num_threads(1)
