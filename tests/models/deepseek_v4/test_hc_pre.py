@@ -124,3 +124,9 @@ def test_hc_pre_token_tiles_do_not_change_values(monkeypatch):
     assert blocks == {"hc_pre_rms": 5, "hc_pre_linear": 12, "split_pre_post": 5, "comb_sinkhorn": 5, "mix_x": 5}
     for name in ("x_mixed", "post", "comb"):
         assert torch.equal(big.actual[name], ref.actual[name]), name
+
+
+@pytest.mark.slow
+def test_hc_pre_every_token_count_up_to_capacity():
+    failed = [T for T in range(1, 129) if not _run("tiny", "prefill", T).passed]
+    assert failed == []

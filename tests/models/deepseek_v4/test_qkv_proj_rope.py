@@ -212,3 +212,9 @@ def test_qkv_token_tiles_do_not_change_values(monkeypatch):
     assert {t.name: t.n_blocks for t in ref.program.graph.tasks}["kv_rms_norm_rope"] == 5
     for name in OUTPUTS:
         assert torch.equal(big.actual[name], ref.actual[name]), name
+
+
+@pytest.mark.slow
+def test_qkv_every_token_count_up_to_capacity():
+    failed = [T for T in range(1, 129) if not _run_case(build_qkv_proj_rope("tiny", "prefill", T=T)).passed]
+    assert failed == []

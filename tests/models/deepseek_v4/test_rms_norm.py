@@ -79,3 +79,9 @@ def test_rms_norm_token_tile_does_not_change_values(monkeypatch):
     ref = _run(T=128)
     assert ref.passed and ref.program.graph.tasks[0].n_blocks == 16
     assert torch.equal(big.actual["x_normed"], ref.actual["x_normed"])
+
+
+@pytest.mark.slow
+def test_rms_norm_every_token_count_up_to_capacity():
+    failed = [T for T in range(1, 129) if not _run(T=T).passed]
+    assert failed == []
