@@ -203,6 +203,7 @@ def hc_pre(
     expect_tensor("hc_pre", "x", x, [t, hc, D], pl.FP32)
     expect_tensor("hc_pre", "hc_fn", hc_fn, [mix, hc_dim], pl.FP32)
     expect_tensor("hc_pre", "hc_base", hc_base, [mix], pl.FP32)
+    expect_tensor("hc_pre", "comb", comb, [t, hc * hc], pl.FP32)
     rms_eps, hc_eps, iters = cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters
     cap = token_capacity(cfg)
     t_linear = round_up(t, MATMUL_M_TILE)
