@@ -174,6 +174,24 @@ class GMTensor:
         return starts, stops, drop
 
     def __getitem__(self, key):
+        blk = _ctx.state.block
+        rows = self._rows
+        if blk is not None and rows is not None and type(key) is tuple and len(key) == 2:
+            # fast path for x[a:b, c:d] in a block (plain tensor, outside check mode); the same
+            # effects as _parse + _load: bounds check, footprint, byte count, a cloned tile
+            k0, k1 = key
+            if type(k0) is _pyslice and type(k1) is _pyslice and k0.step is None and k1.step is None:
+                a0, b0, a1, b1 = k0.start, k0.stop, k1.start, k1.stop
+                shape = self._shape
+                buf = self.buf
+                if (type(a0) is int and type(b0) is int and type(a1) is int and type(b1) is int
+                        and 0 <= a0 < b0 <= shape[0] and 0 <= a1 < b1 <= shape[1]
+                        and rows[1] + b1 <= buf.C and not buf.freed and buf.shadow is None):
+                    src = self.data[key]
+                    br, bc, q = rows
+                    blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))
+                    blk.bytes += src.numel() * src.element_size()
+                    return Tile(src.clone())
         starts, stops, drop = self._parse(key)
         if len(drop) == len(self._shape):
             return _read_elem(self, starts)
@@ -186,6 +204,29 @@ class GMTensor:
         return t
 
     def __setitem__(self, key, value):
+        blk = _ctx.state.block
+        rows = self._rows
+        if (blk is not None and rows is not None and type(value) is Tile and value.valid is None
+                and type(key) is tuple and len(key) == 2):
+            # fast path for y[a:b, c:d] = tile in a block (plain tensor, outside check mode); the
+            # same effects as _parse + _store: checks, copy, footprint, byte count
+            k0, k1 = key
+            if type(k0) is _pyslice and type(k1) is _pyslice and k0.step is None and k1.step is None:
+                a0, b0, a1, b1 = k0.start, k0.stop, k1.start, k1.stop
+                shape = self._shape
+                buf = self.buf
+                src = value.data
+                vs = src.shape
+                if (type(a0) is int and type(b0) is int and type(a1) is int and type(b1) is int
+                        and 0 <= a0 < b0 <= shape[0] and 0 <= a1 < b1 <= shape[1]
+                        and len(vs) == 2 and vs[0] == b0 - a0 and vs[1] == b1 - a1
+                        and rows[1] + b1 <= buf.C and not buf.freed and not buf.readonly
+                        and buf.shadow is None and src.dtype == self.data.dtype):
+                    self.data[key].copy_(src)
+                    br, bc, q = rows
+                    blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), W))
+                    blk.bytes += src.numel() * src.element_size()
+                    return
         starts, stops, drop = self._parse(key)
         shape = [b - a for a, b in zip(starts, stops)]
         if type(value) is Tile and value.valid is None and list(value.data.shape) == shape:
