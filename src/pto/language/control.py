@@ -181,16 +181,15 @@ class at:
         self._site = _ctx.user_frame()
 
     def __enter__(self):
-        prog = _ctx.program("pl.at")
-        self._task = prog.begin_task(self.name, 1, _deps_list(self.deps), self._site)
+        prog = _ctx.state.program
+        if prog is None:
+            _ctx.program("pl.at")  # raises: outside a program
+        self._task = prog.begin_task(self.name, 1, _deps_list(self.deps) if self.deps else [], self._site, True)
         self.tid = self._task.id
-        prog.begin_block(self._task, 0)
         return self.tid
 
     def __exit__(self, et, ev, tb):
-        prog = _ctx.state.program
-        prog.end_block()
-        prog.end_task(self._task, et is None)
+        _ctx.state.program.end_task(self._task, et is None)  # also ends the block
         return False
 
 

@@ -82,11 +82,20 @@ class _Producers:
 
     def add(self, box, tid: int, kind: int) -> None:
         e = (box, tid, kind)
-        lv = (box[1] - box[0]).bit_length() - 1
+        r0, r1 = box[0], box[1]
+        lv = (r1 - r0).bit_length() - 1
         bk = self.levels.get(lv)
         if bk is None:
             bk = self.levels[lv] = {}
-        for b in range(box[0] >> lv, ((box[1] - 1) >> lv) + 1):
+        b0, b1 = r0 >> lv, (r1 - 1) >> lv
+        if b0 == b1:
+            lst = bk.get(b0)
+            if lst is None:
+                bk[b0] = [e]
+            else:
+                lst.append(e)
+            return
+        for b in range(b0, b1 + 1):
             lst = bk.get(b)
             if lst is None:
                 bk[b] = [e]
@@ -118,10 +127,14 @@ class _Producers:
     def write(self, box, tid: int, preds: set) -> None:
         """A plain write of ``box`` by task ``tid``: the tasks of the entries it
         overlaps join ``preds``, the entries it covers drop, it registers."""
-        seen = set()
-        for e in self.overlapping(box):
+        seen = None
+        for e in (self.overlapping(box) if self.levels else ()):
             preds.add(e[1])
-            if id(e) in seen or not _covers(box, e[0]):
+            if not _covers(box, e[0]):
+                continue
+            if seen is None:
+                seen = set()
+            elif id(e) in seen:
                 continue
             seen.add(id(e))
             eb = e[0]
@@ -134,6 +147,20 @@ class _Producers:
                     del bk[b]
             if not bk:
                 del self.levels[lv]
+        r0, r1 = box[0], box[1]
+        lv = (r1 - r0).bit_length() - 1
+        b0, b1 = r0 >> lv, (r1 - 1) >> lv
+        if b0 == b1:  # the common case of add(box, tid, 1), inline
+            bk = self.levels.get(lv)
+            if bk is None:
+                self.levels[lv] = {b0: [(box, tid, 1)]}
+                return
+            lst = bk.get(b0)
+            if lst is None:
+                bk[b0] = [(box, tid, 1)]
+            else:
+                lst.append((box, tid, 1))
+            return
         self.add(box, tid, 1)
 
 
@@ -155,7 +182,7 @@ class DepTracker:
             if buf.untracked:
                 continue
             entries = reg.get(buf.id)
-            if entries:
+            if entries is not None and entries.levels:
                 for box in reads:
                     for e in entries.overlapping(box):
                         preds.add(e[1])

@@ -63,12 +63,15 @@ class Task:
             ``"spmd"``, ``"at"`` or ``"dummy"``; site: ``file:line``.
         blocks: the Block records; preds: predecessor ids (derived + explicit).
         explicit: ids given by ``deps=``; manual: submitted in a manual scope.
-        footprints: coalesced Footprint list; wall_ns: CPU wall time.
+        footprints: coalesced footprints ``(buffer, kind, box)``; wall_ns: CPU wall time.
         buffers: ids of the buffers it touches (creator retention).
+        Both are built on first access from ``grouped`` ({buffer: (reads,
+        writes, atomics)}, set when the task ends), which keeps the task
+        submission path short.
     """
 
-    __slots__ = ("id", "name", "kind", "site", "n_blocks", "blocks", "preds", "explicit", "manual", "footprints",
-                 "wall_ns", "buffers", "t0")
+    __slots__ = ("id", "name", "kind", "site", "n_blocks", "blocks", "preds", "explicit", "manual", "_fps",
+                 "wall_ns", "_bufs", "t0", "grouped")
 
     def __init__(self, tid, name, kind, site, n_blocks, explicit, manual):
         self.id = tid
@@ -80,10 +83,33 @@ class Task:
         self.preds = set()
         self.explicit = list(explicit)
         self.manual = manual
-        self.footprints = []
+        self._fps = None
         self.wall_ns = 0
-        self.buffers = set()
+        self._bufs = None
         self.t0 = 0
+        self.grouped = None
+
+    @property
+    def footprints(self) -> list:
+        if self._fps is None:
+            g = self.grouped
+            self._fps = [] if not g else [(buf, k, box) for buf, kinds in g.items() for k in (0, 1, 2)
+                                          for box in kinds[k]]
+        return self._fps
+
+    @footprints.setter
+    def footprints(self, value) -> None:
+        self._fps = value
+
+    @property
+    def buffers(self) -> set:
+        if self._bufs is None:
+            self._bufs = {buf.id for buf in self.grouped} if self.grouped else set()
+        return self._bufs
+
+    @buffers.setter
+    def buffers(self, value) -> None:
+        self._bufs = value
 
     @property
     def flops(self) -> int:

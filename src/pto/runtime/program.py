@@ -87,6 +87,8 @@ class ProgramStats:
                                               "heap_peak_bytes", "scratch_bytes", "wall_us")}
 
 
+_now_ns = time.perf_counter_ns
+
 _LHS = re.compile(r"^\s*([A-Za-z_][A-Za-z_0-9]*)\s*(?::[^=]*)?=(?!=)")
 
 
@@ -98,8 +100,21 @@ def _lhs_name(frame) -> str | None:
     return m.group(1) if m else None
 
 
+# (id(code), bytecode offset) -> (code, "file:line"): frame.f_lineno decodes the line table, and
+# hashing a code object hashes its contents; holding the code keeps its id from being reused
+_SITES: dict = {}
+
+
 def _site(frame) -> str:
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "<unknown>"
+    if frame is None:
+        return "<unknown>"
+    code = frame.f_code
+    hit = _SITES.get((id(code), frame.f_lasti))
+    if hit is None:
+        if len(_SITES) > 100_000:
+            _SITES.clear()
+        hit = _SITES[(id(code), frame.f_lasti)] = (code, f"{code.co_filename}:{frame.f_lineno}")
+    return hit[1]
 
 
 class Program:
@@ -303,20 +318,25 @@ class Program:
             self.heap.free(buf.offset)
 
     # ---- tasks -----------------------------------------------------------------
-    def begin_task(self, name: str, n_blocks: int, deps, frame) -> Task:
-        """Open a task (called by pl.spmd / pl.at)."""
+    def begin_task(self, name: str, n_blocks: int, deps, frame, first_block: bool = False) -> Task:
+        """Open a task (called by pl.spmd / pl.at); ``first_block``: also begin block 0."""
         if self.cur_task is not None or _ctx.state.block is not None:
             raise DslError(f"task {name!r} at {_site(frame)} opened inside task "
                            f"{self.cur_task.name if self.cur_task else '?'!r}; task scopes cannot nest")
         tid = len(self.graph.tasks)
-        for d in deps:
-            if not (0 <= d < tid) and d != -1:
-                raise DslError(f"task {name!r} at {_site(frame)}: deps names unknown task id {d}")
-        task = Task(tid, name, "spmd" if n_blocks != 1 else "at", _site(frame), n_blocks,
-                    [d for d in deps if d >= 0], self.manual)
+        if deps:
+            for d in deps:
+                if not (0 <= d < tid) and d != -1:
+                    raise DslError(f"task {name!r} at {_site(frame)}: deps names unknown task id {d}")
+            deps = [d for d in deps if d >= 0]
+        task = Task(tid, name, "spmd" if n_blocks != 1 else "at", _site(frame), n_blocks, deps, self.manual)
         self.graph.tasks.append(task)
         self.cur_task = task
-        task.t0 = time.perf_counter_ns()
+        if first_block:
+            blk = Block(task, 0, 0)
+            task.blocks.append(blk)
+            _ctx.state.block = blk
+        task.t0 = _now_ns()
         return task
 
     def begin_block(self, task: Task, idx: int, phase: int = 0) -> None:
@@ -335,32 +355,31 @@ class Program:
 
     def end_task(self, task: Task, ok: bool) -> None:
         """Close a task: derive its edges, run the race checker in check mode."""
+        task.wall_ns = _now_ns() - task.t0
         self.cur_task = None
         _ctx.state.block = None
-        task.wall_ns = time.perf_counter_ns() - task.t0
         if not ok:
             return
         grouped = {}
+        several = False  # some (buffer, kind) has more than one box: coalesce
         for blk in task.blocks:
             for buf, box, kind in blk.fp:
                 g = grouped.get(buf)
                 if g is None:
                     g = grouped[buf] = ([], [], [])
-                g[kind].append(box)
-        fps = []
-        ids = task.buffers
-        for buf, g in grouped.items():
-            ids.add(buf.id)
-            for k in (0, 1, 2):
-                boxes = g[k]
+                boxes = g[kind]
                 if boxes:
+                    several = True
+                boxes.append(box)
+        if several:
+            for g in grouped.values():
+                for boxes in g:
                     if len(boxes) > 1:
                         boxes[:] = coalesce(boxes)
-                    for box in boxes:
-                        fps.append((buf, k, box))
-        task.footprints = fps
-        preds = self.deps.derive(task.id, grouped, task.manual)
-        preds.update(task.explicit)
+        task.grouped = grouped  # footprints and buffer ids are built from it on first access
+        preds = self.deps.derive(task.id, grouped, task.manual) if grouped else set()
+        if task.explicit:
+            preds.update(task.explicit)
         task.preds = preds
         if self.races is not None:
             self.races.check_task(task)
