@@ -79,3 +79,23 @@ def test_many_disjoint_rows_stay_cheap():
         assert t.derive(tid, {buf: ([], [(tid, tid + 1, 0, 16)], [])}, False) == set()
     assert t.derive(5000, {buf: ([(0, 5000, 0, 16)], [], [])}, False) == set(range(5000))
     assert t.derive(5001, {buf: ([(10, 12, 3, 4)], [], [])}, False) == {10, 11}
+
+
+def test_raw_records_derive_like_grouped_boxes():
+    """derive_raw (one box per buffer and kind, no grouping) == derive."""
+    rng = random.Random(11)
+    bufs = [_Buf(i + 1) for i in range(4)]
+    for trial in range(40):
+        grouped_t, raw_t = DepTracker(), DepTracker()
+        rows = rng.choice([4, 64, 300])
+        for tid in range(100):
+            recs = []
+            for buf in rng.sample(bufs, rng.randrange(1, 4)):
+                for kind in rng.sample([0, 1, 2], rng.randrange(1, 4)):
+                    recs.append((buf, _box(rng, rows, 32), kind))
+            rng.shuffle(recs)
+            grouped = {}
+            for buf, box, kind in recs:
+                grouped.setdefault(buf, [None, None, None])[kind] = [box]
+            manual = rng.random() < 0.05
+            assert raw_t.derive_raw(tid, recs, manual) == grouped_t.derive(tid, grouped, manual), (trial, tid)

@@ -48,9 +48,10 @@ def caller_site(depth: int = 2) -> str:
 _IN_LANGUAGE: dict = {}  # source file name -> inside the pto.language package
 
 
-def user_frame():
-    """First frame outside the pto.language package (the kernel source line)."""
-    f = sys._getframe(1)
+def user_frame(depth: int = 1):
+    """First frame outside the pto.language package (the kernel source line),
+    starting ``depth`` frames above the caller of this function (1: the caller)."""
+    f = sys._getframe(depth)
     while f is not None:
         fname = f.f_code.co_filename
         inside = _IN_LANGUAGE.get(fname)

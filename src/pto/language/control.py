@@ -178,7 +178,7 @@ class at:
         self.name = name_hint or "at"
         self.deps = deps
         self.tid = -1
-        self._site = _ctx.user_frame()
+        self._site = _ctx.user_frame(2)  # start at our caller
 
     def __enter__(self):
         prog = _ctx.state.program

@@ -55,7 +55,7 @@ class GMTensor:
         name: the parameter or allocation name, for messages.
     """
 
-    __slots__ = ("data", "buf", "name", "_off", "_strides", "_smask", "_shape", "_rows")
+    __slots__ = ("data", "buf", "name", "_off", "_strides", "_smask", "_shape", "_rows", "_itemsize")
 
     def __init__(self, data: torch.Tensor, buf, name: str):
         self.data = data
@@ -65,6 +65,7 @@ class GMTensor:
         self._strides = data.stride()
         self._smask = None
         self._shape = tuple(data.shape)
+        self._itemsize = data.element_size()
         # (base row, base column, rows per dim-0 step) of a 2-D view whose rows are root rows
         C = buf.C
         st = self._strides
@@ -190,7 +191,7 @@ class GMTensor:
                     src = self.data[key]
                     br, bc, q = rows
                     blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))
-                    blk.bytes += src.numel() * src.element_size()
+                    blk.bytes += (b0 - a0) * (b1 - a1) * self._itemsize
                     return Tile(src.clone())
         starts, stops, drop = self._parse(key)
         if len(drop) == len(self._shape):
@@ -225,7 +226,7 @@ class GMTensor:
                     self.data[key].copy_(src)
                     br, bc, q = rows
                     blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), W))
-                    blk.bytes += src.numel() * src.element_size()
+                    blk.bytes += (b0 - a0) * (b1 - a1) * self._itemsize
                     return
         starts, stops, drop = self._parse(key)
         shape = [b - a for a, b in zip(starts, stops)]

@@ -170,10 +170,50 @@ class DepTracker:
     def __init__(self):
         self.reg: dict[int, _Producers] = {}  # buffer id -> registered producers
 
+    def derive_raw(self, tid: int, fps: list, manual: bool) -> set:
+        """:meth:`derive` for footprint records ``(buffer, box, kind)`` with at
+        most one box per (buffer, kind), so no grouping or coalescing is needed:
+        every lookup first, then the writes, then the atomic adds, which per
+        buffer is the order :meth:`derive` uses."""
+        preds = set()
+        if manual:
+            return preds
+        reg = self.reg
+        writes = atomics = False
+        for buf, box, kind in fps:
+            if kind == 1:
+                writes = True
+                continue
+            if kind == 2:
+                atomics = True
+            if buf.untracked:
+                continue
+            entries = reg.get(buf.id)
+            if entries is not None and entries.levels:
+                for e in entries.overlapping(box):
+                    if kind == 0 or e[2] == 1:
+                        preds.add(e[1])
+        if writes:
+            for buf, box, kind in fps:
+                if kind == 1 and not buf.untracked:
+                    entries = reg.get(buf.id)
+                    if entries is None:
+                        entries = reg[buf.id] = _Producers()
+                    entries.write(box, tid, preds)
+        if atomics:
+            for buf, box, kind in fps:
+                if kind == 2 and not buf.untracked:
+                    entries = reg.get(buf.id)
+                    if entries is None:
+                        entries = reg[buf.id] = _Producers()
+                    entries.add(box, tid, 2)
+        preds.discard(tid)
+        return preds
+
     def derive(self, tid: int, grouped: dict, manual: bool) -> set:
         """Predecessors of task ``tid`` from ``grouped`` = {buffer: [reads,
-        writes, atomics]} (lists of coalesced boxes); registers the task's
-        writes unless ``manual``."""
+        writes, atomics]} (lists of coalesced boxes, or None for none);
+        registers the task's writes unless ``manual``."""
         preds = set()
         if manual:
             return preds
@@ -183,21 +223,21 @@ class DepTracker:
                 continue
             entries = reg.get(buf.id)
             if entries is not None and entries.levels:
-                for box in reads:
+                for box in reads or ():
                     for e in entries.overlapping(box):
                         preds.add(e[1])
-                for box in atomics:
+                for box in atomics or ():
                     for e in entries.overlapping(box):
                         if e[2] == 1:
                             preds.add(e[1])
             if writes or atomics:
                 if entries is None:
                     entries = reg[buf.id] = _Producers()
-                for box in writes:
+                for box in writes or ():
                     # lookup and registration in one pass: an entry dropped by an earlier write box
                     # of this task was already made a predecessor by that box
                     entries.write(box, tid, preds)
-                for box in atomics:
+                for box in atomics or ():
                     entries.add(box, tid, 2)
         preds.discard(tid)
         return preds

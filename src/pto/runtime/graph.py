@@ -65,8 +65,10 @@ class Task:
         explicit: ids given by ``deps=``; manual: submitted in a manual scope.
         footprints: coalesced footprints ``(buffer, kind, box)``; wall_ns: CPU wall time.
         buffers: ids of the buffers it touches (creator retention).
-        Both are built on first access from ``grouped`` ({buffer: (reads,
-        writes, atomics)}, set when the task ends), which keeps the task
+        Both are built on first access from ``grouped`` (set when the task
+        ends: {buffer: [reads, writes, atomics]}, each None or a list of
+        boxes; or the raw ``(buffer, box, kind)`` records of a one-block task
+        with at most one box per buffer and kind), which keeps the task
         submission path short.
     """
 
@@ -81,7 +83,7 @@ class Task:
         self.n_blocks = n_blocks
         self.blocks = []
         self.preds = set()
-        self.explicit = list(explicit)
+        self.explicit = explicit if type(explicit) is list else list(explicit)
         self.manual = manual
         self._fps = None
         self.wall_ns = 0
@@ -93,8 +95,16 @@ class Task:
     def footprints(self) -> list:
         if self._fps is None:
             g = self.grouped
+            if type(g) is list:  # raw records: group by buffer in order of first use
+                by_buf: dict = {}
+                for buf, box, kind in g:
+                    kinds = by_buf.get(buf)
+                    if kinds is None:
+                        kinds = by_buf[buf] = [None, None, None]
+                    kinds[kind] = [box]
+                g = by_buf
             self._fps = [] if not g else [(buf, k, box) for buf, kinds in g.items() for k in (0, 1, 2)
-                                          for box in kinds[k]]
+                                          for box in kinds[k] or ()]
         return self._fps
 
     @footprints.setter
@@ -104,7 +114,8 @@ class Task:
     @property
     def buffers(self) -> set:
         if self._bufs is None:
-            self._bufs = {buf.id for buf in self.grouped} if self.grouped else set()
+            g = self.grouped
+            self._bufs = set() if not g else {r[0].id for r in g} if type(g) is list else {buf.id for buf in g}
         return self._bufs
 
     @buffers.setter

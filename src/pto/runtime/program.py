@@ -360,21 +360,53 @@ class Program:
         _ctx.state.block = None
         if not ok:
             return
-        grouped = {}
+        blocks = task.blocks
+        if len(blocks) == 1:
+            fp = blocks[0].fp
+            n = len(fp)
+            distinct = True  # at most one box per (buffer, kind): nothing to group or coalesce
+            if 1 < n <= 4:
+                for i in range(1, n):
+                    b, _, k = fp[i]
+                    for j in range(i):
+                        e = fp[j]
+                        if e[0] is b and e[2] == k:
+                            distinct = False
+                            break
+                    if not distinct:
+                        break
+            elif n > 4:
+                distinct = len({(id(b), k) for b, _, k in fp}) == n
+            if distinct:
+                task.grouped = fp  # the raw records; footprints and buffer ids are built on first access
+                preds = self.deps.derive_raw(task.id, fp, task.manual) if n else set()
+                if task.explicit:
+                    preds.update(task.explicit)
+                task.preds = preds
+                if self.races is not None:
+                    self.races.check_task(task)
+                elif not self.config.keep_footprints:
+                    blocks[0].fp = None
+                return
+        grouped = {}  # buffer -> [reads, writes, atomics], each None or a list of boxes
         several = False  # some (buffer, kind) has more than one box: coalesce
         for blk in task.blocks:
             for buf, box, kind in blk.fp:
                 g = grouped.get(buf)
                 if g is None:
-                    g = grouped[buf] = ([], [], [])
+                    g = grouped[buf] = [None, None, None]
+                    g[kind] = [box]
+                    continue
                 boxes = g[kind]
-                if boxes:
+                if boxes is None:
+                    g[kind] = [box]
+                else:
+                    boxes.append(box)
                     several = True
-                boxes.append(box)
         if several:
             for g in grouped.values():
                 for boxes in g:
-                    if len(boxes) > 1:
+                    if boxes and len(boxes) > 1:
                         boxes[:] = coalesce(boxes)
         task.grouped = grouped  # footprints and buffer ids are built from it on first access
         preds = self.deps.derive(task.id, grouped, task.manual) if grouped else set()
