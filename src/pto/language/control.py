@@ -173,6 +173,8 @@ class at:
         DslError: nested inside another task.
     """
 
+    __slots__ = ("name", "deps", "tid", "_site", "_task")
+
     def __init__(self, level=Level.CORE_GROUP, name_hint: str = "", deps=None, no_dep_args=None,
                  allow_early_resolve: bool = False, optimizations=None, dumps=None):
         self.name = name_hint or "at"

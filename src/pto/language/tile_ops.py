@@ -177,10 +177,11 @@ def _scalar(x, op: str):
 def _binary(op: str, a, b, fn):
     if type(a) is Tile and type(b) is Tile:  # fast path: two tiles of one dtype and shape
         ad, bd = a.data, b.data
-        if ad.dtype == bd.dtype and ad.shape == bd.shape:
+        dt = ad.dtype
+        if bd.dtype is dt and ad.shape == bd.shape:  # torch dtypes are singletons
             out = fn(ad, bd)
-            if out.dtype != ad.dtype:
-                out = out.to(ad.dtype)
+            if out.dtype is not dt:
+                out = out.to(dt)
             blk = _ctx.state.block
             if blk is not None:
                 blk.ops += 1
