@@ -59,7 +59,8 @@ def compare(case, preset: str, mode: str, machine) -> dict:
 
 
 def _kib(n: int) -> str:
-    return f"{n / 1024:.1f}"
+    """Bytes with a binary unit (KiB below 1 MiB, else MiB)."""
+    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
 
 
 def _cells(r: dict) -> list:
@@ -74,7 +75,7 @@ def _cells(r: dict) -> list:
 
 
 HEADERS = ["kernel", "mode", "tasks", "edges", "crit. path tasks", "crit. path µs", "makespan µs",
-           "makespan saved", "scratch KiB", "heap peak KiB"]
+           "makespan saved", "scratch", "heap peak"]
 
 
 def markdown(rows: list, preset: str, machine) -> str:
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
     if args.markdown:
         print(markdown(rows, args.preset, machine))
         return 0
-    con = Console() if Console().is_terminal else Console(width=160)
+    con = Console() if Console().is_terminal else Console(width=200)
     if not rows:
         con.print(f"no registered {args.group} kernel has a seed variant yet")
         return 0
