@@ -45,6 +45,25 @@ def _idx(v, what: str) -> int:
     return int(concrete(v, what))
 
 
+def _row_intervals(base: int, spans: list) -> list:
+    """Row intervals ``[(r0, r1), ...]`` covered by the row offsets
+    ``base + sum(i_k * q_k)`` for ``i_k`` in ``[a_k, b_k)``; ``spans`` are
+    ``(q, a, b)`` with more than one index, sorted by ``q`` descending."""
+    if not spans:
+        return [(base, base + 1)]
+    contiguous = spans[-1][0] == 1 and all(spans[k][0] == spans[k + 1][0] * (spans[k + 1][2] - spans[k + 1][1])
+                                           for k in range(len(spans) - 1))
+    if contiguous:
+        lo = base + sum(a * q for q, a, _ in spans)
+        hi = base + sum((b - 1) * q for q, _, b in spans)
+        return [(lo, hi + 1)]
+    q, a, b = spans[0]
+    out = []
+    for i in range(a, b):
+        out.extend(_row_intervals(base + i * q, spans[1:]))
+    return out
+
+
 class GMTensor:
     """A view of a root GM buffer.
 
@@ -95,8 +114,10 @@ class GMTensor:
         return self._smask
 
     def box(self, starts, stops):
-        """Root 2-D box ``(r0, r1, c0, c1)`` (half-open) of the window
-        ``[starts, stops)`` of this view, or None when the window is empty."""
+        """Root 2-D footprint of the window ``[starts, stops)`` of this view:
+        a box ``(r0, r1, c0, c1)`` (half-open), a list of such boxes when the
+        window's root rows are not one interval (e.g. one stream of a
+        ``[T, N, D]`` tensor over several tokens), or None when it is empty."""
         C = self.buf.C
         rows = self._rows
         if rows is not None:  # fast path, same result as the general loop below
@@ -105,21 +126,20 @@ class GMTensor:
             br, bc, q = rows
             if b0 <= a0 or b1 <= a1:
                 return None
-            if bc + b1 <= C:
+            if bc + b1 <= C and (q == 1 or b0 - a0 == 1):
                 return (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1)
         off = self._off
-        r_lo = r_hi = c_lo = c_hi = 0
+        c_lo = c_hi = 0
         f_lo = f_hi = off
         mixed = False
+        row_dims = []
         for a, b, s in zip(starts, stops, self._strides):
             if b <= a:
                 return None
             f_lo += a * s
             f_hi += (b - 1) * s
             if s % C == 0:
-                q = s // C
-                r_lo += a * q
-                r_hi += (b - 1) * q
+                row_dims.append((s // C, a, b))
             else:
                 c_lo += a * s
                 c_hi += (b - 1) * s
@@ -133,7 +153,19 @@ class GMTensor:
             if r0 == r1:
                 return (r0, r0 + 1, f_lo - r0 * C, f_hi - r0 * C + 1)
             return (r0, r1 + 1, 0, C)
-        return (br + r_lo, br + r_hi + 1, c_lo, c_hi + 1)
+        base = br
+        spans = []
+        for q, a, b in row_dims:
+            if b - a > 1 and q > 0:
+                spans.append((q, a, b))
+            else:
+                base += a * q
+        spans.sort(reverse=True)
+        intervals = _row_intervals(base, spans)
+        if len(intervals) == 1:
+            r0, r1 = intervals[0]
+            return (r0, r1, c_lo, c_hi + 1)
+        return [(r0, r1, c_lo, c_hi + 1) for r0, r1 in intervals]
 
     # ---- subscript sugar ---------------------------------------------------
     def _parse(self, key):
@@ -187,7 +219,8 @@ class GMTensor:
                 buf = self.buf
                 if (type(a0) is int and type(b0) is int and type(a1) is int and type(b1) is int
                         and 0 <= a0 < b0 <= shape[0] and 0 <= a1 < b1 <= shape[1]
-                        and rows[1] + b1 <= buf.C and not buf.freed and buf.shadow is None):
+                        and rows[1] + b1 <= buf.C and (rows[2] == 1 or b0 - a0 == 1)
+                        and not buf.freed and buf.shadow is None):
                     src = self.data[key]
                     br, bc, q = rows
                     blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))
@@ -221,7 +254,8 @@ class GMTensor:
                 if (type(a0) is int and type(b0) is int and type(a1) is int and type(b1) is int
                         and 0 <= a0 < b0 <= shape[0] and 0 <= a1 < b1 <= shape[1]
                         and len(vs) == 2 and vs[0] == b0 - a0 and vs[1] == b1 - a1
-                        and rows[1] + b1 <= buf.C and not buf.freed and not buf.readonly
+                        and rows[1] + b1 <= buf.C and (rows[2] == 1 or b0 - a0 == 1)
+                        and not buf.freed and not buf.readonly
                         and buf.shadow is None and src.dtype == self.data.dtype):
                     self.data[key].copy_(src)
                     br, bc, q = rows
@@ -306,8 +340,11 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
     key = tuple(map(_pyslice, starts, vstops))
     src = t.data[key]
     box = t.box(starts, vstops)
-    if box is not None:
-        blk.fp.append((buf, box, R))  # manual_dep tensors too: the race checker needs them
+    if box is not None:  # manual_dep tensors too: the race checker needs them
+        if type(box) is list:
+            blk.fp.extend((buf, b, R) for b in box)
+        else:
+            blk.fp.append((buf, box, R))
     blk.bytes += src.numel() * src.element_size()
     mask = None
     if buf.shadow is not None:
@@ -365,7 +402,11 @@ def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
         raise DslError(f"{t.name}: unknown atomic type {atomic!r}")
     box = t.box(starts, stops)
     if box is not None:
-        blk.fp.append((buf, box, W if atomic is None else A))
+        kind = W if atomic is None else A
+        if type(box) is list:
+            blk.fp.extend((buf, b, kind) for b in box)
+        else:
+            blk.fp.append((buf, box, kind))
     blk.bytes += src.numel() * src.element_size()
     if buf.shadow is not None:
         sm = t.smask()[key]
