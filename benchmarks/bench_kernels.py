@@ -5,7 +5,7 @@ mode (default ``prefill``, falling back to the case's first mode), build the
 inputs once, time the golden and the kernel (unchecked) over ``--repeat``
 runs each, and print both walls and their ratio (target: ratio <= 3).
 
-    python benchmarks/bench_kernels.py [--preset flash] [--mode prefill] [--repeat 3] [--only NAME ...]
+    python benchmarks/bench_kernels.py [--preset flash] [--mode prefill] [--repeat 3] [--threads 1] [--only NAME ...]
 """
 
 from __future__ import annotations
@@ -65,8 +65,10 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", default="prefill")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op threads for both kernel and golden (default 1: stable on a shared box)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(max(1, args.threads))
     rows = []
     for case in all_cases(group="model"):
         if args.only and case.name not in args.only:

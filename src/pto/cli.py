@@ -29,6 +29,7 @@ import ast
 import importlib
 import importlib.util
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -545,6 +546,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _set_threads() -> None:
+    """torch intra-op threads for CLI runs: ``PTO_THREADS`` (default 1).
+
+    Kernels are many small and mid-size tile ops; on a small shared machine
+    (2 cores here) OpenMP threads spinning against other processes made runs
+    10x slower and erratic, so one thread is the stable default.
+
+    Raises:
+        ConfigError: a non-positive or non-integer ``PTO_THREADS``.
+    """
+    raw = os.environ.get("PTO_THREADS", "1")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(f"PTO_THREADS must be a positive integer, got {raw!r}")
+    torch.set_num_threads(n)
+
+
 def main(argv=None) -> int:
     """Console-script entry: parse, dispatch, map PtoError to a one-line ``error:`` and exit code 2."""
     parser = build_parser()
@@ -553,6 +574,7 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
+        _set_threads()
         return int(args._handler(args) or 0)
     except PtoError as e:
         print(f"error: {_first_line(e, 400)}", file=sys.stderr)
