@@ -77,9 +77,10 @@ def command(name: str, help: str, configure: Callable | None = None):  # noqa: A
 
 
 def console() -> Console:
-    """A rich console; 120 columns when stdout is not a terminal (CI logs)."""
-    c = Console()
-    return c if c.is_terminal else Console(width=120)
+    """A rich console; 120 columns for tables when stdout is not a terminal (CI
+    logs); long message lines are never hard-wrapped (soft wrap)."""
+    c = Console(soft_wrap=True)
+    return c if c.is_terminal else Console(width=120, soft_wrap=True)
 
 
 # ---- targets: registered kernels or MODULE:FUNCTION -----------------------------------
