@@ -21,7 +21,7 @@ allocation, not a task, so it adds no edge.
 
 from __future__ import annotations
 
-__all__ = ["DepTracker", "coalesce"]
+__all__ = ["DepTracker", "RowIndex", "coalesce"]
 
 
 def coalesce(boxes: list) -> list:
@@ -63,7 +63,7 @@ def _covers(a, b) -> bool:
     return a[0] <= b[0] and b[1] <= a[1] and a[2] <= b[2] and b[3] <= a[3]
 
 
-class _Producers:
+class RowIndex:
     """The registered producers of one root buffer, indexed by rows so that a
     lookup costs the number of nearby entries, not the number of entries.
 
@@ -124,6 +124,19 @@ class _Producers:
                         out.append(e)
         return out
 
+    def remove(self, e) -> None:
+        """Drop entry ``e`` (the very tuple stored by :meth:`add`)."""
+        eb = e[0]
+        lv = (eb[1] - eb[0]).bit_length() - 1
+        bk = self.levels[lv]
+        for b in range(eb[0] >> lv, ((eb[1] - 1) >> lv) + 1):
+            lst = bk[b]
+            lst.remove(e)
+            if not lst:
+                del bk[b]
+        if not bk:
+            del self.levels[lv]
+
     def write(self, box, tid: int, preds: set) -> None:
         """A plain write of ``box`` by task ``tid``: the tasks of the entries it
         overlaps join ``preds``, the entries it covers drop, it registers."""
@@ -137,16 +150,7 @@ class _Producers:
             elif id(e) in seen:
                 continue
             seen.add(id(e))
-            eb = e[0]
-            lv = (eb[1] - eb[0]).bit_length() - 1
-            bk = self.levels[lv]
-            for b in range(eb[0] >> lv, ((eb[1] - 1) >> lv) + 1):
-                lst = bk[b]
-                lst.remove(e)
-                if not lst:
-                    del bk[b]
-            if not bk:
-                del self.levels[lv]
+            self.remove(e)
         r0, r1 = box[0], box[1]
         lv = (r1 - r0).bit_length() - 1
         b0, b1 = r0 >> lv, (r1 - 1) >> lv
@@ -168,7 +172,7 @@ class DepTracker:
     """Producer registry of one program (see the module docstring)."""
 
     def __init__(self):
-        self.reg: dict[int, _Producers] = {}  # buffer id -> registered producers
+        self.reg: dict[int, RowIndex] = {}  # buffer id -> registered producers
 
     def derive_raw(self, tid: int, fps: list, manual: bool) -> set:
         """:meth:`derive` for footprint records ``(buffer, box, kind)`` with at
@@ -198,14 +202,14 @@ class DepTracker:
                 if kind == 1 and not buf.untracked:
                     entries = reg.get(buf.id)
                     if entries is None:
-                        entries = reg[buf.id] = _Producers()
+                        entries = reg[buf.id] = RowIndex()
                     entries.write(box, tid, preds)
         if atomics:
             for buf, box, kind in fps:
                 if kind == 2 and not buf.untracked:
                     entries = reg.get(buf.id)
                     if entries is None:
-                        entries = reg[buf.id] = _Producers()
+                        entries = reg[buf.id] = RowIndex()
                     entries.add(box, tid, 2)
         preds.discard(tid)
         return preds
@@ -232,7 +236,7 @@ class DepTracker:
                             preds.add(e[1])
             if writes or atomics:
                 if entries is None:
-                    entries = reg[buf.id] = _Producers()
+                    entries = reg[buf.id] = RowIndex()
                 for box in writes or ():
                     # lookup and registration in one pass: an entry dropped by an earlier write box
                     # of this task was already made a predecessor by that box

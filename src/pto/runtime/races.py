@@ -29,7 +29,7 @@ shape[-1]).
 from __future__ import annotations
 
 from pto.errors import RaceError
-from pto.runtime.deps import coalesce
+from pto.runtime.deps import RowIndex, coalesce
 from pto.runtime.graph import KIND_NAMES
 
 __all__ = ["RaceChecker"]
@@ -90,7 +90,7 @@ class RaceChecker:
     def __init__(self, program):
         self.program = program
         self.anc: list[int] = []  # ancestor bitset per task id
-        self.history: dict[int, list] = {}  # buffer id -> [(box, task id, kind)]
+        self.history: dict[int, RowIndex] = {}  # buffer id -> accesses (box, task id, kind), by rows
 
     def _ancestors(self, task) -> int:
         a = 0
@@ -116,23 +116,28 @@ class RaceChecker:
         for buf, kind, box in task.footprints:
             per_buf.setdefault(buf, []).append((box, kind))
         history = self.history
+        tid = task.id
         for buf, accesses in per_buf.items():
             hist = history.get(buf.id)
-            if hist:
+            if hist is not None and hist:
                 for box, kind in accesses:
-                    for hbox, htid, hkind in hist:
-                        if (not (anc >> htid) & 1 and _conflict(kind, hkind) and hbox[0] < box[1]
-                                and box[0] < hbox[1] and hbox[2] < box[3] and box[2] < hbox[3]):
+                    for hbox, htid, hkind in hist.overlapping(box):
+                        if not (anc >> htid) & 1 and _conflict(kind, hkind):
                             self._report(self.program.graph[htid], task, buf, hbox, box, hkind, kind)
-            else:
-                hist = history[buf.id] = []
-            tid = task.id
+            elif hist is None:
+                hist = history[buf.id] = RowIndex()
             for box, kind in accesses:
-                hist.append((box, tid, kind))
+                hist.add(box, tid, kind)
             for box, kind in accesses:
-                if kind == _W:
-                    hist[:] = [e for e in hist if (e[0] is box and e[1] == tid) or not _covers(box, e[0])
-                               or not (e[1] == tid or (anc >> e[1]) & 1)]
+                if kind != _W:
+                    continue
+                seen = set()
+                for e in hist.overlapping(box):
+                    if id(e) in seen or (e[0] is box and e[1] == tid):
+                        continue
+                    seen.add(id(e))
+                    if _covers(box, e[0]) and (e[1] == tid or (anc >> e[1]) & 1):
+                        hist.remove(e)
 
     # ---- intra-task ------------------------------------------------------------
     def _intra(self, task) -> None:
