@@ -112,6 +112,35 @@ def test_inline_function_checks_its_annotations_against_gm_tensors():
     assert torch.equal(y2, 2 * x)
 
 
+def test_jit_entry_runs_an_inline_body_as_a_named_program():
+    @pl.jit.inline
+    def body(a: pl.Tensor[[4, 4], pl.FP32], out: pl.Out[pl.Tensor[[4, 4], pl.FP32]]):
+        with pl.at(name_hint="body"):
+            out[:, :] = a[:, :] * 2.0
+        return out
+
+    @pl.jit
+    def forward(a: pl.Tensor[[4, 4], pl.FP32], out: pl.Out[pl.Tensor[[4, 4], pl.FP32]]):
+        return body(a, out)
+
+    entry = pl.jit.entry(body, name="body_test")
+    assert not entry.inline and entry.__name__ == "body_test"
+    assert entry.__qualname__.endswith(".body_test") and entry.fn is body.fn
+    x = torch.randn(4, 4)
+    y1, y2 = torch.zeros(4, 4), torch.zeros(4, 4)
+    p1, p2 = forward.run(x, y1), entry.run(x, y2)
+    assert p2.name == "body_test" and torch.equal(y2, 2 * x) and torch.equal(y1, y2)
+    assert [t.name for t in p2.graph.tasks] == [t.name for t in p1.graph.tasks] == ["body"]
+    assert entry(x, y2) is y2
+    with pytest.raises(BindError, match="kernel body_test: parameter 'a': dim 1 is 8"):
+        entry(torch.zeros(4, 8), y2)
+    assert pl.jit.entry(body).__name__ == "body"
+    with pytest.raises(DslError, match="expects a @pl.jit.inline function"):
+        pl.jit.entry(forward)
+    with pytest.raises(DslError, match="expects a @pl.jit.inline function"):
+        pl.jit.entry(lambda a: a)
+
+
 def test_writing_an_in_parameter_is_a_dsl_error():
     @pl.jit
     def k(x: pl.Tensor[[4, 4], pl.FP32]):

@@ -8,7 +8,8 @@ function returns, with GM tensors mapped back to the caller's torch tensors.
 
 A ``@pl.jit.inline`` function called inside a running program is spliced in
 (its annotations are checked against the GM tensors it receives); called
-outside a program it runs as its own entry program.
+outside a program it runs as its own entry program; ``pl.jit.entry(body, name=...)``
+makes a named ``@pl.jit`` entry out of such a body.
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ def _bind_scalar(kernel: str, name: str, ann: ScalarType, value):
 
 
 class _Jit:
-    """``@pl.jit`` / ``@pl.jit(auto_scope=False)`` / ``@pl.jit.inline``."""
+    """``@pl.jit`` / ``@pl.jit(auto_scope=False)`` / ``@pl.jit.inline`` / ``pl.jit.entry(body)``."""
 
     def __call__(self, fn=None, **opts):
         if fn is None:
@@ -207,6 +208,32 @@ class _Jit:
         return JitFunction(fn, inline=True, **opts)
 
     incore = inline
+
+    def entry(self, body: JitFunction, name: str | None = None) -> JitFunction:
+        """A ``@pl.jit`` program entry whose body is the ``@pl.jit.inline`` function ``body``.
+
+        The entry has ``body``'s parameters and annotations and returns what ``body``
+        returns; it stands for a ``@pl.jit`` function that only forwards all its arguments
+        to ``body`` (same tasks, graph and results, without the second argument binding).
+
+        Args:
+            body: a ``@pl.jit.inline`` JitFunction.
+            name: the entry's (and so the program's) name, used in error messages and
+                traces; ``body``'s name when omitted.
+
+        Returns:
+            A new non-inline JitFunction.
+
+        Raises:
+            DslError: ``body`` is not a ``@pl.jit.inline`` function.
+        """
+        if not isinstance(body, JitFunction) or not body.inline:
+            raise DslError(f"pl.jit.entry expects a @pl.jit.inline function, got {body!r}")
+        jf = JitFunction(body.fn, inline=False)
+        if name is not None:
+            jf.__name__ = name
+            jf.__qualname__ = f"{jf.__qualname__.rpartition('.')[0]}.{name}".lstrip(".")
+        return jf
 
 
 jit = _Jit()

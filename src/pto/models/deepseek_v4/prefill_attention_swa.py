@@ -114,7 +114,8 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
         hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos,
         freqs_sin, kv_cache, block_table, ori_slot_mapping, position_ids, attn_sink, wo_a, wo_b,
         wo_b_scale, x_out, num_tokens)`` returning ``(kv_cache, x_out)``, the ``@pl.jit`` entry
-        ``prefill_attention_swa_test`` (same parameters) and ``seed_scopes``.
+        ``prefill_attention_swa_test`` (``pl.jit.entry`` of that body, same parameters) and
+        ``seed_scopes``.
 
     Raises:
         ConfigError: the config cannot be tiled by one of the composed kernels. At run time:
@@ -248,34 +249,7 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
         hc_post_prefill(attn_out, x_hc, post, comb, x_out, num_tokens)
         return kv_cache, x_out
 
-    @pl.jit
-    def prefill_attention_swa_test(x_hc: pl.Tensor[[T_DYN, HC, D], pl.FP32],
-                                   hc_attn_fn: pl.Tensor[[MIX, HC * D], pl.FP32],
-                                   hc_attn_scale: pl.Tensor[[3], pl.FP32],
-                                   hc_attn_base: pl.Tensor[[MIX], pl.FP32],
-                                   attn_norm_w: pl.Tensor[[D], pl.BF16],
-                                   wq_a: pl.Tensor[[D, LQ], pl.BF16],
-                                   wq_b: pl.Tensor[[LQ, H * HD], pl.INT8],
-                                   wq_b_scale: pl.Tensor[[H * HD], pl.FP32],
-                                   wkv: pl.Tensor[[D, HD], pl.BF16],
-                                   gamma_cq: pl.Tensor[[LQ], pl.BF16],
-                                   gamma_ckv: pl.Tensor[[HD], pl.BF16],
-                                   freqs_cos: pl.Tensor[[MAXPOS, R], pl.BF16],
-                                   freqs_sin: pl.Tensor[[MAXPOS, R], pl.BF16],
-                                   kv_cache: pl.InOut[pl.Tensor[[P, BS, 1, HD], pl.BF16]],
-                                   block_table: pl.Tensor[[NBLK], pl.INT32],
-                                   ori_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
-                                   position_ids: pl.Tensor[[T_DYN], pl.INT32],
-                                   attn_sink: pl.Tensor[[H], pl.FP32],
-                                   wo_a: pl.Tensor[[G, LO, GIN], pl.BF16],
-                                   wo_b: pl.Tensor[[D, G * LO], pl.INT8],
-                                   wo_b_scale: pl.Tensor[[D], pl.FP32],
-                                   x_out: pl.Out[pl.Tensor[[T_DYN, HC, D], pl.FP32]],
-                                   num_tokens: pl.Scalar[pl.INT32]):
-        return prefill_attention_swa(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b,
-                                     wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos, freqs_sin, kv_cache,
-                                     block_table, ori_slot_mapping, position_ids, attn_sink, wo_a, wo_b,
-                                     wo_b_scale, x_out, num_tokens)
+    prefill_attention_swa_test = pl.jit.entry(prefill_attention_swa, name="prefill_attention_swa_test")
 
     return SimpleNamespace(prefill_attention_swa=prefill_attention_swa,
                            prefill_attention_swa_test=prefill_attention_swa_test, swa_cache_write=swa_cache_write,
