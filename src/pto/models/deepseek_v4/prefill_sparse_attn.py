@@ -217,7 +217,8 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
         namespace with ``tiling`` (:class:`SparseAttnTiling`), the inline body
         ``prefill_sparse_attn(q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices,
         attn_sink, num_tokens, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale, attn_out)`` (returns
-        ``attn_out``) and the ``@pl.jit`` entry ``prefill_sparse_attn_test`` (same parameters).
+        ``attn_out``) and the ``@pl.jit`` entry ``prefill_sparse_attn_test`` (``pl.jit.entry`` of
+        that body, same parameters).
 
     Scratch (uninitialised; rows scale with the runtime ``T``, bounded by
     ``tiling.token_capacity(cfg)`` = 128 tokens): ``sparse_kv [T*sparse_pad, head_dim]``,
@@ -477,23 +478,7 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
             pl.assemble(attn_out, pl.cast(acc, pl.BF16, mode="rint"), [t0, c0])
         return attn_out
 
-    @pl.jit
-    def prefill_sparse_attn_test(q: pl.Tensor[[T_DYN, H, HD], pl.BF16],
-                                 ori_kv: pl.Tensor[[P, BS, 1, HD], pl.BF16],
-                                 swa_indices: pl.Tensor[[T_DYN, W], pl.INT32],
-                                 cmp_kv: pl.Tensor[[CP, BS, 1, HD], pl.BF16],
-                                 cmp_block_table: pl.Tensor[[CP], pl.INT32],
-                                 cmp_indices: pl.Tensor[[T_DYN, TOPK], pl.INT32],
-                                 attn_sink: pl.Tensor[[H], pl.FP32],
-                                 num_tokens: pl.Scalar[pl.INT32],
-                                 rope_cos: pl.Tensor[[T_DYN, R], pl.BF16],
-                                 rope_sin: pl.Tensor[[T_DYN, R], pl.BF16],
-                                 wo_a: pl.Tensor[[G, LO, GIN], pl.BF16],
-                                 wo_b: pl.Tensor[[D, G * LO], pl.INT8],
-                                 wo_b_scale: pl.Tensor[[D], pl.FP32],
-                                 attn_out: pl.Out[pl.Tensor[[T_DYN, D], pl.BF16]]):
-        return prefill_sparse_attn(q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink,
-                                   num_tokens, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale, attn_out)
+    prefill_sparse_attn_test = pl.jit.entry(prefill_sparse_attn, name="prefill_sparse_attn_test")
 
     return SimpleNamespace(tiling=tl, prefill_sparse_attn=prefill_sparse_attn,
                            prefill_sparse_attn_test=prefill_sparse_attn_test)
