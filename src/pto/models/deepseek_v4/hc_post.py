@@ -71,7 +71,8 @@ def hc_post_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     Returns:
         namespace with the inline bodies ``hc_post(x, residual, post, comb, y)`` and
         ``hc_post_prefill(x, residual, post, comb, y, num_tokens)`` and the ``@pl.jit``
-        entries ``hc_post_test`` / ``hc_post_prefill_test`` (same parameters). Shapes:
+        entries ``hc_post_test`` / ``hc_post_prefill_test`` (``pl.jit.entry`` of each body,
+        same parameters). Shapes:
         ``x [T, D] BF16``, ``residual [T, N, D] FP32``, ``post [T, N] FP32``,
         ``comb [T, N*N] FP32``, ``y [T, N, D] FP32`` (Out), ``num_tokens`` INT32 scalar,
         with ``N = hc_mult``, ``D = hidden_size``.
@@ -126,22 +127,8 @@ def hc_post_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                     pl.assemble(y2, pl.reshape(pl.slice(zero, [1, D], [r, 0]), [1, 1, D]), [t0 + r, b % N, 0])
         return y
 
-    @pl.jit
-    def hc_post_test(x: pl.Tensor[[T_DYN, D], pl.BF16],
-                     residual: pl.Tensor[[T_DYN, N, D], pl.FP32],
-                     post: pl.Tensor[[T_DYN, N], pl.FP32],
-                     comb: pl.Tensor[[T_DYN, N * N], pl.FP32],
-                     y: pl.Out[pl.Tensor[[T_DYN, N, D], pl.FP32]]):
-        return hc_post(x, residual, post, comb, y)
-
-    @pl.jit
-    def hc_post_prefill_test(x: pl.Tensor[[T_DYN, D], pl.BF16],
-                             residual: pl.Tensor[[T_DYN, N, D], pl.FP32],
-                             post: pl.Tensor[[T_DYN, N], pl.FP32],
-                             comb: pl.Tensor[[T_DYN, N * N], pl.FP32],
-                             y: pl.Out[pl.Tensor[[T_DYN, N, D], pl.FP32]],
-                             num_tokens: pl.Scalar[pl.INT32]):
-        return hc_post_prefill(x, residual, post, comb, y, num_tokens)
+    hc_post_test = pl.jit.entry(hc_post, name="hc_post_test")
+    hc_post_prefill_test = pl.jit.entry(hc_post_prefill, name="hc_post_prefill_test")
 
     return SimpleNamespace(hc_post=hc_post, hc_post_prefill=hc_post_prefill, hc_post_test=hc_post_test,
                            hc_post_prefill_test=hc_post_prefill_test)
