@@ -54,8 +54,15 @@ def _hc_post_block(x2, res2, post, comb, y3, t0: int, rows: int, j: int, N: int,
         r_i = pl.slice(res2, [TT, D], [t0, i * D], valid_shape=[rows, D])
         c_ij = pl.slice(comb, [TT, 1], [t0, i * N + j], valid_shape=[rows, 1])
         acc = pl.add(acc, pl.row_expand_mul(r_i, c_ij))
-    for r in range(rows):  # one [1, D] row per token: stream j of token t is root row t*N + j
-        pl.assemble(y3, pl.reshape(pl.slice(acc, [1, D], [r, 0]), [1, 1, D]), [t0 + r, j, 0])
+    _store_stream_rows(y3, acc, t0, rows, j, D)
+
+
+def _store_stream_rows(y3, tile, t0: int, rows: int, j: int, D: int) -> None:
+    """Store rows ``0 .. rows`` of ``tile [>= rows, D]`` FP32 as stream ``j`` of tokens
+    ``t0 .. t0+rows`` of ``y3 [T, N, D]``, one ``[1, 1, D]`` token row per store (stream ``j``
+    of token ``t`` is root row ``t*N + j``, so each write footprint is an exact box)."""
+    for r in range(rows):
+        pl.assemble(y3, pl.reshape(pl.slice(tile, [1, D], [r, 0]), [1, 1, D]), [t0 + r, j, 0])
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,9 +129,7 @@ def hc_post_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
             for b in pl.spmd(-(-inactive // PT) * N, name_hint="hc_post_inactive_pad"):
                 t0 = active + (b // N) * PT
                 rows = min(PT, t - t0)
-                zero = pl.full([rows, D], pl.FP32, 0.0)
-                for r in range(rows):
-                    pl.assemble(y2, pl.reshape(pl.slice(zero, [1, D], [r, 0]), [1, 1, D]), [t0 + r, b % N, 0])
+                _store_stream_rows(y2, pl.full([rows, D], pl.FP32, 0.0), t0, rows, b % N, D)
         return y
 
     hc_post_test = pl.jit.entry(hc_post, name="hc_post_test")
