@@ -38,11 +38,11 @@ from types import SimpleNamespace
 import torch
 
 import pto.language as pl
-from pto.errors import BindError, CapacityError, ConfigError
+from pto.errors import BindError, ConfigError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
-from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, expect_tensor, mode_tokens, need, round_up, token_capacity,
-                                           token_tile)
+from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_seed_capacity, expect_tensor, mode_tokens, need,
+                                           round_up, token_capacity, token_tile)
 
 __all__ = [
     "hc_pre",
@@ -210,9 +210,7 @@ def hc_pre(
 
     # ---- GM scratch (allocated at scope entry, before any task) ----
     if seed_scopes:
-        if t_linear > cap:
-            raise CapacityError(f"hc_pre (seed_scopes): create_tensor 'mixes_raw' needs {t_linear} rows "
-                                f"(T={t} rounded up to {MATMUL_M_TILE}), above its static capacity {cap}")
+        check_seed_capacity("hc_pre", "mixes_raw", t_linear, t, cap)
         mixes_raw = pl.create_tensor([cap, mix_pad], pl.FP32, name="mixes_raw")
         inv_rms = pl.create_tensor([cap, 1], pl.FP32, name="inv_rms")
         pre_val_store = pl.create_tensor([cap, hc_pad], pl.FP32, name="pre_val_store")

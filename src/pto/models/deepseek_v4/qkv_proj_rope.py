@@ -45,11 +45,11 @@ from types import SimpleNamespace
 import torch
 
 import pto.language as pl
-from pto.errors import BindError, CapacityError
+from pto.errors import BindError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
-from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, VEC_T_TILE, expect_tensor, mode_tokens, need, round_up,
-                                           token_capacity, token_tile)
+from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, VEC_T_TILE, check_seed_capacity, expect_tensor,
+                                           mode_tokens, need, round_up, token_capacity, token_tile)
 
 __all__ = [
     "qkv_proj_rope",
@@ -267,9 +267,7 @@ def qkv_proj_rope(
 
     # ---- GM scratch (allocated at scope entry, before any task) ----
     if seed_scopes:
-        if t_pad > cap:
-            raise CapacityError(f"{kname} (seed_scopes): create_tensor 'qr_fp32' needs {t_pad} rows "
-                                f"(T={t} rounded up to {MATMUL_M_TILE}), above its static capacity {cap}")
+        check_seed_capacity(kname, "qr_fp32", t_pad, t, cap)
         qr_fp32 = pl.create_tensor([cap, Lq], pl.FP32, name="qr_fp32")
         qr_i8_matmul = pl.create_tensor([cap, Lq], pl.INT8, name="qr_i8_matmul")
         q_proj_i32 = pl.create_tensor([cap, qd], pl.INT32, name="q_proj_i32")

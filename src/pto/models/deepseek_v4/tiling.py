@@ -11,11 +11,11 @@ config and the runtime token count ``T`` into the sizes every kernel agrees on
   static ``T_MAX``: the larger of the decode and prefill token counts, rounded up to 16).
 """
 
-from pto.errors import BindError, ConfigError
+from pto.errors import BindError, CapacityError, ConfigError
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 
 __all__ = ["VEC_T_TILE", "MATMUL_M_TILE", "round_up", "token_tile", "token_capacity", "mode_tokens", "need",
-           "expect_tensor"]
+           "expect_tensor", "check_seed_capacity"]
 
 VEC_T_TILE = 8  # token rows per vector block (v4flash-kernels.md A.1 / A.2 / B.1)
 MATMUL_M_TILE = 16  # cube row granule; runtime-sized matmul scratch rounds T up to this
@@ -38,6 +38,20 @@ def token_capacity(cfg: DeepSeekV4Config) -> int:
     tokens, prefill_seq), MATMUL_M_TILE)`` -- 128 for every preset. A call whose padded
     token count exceeds it raises ``pto.CapacityError`` before any task runs."""
     return round_up(max(cfg.decode_tokens, cfg.prefill_seq), MATMUL_M_TILE)
+
+
+def check_seed_capacity(kernel: str, tensor: str, t_pad: int, t: int, cap: int) -> None:
+    """Check that the static scratch of a ``seed_scopes`` variant (``cap`` rows, see
+    :func:`token_capacity`) holds the ``t_pad = round_up(t, MATMUL_M_TILE)`` rows of a call
+    with ``t`` tokens; called before any scratch is created or task submitted.
+
+    Raises:
+        CapacityError: ``t_pad > cap``, naming the kernel, the scratch tensor ``tensor``,
+            ``t_pad``, ``t`` and ``cap``.
+    """
+    if t_pad > cap:
+        raise CapacityError(f"{kernel} (seed_scopes): create_tensor {tensor!r} needs {t_pad} rows "
+                            f"(T={t} rounded up to {MATMUL_M_TILE}), above its static capacity {cap}")
 
 
 def mode_tokens(preset: str, mode: str, T: int | None = None) -> tuple[DeepSeekV4Config, int]:
