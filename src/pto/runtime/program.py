@@ -379,14 +379,7 @@ class Program:
                 distinct = len({(id(b), k) for b, _, k in fp}) == n
             if distinct:
                 task.grouped = fp  # the raw records; footprints and buffer ids are built on first access
-                preds = self.deps.derive_raw(task.id, fp, task.manual) if n else set()
-                if task.explicit:
-                    preds.update(task.explicit)
-                task.preds = preds
-                if self.races is not None:
-                    self.races.check_task(task)
-                elif not self.config.keep_footprints:
-                    blocks[0].fp = None
+                self._close_task(task, self.deps.derive_raw(task.id, fp, task.manual) if n else set())
                 return
         grouped = {}  # buffer -> [reads, writes, atomics], each None or a list of boxes
         several = False  # some (buffer, kind) has more than one box: coalesce
@@ -409,7 +402,11 @@ class Program:
                     if boxes and len(boxes) > 1:
                         boxes[:] = coalesce(boxes)
         task.grouped = grouped  # footprints and buffer ids are built from it on first access
-        preds = self.deps.derive(task.id, grouped, task.manual) if grouped else set()
+        self._close_task(task, self.deps.derive(task.id, grouped, task.manual) if grouped else set())
+
+    def _close_task(self, task: Task, preds: set) -> None:
+        """Set ``task.preds`` to the derived ``preds`` plus its explicit deps; then run the race
+        checker (check mode) or drop the blocks' raw footprints (unless ``keep_footprints``)."""
         if task.explicit:
             preds.update(task.explicit)
         task.preds = preds
