@@ -76,41 +76,39 @@ class spmd:
         self._site = _ctx.user_frame()
 
     def __iter__(self):
-        prog = _ctx.program("pl.spmd")
-        task = prog.begin_task(self.name, self.n, _deps_list(self.deps), self._site)
-        self.tid = task.id
-        ok = False
-        try:
-            for b in _builtin_range(self.n):
-                prog.begin_block(task, b)
-                yield b
-                prog.end_block()
-            ok = True
-        finally:
-            if not ok:
-                prog.end_block()
-            prog.end_task(task, ok)
+        return self._blocks(None)
 
     def __call__(self, body):
         """Decorator form: run ``body(b)`` for every block; returns the task id."""
+        phased = inspect.isgeneratorfunction(body)
+        blocks = self._blocks(body if phased else None)
+        try:
+            for b in blocks:  # a phased body runs inside _blocks, which then yields nothing
+                body(b)
+        finally:
+            blocks.close()  # a body error ends the block and the task now, not at garbage collection
+        return self.tid
+
+    def _blocks(self, phased_body):
+        """Open the task, yield every block index between begin_block and end_block (or run
+        the generator ``phased_body`` in phases, yielding nothing), then close the task."""
         prog = _ctx.program("pl.spmd")
         task = prog.begin_task(self.name, self.n, _deps_list(self.deps), self._site)
         self.tid = task.id
         ok = False
         try:
-            if inspect.isgeneratorfunction(body):
-                _run_phased(prog, task, body, self.n)
+            if phased_body is not None:
+                _run_phased(prog, task, phased_body, self.n)
             else:
                 for b in _builtin_range(self.n):
                     prog.begin_block(task, b)
-                    body(b)
+                    yield b
                     prog.end_block()
             ok = True
         finally:
             if not ok:
                 prog.end_block()
             prog.end_task(task, ok)
-        return task.id
 
     def __enter__(self):
         if self.n != 1:
