@@ -194,6 +194,25 @@ def test_scalar_write_and_read_errors():
             pl.read(x, [9])
         run(roob, torch.zeros(4, dtype=torch.int32))
 
+    @pl.jit
+    def ranks(x: pl.Tensor[[4, 3], pl.INT32], y: pl.Out[pl.Tensor[[4, 3], pl.INT32]], op: str):
+        if op == "read":
+            pl.read(x, [1])
+        with pl.at(name_hint="w"):
+            if op == "write":
+                pl.write(y, [0], 1)
+            else:
+                pl.write(y, [0, 3], 1)
+
+    a, b = torch.zeros(4, 3, dtype=torch.int32), torch.zeros(4, 3, dtype=torch.int32)
+    with pytest.raises(DslError, match=r"^pl.read: 1 indices for x of rank 2$"):
+        run(ranks, a, b, "read")
+    with pytest.raises(DslError, match=r"^pl.write: 1 indices for y of rank 2$"):
+        run(ranks, a, b, "write")
+    with pytest.raises(DslError, match=r"^pl.write: index 3 out of bounds of dim 1 of y \(extent 3\) "
+                                       r"\(task 'w' block 0 at .*test_tensor_ops.py:\d+\)$"):
+        run(ranks, a, b, "oob")
+
 
 def test_orchestration_views_and_gm_writes_outside_tasks():
     seen = {}

@@ -598,13 +598,19 @@ def read(src, idx):
     if not isinstance(src, GMTensor):
         raise DslError(f"pl.read: expected a tensor or tile, got {type(src).__name__}")
     idx = [_idx(i, "an index") for i in idx]
-    if len(idx) != src.data.dim():
-        raise DslError(f"pl.read: {len(idx)} indices for {src.name} of rank {src.data.dim()}")
-    for d, i in enumerate(idx):
-        if not 0 <= i < src.data.shape[d]:
-            raise DslError(f"pl.read: index {i} out of bounds of dim {d} of {src.name} "
-                           f"(extent {src.data.shape[d]}){_where()}")
+    _check_element_index("read", src, idx)
     return _read_elem(src, idx)
+
+
+def _check_element_index(op: str, t: GMTensor, idx: list) -> None:
+    """Raise DslError (naming ``pl.<op>`` and the tensor) unless ``idx`` has one in-bounds
+    int per dim of ``t``."""
+    if len(idx) != t.data.dim():
+        raise DslError(f"pl.{op}: {len(idx)} indices for {t.name} of rank {t.data.dim()}")
+    for d, i in enumerate(idx):
+        if not 0 <= i < t.data.shape[d]:
+            raise DslError(f"pl.{op}: index {i} out of bounds of dim {d} of {t.name} "
+                           f"(extent {t.data.shape[d]}){_where()}")
 
 
 def write(dst, idx, value):
@@ -626,12 +632,7 @@ def write(dst, idx, value):
         return dst
     if not isinstance(dst, GMTensor):
         raise DslError(f"pl.write: expected a tensor or tile, got {type(dst).__name__}")
-    if len(idx) != dst.data.dim():
-        raise DslError(f"pl.write: {len(idx)} indices for {dst.name} of rank {dst.data.dim()}")
-    for d, i in enumerate(idx):
-        if not 0 <= i < dst.data.shape[d]:
-            raise DslError(f"pl.write: index {i} out of bounds of dim {d} of {dst.name} "
-                           f"(extent {dst.data.shape[d]}){_where()}")
+    _check_element_index("write", dst, idx)
     if isinstance(v, float) and not dst.data.dtype.is_floating_point and not v.is_integer():
         raise DslError(f"pl.write: fractional value {v} into integer tensor {dst.name} ({dst.dtype}); "
                        f"cast it first{_where()}")
