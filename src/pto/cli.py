@@ -198,6 +198,11 @@ class Target:
     args: list | None = None
     program: Program | None = None
 
+    @property
+    def title(self) -> str:
+        """``"name mode"`` for tables and PASS/FAIL lines (just ``name`` without a mode)."""
+        return f"{self.name} {self.mode}".strip()
+
     def run_program(self, check: bool = False) -> Program:
         """Run once (no golden) and return the Program."""
         if self.program is not None:
@@ -393,7 +398,7 @@ def cmd_run(args) -> int:
     """``pto run KERNEL --preset P --mode M`` or ``pto run MODULE:FUNCTION``."""
     target = _target_from_args(args)
     prog = target.run_program(check=False)
-    title = f"{target.name} {target.mode}".strip()
+    title = target.title
     console().print(_stats_table(title, prog))
     return 0
 
@@ -415,7 +420,7 @@ def cmd_check(args) -> int:
 
 def _cmd_check(args) -> int:
     target = _target_from_args(args)
-    title = f"{target.name} {target.mode}".strip()
+    title = target.title
     if args.drop_init:
         title += f" (init_value dropped: {', '.join(args.drop_init)})"
     con = console()
@@ -453,7 +458,7 @@ def cmd_graph(args) -> int:
     target = _target_from_args(args)
     prog = target.run_program(check=False)
     g = prog.graph
-    title = f"{target.name} {target.mode}".strip()
+    title = target.title
     table = Table(title=f"task graph of {title}: {prog.stats.tasks} tasks, {prog.stats.dummies} join nodes, "
                         f"{prog.stats.edges} edges")
     for col in ("id", "task", "kind", "blocks", "waits for", "site"):
@@ -513,7 +518,7 @@ def cmd_sim(args) -> int:
     machine = get_machine(args.machine)
     target = _target_from_args(args)
     sim = simulate(target.run_program(check=False), machine)
-    title = f"{target.name} {target.mode}".strip()
+    title = target.title
     table = Table(title=f"{title} on {machine.name}", title_justify="left",
                   caption=f"{machine.n_aic} AIC + {machine.n_aiv} AIV, estimates", caption_justify="left")
     table.add_column("statistic")
