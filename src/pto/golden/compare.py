@@ -58,6 +58,15 @@ def _first_bad(bad: torch.Tensor, a, e, shape, max_show: int) -> str:
     return "; ".join(parts)
 
 
+def _flat_fp32(actual: torch.Tensor, expected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """``actual`` and ``expected`` flattened to FP32, and the failure detail for NaN/Inf in
+    ``actual`` (``""`` when it has none)."""
+    a = actual.to(torch.float32).reshape(-1)
+    e = expected.to(torch.float32).reshape(-1)
+    n_nan, n_inf = int(torch.isnan(a).sum()), int(torch.isinf(a).sum())
+    return a, e, (f"illegal values in actual: NaN={n_nan} Inf={n_inf}" if n_nan or n_inf else "")
+
+
 def allclose(atol: float = 1e-5, rtol: float = 1e-5):
     """``|a - e| <= atol + rtol * |e|`` everywhere (dtype-native, NaN never equal)."""
     def cmp(actual, expected, **_):
@@ -89,11 +98,9 @@ def ratio_allclose(atol: float | None = None, rtol: float | None = None, max_err
     def cmp(actual, expected, rtol_run=1e-5, atol_run=1e-5, **_):
         at = atol if atol is not None else atol_run
         rt = rtol if rtol is not None else rtol_run
-        a = actual.to(torch.float32).reshape(-1)
-        e = expected.to(torch.float32).reshape(-1)
-        n_nan, n_inf = int(torch.isnan(a).sum()), int(torch.isinf(a).sum())
-        if n_nan or n_inf:
-            return False, f"illegal values in actual: NaN={n_nan} Inf={n_inf}"
+        a, e, illegal = _flat_fp32(actual, expected)
+        if illegal:
+            return False, illegal
         diff = (a - e).abs()
         bad = diff > at + rt * e.abs()
         nbad = int(bad.sum())
@@ -121,11 +128,9 @@ def ratio_reldiff(diff_thd: float = 0.01, pct_thd: float = 0.05, max_diff_hd: fl
                           f"max_diff_hd={max_diff_hd}")
 
     def cmp(actual, expected, **_):
-        a = actual.to(torch.float32).reshape(-1)
-        e = expected.to(torch.float32).reshape(-1)
-        n_nan, n_inf = int(torch.isnan(a).sum()), int(torch.isinf(a).sum())
-        if n_nan or n_inf:
-            return False, f"illegal values in actual: NaN={n_nan} Inf={n_inf}"
+        a, e, illegal = _flat_fp32(actual, expected)
+        if illegal:
+            return False, illegal
         ad = (a - e).abs()
         b = torch.maximum(torch.maximum(a.abs(), e.abs()), torch.tensor(2.0 ** -14 / diff_thd)) + 1e-9
         rd = torch.where(ad < diff_thd, ad, ad / b)
