@@ -13,6 +13,8 @@ from pto.golden import run_jit
 from pto.models.deepseek_v4.config import get_config
 from pto.models.deepseek_v4.hc_pre import build_hc_pre, hc_pre_entry, hc_pre_tiling
 
+from dsv4_checks import assert_capacity_error_before_any_task, find_buffer
+
 TINY = get_config("tiny")
 TASKS = ["hc_pre_rms", "hc_pre_linear", "split_pre_post", "comb_sinkhorn", "mix_x"]
 EDGES = {("hc_pre_rms", "split_pre_post"), ("hc_pre_linear", "split_pre_post"),
@@ -27,10 +29,6 @@ SEED_EDGES = EDGES | {("hc_pre_seed", "hc_pre_linear"), ("hc_pre_seed", "split_p
 def _run(preset: str, mode: str, T=None, seed_scopes=False):
     cr = build_hc_pre(preset, mode, T=T, seed_scopes=seed_scopes)
     return run_jit(cr.fn, cr.specs, cr.golden, cr.compare, rtol=cr.rtol, atol=cr.atol)
-
-
-def _buffer(prog, name):
-    return next(b for b in prog.buffers if b.name == name)
 
 
 @pytest.mark.parametrize("T", [1, 7, 8, 16, 24, 128])
@@ -59,12 +57,14 @@ def test_hc_pre_graph_has_no_seed_task(T):
 @pytest.mark.parametrize("T", [7, 24])
 def test_hc_pre_mixes_raw_is_zero_initialised_at_t_linear(T):
     prog = _run("tiny", "prefill", T).program
-    mixes = _buffer(prog, "mixes_raw")
+    mixes = find_buffer(prog, "mixes_raw")
     t_linear = -(-T // 16) * 16
     assert mixes.shape == (t_linear, 32) and mixes.init_value == 0 and mixes.kind == "scratch"
-    assert _buffer(prog, "inv_rms").shape == (t_linear, 1) and _buffer(prog, "inv_rms").init_value is None
+    inv_rms = find_buffer(prog, "inv_rms")
+    assert inv_rms.shape == (t_linear, 1) and inv_rms.init_value is None
     seeded = _run("tiny", "prefill", T, True).program
-    assert _buffer(seeded, "mixes_raw").shape == (128, 32) and _buffer(seeded, "mixes_raw").init_value is None
+    seeded_mixes = find_buffer(seeded, "mixes_raw")
+    assert seeded_mixes.shape == (128, 32) and seeded_mixes.init_value is None
     seed = next(t for t in seeded.graph.tasks if t.name == "hc_pre_seed")
     assert [(f.kind, f.box) for f in seeded.footprints(seed)] == [("write", (0, t_linear, 0, 32))]
 
@@ -72,11 +72,7 @@ def test_hc_pre_mixes_raw_is_zero_initialised_at_t_linear(T):
 @pytest.mark.parametrize("seed_scopes", [False, True])
 def test_hc_pre_capacity_error_names_tensor_before_any_task(seed_scopes):
     cr = build_hc_pre("tiny", "prefill", T=129, seed_scopes=seed_scopes)
-    vals = [s.create_tensor() for s in cr.specs]
-    prog = pto.Program(cr.fn, pto.RunConfig(check=True))
-    with pytest.raises(pto.CapacityError, match="mixes_raw"):
-        prog.execute(vals, {})
-    assert len(prog.graph.tasks) == 0
+    assert_capacity_error_before_any_task(cr, "mixes_raw")
 
 
 def test_hc_pre_tiling_errors():

@@ -18,6 +18,8 @@ from pto.models.deepseek_v4.qkv_proj_rope import (INT8_AMAX_EPS, INT8_SCALE_MAX,
 from pto.models.deepseek_v4.rms_norm import rms_norm
 from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
 
+from dsv4_checks import assert_capacity_error_before_any_task, find_buffer
+
 TINY = get_config("tiny")
 OUTPUTS = ("q", "kv", "qr", "qr_scale")
 TASKS = ["q_rope_prepare", "qr_proj_matmul", "qr_rms_norm_quant", "qproj_matmul", "qproj_dequant_rms_nope_rope",
@@ -49,10 +51,6 @@ def _run(preset: str, mode: str, T=None, seed_scopes=False):
     return _run_case(build_qkv_proj_rope(preset, mode, T=T, seed_scopes=seed_scopes))
 
 
-def _buffer(prog, name):
-    return next(b for b in prog.buffers if b.name == name)
-
-
 @pytest.mark.parametrize("T", [1, 7, 8, 16, 24, 128])
 def test_qkv_matches_golden_and_seed_variant_is_bit_identical(T):
     res, seeded = _run("tiny", "prefill", T), _run("tiny", "prefill", T, True)
@@ -82,11 +80,12 @@ def test_qkv_scratch_sized_from_t_pad(T):
     for name, shape, init in (("qr_fp32", (t_pad, Lq), 0), ("kv_fp32", (t_pad, hd), 0),
                               ("qr_i8_matmul", (t_pad, Lq), None), ("q_proj_i32", (t_pad, qd), None),
                               ("q_rope_cos_il", (T, 64), None)):
-        b = _buffer(prog, name)
+        b = find_buffer(prog, name)
         assert (b.shape, b.init_value) == (shape, init), name
     seeded = _run("tiny", "prefill", T, True).program
-    assert _buffer(seeded, "qr_fp32").shape == (128, Lq) and _buffer(seeded, "qr_fp32").init_value is None
-    assert _buffer(seeded, "q_proj_i32").shape == (128, qd)
+    seeded_qr = find_buffer(seeded, "qr_fp32")
+    assert seeded_qr.shape == (128, Lq) and seeded_qr.init_value is None
+    assert find_buffer(seeded, "q_proj_i32").shape == (128, qd)
     for seed, width in (("qr_proj_seed", Lq), ("kv_proj_seed", hd)):
         task = next(t for t in seeded.graph.tasks if t.name == seed)
         assert [(f.kind, f.box) for f in seeded.footprints(task)] == [("write", (0, t_pad, 0, width))]
@@ -110,11 +109,7 @@ def test_qkv_all_zero_rows_quantise_to_zero_with_finite_scale(seed_scopes):
 @pytest.mark.parametrize("seed_scopes", [False, True])
 def test_qkv_capacity_error_names_tensor_before_any_task(seed_scopes):
     cr = build_qkv_proj_rope("tiny", "prefill", T=129, seed_scopes=seed_scopes)
-    vals = [s.create_tensor() for s in cr.specs]
-    prog = pto.Program(cr.fn, pto.RunConfig(check=True))
-    with pytest.raises(pto.CapacityError, match="qr_fp32"):
-        prog.execute(vals, {})
-    assert len(prog.graph.tasks) == 0
+    assert_capacity_error_before_any_task(cr, "qr_fp32")
 
 
 def test_qkv_tiling():
