@@ -19,3 +19,17 @@ def assert_capacity_error_before_any_task(cr, tensor: str) -> None:
     with pytest.raises(pto.CapacityError, match=tensor):
         prog.execute(vals, {})
     assert len(prog.graph.tasks) == 0
+
+
+# per-token inputs of the ratio-128 compressor (make_compressor_inputs); the rest are shared state
+COMPRESSOR_PER_TOKEN = ("x", "position_ids", "cmp_slot_mapping", "state_slot_mapping")
+
+
+def compressor_chunk(d: dict, lo: int, hi: int, cmp_kv=None, state=None) -> dict:
+    """Tokens ``lo .. hi-1`` of compressor fixture ``d`` as one call (all active), optionally
+    on the caches ``cmp_kv`` / ``state`` of an earlier call."""
+    out = {k: (v[lo:hi] if k in COMPRESSOR_PER_TOKEN else v) for k, v in d.items()}
+    out["num_tokens"] = hi - lo
+    if cmp_kv is not None:
+        out["cmp_kv"], out["compress_state"] = cmp_kv, state
+    return out

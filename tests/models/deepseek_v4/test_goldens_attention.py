@@ -34,6 +34,8 @@ from pto.models.deepseek_v4.rope import (
     yarn_correction_range,
 )
 
+from dsv4_checks import compressor_chunk
+
 TINY = get_config("tiny")
 FLASH = get_config("flash")
 
@@ -332,25 +334,14 @@ def test_make_swa_inputs_layout():
 
 
 # ---------------------------------------------------------------- ratio-128 compressor
-_PER_TOKEN = ("x", "position_ids", "cmp_slot_mapping", "state_slot_mapping")
-
-
-def _slice_chunk(d: dict, lo: int, hi: int, cmp_kv=None, state=None) -> dict:
-    out = {k: (v[lo:hi] if k in _PER_TOKEN else v) for k, v in d.items()}
-    out["num_tokens"] = hi - lo
-    if cmp_kv is not None:
-        out["cmp_kv"], out["compress_state"] = cmp_kv, state
-    return out
-
-
 @pytest.mark.parametrize("start_pos", [0, 200])
 def test_compressor_split_equals_single_call(start_pos):
     cfg = TINY
     d = make_compressor_inputs(cfg, 256, start_pos, 256, seed=7)
     cmp_one, state_one = golden_prefill_compressor_ratio128(**d, cfg=cfg)
-    cmp_a, state_a = golden_prefill_compressor_ratio128(**_slice_chunk(d, 0, 100), cfg=cfg)
+    cmp_a, state_a = golden_prefill_compressor_ratio128(**compressor_chunk(d, 0, 100), cfg=cfg)
     cmp_b, state_b = golden_prefill_compressor_ratio128(
-        **_slice_chunk(d, 100, 256, cmp_a, state_a), cfg=cfg)
+        **compressor_chunk(d, 100, 256, cmp_a, state_a), cfg=cfg)
     assert torch.equal(cmp_b, cmp_one)
     assert torch.equal(state_b, state_one)
     assert int((d["cmp_slot_mapping"] >= 0).sum()) == 2  # two windows close in either case
@@ -423,7 +414,7 @@ def test_flash_swa_block_and_compressor_run():
     assert (kv_cache.view(-1, cfg.head_dim)[d["ori_slot_mapping"][:120]].float().abs().sum(dim=1) > 0).all()
     c = make_compressor_inputs(cfg, 128, 128, 128, seed=1)
     cmp_one, state_one = golden_prefill_compressor_ratio128(**c, cfg=cfg)
-    cmp_a, state_a = golden_prefill_compressor_ratio128(**_slice_chunk(c, 0, 50), cfg=cfg)
-    cmp_b, state_b = golden_prefill_compressor_ratio128(**_slice_chunk(c, 50, 128, cmp_a, state_a), cfg=cfg)
+    cmp_a, state_a = golden_prefill_compressor_ratio128(**compressor_chunk(c, 0, 50), cfg=cfg)
+    cmp_b, state_b = golden_prefill_compressor_ratio128(**compressor_chunk(c, 50, 128, cmp_a, state_a), cfg=cfg)
     assert torch.equal(cmp_b, cmp_one) and torch.equal(state_b, state_one)
     assert len(_changed_cmp_rows(cmp_one, c["cmp_kv"])) == 1

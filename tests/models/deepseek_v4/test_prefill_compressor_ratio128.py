@@ -22,11 +22,12 @@ from pto.models.deepseek_v4.prefill_compressor_ratio128 import (
 )
 from pto.runtime import Program
 
+from dsv4_checks import compressor_chunk as chunk
+
 TINY = get_config("tiny")
 FLASH = get_config("flash")
 ARG_ORDER = ("x", "compress_state", "state_block_table", "wkv", "wgate", "ape", "norm_w", "cos_table",
              "sin_table", "cmp_kv", "position_ids", "num_tokens", "cmp_slot_mapping", "state_slot_mapping")
-PER_TOKEN = ("x", "position_ids", "cmp_slot_mapping", "state_slot_mapping")
 CMP = {k: ratio_allclose(*tol) for k, tol in TOLERANCES.items()}
 INIT_TASKS = ["prefill_hca_c128_write_map", "prefill_hca_c128_kv_score_proj",
               "prefill_hca_c128_state_scatter_pre", "prefill_hca_c128_softmax_pool",
@@ -63,15 +64,6 @@ def assert_matches_golden(cfg, d: dict, cmp_kv, state) -> None:
     for name, got, want in (("cmp_kv", cmp_kv, g_cmp), ("compress_state", state, g_state)):
         ok, detail = CMP[name](got, want)
         assert ok, f"{name}: {detail}"
-
-
-def chunk(d: dict, lo: int, hi: int, cmp_kv=None, state=None) -> dict:
-    """Tokens ``lo .. hi-1`` of fixture ``d`` as one call (all active), optionally on new caches."""
-    out = {k: (v[lo:hi] if k in PER_TOKEN else v) for k, v in d.items()}
-    out["num_tokens"] = hi - lo
-    if cmp_kv is not None:
-        out["cmp_kv"], out["compress_state"] = cmp_kv, state
-    return out
 
 
 def changed_rows(new: torch.Tensor, old: torch.Tensor) -> list[int]:
