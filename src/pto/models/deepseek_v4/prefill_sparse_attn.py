@@ -50,8 +50,9 @@ from pto.errors import BindError, ConfigError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ScalarSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 from pto.models.deepseek_v4.qkv_proj_rope import (
-    INT8_AMAX_EPS,
     INT8_SCALE_MAX,
+    int8_row_amax,
+    int8_row_codes,
     quantize_per_row_int8,
     quantize_weight_per_column,
     rope_interleaved,
@@ -447,11 +448,8 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                         t0 = tc * QUANT_TOK_TILE
                         rows = min(QUANT_TOK_TILE, t - t0)
                         x = pl.slice(o_r, [QUANT_TOK_TILE, LO], [t0, g * LO], valid_shape=[rows, LO])
-                        amax = pl.maximum(pl.row_max(pl.abs(x)), INT8_AMAX_EPS)
-                        s_q = INT8_SCALE_MAX / amax
-                        codes = pl.cast(pl.row_expand_mul(x, s_q), pl.INT32, mode="rint")
-                        codes = pl.cast(pl.cast(codes, pl.FP16, mode="round"), pl.INT8, mode="trunc")
-                        pl.assemble(o_r_i8, codes, [t0, g * LO])
+                        s_q = INT8_SCALE_MAX / int8_row_amax(x)
+                        pl.assemble(o_r_i8, int8_row_codes(x, s_q), [t0, g * LO])
                         pl.assemble(act_scale_dq, pl.set_validshape(1.0 / s_q, rows, 1), [t0, g])
                     quant_tids[g].append(tid)
             for dc in pl.parallel(PROJ_B_D_SPLIT):

@@ -60,6 +60,8 @@ __all__ = [
     "build_qkv_proj_rope",
     "INT8_SCALE_MAX",
     "INT8_AMAX_EPS",
+    "int8_row_amax",
+    "int8_row_codes",
     "TOLERANCES",
     "quantize_per_row_int8",
     "quantize_weight_per_column",
@@ -181,6 +183,21 @@ def _rope_tiles(cos_il, sin_signed, swap_idx, t0: int, tt: int, rows: int, r: in
 def _rotate(y, cos, sin, swap):
     """Interleaved RoPE on ``y [tt, r]`` FP32: ``y*cos_il + y[j^1]*sign*sin_il``."""
     return y * cos + pl.gather(y, index=swap) * sin
+
+
+def int8_row_amax(x):
+    """Tile half of the per-row INT8 activation quantisation (:func:`quantize_per_row_int8`,
+    v4flash-kernels.md section 0): ``max(row_max(|x|), INT8_AMAX_EPS)`` ``[M, 1]`` FP32 of
+    the FP32 tile ``x [M, N]``; the caller forms the scale ``s = 127 / amax``."""
+    return pl.maximum(pl.row_max(pl.abs(x)), INT8_AMAX_EPS)
+
+
+def int8_row_codes(x, s):
+    """INT8 codes ``[M, N]`` of the FP32 tile ``x [M, N]`` scaled per row by ``s [M, 1]`` FP32:
+    ``x * s`` FP32 -rint-> INT32 -round-> FP16 -trunc-> INT8 (the cast chain that
+    :func:`quantize_per_row_int8` reproduces; exact for ``|x * s| <= 127``)."""
+    code = pl.cast(pl.row_expand_mul(x, s), pl.INT32, mode="rint")
+    return pl.cast(pl.cast(code, pl.FP16, mode="round"), pl.INT8, mode="trunc")
 
 
 @pl.jit.inline
@@ -320,11 +337,9 @@ def qkv_proj_rope(
         inv = pl.rsqrt(pl.row_sum(a * a) / float(Lq) + eps, high_precision=True)
         g = pl.cast(gamma_cq_row[0:1, 0:Lq], pl.FP32, mode="none")
         y = pl.col_expand_mul(pl.row_expand_mul(a, inv), g)
-        amax = pl.maximum(pl.row_max(pl.abs(y)), INT8_AMAX_EPS)  # [TT, 1]
+        amax = int8_row_amax(y)  # [TT, 1]
         s = pl.div(pl.full([TT, 1], pl.FP32, INT8_SCALE_MAX), amax)
-        code = pl.cast(pl.row_expand_mul(y, s), pl.INT32, mode="rint")
-        code = pl.cast(pl.cast(code, pl.FP16, mode="round"), pl.INT8, mode="trunc")
-        code = pl.set_validshape(code, rows, Lq)
+        code = pl.set_validshape(int8_row_codes(y, s), rows, Lq)
         pl.assemble(qr, code, [t0, 0])
         pl.assemble(qr_i8_matmul, code, [t0, 0])
         pl.assemble(qr_scale, pl.set_validshape(pl.recip(s), rows, 1), [t0, 0])
