@@ -56,6 +56,7 @@ from pto.models.deepseek_v4.qkv_proj_rope import (
     quantize_per_row_int8,
     quantize_weight_per_column,
     rope_interleaved,
+    rotate_interleaved,
 )
 from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
 from pto.models.deepseek_v4.tiling import token_capacity
@@ -423,7 +424,7 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
             for hh in pl.range(HT):
                 g, hp = divmod(ht * HT + hh, HPG)
                 x = pl.reshape(pl.slice(x3, [ROPE_TOK_TILE, 1, R], [0, hh, 0]), [ROPE_TOK_TILE, R])
-                y = pl.add(pl.mul(x, cos), pl.mul(pl.gather(x, index=swap), sin))
+                y = rotate_interleaved(x, cos, sin, swap)
                 y = pl.set_validshape(pl.cast(y, pl.BF16, mode="rint"), rows, R)
                 pl.assemble(o_packed, y, [g * t + t0, hp * HD + N])
         rope_tid = rope_task.tid

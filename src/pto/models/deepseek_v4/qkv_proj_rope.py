@@ -62,6 +62,7 @@ __all__ = [
     "INT8_AMAX_EPS",
     "int8_row_amax",
     "int8_row_codes",
+    "rotate_interleaved",
     "TOLERANCES",
     "quantize_per_row_int8",
     "quantize_weight_per_column",
@@ -180,8 +181,15 @@ def _rope_tiles(cos_il, sin_signed, swap_idx, t0: int, tt: int, rows: int, r: in
             pl.slice(swap_idx, [tt, r], [t0, 0], valid_shape=[rows, r]))
 
 
-def _rotate(y, cos, sin, swap):
-    """Interleaved RoPE on ``y [tt, r]`` FP32: ``y*cos_il + y[j^1]*sign*sin_il``."""
+def rotate_interleaved(y, cos, sin, swap):
+    """Interleaved RoPE of the FP32 tile ``y [M, r]``: ``y*cos + y[:, j^1]*sin``, i.e. two
+    multiplies, one gather and one add, in that order.
+
+    ``cos [M, r]`` FP32 holds ``cos[j>>1]``, ``sin [M, r]`` FP32 the sign-folded
+    ``sign[j] * sin[j>>1]`` (``-1`` on even lanes rotates forward, as in qkv_proj_rope;
+    ``+1`` rotates back, as in prefill_sparse_attn), ``swap`` INT32 ``j^1`` (``[M, r]`` or
+    one ``[1, r]`` row). Returns ``[M, r]`` FP32.
+    """
     return y * cos + pl.gather(y, index=swap) * sin
 
 
@@ -372,7 +380,7 @@ def qkv_proj_rope(
             cos, sin, swap = _rope_tiles(q_rope_cos_il, q_rope_sin_signed, q_rope_swap_idx, t0, TT, rows, r)
             for h in pl.range(QH):
                 yr = pl.reshape(pl.slice(y, [TT, 1, r], [0, h, n]), [TT, r])
-                rot = pl.cast(_rotate(yr, cos, sin, swap), pl.BF16, mode="rint")
+                rot = pl.cast(rotate_interleaved(yr, cos, sin, swap), pl.BF16, mode="rint")
                 out = pl.assemble(out, pl.reshape(rot, [TT, 1, r]), [0, h, n])
             for i in pl.range(rows):  # one token row per store: its QH heads are contiguous in q
                 pl.assemble(q, pl.slice(out, [1, QH, hd], [i, 0, 0]), [t0 + i, h0, 0])
@@ -395,7 +403,7 @@ def qkv_proj_rope(
         g = pl.cast(gamma_ckv_row[0:1, 0:hd], pl.FP32, mode="none")
         y = pl.col_expand_mul(pl.row_expand_mul(a, inv), g)
         cos, sin, swap = _rope_tiles(q_rope_cos_il, q_rope_sin_signed, q_rope_swap_idx, t0, TT, rows, r)
-        rot = pl.cast(_rotate(pl.slice(y, [TT, r], [0, n]), cos, sin, swap), pl.BF16, mode="rint")
+        rot = pl.cast(rotate_interleaved(pl.slice(y, [TT, r], [0, n]), cos, sin, swap), pl.BF16, mode="rint")
         out = pl.assemble(pl.cast(y, pl.BF16, mode="rint"), rot, [0, n])
         pl.assemble(kv, pl.set_validshape(out, rows, hd), [t0, 0])
     return q, kv, qr, qr_scale
