@@ -114,3 +114,33 @@ def test_bad_input_is_one_error_line_and_exit_2(capsys, argv, message):
 def test_parse_options():
     assert cli.parse_options(["T=128", "flag=True", "name=abc", "xs=[1, 2]"]) == {
         "T": 128, "flag": True, "name": "abc", "xs": [1, 2]}
+
+
+def test_boolean_option_words_are_booleans():
+    assert cli.parse_options(["seed_scopes=false", "a=No", "b=on", "c=True", "name=x"]) == {
+        "seed_scopes": False, "a": False, "b": True, "c": True, "name": "x"}
+
+
+_BUGGY_KERNEL = '''
+import pto.language as pl
+
+@pl.jit
+def buggy(x: pl.Tensor[[8, 16], pl.FP32], y: pl.Out[pl.Tensor[[8, 16], pl.FP32]]):
+    with pl.at(name_hint="oops"):
+        y[0:8, 0:16] = x[0:8, 0:16] + undefined_name  # noqa: F821
+'''
+
+
+def test_a_failing_kernel_is_one_error_line_and_exit_1(capsys, tmp_path):
+    path = tmp_path / "buggy_kernel.py"
+    path.write_text(_BUGGY_KERNEL)
+    code, out, err = run_cli(capsys, "run", f"{path}:buggy")
+    assert code == 1
+    assert err.startswith("error: NameError") and "undefined_name" in err
+    assert "Traceback" not in out + err
+
+
+def test_bad_thread_count_is_bad_input(capsys, monkeypatch):
+    monkeypatch.setenv("PTO_THREADS", "99999")
+    code, _, err = run_cli(capsys, "run", "example_add")
+    assert code == 2 and "PTO_THREADS" in err

@@ -41,7 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 import pto
-from pto.errors import BindError, ConfigError, PtoError
+from pto.errors import ConfigError, PtoError
 from pto.golden import CaseRun, KernelCase, all_cases, get_case, load_examples, run_jit
 from pto.language.jit import JitFunction
 from pto.language.typing import OUT, DynVar, ScalarType, TensorType
@@ -87,6 +87,7 @@ def console() -> Console:
 
 def parse_options(items) -> dict:
     """``["T=128", "seed_scopes=True", "name=x"]`` -> ``{"T": 128, "seed_scopes": True, "name": "x"}``.
+    Values are Python literals; ``true/false/yes/no/on/off`` (any case) are booleans.
 
     Raises:
         ConfigError: an item without ``=``.
@@ -99,8 +100,12 @@ def parse_options(items) -> dict:
         try:
             out[key.strip()] = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
-            out[key.strip()] = raw
+            out[key.strip()] = _BOOL_WORDS.get(raw.strip().lower(), raw)
     return out
+
+
+# spellings of booleans that ast.literal_eval does not read (a bare string would be truthy)
+_BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 
 
 def _check_preset(preset: str) -> None:
@@ -149,13 +154,13 @@ def _synth_args(jf: JitFunction, dims: dict, scalars: dict) -> list:
         ann = anns.get(name)
         if isinstance(ann, TensorType):
             if ann.dims is None or ann.dtype is None:
-                raise BindError(f"kernel {jf.__name__}: parameter {name!r} is a bare pl.Tensor; "
+                raise ConfigError(f"kernel {jf.__name__}: parameter {name!r} is a bare pl.Tensor; "
                                 "cannot build an argument for it")
             shape = []
             for d in ann.dims:
                 if isinstance(d, DynVar):
                     if d.name not in dims:
-                        raise BindError(f"kernel {jf.__name__}: parameter {name!r} has dynamic dim {d.name}; "
+                        raise ConfigError(f"kernel {jf.__name__}: parameter {name!r} has dynamic dim {d.name}; "
                                         f"pass --dim {d.name}=<extent>")
                     shape.append(dims[d.name])
                 else:
@@ -172,10 +177,10 @@ def _synth_args(jf: JitFunction, dims: dict, scalars: dict) -> list:
             args.append(t)
         elif isinstance(ann, ScalarType):
             if name not in scalars:
-                raise BindError(f"kernel {jf.__name__}: scalar parameter {name!r}; pass --scalar {name}=<value>")
+                raise ConfigError(f"kernel {jf.__name__}: scalar parameter {name!r}; pass --scalar {name}=<value>")
             args.append(scalars[name])
         elif param.default is param.empty:
-            raise BindError(f"kernel {jf.__name__}: parameter {name!r} has no annotation and no default; "
+            raise ConfigError(f"kernel {jf.__name__}: parameter {name!r} has no annotation and no default; "
                             "wrap the kernel in a function that returns a CaseRun")
     return args
 
@@ -226,8 +231,8 @@ def resolve_target(spec: str, preset: str | None, mode: str | None, options: dic
     a zero-argument callable returning a ``CaseRun`` or a ``Program``.
 
     Raises:
-        ConfigError: unknown kernel, preset or mode; bad module or attribute.
-        BindError: arguments that cannot be built from the annotations.
+        ConfigError: unknown kernel, preset or mode; bad module or attribute;
+            arguments that cannot be built from the annotations.
     """
     preset = preset or DEFAULT_PRESET
     if ":" not in spec:
@@ -437,7 +442,7 @@ def _cmd_check(args) -> int:
                       highlight=False, markup=False)
             return 0
         prog = target.run_program(check=True)
-    except (BindError, ConfigError):
+    except ConfigError:
         raise
     except PtoError as e:
         con.print(f"FAIL {title}: {type(e).__name__}: {e}", highlight=False, markup=False)
@@ -560,20 +565,27 @@ def _set_threads() -> None:
     10x slower and erratic, so one thread is the stable default.
 
     Raises:
-        ConfigError: a non-positive or non-integer ``PTO_THREADS``.
+        ConfigError: a ``PTO_THREADS`` that is not an integer from 1 to 4 x cores.
     """
     raw = os.environ.get("PTO_THREADS", "1")
     try:
         n = int(raw)
     except ValueError:
         n = 0
-    if n < 1:
-        raise ConfigError(f"PTO_THREADS must be a positive integer, got {raw!r}")
+    limit = 4 * (os.cpu_count() or 1)
+    if not 1 <= n <= limit:
+        raise ConfigError(f"PTO_THREADS must be an integer from 1 to {limit} (4 x cores), got {raw!r}")
     torch.set_num_threads(n)
 
 
 def main(argv=None) -> int:
-    """Console-script entry: parse, dispatch, map PtoError to a one-line ``error:`` and exit code 2."""
+    """Console-script entry: parse and dispatch.
+
+    Exit codes: 0 success; 1 the kernel failed (a golden mismatch, or any
+    error raised while it ran, printed as one ``error:`` line; ``PTO_DEBUG=1``
+    shows the traceback); 2 bad command-line input (unknown kernel, preset,
+    mode or option: a ConfigError); 130 interrupted.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "_handler", None) is None:
@@ -582,11 +594,18 @@ def main(argv=None) -> int:
     try:
         _set_threads()
         return int(args._handler(args) or 0)
-    except PtoError as e:
+    except ConfigError as e:
         print(f"error: {_first_line(e, 400)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # noqa: BLE001 - kernel code: one line, not a traceback
+        if os.environ.get("PTO_DEBUG"):
+            raise
+        kind = "" if isinstance(e, PtoError) else f"{type(e).__name__} (a bug in the kernel or in pto): "
+        print(f"error: {kind}{type(e).__name__ + ': ' if isinstance(e, PtoError) else ''}"
+              f"{_first_line(e, 400)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
