@@ -234,3 +234,24 @@ def test_stable_inline_signature_with_seed_scopes():
     assert "prefill_swa_empty_cmp_meta" in [t.name for t in prog.graph.tasks]
     ref_kv, ref_x, _ = _kernel(d)
     assert torch.equal(kv, ref_kv) and torch.equal(x_out, ref_x)
+
+
+# ---- bad metadata is a BindError, not a silently clamped or wrapped answer ----
+
+@pytest.mark.parametrize("num_tokens", [-1, 17, 10**6])
+def test_num_tokens_outside_the_chunk_is_a_bind_error(num_tokens):
+    d = make_swa_inputs(TINY, 16, 0, 16, seed=3)
+    d["num_tokens"] = num_tokens
+    with pytest.raises(BindError, match="num_tokens"):
+        _kernel(d)
+    with pytest.raises(BindError, match="num_tokens"):
+        golden_prefill_attention_swa(d, TINY)
+
+
+def test_block_table_entry_outside_the_cache_is_a_bind_error():
+    d = make_swa_inputs(TINY, 16, 0, 16, seed=3)
+    d["block_table"][0] = 2 ** 28 + 1  # times block_size, wraps INT32 into page 1
+    with pytest.raises(BindError, match="not a page"):
+        _kernel(d)
+    with pytest.raises(BindError, match="not a page"):
+        build_window_indices(d["position_ids"], 16, d["block_table"], TINY)

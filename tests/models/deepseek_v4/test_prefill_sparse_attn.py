@@ -186,3 +186,11 @@ def test_stable_inline_signature():
     entry(*(d[n] for n in ARGS), out)
     ref, _ = _kernel(d, check=False)
     assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("num_tokens", [-1, 17])
+def test_num_tokens_outside_the_chunk_is_a_bind_error(num_tokens):
+    d = make_sparse_attn_inputs(TINY, 16, 16, seed=5)
+    d["num_tokens"] = num_tokens
+    with pytest.raises(BindError, match="num_tokens"):
+        _kernel(d)

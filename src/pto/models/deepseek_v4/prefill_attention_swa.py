@@ -37,7 +37,7 @@ from pto.models.deepseek_v4.qkv_proj_rope import (golden_qkv_proj_rope, material
                                                   quantize_weight_per_column)
 from pto.models.deepseek_v4.rms_norm import golden_rms_norm, rms_norm
 from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
-from pto.models.deepseek_v4.tiling import token_capacity
+from pto.models.deepseek_v4.tiling import check_num_tokens, token_capacity
 
 __all__ = [
     "prefill_attention_swa_kernels",
@@ -63,11 +63,16 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {
 T_DYN = pl.dynamic("T")
 
 
-def _lower_window(t: int, pos, W: int, BS: int, n_blocks: int, block_table):
+def _lower_window(t: int, pos, W: int, BS: int, n_blocks: int, block_table, n_pages: int):
     """``[1, W]`` INT32 window row of the token at ``pos``: keys ``pos+1-valid .. pos`` with
     ``valid = min(W, pos + 1)`` in columns ``0 .. valid-1``, each key ``k`` lowered to
     ``block_table[k // BS] * BS + k % BS`` one page segment at a time (``pl.arange``); a
-    negative table entry and the remaining columns stay ``-1`` (A.3 step 5)."""
+    negative table entry and the remaining columns stay ``-1`` (A.3 step 5).
+
+    Raises:
+        BindError: a negative position, a position past the block table, or a table entry
+            naming a page outside the ``n_pages`` of the cache.
+    """
     if pos < 0:
         raise BindError(f"prefill_attention_swa: position_ids[{t}] = {pos} is negative")
     valid = min(W, pos + 1)
@@ -81,6 +86,9 @@ def _lower_window(t: int, pos, W: int, BS: int, n_blocks: int, block_table):
         off = key % BS
         seg = min(BS - off, valid - col)
         phys = pl.read(block_table, [key // BS])
+        if phys >= n_pages:
+            raise BindError(f"prefill_attention_swa: block_table[{key // BS}] = {phys} is not a page of the "
+                            f"{n_pages}-page kv cache (position_ids[{t}] = {pos})")
         if phys >= 0:
             row = pl.assemble(row, pl.arange(phys * BS + off, [1, seg], dtype=pl.INT32), [0, col])
         key, col = key + seg, col + seg
@@ -139,7 +147,7 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
         """``at "prefill_swa_cache_write"``: ``kv[t]`` to flat cache row ``ori_slot_mapping[t]``
         for ``t < num_tokens`` (``-1`` skips; a run of consecutive slots is one copy; a repeated
         slot keeps the later token). Returns the task id."""
-        active = pl.min(pl.max(num_tokens, 0), pl.tensor.dim(kv, 0))
+        active = check_num_tokens("prefill_attention_swa", num_tokens, pl.tensor.dim(kv, 0))
         cache_flat = pl.reshape(kv_cache, [P * BS, HD])
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_cache_write") as tid:
             tok = 0
@@ -163,11 +171,11 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
         ``block_table``, ``-1`` elsewhere; rows ``>= num_tokens`` are all ``-1``. Returns the
         task id."""
         t = pl.tensor.dim(position_ids, 0)
-        active = pl.min(pl.max(num_tokens, 0), t)
+        active = check_num_tokens("prefill_attention_swa", num_tokens, t)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_window_indices") as tid:
             for tok in pl.range(t):
                 if tok < active:
-                    row = _lower_window(tok, pl.read(position_ids, [tok]), W, BS, NBLK, block_table)
+                    row = _lower_window(tok, pl.read(position_ids, [tok]), W, BS, NBLK, block_table, P)
                 else:
                     row = pl.full([1, W], pl.INT32, -1)
                 pl.assemble(swa_indices, row, [tok, 0])
@@ -207,7 +215,7 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
                               num_tokens: pl.Scalar[pl.INT32]):
         """Ratio-0 prefill attention sub-layer (A.3); returns ``(kv_cache, x_out)``."""
         t = pl.tensor.dim(x_hc, 0)
-        active = pl.min(pl.max(num_tokens, 0), t)
+        active = check_num_tokens("prefill_attention_swa", num_tokens, t)
         x_mixed = pl.create_tensor([t, D], pl.BF16, capacity=cap)
         post = pl.create_tensor([t, HC], pl.FP32, capacity=cap)
         comb = pl.create_tensor([t, HC * HC], pl.FP32, capacity=cap)
@@ -328,8 +336,9 @@ def build_window_indices(
         ``[T, W]`` INT32 physical rows, ``-1`` invalid.
 
     Raises:
-        BindError: bad ranks, ``num_tokens`` out of range, a negative position, or a key
-            whose page index is past the end of ``block_table``.
+        BindError: bad ranks, ``num_tokens`` out of range, a negative position, a key
+            whose page index is past the end of ``block_table``, or a table entry that is not
+            a page of the ``cfg.ori_kv_block_num``-page cache.
     """
     fn = "build_window_indices"
     if positions.dim() != 1 or positions.is_floating_point():
@@ -357,6 +366,10 @@ def build_window_indices(
     in_window = col[None, :] < valid[:, None]
     keys = torch.where(in_window, keys, torch.zeros_like(keys))
     phys = block_table.long()[keys // bs]
+    bad = in_window & (phys >= cfg.ori_kv_block_num)
+    if bool(bad.any()):
+        raise BindError(f"{fn}: block_table entry {int(phys[bad].max())} is not a page of the "
+                        f"{cfg.ori_kv_block_num}-page kv cache")
     rows = torch.where(phys >= 0, phys * bs + keys % bs, torch.full_like(keys, -1))
     out[:nt] = torch.where(in_window, rows, torch.full_like(rows, -1)).to(torch.int32)
     return out

@@ -59,7 +59,7 @@ from pto.models.deepseek_v4.qkv_proj_rope import (
     rotate_interleaved,
 )
 from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
-from pto.models.deepseek_v4.tiling import token_capacity
+from pto.models.deepseek_v4.tiling import check_num_tokens, token_capacity
 
 __all__ = [
     "SparseAttnTiling",
@@ -277,7 +277,7 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                             attn_out: pl.Out[pl.Tensor[[T_DYN, D], pl.BF16]]):
         """Sparse attention with sink, inverse RoPE and the grouped INT8 o-projection (B.4)."""
         t = pl.tensor.dim(q, 0)
-        active = pl.min(pl.max(num_tokens, 0), t)
+        active = check_num_tokens("prefill_sparse_attn", num_tokens, t)
         ori_flat = pl.reshape(ori_kv, [P * BS, HD])
         cmp_flat = pl.reshape(cmp_kv, [CP * BS, HD])
         sink_col = pl.reshape(attn_sink, [H, 1])

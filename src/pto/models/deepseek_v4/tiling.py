@@ -54,6 +54,18 @@ def check_seed_capacity(kernel: str, tensor: str, t_pad: int, t: int, cap: int) 
                             f"(T={t} rounded up to {MATMUL_M_TILE}), above its static capacity {cap}")
 
 
+def check_num_tokens(kernel: str, num_tokens, t: int) -> int:
+    """The active prefix ``num_tokens`` of a ``t``-token chunk, checked (a plain int).
+
+    Raises:
+        BindError: ``num_tokens`` outside ``[0, t]``, naming the kernel.
+    """
+    n = int(num_tokens)
+    if not 0 <= n <= t:
+        raise BindError(f"{kernel}: num_tokens={n} outside [0, T={t}]")
+    return n
+
+
 def mode_tokens(preset: str, mode: str, T: int | None = None) -> tuple[DeepSeekV4Config, int]:
     """``(cfg, T)`` of a KernelCase build: ``decode`` = ``decode_batch * decode_seq`` tokens
     (flash: 4 x 2 = 8), ``prefill`` = ``prefill_seq`` (128); an explicit ``T`` wins.
