@@ -13,12 +13,13 @@ from __future__ import annotations
 import gc
 import linecache
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from pto.errors import BindError, CapacityError, ConfigError, DslError
+from pto.errors import BindError, CapacityError, ConfigError, DslError, PtoError
 from pto.language import _ctx
 from pto.language.jit import bind_arguments
 from pto.language.tensor_ops import GMTensor
@@ -148,6 +149,11 @@ class Program:
         self._drop_init = frozenset(self.config.drop_init) | active_drop_init()
         self.orch_reads = 0
         self._t0 = 0
+        # a task scope left early (break/return/exception): the DslError message, raised at the
+        # next runtime interaction or at program end (see end_task); its cause (a race found in
+        # the blocks that ran), if any
+        self.left_early: str | None = None
+        self._left_early_cause: BaseException | None = None
 
     # ---- run -----------------------------------------------------------------
     def execute(self, args, kwargs) -> "Program":
@@ -177,6 +183,8 @@ class Program:
         try:
             ret = self.jf.fn(*values)
             if self.cur_task is not None:
+                if self.left_early is not None:
+                    self.raise_left_early()
                 raise DslError(f"program {self.name} ended inside task {self.cur_task.name!r}")
             if self.check:
                 from pto.runtime.sanitizer import check_outputs
@@ -264,6 +272,8 @@ class Program:
     # ---- allocation ------------------------------------------------------------
     def new_tensor(self, shape, dtype, init_value, capacity, manual_dep, name, frame) -> GMTensor:
         """Allocate a scratch tensor (see ``pl.create_tensor``)."""
+        if self.left_early is not None:
+            self.raise_left_early()
         site = _site(frame)
         name = name or _lhs_name(frame) or f"tensor@{site.rsplit(':', 1)[-1]}"
         for d, s in enumerate(shape):
@@ -321,6 +331,8 @@ class Program:
     def begin_task(self, name: str, n_blocks: int, deps, frame, first_block: bool = False) -> Task:
         """Open a task (called by pl.spmd / pl.at); ``first_block``: also begin block 0."""
         if self.cur_task is not None or _ctx.state.block is not None:
+            if self.left_early is not None:
+                self.raise_left_early()
             raise DslError(f"task {name!r} at {_site(frame)} opened inside task "
                            f"{self.cur_task.name if self.cur_task else '?'!r}; task scopes cannot nest")
         tid = len(self.graph.tasks)
@@ -354,11 +366,16 @@ class Program:
         """A syncall barrier inside ``task`` (phases are recorded on blocks)."""
 
     def end_task(self, task: Task, ok: bool) -> None:
-        """Close a task: derive its edges, run the race checker in check mode."""
+        """Close a task: derive its edges, run the race checker in check mode.
+
+        ``ok`` False: the task scope was left early (break, return or an exception inside it);
+        see :meth:`_end_task_early`. Never raises in that case.
+        """
         task.wall_ns = _now_ns() - task.t0
         self.cur_task = None
         _ctx.state.block = None
         if not ok:
+            self._end_task_early(task)
             return
         blocks = task.blocks
         if len(blocks) == 1:
@@ -404,6 +421,39 @@ class Program:
         task.grouped = grouped  # footprints and buffer ids are built from it on first access
         self._close_task(task, self.deps.derive(task.id, grouped, task.manual) if grouped else set())
 
+    def _end_task_early(self, task: Task) -> None:
+        """Close a task whose scope was left early, on this abnormal path only (the normal path
+        pays nothing for it): its edges are derived from the footprints of the blocks that did
+        run and, in check mode, they are race-checked, so the graph never silently lacks them.
+        The program cannot go on with a partly run task: a DslError naming the task, where it
+        was left and how many blocks had started is kept in ``left_early`` and raised at the next
+        task, allocation, join node or orchestration read, or at program end. ``cur_task`` stays
+        set, so ``begin_task`` finds it on its existing nesting check. Nothing is raised here: an
+        exception already leaving the task scope (and maybe the program) stays the one the
+        caller sees; a race found in the recorded blocks becomes part of the message."""
+        started = len({b.idx for b in task.blocks})
+        where = f" in block {task.blocks[-1].idx}" if task.blocks else ""
+        msg = (f"left task {task.name!r} (opened at {task.site}) early at {_exit_site()}{where}, after "
+               f"{started} of {task.n_blocks} blocks had started (break, return or an exception inside the "
+               f"task scope); a task scope must run all its blocks to the end: keep break and return out of it "
+               f"and handle exceptions inside the block body")
+        cause = None
+        try:
+            self.end_task(task, True)  # derive edges, race-check the footprints that were recorded
+        except PtoError as e:
+            cause = e
+            msg += f"; the blocks that ran also fail the check: {e}"
+        self.cur_task = task
+        if self.left_early is None:
+            self.left_early, self._left_early_cause = msg, cause
+
+    def raise_left_early(self) -> None:
+        """Raise the DslError of a task scope left early (see :meth:`_end_task_early`)."""
+        err = DslError(self.left_early)
+        if self._left_early_cause is not None:
+            raise err from self._left_early_cause
+        raise err
+
     def _close_task(self, task: Task, preds: set) -> None:
         """Set ``task.preds`` to the derived ``preds`` plus its explicit deps; then run the race
         checker (check mode) or drop the blocks' raw footprints (unless ``keep_footprints``)."""
@@ -418,6 +468,8 @@ class Program:
 
     def add_dummy(self, deps, frame) -> int:
         """A join node (``pl.system.task_dummy``); returns its id."""
+        if self.left_early is not None:
+            self.raise_left_early()
         tid = len(self.graph.tasks)
         for d in deps:
             if not 0 <= d < tid:
@@ -432,6 +484,8 @@ class Program:
     # ---- check mode hooks ------------------------------------------------------
     def orchestration_read(self, buf: Buffer, box) -> None:
         """An orchestration-level ``pl.read`` (blocks until the producer is done)."""
+        if self.left_early is not None:
+            self.raise_left_early()
         self.orch_reads += 1
 
     def consume_undefined(self, mask: torch.Tensor, blk: Block | None, how: str = "load") -> torch.Tensor:
@@ -451,6 +505,33 @@ class Program:
     def footprints(self, task: Task) -> list[Footprint]:
         """The coalesced footprints of ``task`` as Footprint records."""
         return [Footprint(buf.name, buf.id, KIND_NAMES[k], box) for buf, k, box in task.footprints]
+
+
+def _exit_site() -> str:
+    """``file:line`` where a task scope is being left early: the innermost kernel-source frame
+    of the exception leaving it (also when it closes the scope's generator), else the
+    kernel-source line running now (a ``break`` or ``return``)."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, GeneratorExit):
+        exc = exc.__context__
+    site = None
+    tb = getattr(exc, "__traceback__", None)
+    while tb is not None:
+        if not _in_pto(tb.tb_frame):
+            site = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    if site is None:
+        f = sys._getframe(1)
+        while f is not None and _in_pto(f):
+            f = f.f_back
+        site = f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "<unknown>"
+    return site
+
+
+def _in_pto(frame) -> bool:
+    """The frame runs pto's language or runtime code (not kernel source)."""
+    fname = frame.f_code.co_filename.replace("\\", "/")
+    return "/pto/language/" in fname or "/pto/runtime/" in fname
 
 
 def _poison(data: torch.Tensor) -> None:
