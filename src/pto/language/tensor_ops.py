@@ -433,7 +433,10 @@ def _read_elem(t: GMTensor, idx):
     blk = _ctx.state.block
     box = t.box(idx, [i + 1 for i in idx])
     if blk is not None:
-        if not buf.untracked:
+        # manual_dep tensors too, as for a tile load: derivation skips them, the race checker needs them
+        if type(box) is list:
+            blk.fp.extend((buf, b, R) for b in box)
+        elif box is not None:
             blk.fp.append((buf, box, R))
         blk.bytes += t.data.element_size()
     else:
