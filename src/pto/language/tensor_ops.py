@@ -22,7 +22,7 @@ import torch
 from pto.errors import DslError
 from pto.language import _ctx
 from pto.language.dtypes import as_dtype
-from pto.language.tile_ops import PadValue, Tile, _pad_scalar, tile_assemble, tile_reshape, tile_slice
+from pto.language.tile_ops import PadValue, Tile, _pad_scalar, tile_assemble, tile_key, tile_reshape, tile_slice
 from pto.language.typing import ScalarValue, concrete
 
 __all__ = ["GMTensor", "AtomicType", "create_tensor", "slice", "reshape", "assemble", "read",
@@ -277,10 +277,13 @@ class GMTensor:
         if list(value.shape) != shape:
             if value.valid is not None and list(value.valid) == shape:
                 pass  # a padded tile whose valid region is the window: the store writes that region
-            elif math.prod(value.shape) != math.prod(shape) or value.valid is not None:
+            elif ([s for s in value.shape if s != 1] != [s for s in shape if s != 1]
+                  or value.valid is not None):
+                # only unit dims may differ (x[i, :] = row tile): anything else would be a silent reshape
                 raise DslError(f"{self.name}: tile of shape {list(value.shape)}"
                                f"{'' if value.valid is None else f' (valid {list(value.valid)})'} "
-                               f"assigned to window {shape}{_where()}")
+                               f"assigned to window {shape}: the shapes differ beyond unit dims "
+                               f"(pl.reshape the tile first if that is meant){_where()}")
             else:
                 value = Tile(value.data.reshape(shape), None if value.mask is None else value.mask.reshape(shape))
         _store(self, starts, value, None)
@@ -589,7 +592,7 @@ def read(src, idx):
     if not isinstance(idx, (list, tuple)):
         idx = [idx]
     if isinstance(src, Tile):
-        key = tuple(_idx(i, "an index") for i in idx)
+        key = _tile_element("read", src, idx)
         v = src.data[key].item()
         if src.mask is not None:
             tag = int(src.mask[key])
@@ -616,6 +619,13 @@ def _check_element_index(op: str, t: GMTensor, idx: list) -> None:
                            f"(extent {t.data.shape[d]}){_where()}")
 
 
+def _tile_element(op: str, t: Tile, idx) -> tuple:
+    """The key of one tile element: one in-bounds int per dim (DslError otherwise, naming ``pl.<op>``)."""
+    if len(idx) != t.data.dim():
+        raise DslError(f"pl.{op}: {len(idx)} indices for a tile of rank {t.data.dim()} {list(t.shape)}{_where()}")
+    return tile_key(t.data.shape, tuple(idx), f"pl.{op}")
+
+
 def write(dst, idx, value):
     """Scalar element store into a GM tensor (inside a task) or a tile.
 
@@ -629,7 +639,8 @@ def write(dst, idx, value):
     oid = value.oid if undefined else 0
     v = value.value if isinstance(value, ScalarValue) else value
     if isinstance(dst, Tile):
-        dst.data[tuple(idx)] = v
+        idx = _tile_element("write", dst, idx)
+        dst.data[idx] = v
         if dst.mask is not None or undefined:
             dst.own_mask()[tuple(idx)] = oid
         return dst

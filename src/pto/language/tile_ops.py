@@ -29,6 +29,7 @@ accept, naming the op and the offending operand.
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
@@ -126,10 +127,18 @@ class Tile:
     def __neg__(self): return neg(self)
 
     def __getitem__(self, key):
+        """A sub-tile (slices) or element tile (ints drop their dims, torch semantics).
+
+        Raises:
+            DslError: an index or slice bound outside the tile (negative ones included),
+                a strided slice, more indices than dims, or an unsupported index kind.
+        """
+        key = tile_key(self.data.shape, key, "tile subscript")
         data = self.data[key]
         return Tile(data, None if self.mask is None else self.mask[key])
 
     def __setitem__(self, key, value):
+        key = tile_key(self.data.shape, key, "tile subscript assign")
         if isinstance(value, ScalarValue):
             self.data[key] = value.value
             if self.mask is not None or not value.defined:
@@ -146,6 +155,58 @@ class Tile:
             self.data[key] = v
             if self.mask is not None:
                 self.own_mask()[key] = 0
+
+
+def tile_key(shape, key, op: str) -> tuple:
+    """Check a tile subscript ``key`` against the tile ``shape`` and return it as a tuple of
+    ints and unit-step slices with explicit bounds (an ``...`` expands to full slices).
+
+    Tile subscripts follow the GM subscript rules: every index and slice bound must lie inside
+    the tile (no negative indices, no clamping of a slice past the end), steps other than 1
+    are not supported.
+
+    Raises:
+        DslError: naming ``op``, the dim, the bound and the tile shape.
+    """
+    if type(key) is not tuple:
+        key = (key,)
+    if any(k is Ellipsis for k in key):
+        at = [i for i, k in enumerate(key) if k is Ellipsis]
+        if len(at) > 1:
+            raise DslError(f"{op}: more than one '...' in the index")
+        i = at[0]
+        key = key[:i] + (slice(None),) * (len(shape) - len(key) + 1) + key[i + 1:]
+    if len(key) > len(shape):
+        raise DslError(f"{op}: {len(key)} indices for a rank-{len(shape)} tile {list(shape)}")
+    out = []
+    for d, k in enumerate(key):
+        n = shape[d]
+        if type(k) is slice:
+            if k.step is not None and _index(k.step, op, d, "a slice step") != 1:
+                raise DslError(f"{op}: strided slices are not supported (dim {d} of tile {list(shape)})")
+            a = 0 if k.start is None else _index(k.start, op, d, "a slice start")
+            b = n if k.stop is None else _index(k.stop, op, d, "a slice stop")
+            if not 0 <= a <= b <= n:
+                raise DslError(f"{op}: window [{a}, {b}) out of bounds of dim {d} (extent {n}) "
+                               f"of tile {list(shape)}")
+            out.append(slice(a, b))
+        else:
+            i = _index(k, op, d, "an index")
+            if not 0 <= i < n:
+                raise DslError(f"{op}: index {i} out of bounds of dim {d} (extent {n}) of tile {list(shape)}")
+            out.append(i)
+    return tuple(out)
+
+
+def _index(v, op: str, d: int, what: str) -> int:
+    """An int index or bound (anything with ``__index__``: a defined ScalarValue, a numpy or 0-dim
+    torch integer); DslError for a float, a bool or anything else."""
+    if not isinstance(v, bool):
+        try:
+            return operator.index(v)
+        except TypeError:
+            pass
+    raise DslError(f"{op}: {what} of dim {d} must be an int, got {v!r}")
 
 
 def _as_tile(x, op: str) -> Tile:
