@@ -14,13 +14,16 @@ from pto.errors import DslError
 
 
 class _State:
-    __slots__ = ("program", "block", "program_factory", "check")
+    __slots__ = ("program", "block", "program_factory", "check", "syncalls")
 
     def __init__(self):
         self.program = None
         self.block = None
         self.program_factory = None  # installed by pto.runtime
         self.check = False  # definedness tracking on for the running program
+        # syncall() calls in the running step of a phased (generator) spmd body; None when the
+        # running block is not such a step (syncall() is then an error, see pl.system.syncall)
+        self.syncalls = None
 
 
 state = _State()

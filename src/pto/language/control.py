@@ -138,20 +138,27 @@ def _run_phased(prog, task, body, n):
         prog.begin_block(task, b, phase)
         gens.append(body(b))
         prog.end_block()
+    st = _ctx.state
     while live:
         nxt = []
         for b in live:
             prog.begin_block(task, b, phase)
+            st.syncalls = 0
             try:
                 marker = next(gens[b])
             except StopIteration:
                 marker = None
             finally:
+                calls, st.syncalls = st.syncalls, None
                 prog.end_block()
+            if marker is not None and marker is not _SYNCALL:
+                raise DslError(f"spmd body of {task.name!r} yielded {marker!r}; only "
+                               "`yield pl.system.syncall()` is allowed")
+            if calls != (marker is not None):
+                raise DslError(f"task {task.name!r} block {b}: pl.system.syncall() was called without `yield` "
+                               f"in phase {phase}, so it would not be a barrier; write "
+                               "`yield pl.system.syncall()`")
             if marker is not None:
-                if marker is not _SYNCALL:
-                    raise DslError(f"spmd body of {task.name!r} yielded {marker!r}; only "
-                                   "`yield pl.system.syncall()` is allowed")
                 nxt.append(b)
         if nxt and len(nxt) != len(live):
             raise DslError(f"task {task.name!r}: blocks reached a different number of syncall barriers")

@@ -34,11 +34,26 @@ def syncall(core_type: str = "mix", mode: str = "hard"):
     ``yield pl.system.syncall()`` in a generator body run with the decorator
     form ``@pl.spmd(n)``.
 
+    On the CPU the barrier is the phased run of such a body (every block runs up to its
+    ``yield`` before any block goes on), so the call is only meaningful there.
+
     Raises:
-        DslError: outside a task block.
+        DslError: outside a task block, or in a block that is not a step of a generator body
+            run by the decorator form (a ``for b in pl.spmd(n)`` loop, ``pl.at``, a plain
+            function body), where it could not be a barrier.
     """
-    if _ctx.state.block is None:
+    st = _ctx.state
+    blk = st.block
+    if blk is None:
         raise DslError("pl.system.syncall must be used inside an spmd block body")
+    if st.syncalls is None:
+        f = _ctx.user_frame()
+        site = f" at {f.f_code.co_filename}:{f.f_lineno}" if f is not None else ""
+        raise DslError(f"pl.system.syncall(){site} (task {blk.task.name!r} block {blk.idx}) is not a barrier here: "
+                       "it only works as `yield pl.system.syncall()` inside a generator body run with the "
+                       "decorator form `@pl.spmd(n)` over `def body(b): ...`, where every block runs up to the "
+                       "yield before any block goes on")
+    st.syncalls += 1
     return _SYNCALL
 
 
