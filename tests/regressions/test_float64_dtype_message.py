@@ -1,5 +1,6 @@
 """Binding a float64 tensor to an FP32 parameter said "dtype pl.FP32 does not
-match annotation pl.FP32" (float64 is read as FP32 math elsewhere)."""
+match annotation pl.FP32" (float64 was then mapped to FP32; it now has no pto dtype at all,
+see test_float64_silently_treated_as_fp32.py)."""
 
 import pytest
 import torch

@@ -14,7 +14,7 @@ from pto.errors import DslError
 
 __all__ = [
     "DType", "BF16", "FP16", "FP32", "INT8", "INT16", "INT32", "INT64", "UINT8",
-    "UINT32", "BOOL", "INDEX", "TASK_ID", "from_torch", "to_torch", "ALL_DTYPES",
+    "UINT32", "BOOL", "INDEX", "TASK_ID", "from_torch", "to_torch", "ALL_DTYPES", "no_pto_dtype",
 ]
 
 
@@ -69,7 +69,6 @@ ALL_DTYPES = (BF16, FP16, FP32, INT8, INT16, INT32, INT64, UINT8, UINT32, BOOL, 
 _BY_NAME = {d.name: d for d in ALL_DTYPES}
 # canonical DSL dtype per torch dtype (INDEX / TASK_ID alias INT64)
 _FROM_TORCH = {d.torch: d for d in (BF16, FP16, FP32, INT8, INT16, INT32, INT64, UINT8, UINT32, BOOL)}
-_FROM_TORCH[torch.float64] = FP32  # float64 never appears in kernels; treated as FP32 math
 
 
 def _by_name(name: str) -> DType:
@@ -80,12 +79,19 @@ def from_torch(tdtype: torch.dtype) -> DType:
     """The DSL dtype stored as ``tdtype``.
 
     Raises:
-        DslError: for a torch dtype with no DSL counterpart (e.g. complex64).
+        DslError: for a torch dtype with no DSL counterpart (float64, complex64, ...).
     """
     try:
         return _FROM_TORCH[tdtype]
     except KeyError:
-        raise DslError(f"torch dtype {tdtype} has no pto dtype") from None
+        raise DslError(no_pto_dtype(tdtype)) from None
+
+
+def no_pto_dtype(tdtype) -> str:
+    """The message for a torch dtype with no DSL counterpart (with a hint for float64)."""
+    if tdtype == torch.float64:
+        return "float64 (torch.float64) has no pto dtype; use pl.FP32 (convert the tensor with .float())"
+    return f"dtype {tdtype} has no pto dtype"
 
 
 def to_torch(dtype) -> torch.dtype:

@@ -21,7 +21,7 @@ import torch
 
 from pto.errors import BindError, DslError
 from pto.language import _ctx
-from pto.language.dtypes import from_torch
+from pto.language.dtypes import from_torch, no_pto_dtype
 from pto.language.typing import IN, DynVar, ScalarType, ScalarValue, Tensor, TensorType
 
 __all__ = ["jit", "JitFunction", "bind_arguments", "Param"]
@@ -107,7 +107,7 @@ def _check_tensor(kernel: str, name: str, ann: TensorType, shape, dtype, dyn: di
         try:
             from_torch(dtype)
         except DslError:
-            raise BindError(f"kernel {kernel}: parameter {name!r}: dtype {dtype} has no pto dtype") from None
+            raise BindError(f"kernel {kernel}: parameter {name!r}: {no_pto_dtype(dtype)}") from None
     elif dtype != ann.dtype.torch:
         raise BindError(f"kernel {kernel}: parameter {name!r}: dtype {_dtype_name(dtype)} does not match "
                         f"annotation {ann.dtype}")

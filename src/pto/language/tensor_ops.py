@@ -481,7 +481,7 @@ def create_tensor(shape, dtype, init_value=None, capacity=None, manual_dep: bool
         GMTensor: the new tensor.
 
     Raises:
-        DslError: called inside a task, or a negative dim.
+        DslError: called inside a task, a negative dim, or a dtype with no pto dtype (float64).
         BindError: an ``init_value`` not representable in ``dtype``.
         CapacityError: a dim above its declared capacity.
         HeapExhaustedError: the ring heap cannot hold the tensor.
@@ -490,7 +490,11 @@ def create_tensor(shape, dtype, init_value=None, capacity=None, manual_dep: bool
     if _ctx.state.block is not None:
         raise DslError(f"pl.create_tensor is orchestration-only; it was called inside a task{_where()}")
     f = _ctx.user_frame()
-    return prog.new_tensor([_idx(s, "a tensor dim") for s in shape], as_dtype(dtype), init_value, capacity,
+    try:
+        dt = as_dtype(dtype)
+    except DslError as e:
+        raise DslError(f"pl.create_tensor: {e}{_where()}") from None
+    return prog.new_tensor([_idx(s, "a tensor dim") for s in shape], dt, init_value, capacity,
                            manual_dep, name, f)
 
 

@@ -213,6 +213,7 @@ def _as_tile(x, op: str) -> Tile:
     if isinstance(x, Tile):
         return x
     if isinstance(x, torch.Tensor):
+        from_torch(x.dtype)  # DslError for a dtype with no pto dtype (float64)
         return Tile(x)
     raise DslError(f"{op}: expected a tile, got {type(x).__name__}")
 
@@ -255,7 +256,7 @@ def _binary(op: str, a, b, fn):
         else:
             a = _as_tile(a, op)
     if isinstance(b, torch.Tensor):
-        b = Tile(b)
+        b = _as_tile(b, op)
     if isinstance(b, Tile):
         if a.data.dtype != b.data.dtype:
             raise DslError(f"pl.{op}: dtype mismatch {a.dtype} vs {b.dtype} (no implicit promotion; use pl.cast)")
