@@ -67,12 +67,20 @@ def _file_names(directory: str):
 
 
 def save_golden_data(directory: str, inputs: dict, golden: dict) -> None:
-    """Write inputs (tensors and 0-dim scalars) and golden outputs as safetensors."""
+    """Write inputs (tensors and 0-dim scalars) and golden outputs as safetensors.
+
+    Raises:
+        GoldenDataError: ``directory`` cannot be created or written (e.g. it is a file).
+    """
     from safetensors.torch import save_file
-    os.makedirs(directory, exist_ok=True)
     fin, fout = _file_names(directory)
-    save_file({k: v.contiguous() for k, v in inputs.items()}, fin)
-    save_file({k: v.contiguous() for k, v in golden.items()}, fout)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in inputs.items()}, fin)
+        save_file({k: v.contiguous() for k, v in golden.items()}, fout)
+    except OSError as e:
+        raise GoldenDataError(f"save_data {directory!r}: cannot write the golden data there "
+                              f"({type(e).__name__}: {e})") from None
 
 
 def load_golden_data(directory: str, specs) -> tuple[dict, dict]:

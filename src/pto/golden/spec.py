@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,9 @@ class TensorSpec:
             callable taking no arguments.
         is_output: validate this tensor after the run. With ``init_value``
             None it is a pure output; otherwise an in/out state tensor.
+
+    Raises:
+        BindError: a dim that is not a non-negative int.
     """
 
     name: str
@@ -39,7 +43,17 @@ class TensorSpec:
 
     def __post_init__(self):
         self.dtype = to_torch(self.dtype)
-        self.shape = [int(s) for s in self.shape]
+        shape = []
+        for d, s in enumerate(self.shape):
+            try:
+                n = operator.index(s) if not isinstance(s, bool) else None
+            except TypeError:
+                n = None
+            if n is None or n < 0:
+                raise BindError(f"TensorSpec {self.name!r}: dim {d} of shape {list(self.shape)} must be a "
+                                f"non-negative int, got {s!r}")
+            shape.append(n)
+        self.shape = shape
 
     @property
     def is_pure_output(self) -> bool:
@@ -49,8 +63,8 @@ class TensorSpec:
         """Build the initial tensor from ``init_value``.
 
         Raises:
-            BindError: an ``init_value`` of an unsupported kind, or a tensor of
-                the wrong shape.
+            BindError: an ``init_value`` of an unsupported kind, ``torch.randn`` /
+                ``torch.rand`` for an integer dtype, or a tensor of the wrong shape.
         """
         v = self.init_value
         if v is None:
@@ -62,6 +76,9 @@ class TensorSpec:
                 raise BindError(f"TensorSpec {self.name!r}: init tensor shape {list(v.shape)} != spec {self.shape}")
             return v.to(self.dtype).contiguous()
         if any(v is f for f in _RANDOM_FACTORIES):
+            if v in (torch.randn, torch.rand) and not self.dtype.is_floating_point:
+                raise BindError(f"TensorSpec {self.name!r}: init_value torch.{v.__name__} needs a float dtype, "
+                                f"got {self.dtype}; use a callable such as lambda: torch.randint(...)")
             return v(self.shape, dtype=self.dtype)
         if callable(v):
             out = torch.as_tensor(v(), dtype=self.dtype)

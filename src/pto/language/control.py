@@ -48,7 +48,11 @@ def _deps_list(deps):
         elif hasattr(d, "tid"):
             out.append(d.tid)
         else:
-            out.append(int(concrete(d, "a task id")))
+            v = concrete(d, "a task id")
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise DslError(f"deps=: expected task ids (ints returned by pl.at / pl.spmd / task_dummy) or "
+                               f"pl.spmd objects, got {d!r}")
+            out.append(v)
     return out
 
 

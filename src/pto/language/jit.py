@@ -141,7 +141,8 @@ def bind_arguments(jf: JitFunction, args, kwargs, gm: bool) -> list[Param]:
     Raises:
         BindError: a missing or extra argument, a tensor whose rank, static
             dim, dynamic dim or dtype does not match, a non-tensor for a
-            tensor parameter, or a bad scalar — naming the parameter.
+            tensor parameter, a tensor not on the CPU, an Out/InOut tensor that
+            requires grad, or a bad scalar — naming the parameter.
     """
     sig, anns = jf.signature()
     try:
@@ -163,6 +164,13 @@ def bind_arguments(jf: JitFunction, args, kwargs, gm: bool) -> list[Param]:
                 if not isinstance(value, torch.Tensor):
                     raise BindError(f"kernel {jf.__name__}: parameter {name!r} expects a torch tensor, "
                                     f"got {type(value).__name__}")
+                if value.device.type != "cpu":
+                    raise BindError(f"kernel {jf.__name__}: parameter {name!r} is on device {value.device}; "
+                                    "the CPU runtime needs CPU tensors (.cpu())")
+                if value.requires_grad and ann.direction != IN:
+                    raise BindError(f"kernel {jf.__name__}: parameter {name!r} ({ann}) requires grad; the program "
+                                    "writes its results into it in place, which autograd forbids for such a "
+                                    "tensor: pass a tensor without requires_grad (e.g. .detach())")
                 data = value
             _check_tensor(jf.__name__, name, ann, tuple(data.shape), data.dtype, dyn)
         elif isinstance(ann, ScalarType):

@@ -106,6 +106,30 @@ class GMTensor:
     def __len__(self) -> int:
         return self.data.shape[0]
 
+    # ---- no math on GM tensors -----------------------------------------------
+    def _no_math(self, op: str, *_):
+        raise DslError(f"{self.name}: {op} on a GM tensor {list(self.shape)}; tile math needs tiles: inside a "
+                       f"task (pl.at / pl.spmd), load one with a window such as {self.name}[a:b, c:d] or "
+                       f"pl.slice, compute on it and store the result{_where()}")
+
+    __add__ = __radd__ = lambda s, o: s._no_math("'+'")
+    __sub__ = __rsub__ = lambda s, o: s._no_math("'-'")
+    __mul__ = __rmul__ = lambda s, o: s._no_math("'*'")
+    __truediv__ = __rtruediv__ = lambda s, o: s._no_math("'/'")
+    __floordiv__ = __rfloordiv__ = lambda s, o: s._no_math("'//'")
+    __mod__ = __rmod__ = lambda s, o: s._no_math("'%'")
+    __pow__ = __rpow__ = lambda s, o: s._no_math("'**'")
+    __matmul__ = __rmatmul__ = lambda s, o: s._no_math("'@'")
+    __and__ = __rand__ = lambda s, o: s._no_math("'&'")
+    __or__ = __ror__ = lambda s, o: s._no_math("'|'")
+    __xor__ = __rxor__ = lambda s, o: s._no_math("'^'")
+    __lt__ = lambda s, o: s._no_math("'<'")
+    __le__ = lambda s, o: s._no_math("'<='")
+    __gt__ = lambda s, o: s._no_math("'>'")
+    __ge__ = lambda s, o: s._no_math("'>='")
+    __neg__ = lambda s: s._no_math("unary '-'")
+    __abs__ = lambda s: s._no_math("abs()")
+
     def smask(self):
         """The shadow definedness view matching this view (check mode only)."""
         if self._smask is None:
@@ -180,6 +204,13 @@ class GMTensor:
                     return [a0, a1], [b0, b1], ()
         if type(key) is not tuple:
             key = (key,)
+        if any(k is None for k in key):
+            raise DslError(f"{self.name}: new axes (None) in a subscript are not supported; use pl.reshape{_where()}")
+        if any(k is Ellipsis for k in key):
+            at = [i for i, k in enumerate(key) if k is Ellipsis]
+            if len(at) > 1:
+                raise DslError(f"{self.name}: more than one '...' in a subscript{_where()}")
+            key = key[:at[0]] + (_pyslice(None),) * (len(shape) - len(key) + 1) + key[at[0] + 1:]
         if len(key) > len(shape):
             raise DslError(f"{self.name}: {len(key)} indices for a rank-{len(shape)} tensor")
         starts, stops, drop = [], [], []
@@ -272,8 +303,12 @@ class GMTensor:
                 raise DslError(f"{self.name}: assigning a number to a window of shape {shape}; use pl.full")
             write(self, starts, value)
             return
+        if isinstance(value, GMTensor):
+            raise DslError(f"{self.name}: subscript assign of GM tensor {value.name!r}: GM-to-GM copies go "
+                           f"through a tile inside a task (pl.at / pl.spmd), where {value.name}[...] loads one"
+                           f"{_where()}")
         if not isinstance(value, Tile):
-            raise DslError(f"{self.name}: subscript assign needs a tile, got {type(value).__name__}")
+            raise DslError(f"{self.name}: subscript assign needs a tile, got {type(value).__name__}{_where()}")
         if list(value.shape) != shape:
             if value.valid is not None and list(value.valid) == shape:
                 pass  # a padded tile whose valid region is the window: the store writes that region
@@ -387,6 +422,10 @@ def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
     if stops is None:
         if len(starts) != t.data.dim():
             raise DslError(f"{t.name}: {len(starts)} offsets for a rank-{t.data.dim()} tensor{_where()}")
+        if len(ext) != len(starts):
+            raise DslError(f"{t.name}: storing a rank-{len(ext)} tile {list(tile.shape)} at {len(starts)} offsets "
+                           f"of a rank-{t.data.dim()} tensor; pl.reshape the tile to rank {t.data.dim()} first"
+                           f"{_where()}")
         stops = [a + e for a, e in zip(starts, ext)]
         for d, a, b, n in zip(range(len(stops)), starts, stops, t._shape):
             if a < 0 or b > n:
@@ -681,12 +720,37 @@ def reshape(x, shape):
 
 
 def dim(t, axis: int) -> int:
-    """Runtime extent of dim ``axis`` of a GM tensor or tile (an int)."""
+    """Runtime extent of dim ``axis`` of a GM tensor or tile (an int; negative axes count from the end).
+
+    Raises:
+        DslError: not a tensor or tile, or an axis outside its rank.
+    """
+    if not isinstance(t, (GMTensor, Tile)):
+        raise DslError(f"pl.tensor.dim: expected a tensor or tile, got {type(t).__name__}")
+    rank = t.data.dim()
+    if isinstance(axis, bool) or not isinstance(axis, int) or not -rank <= axis < rank:
+        raise DslError(f"pl.tensor.dim: axis {axis!r} out of range for {getattr(t, 'name', 'tile')} of rank {rank} "
+                       f"{list(t.shape)}{_where()}")
     return int(t.data.shape[axis])
 
 
+def _scalar_pair(op: str, a, b) -> None:
+    """DslError unless ``a`` and ``b`` are scalars (pl.max / pl.min are not tile ops)."""
+    for v in (a, b):
+        if not isinstance(v, (int, float, ScalarValue)):
+            kind = "a tile" if isinstance(v, Tile) else "a GM tensor" if isinstance(v, GMTensor) else type(v).__name__
+            raise DslError(f"pl.{op}: takes two scalars, got {kind}; for tiles use pl.{op}imum (elementwise) "
+                           f"or pl.row_{op} (a row reduction){_where()}")
+
+
 def max(a, b):  # noqa: A001 - DSL name
-    """Scalar maximum of two scalars (not a reduction)."""
+    """Scalar maximum of two scalars (not a reduction).
+
+    Raises:
+        DslError: an operand that is not a scalar (a tile: use ``pl.maximum`` / ``pl.row_max``).
+    """
+    if type(a) is not int or type(b) is not int:
+        _scalar_pair("max", a, b)
     if isinstance(a, ScalarValue) or isinstance(b, ScalarValue):
         a_ = a if isinstance(a, ScalarValue) else ScalarValue(a, True)
         return a_._bin(b, lambda x, y: x if x >= y else y)
@@ -694,7 +758,13 @@ def max(a, b):  # noqa: A001 - DSL name
 
 
 def min(a, b):  # noqa: A001 - DSL name
-    """Scalar minimum of two scalars (not a reduction)."""
+    """Scalar minimum of two scalars (not a reduction).
+
+    Raises:
+        DslError: an operand that is not a scalar (a tile: use ``pl.minimum`` / ``pl.row_min``).
+    """
+    if type(a) is not int or type(b) is not int:
+        _scalar_pair("min", a, b)
     if isinstance(a, ScalarValue) or isinstance(b, ScalarValue):
         a_ = a if isinstance(a, ScalarValue) else ScalarValue(a, True)
         return a_._bin(b, lambda x, y: x if x <= y else y)

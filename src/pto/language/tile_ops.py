@@ -215,6 +215,12 @@ def _as_tile(x, op: str) -> Tile:
     if isinstance(x, torch.Tensor):
         from_torch(x.dtype)  # DslError for a dtype with no pto dtype (float64)
         return Tile(x)
+    if hasattr(x, "buf") and hasattr(x, "name"):  # a GMTensor (tensor_ops imports this module)
+        blk = _ctx.state.block
+        hint = ("load a tile from it first (" if blk is not None else
+                "tile math runs inside a task (pl.at / pl.spmd) on tiles loaded there (")
+        raise DslError(f"{op}: expected a tile, got GM tensor {x.name!r} {list(x.shape)}; {hint}"
+                       f"{x.name}[a:b, c:d] or pl.slice)")
     raise DslError(f"{op}: expected a tile, got {type(x).__name__}")
 
 
@@ -366,15 +372,19 @@ def full(shape, dtype, value) -> Tile:
     """A tile of ``shape`` filled with ``value`` (an int for integer dtypes).
 
     Raises:
-        DslError: a float value on an integer dtype, or a non-integral dim.
+        DslError: a fractional value on an integer dtype, an integer value out of the
+            dtype's range, or a non-integral dim.
     """
     dt = as_dtype(dtype)
     tag = 0
     if isinstance(value, ScalarValue):  # an undefined value fills an undefined tile (no error yet)
         tag = 0 if value.defined else value.oid
         value = value.value
-    if dt.is_int and isinstance(value, float) and not value.is_integer():
-        raise DslError(f"pl.full: float value {value} for integer dtype {dt}")
+    if dt.is_int and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, float) and not value.is_integer():
+            raise DslError(f"pl.full: float value {value} for integer dtype {dt}")
+        if not dt.min <= value <= dt.max:
+            raise DslError(f"pl.full: value {value} out of range of {dt} [{dt.min}, {dt.max}]")
     shape = [int(concrete(s, "a tile dim")) for s in shape]
     _count()
     mask = torch.full(shape, tag, dtype=torch.int32) if tag else None
@@ -693,8 +703,17 @@ def gather(x, dim: int = -1, index=None, mask_pattern=None, output_dtype=None) -
 
 
 def transpose(x, axis1: int = 0, axis2: int = 1) -> Tile:
-    """Swap two axes of a tile (the result is a fresh contiguous tile)."""
+    """Swap two axes of a tile (the result is a fresh contiguous tile).
+
+    Raises:
+        DslError: an axis outside the tile's rank.
+    """
     x = _as_tile(x, "pl.transpose")
+    rank = x.data.dim()
+    for a in (axis1, axis2):
+        if isinstance(a, bool) or not isinstance(a, int) or not -rank <= a < rank:
+            raise DslError(f"pl.transpose: axis {a!r} out of range for a rank-{rank} tile {list(x.shape)}")
+    axis1, axis2 = axis1 % rank, axis2 % rank
     out = x.data.transpose(axis1, axis2).contiguous()
     mask = None if x.mask is None else x.mask.transpose(axis1, axis2).contiguous()
     valid = None
@@ -729,13 +748,26 @@ def tile_slice(x, shape, offsets) -> Tile:
 
 
 def tile_assemble(dst, src, offsets) -> Tile:
-    """A copy of tile ``dst`` with tile ``src`` written at ``offsets``."""
+    """A copy of tile ``dst`` with tile ``src`` written at ``offsets``.
+
+    Raises:
+        DslError: ranks that differ, a non-int offset, or ``src`` reaching outside ``dst``.
+    """
     dst = _as_tile(dst, "pl.assemble")
     src = _as_tile(src, "pl.assemble")
+    if len(offsets) != dst.data.dim() or src.data.dim() != dst.data.dim():
+        raise DslError(f"pl.assemble: rank mismatch: target tile {list(dst.shape)}, source tile {list(src.shape)}, "
+                       f"offsets {list(offsets)}")
+    key = []
+    for d, (o, s) in enumerate(zip(offsets, src.shape)):
+        o = _index(o, "pl.assemble", d, "an offset")
+        if o < 0 or o + s > dst.shape[d]:
+            raise DslError(f"pl.assemble: source tile {list(src.shape)} at offset {o} of dim {d} spans [{o}, {o + s}), "
+                           f"out of bounds of the target tile's extent {dst.shape[d]} (shape {list(dst.shape)})")
+        key.append(slice(o, o + s))
     out = Tile(dst.data.clone(), None if dst.mask is None else dst.mask.clone(), dst.valid)
     out._mown = out.mask is not None
-    key = tuple(slice(int(o), int(o) + s) for o, s in zip(offsets, src.shape))
-    out[key] = src
+    out[tuple(key)] = src
     return out
 
 
@@ -752,11 +784,17 @@ def matmul(a, b, out_dtype=None, a_trans: bool = False, b_trans: bool = False) -
     Rank-3 operands are a batched matmul.
 
     Raises:
-        DslError: mixed operand dtypes, unsupported dtypes, a K mismatch, or
-            an ``out_dtype`` other than the accumulator dtype.
+        DslError: operand ranks other than 2 x 2 or 3 x 3, a batch mismatch, mixed operand
+            dtypes, unsupported dtypes, a K mismatch, or an ``out_dtype`` other than the
+            accumulator dtype.
     """
     a = _as_tile(a, "pl.matmul")
     b = _as_tile(b, "pl.matmul")
+    if a.data.dim() not in (2, 3) or b.data.dim() != a.data.dim():
+        raise DslError(f"pl.matmul: operands must both be rank 2 ([M, K] @ [K, N]) or both rank 3 (batched), "
+                       f"got {list(a.shape)} and {list(b.shape)}")
+    if a.data.dim() == 3 and a.shape[0] != b.shape[0]:
+        raise DslError(f"pl.matmul: batch mismatch, a is {list(a.shape)} and b is {list(b.shape)}")
     A = a.data.transpose(-1, -2) if a_trans else a.data
     B = b.data.transpose(-1, -2) if b_trans else b.data
     if A.shape[-1] != B.shape[-2]:

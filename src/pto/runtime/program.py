@@ -128,11 +128,25 @@ class Program:
     """
 
     def __init__(self, jf, config: RunConfig | None = None):
+        """Set up a run of ``jf`` under ``config``.
+
+        Raises:
+            ConfigError: ``config`` is not a RunConfig, fails its validation, or asks for a
+                heap larger than the host can reserve.
+        """
         self.jf = jf
         self.name = jf.__name__
+        if config is not None and not isinstance(config, RunConfig):
+            raise ConfigError(f"kernel {self.name}: config= must be a pto.RunConfig, got {type(config).__name__} "
+                              f"{config!r}; write config=pto.RunConfig(...)")
         self.config = (config or RunConfig()).validate()
         self.check = self.config.check
-        self.heap = RingHeap(self.config.heap_bytes)
+        try:
+            self.heap = RingHeap(self.config.heap_bytes)
+        except (RuntimeError, MemoryError) as e:
+            raise ConfigError(f"RunConfig.heap_bytes={self.config.heap_bytes}: cannot reserve that many bytes of "
+                              f"host memory for the ring heap ({type(e).__name__}); lower heap_bytes "
+                              f"(default {RunConfig.heap_bytes})") from None
         self.graph = TaskGraph()
         self.deps = DepTracker()
         self.buffers: list[Buffer] = []
