@@ -21,7 +21,7 @@ import inspect
 
 from pto.errors import DslError
 from pto.language import _ctx
-from pto.language.typing import concrete
+from pto.language.typing import as_int, concrete
 
 __all__ = ["Level", "spmd", "at", "manual_scope", "scope", "range", "pipeline", "unroll", "parallel"]
 
@@ -71,7 +71,7 @@ class spmd:
 
     def __init__(self, n, name_hint: str = "", deps=None, allow_early_resolve: bool = False,
                  sync_start: bool = False, predicate=None, optimizations=None):
-        self.n = int(concrete(n, "an spmd block count"))
+        self.n = as_int(n, "an spmd block count")
         if self.n < 0:
             raise DslError(f"pl.spmd: negative block count {self.n}")
         self.name = name_hint or "spmd"
@@ -250,7 +250,7 @@ class scope:
 
 
 def _bounds(args, what):
-    return [int(concrete(a, f"a {what} bound")) for a in args]
+    return [as_int(a, f"a {what} bound") for a in args]
 
 
 def _loop(args, what):

@@ -23,7 +23,7 @@ from pto.errors import DslError
 from pto.language import _ctx
 from pto.language.dtypes import as_dtype
 from pto.language.tile_ops import PadValue, Tile, _pad_scalar, tile_assemble, tile_key, tile_reshape, tile_slice
-from pto.language.typing import ScalarValue, concrete
+from pto.language.typing import ScalarValue, as_int, concrete
 
 __all__ = ["GMTensor", "AtomicType", "create_tensor", "slice", "reshape", "assemble", "read",
            "write", "load", "store", "dim", "max", "min", "R", "W", "A"]
@@ -40,9 +40,9 @@ class AtomicType:
 
 
 def _idx(v, what: str) -> int:
-    if isinstance(v, int):
+    if type(v) is int:
         return v
-    return int(concrete(v, what))
+    return as_int(v, what)
 
 
 def _row_intervals(base: int, spans: list) -> list:

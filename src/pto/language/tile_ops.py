@@ -36,7 +36,7 @@ import torch
 from pto.errors import DslError
 from pto.language import _ctx
 from pto.language.dtypes import BF16, FP16, FP32, INT8, INT16, INT32, UINT32, DType, as_dtype, from_torch
-from pto.language.typing import ScalarValue, concrete
+from pto.language.typing import ScalarValue, as_int, concrete
 
 __all__ = [
     "Tile", "PadValue", "full", "arange", "cast", "add", "sub", "mul", "div", "maximum",
@@ -385,7 +385,7 @@ def full(shape, dtype, value) -> Tile:
             raise DslError(f"pl.full: float value {value} for integer dtype {dt}")
         if not dt.min <= value <= dt.max:
             raise DslError(f"pl.full: value {value} out of range of {dt} [{dt.min}, {dt.max}]")
-    shape = [int(concrete(s, "a tile dim")) for s in shape]
+    shape = [as_int(s, "a tile dim") for s in shape]
     _count()
     mask = torch.full(shape, tag, dtype=torch.int32) if tag else None
     return Tile(torch.full(shape, value, dtype=dt.torch), mask)
@@ -400,13 +400,13 @@ def arange(start, shape, dtype=INT32, descending: bool = False) -> Tile:
         DslError: leading dims other than 1, or a non-integer dtype.
     """
     dt = as_dtype(dtype)
-    shape = [int(s) for s in shape]
+    shape = [as_int(s, "an arange dim") for s in shape]
     if any(s != 1 for s in shape[:-1]):
         raise DslError(f"pl.arange: leading dims must be 1, got shape {shape}")
     if not dt.is_int:
         raise DslError(f"pl.arange: integer dtype required, got {dt}")
     n = shape[-1]
-    start = int(concrete(start, "an arange start"))
+    start = as_int(start, "an arange start")
     v = torch.arange(start, start - n, -1) if descending else torch.arange(start, start + n)
     _count()
     return Tile(v.reshape(shape).to(dt.torch))
@@ -728,7 +728,7 @@ def transpose(x, axis1: int = 0, axis2: int = 1) -> Tile:
 def tile_reshape(x, shape) -> Tile:
     """Reinterpret a tile's dims (same element count, row-major)."""
     x = _as_tile(x, "pl.reshape")
-    shape = [int(concrete(s, "a reshape dim")) for s in shape]
+    shape = [as_int(s, "a reshape dim") for s in shape]
     if math.prod(shape) != x.data.numel():
         raise DslError(f"pl.reshape: cannot reshape tile {list(x.shape)} to {shape}")
     return Tile(x.data.reshape(shape), None if x.mask is None else x.mask.reshape(shape))
@@ -739,7 +739,7 @@ def tile_slice(x, shape, offsets) -> Tile:
     x = _as_tile(x, "pl.slice")
     key = []
     for d, (o, s) in enumerate(zip(offsets, shape)):
-        o, s = int(concrete(o, "a slice offset")), int(concrete(s, "a slice dim"))
+        o, s = as_int(o, "a slice offset"), as_int(s, "a slice dim")
         if o < 0 or o + s > x.shape[d]:
             raise DslError(f"pl.slice: window [{o}, {o + s}) out of tile dim {d} of extent {x.shape[d]}")
         key.append(slice(o, o + s))
@@ -853,7 +853,7 @@ def set_validshape(x, valid_rows, valid_cols) -> Tile:
         DslError: a non-rank-2 tile or extents outside the tile.
     """
     x = _need_rank2("set_validshape", x)
-    vr, vc = int(concrete(valid_rows, "a valid row count")), int(concrete(valid_cols, "a valid col count"))
+    vr, vc = as_int(valid_rows, "a valid row count"), as_int(valid_cols, "a valid col count")
     if not (0 <= vr <= x.shape[0] and 0 <= vc <= x.shape[1]):
         raise DslError(f"pl.set_validshape: [{vr}, {vc}] outside tile {list(x.shape)}")
     return Tile(x.data, x.mask, (vr, vc))

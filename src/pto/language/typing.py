@@ -8,11 +8,13 @@ use and checked for agreement across arguments (DESIGN section 3.1).
 
 from __future__ import annotations
 
+import operator
+
 from pto.errors import DslError, UndefinedValueError
 from pto.language.dtypes import DType, as_dtype
 
 __all__ = ["Tensor", "Out", "InOut", "Scalar", "dynamic", "DynVar", "TensorType",
-           "ScalarType", "ScalarValue", "IN", "OUT", "INOUT"]
+           "ScalarType", "ScalarValue", "IN", "OUT", "INOUT", "as_int"]
 
 IN, OUT, INOUT = "in", "out", "inout"
 
@@ -213,3 +215,30 @@ def concrete(v, use: str = "a value"):
     if isinstance(v, ScalarValue):
         return v._need(use)
     return v
+
+
+def as_int(v, use: str) -> int:
+    """A Python int from ``v`` used as ``use`` (an index, a bound, a dim, a block count).
+
+    Accepts ints and anything with ``__index__`` (numpy and 0-dim torch integers, a defined
+    ScalarValue holding an int); never truncates.
+
+    Raises:
+        DslError: a float (even an integral one), a bool or a non-number, naming ``use``
+            and the kernel source line.
+        UndefinedValueError: an undefined ScalarValue (check mode).
+    """
+    if type(v) is int:
+        return v
+    if isinstance(v, ScalarValue):
+        v = v._need(use)
+    if not isinstance(v, bool):
+        try:
+            return operator.index(v)
+        except TypeError:
+            pass
+    from pto.language import _ctx
+    f = _ctx.user_frame()
+    site = f" at {f.f_code.co_filename}:{f.f_lineno}" if f is not None else ""
+    raise DslError(f"{use} must be an int, got {type(v).__name__} {v!r}{site} (pto never truncates; write "
+                   f"int(...) or use // if that is meant)")

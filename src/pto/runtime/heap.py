@@ -89,8 +89,9 @@ def validate_init_value(name: str, dtype, init_value) -> None:
     if isinstance(init_value, bool) or not isinstance(init_value, (int, float)):
         raise BindError(f"create_tensor {name!r}: init_value must be a number, got {init_value!r}")
     if dtype.is_int:
-        if isinstance(init_value, float) and not init_value.is_integer():
-            raise BindError(f"create_tensor {name!r}: float init_value {init_value} on integer dtype {dtype}")
+        if isinstance(init_value, float):  # even an integral one: write the int
+            raise BindError(f"create_tensor {name!r}: float init_value {init_value} on integer dtype {dtype}; "
+                            f"an integer dtype takes an int init_value")
         if not dtype.min <= init_value <= dtype.max:
             raise BindError(f"create_tensor {name!r}: init_value {init_value} out of range of {dtype}")
     elif dtype.name in ("BF16", "FP16") and init_value != 0:
