@@ -46,7 +46,9 @@ class RunConfig:
             allocations whose ``init_value`` is ignored (left undefined), so a
             mutation test can show that check mode catches the missing
             initialisation without editing kernel source. Same effect as the
-            ``pto.runtime.drop_init_values(...)`` context manager.
+            ``pto.runtime.drop_init_values(...)`` context manager, except that a
+            name here that drops nothing in the run (no allocation of that name
+            with an ``init_value``) is a ConfigError at program end.
     """
 
     heap_bytes: int = 1 << 30
@@ -200,6 +202,8 @@ class Program:
                 if self.left_early is not None:
                     self.raise_left_early()
                 raise DslError(f"program {self.name} ended inside task {self.cur_task.name!r}")
+            if self.config.drop_init:
+                self._check_drop_init()
             if self.check:
                 from pto.runtime.sanitizer import check_outputs
                 check_outputs(self)
@@ -217,6 +221,22 @@ class Program:
             if not ok:
                 self.result = None
         return self
+
+    def _check_drop_init(self) -> None:
+        """ConfigError if a ``RunConfig.drop_init`` name dropped nothing in this run (no allocation
+        of that name with an ``init_value``): a typo would make the mutation test pass vacuously.
+        Names given through ``drop_init_values`` are not checked here: that block may span
+        several programs, each with its own allocations."""
+        missing = [n for n in dict.fromkeys(self.config.drop_init) if n not in self.dropped_init]
+        if not missing:
+            return
+        with_init = list(dict.fromkeys(b.name for b in self.buffers if b.kind == "scratch"
+                                       and (b.init_value is not None or b.init_dropped)))
+        without = list(dict.fromkeys(b.name for b in self.buffers if b.kind == "scratch"
+                                     and b.init_value is None and not b.init_dropped and b.name not in with_init))
+        raise ConfigError(f"kernel {self.name}: RunConfig.drop_init names {missing} matched no allocation with an "
+                          f"init_value in this run, so nothing was dropped for them (allocations with an "
+                          f"init_value: {', '.join(with_init) or 'none'}; without: {', '.join(without) or 'none'})")
 
     def _bind_tensor(self, p) -> GMTensor:
         t = p.value
