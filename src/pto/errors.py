@@ -50,3 +50,8 @@ class RaceError(PtoError):
 
 class GoldenDataError(PtoError):
     """Saved golden data is missing, malformed or does not match the specs."""
+
+
+class GoldenError(PtoError):
+    """The golden (reference) function of a ``run_jit`` call raised an exception that is
+    not itself a PtoError; names the golden, the original exception is the ``__cause__``."""

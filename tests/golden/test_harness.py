@@ -68,9 +68,11 @@ def test_golden_runs_on_clones_and_cannot_touch_the_kernel_inputs():
     assert res.passed, res.error
 
 
-def test_run_jit_without_golden_just_runs():
+def test_run_jit_without_golden_runs_but_is_not_validated():
     res = run_jit(axpy, specs())
-    assert res.passed and res.outputs == {}
+    assert not res.passed and not res.validated and res.outputs == {}
+    assert res.error.startswith("no golden: outputs ['y', 'z', 'idx'] were not validated")
+    assert str(res).startswith("NOT VALIDATED: no golden") and res.stats.tasks == 1
 
 
 def test_seeded_inputs_are_reproducible():

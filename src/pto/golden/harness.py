@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pto.errors import GoldenDataError
+from pto.errors import BindError, ConfigError, GoldenDataError, GoldenError, PtoError
 from pto.golden.compare import default_compare, error_stats
 from pto.golden.spec import ScalarSpec, TensorSpec
 from pto.runtime import Program, RunConfig
@@ -35,7 +35,10 @@ class RunResult:
     """Outcome of :func:`run_jit`.
 
     Attributes:
-        passed: every output passed; error: the combined failure message.
+        passed: every output was compared against the golden and passed (False when
+            there are outputs but no golden: nothing was validated);
+        validated: the outputs were compared against a golden (``golden_fn`` or
+            ``golden_data``); error: the combined failure message.
         outputs: per-output reports; program: the kernel's Program (stats,
             graph); kernel_ms / golden_ms: CPU wall times.
         actual / expected: output tensors by name.
@@ -43,6 +46,7 @@ class RunResult:
 
     passed: bool
     error: str | None = None
+    validated: bool = False
     outputs: dict = field(default_factory=dict)
     program: Program | None = None
     kernel_ms: float = 0.0
@@ -59,7 +63,11 @@ class RunResult:
         return max((o.stats.get("max_abs", math.inf) for o in self.outputs.values()), default=0.0)
 
     def __str__(self) -> str:
-        return f"PASS ({self.kernel_ms:.1f} ms)" if self.passed else f"FAIL: {self.error} ({self.kernel_ms:.1f} ms)"
+        if self.passed:
+            return f"PASS ({self.kernel_ms:.1f} ms)"
+        if not self.validated:
+            return f"NOT VALIDATED: {self.error} ({self.kernel_ms:.1f} ms)"
+        return f"FAIL: {self.error} ({self.kernel_ms:.1f} ms)"
 
 
 def _file_names(directory: str):
@@ -114,6 +122,22 @@ def load_golden_data(directory: str, specs) -> tuple[dict, dict]:
     return ins, outs
 
 
+def _check_spec_names(fn, specs) -> None:
+    """BindError unless spec ``i`` is named like the kernel's parameter ``i`` (run_jit passes
+    the specs' values positionally, so a swapped pair would silently bind to the wrong parameter)."""
+    sig = getattr(fn, "signature", None)
+    if sig is None:
+        return
+    params = list(sig()[0].parameters)
+    for i, s in enumerate(specs):
+        if i >= len(params):
+            raise BindError(f"run_jit {fn.__name__}: {len(specs)} specs for {len(params)} parameters {params}; "
+                            f"spec {s.name!r} (position {i}) has no parameter")
+        if s.name != params[i]:
+            raise BindError(f"run_jit {fn.__name__}: spec {i} is named {s.name!r} but parameter {i} is "
+                            f"{params[i]!r}; specs must follow the parameters in order {params}")
+
+
 def run_jit(fn, specs, golden_fn=None, compare_fn=None, rtol: float = 1e-5, atol: float = 1e-5,
             check: bool = True, golden_data: str | None = None, save_data: str | None = None,
             seed: int | None = 0, config: RunConfig | None = None) -> RunResult:
@@ -132,13 +156,26 @@ def run_jit(fn, specs, golden_fn=None, compare_fn=None, rtol: float = 1e-5, atol
         config: RunConfig for the kernel (``check`` overrides its field).
 
     Returns:
-        RunResult. Kernel errors (PtoError) propagate; mismatches do not raise.
+        RunResult. Kernel errors (PtoError) propagate; mismatches do not raise. With
+        outputs but neither ``golden_fn`` nor ``golden_data`` the result is not passed
+        (``validated`` False, ``error`` says so).
 
     Raises:
+        BindError: a spec name that is not the kernel's parameter name at its position.
+        ConfigError: a ``compare_fn`` key that is not an output spec name.
+        GoldenError: ``golden_fn`` raised an exception that is not a PtoError (a PtoError
+            it raises propagates as is).
         GoldenDataError: bad golden data.
     """
+    _check_spec_names(fn, specs)
     compare_fn = compare_fn or {}
+    outputs = [s.name for s in specs if isinstance(s, TensorSpec) and s.is_output]
+    unknown = [k for k in compare_fn if k not in outputs]
+    if unknown:
+        raise ConfigError(f"run_jit {getattr(fn, '__name__', fn)}: compare_fn keys {unknown} are not output specs "
+                          f"(outputs: {', '.join(outputs) or 'none'})")
     expected: dict = {}
+    validated = golden_data is not None or golden_fn is not None
     if golden_data is not None:
         ins, outs = load_golden_data(golden_data, specs)
         values = {}
@@ -161,7 +198,14 @@ def run_jit(fn, specs, golden_fn=None, compare_fn=None, rtol: float = 1e-5, atol
         if golden_fn is not None:
             gvals = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
             t0 = time.perf_counter()
-            golden_fn(gvals)
+            try:
+                golden_fn(gvals)
+            except PtoError:
+                raise
+            except Exception as e:  # noqa: BLE001 - any failure of user golden code
+                name = getattr(golden_fn, "__qualname__", None) or getattr(golden_fn, "__name__", None) or repr(golden_fn)
+                raise GoldenError(f"run_jit {getattr(fn, '__name__', fn)}: the golden {name} raised "
+                                  f"{type(e).__name__}: {e}") from e
             golden_ms = (time.perf_counter() - t0) * 1e3
             expected = {s.name: gvals[s.name] for s in specs if isinstance(s, TensorSpec) and s.is_output}
         if save_data is not None:
@@ -174,7 +218,13 @@ def run_jit(fn, specs, golden_fn=None, compare_fn=None, rtol: float = 1e-5, atol
     t0 = time.perf_counter()
     prog = fn.run(*args, config=cfg)
     kernel_ms = (time.perf_counter() - t0) * 1e3
-    res = RunResult(passed=True, program=prog, kernel_ms=kernel_ms, golden_ms=golden_ms)
+    res = RunResult(passed=True, validated=validated and bool(outputs), program=prog, kernel_ms=kernel_ms,
+                    golden_ms=golden_ms)
+    if not validated and outputs:
+        res.passed = False
+        res.error = (f"no golden: outputs {outputs} were not validated (pass golden_fn or golden_data); "
+                     f"the kernel ran without error")
+        return res
     if not expected:
         return res
     failures = []

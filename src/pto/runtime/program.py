@@ -15,7 +15,7 @@ import linecache
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -57,9 +57,14 @@ class RunConfig:
     drop_init: tuple = ()
 
     def validate(self) -> "RunConfig":
-        """Raises ConfigError on a heap smaller than 1024 bytes."""
-        if not isinstance(self.heap_bytes, int) or self.heap_bytes < 1024:
+        """Raises ConfigError on a heap smaller than 1024 bytes, a ``check`` or
+        ``keep_footprints`` that is not a bool, or a ``drop_init`` that is not a tuple of names."""
+        if isinstance(self.heap_bytes, bool) or not isinstance(self.heap_bytes, int) or self.heap_bytes < 1024:
             raise ConfigError(f"RunConfig.heap_bytes must be an int >= 1024, got {self.heap_bytes!r}")
+        for f in ("check", "keep_footprints"):
+            v = getattr(self, f)
+            if not isinstance(v, bool):
+                raise ConfigError(f"RunConfig.{f} must be True or False, got {type(v).__name__} {v!r}")
         if isinstance(self.drop_init, str) or not all(isinstance(n, str) for n in self.drop_init):
             raise ConfigError(f"RunConfig.drop_init must be a tuple of allocation names, got {self.drop_init!r}")
         return self
@@ -82,7 +87,6 @@ class ProgramStats:
     init_bytes: int = 0
     wall_us: float = 0.0
     task_wall_us: float = 0.0
-    task_names: dict = field(default_factory=dict)
 
     def as_row(self) -> dict:
         """The headline figures as a flat dict."""
@@ -170,6 +174,13 @@ class Program:
         # the blocks that ran), if any
         self.left_early: str | None = None
         self._left_early_cause: BaseException | None = None
+
+    def __repr__(self) -> str:
+        s = self.stats
+        state = ("not run" if not self._t0 else
+                 f"{s.tasks} tasks, {s.blocks} blocks, {s.edges} edges, heap peak {s.heap_peak_bytes} B, "
+                 f"{s.wall_us / 1e3:.1f} ms")
+        return f"<pto Program {self.name}{' (check mode)' if self.check else ''}: {state}>"
 
     # ---- run -----------------------------------------------------------------
     def execute(self, args, kwargs) -> "Program":
