@@ -144,3 +144,8 @@ def test_bad_thread_count_is_bad_input(capsys, monkeypatch):
     monkeypatch.setenv("PTO_THREADS", "99999")
     code, _, err = run_cli(capsys, "run", "example_add")
     assert code == 2 and "PTO_THREADS" in err
+
+
+def test_check_drop_init_of_a_name_that_drops_nothing_is_bad_input(capsys):
+    code, _, err = run_cli(capsys, "check", "hc_pre", "--preset", "tiny", "--drop-init", "mixes_rwa")
+    assert code == 2 and "mixes_rwa" in err and "mixes_raw" in err

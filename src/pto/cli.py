@@ -208,11 +208,11 @@ class Target:
         """``"name mode"`` for tables and PASS/FAIL lines (just ``name`` without a mode)."""
         return f"{self.name} {self.mode}".strip()
 
-    def run_program(self, check: bool = False) -> Program:
-        """Run once (no golden) and return the Program."""
+    def run_program(self, check: bool = False, drop_init: tuple = ()) -> Program:
+        """Run once (no golden) and return the Program (``drop_init``: see RunConfig)."""
         if self.program is not None:
             return self.program
-        cfg = RunConfig(check=check, keep_footprints=True)
+        cfg = RunConfig(check=check, keep_footprints=True, drop_init=tuple(drop_init))
         if self.case_run is not None:
             cr = self.case_run
             torch.manual_seed(0)
@@ -417,14 +417,10 @@ def _check_args(p):
 @command("check", "run a kernel in check mode against its golden; print PASS or the error", _check_args)
 def cmd_check(args) -> int:
     """Check mode (sanitizer + race checker) and the golden comparison;
-    ``--drop-init NAME`` runs it with that allocation's init_value dropped."""
-    from pto.runtime import drop_init_values
-    with drop_init_values(*args.drop_init):
-        return _cmd_check(args)
-
-
-def _cmd_check(args) -> int:
+    ``--drop-init NAME`` runs it with that allocation's init_value dropped
+    (``RunConfig.drop_init``: a name that drops nothing is a ConfigError)."""
     target = _target_from_args(args)
+    drop = tuple(args.drop_init)
     title = target.title
     if args.drop_init:
         title += f" (init_value dropped: {', '.join(args.drop_init)})"
@@ -432,7 +428,8 @@ def _cmd_check(args) -> int:
     try:
         if target.case_run is not None:
             cr = target.case_run
-            res = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, rtol=cr.rtol, atol=cr.atol, check=True)
+            res = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, rtol=cr.rtol, atol=cr.atol, check=True,
+                          config=RunConfig(drop_init=drop))
             if not res.passed:
                 con.print(f"FAIL {title}: {res.error}", highlight=False, markup=False)
                 return 1
@@ -441,7 +438,7 @@ def _cmd_check(args) -> int:
                       f"heap peak {fmt_bytes(s.heap_peak_bytes)}, {res.kernel_ms:.1f} ms (check mode)",
                       highlight=False, markup=False)
             return 0
-        prog = target.run_program(check=True)
+        prog = target.run_program(check=True, drop_init=drop)
     except ConfigError:
         raise
     except PtoError as e:
