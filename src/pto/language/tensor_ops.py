@@ -743,18 +743,23 @@ def _scalar_pair(op: str, a, b) -> None:
                            f"or pl.row_{op} (a row reduction){_where()}")
 
 
+def _extreme(op: str, a, b, pick):
+    """``pick(a, b)`` of two scalars (ScalarValue definedness propagates)."""
+    if type(a) is not int or type(b) is not int:
+        _scalar_pair(op, a, b)
+    if isinstance(a, ScalarValue) or isinstance(b, ScalarValue):
+        a_ = a if isinstance(a, ScalarValue) else ScalarValue(a, True)
+        return a_._bin(b, pick)
+    return pick(a, b)
+
+
 def max(a, b):  # noqa: A001 - DSL name
     """Scalar maximum of two scalars (not a reduction).
 
     Raises:
         DslError: an operand that is not a scalar (a tile: use ``pl.maximum`` / ``pl.row_max``).
     """
-    if type(a) is not int or type(b) is not int:
-        _scalar_pair("max", a, b)
-    if isinstance(a, ScalarValue) or isinstance(b, ScalarValue):
-        a_ = a if isinstance(a, ScalarValue) else ScalarValue(a, True)
-        return a_._bin(b, lambda x, y: x if x >= y else y)
-    return a if a >= b else b
+    return _extreme("max", a, b, lambda x, y: x if x >= y else y)
 
 
 def min(a, b):  # noqa: A001 - DSL name
@@ -763,9 +768,4 @@ def min(a, b):  # noqa: A001 - DSL name
     Raises:
         DslError: an operand that is not a scalar (a tile: use ``pl.minimum`` / ``pl.row_min``).
     """
-    if type(a) is not int or type(b) is not int:
-        _scalar_pair("min", a, b)
-    if isinstance(a, ScalarValue) or isinstance(b, ScalarValue):
-        a_ = a if isinstance(a, ScalarValue) else ScalarValue(a, True)
-        return a_._bin(b, lambda x, y: x if x <= y else y)
-    return a if a <= b else b
+    return _extreme("min", a, b, lambda x, y: x if x <= y else y)
