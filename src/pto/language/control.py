@@ -168,8 +168,6 @@ def _run_phased(prog, task, body, n):
             raise DslError(f"task {task.name!r}: blocks reached a different number of syncall barriers")
         live = nxt
         phase += 1
-        if live:
-            prog.barrier(task, phase)
 
 
 _SYNCALL = object()

@@ -401,14 +401,8 @@ class Program:
         task.blocks.append(blk)
         _ctx.state.block = blk
 
-    def make_block(self, task: Task, idx: int) -> Block:
-        return Block(task, idx)
-
     def end_block(self) -> None:
         _ctx.state.block = None
-
-    def barrier(self, task: Task, phase: int) -> None:
-        """A syncall barrier inside ``task`` (phases are recorded on blocks)."""
 
     def end_task(self, task: Task, ok: bool) -> None:
         """Close a task: derive its edges, run the race checker in check mode.
