@@ -599,9 +599,8 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - kernel code: one line, not a traceback
         if os.environ.get("PTO_DEBUG"):
             raise
-        kind = "" if isinstance(e, PtoError) else f"{type(e).__name__} (a bug in the kernel or in pto): "
-        print(f"error: {kind}{type(e).__name__ + ': ' if isinstance(e, PtoError) else ''}"
-              f"{_first_line(e, 400)}", file=sys.stderr)
+        where = "" if isinstance(e, PtoError) else " (raised by the kernel or its inputs; PTO_DEBUG=1 for the traceback)"
+        print(f"error: {type(e).__name__}: {_first_line(e, 400)}{where}", file=sys.stderr)
         return 1
 
 

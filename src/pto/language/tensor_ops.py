@@ -681,6 +681,9 @@ def write(dst, idx, value):
     undefined = isinstance(value, ScalarValue) and not value.defined
     oid = value.oid if undefined else 0
     v = value.value if isinstance(value, ScalarValue) else value
+    if isinstance(v, float) and not dst.data.dtype.is_floating_point and not v.is_integer():
+        what = f"integer tile ({dst.dtype})" if isinstance(dst, Tile) else f"integer tensor {dst.name} ({dst.dtype})"
+        raise DslError(f"pl.write: fractional value {v} into {what}; cast it first{_where()}")
     if isinstance(dst, Tile):
         idx = _tile_element("write", dst, idx)
         dst.data[idx] = v
@@ -690,9 +693,6 @@ def write(dst, idx, value):
     if not isinstance(dst, GMTensor):
         raise DslError(f"pl.write: expected a tensor or tile, got {type(dst).__name__}")
     _check_element_index("write", dst, idx)
-    if isinstance(v, float) and not dst.data.dtype.is_floating_point and not v.is_integer():
-        raise DslError(f"pl.write: fractional value {v} into integer tensor {dst.name} ({dst.dtype}); "
-                       f"cast it first{_where()}")
     t = Tile(torch.tensor(v, dtype=dst.data.dtype).reshape([1] * len(idx)),
              None if not undefined else torch.full([1] * len(idx), oid, dtype=torch.int32))
     _store(dst, idx, t, None)

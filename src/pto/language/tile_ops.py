@@ -152,6 +152,9 @@ class Tile:
             if v.mask is not None or self.mask is not None:
                 self.own_mask()[key] = 0 if v.mask is None else v.mask
         else:
+            if isinstance(v, float) and not self.data.dtype.is_floating_point and not v.is_integer():
+                raise DslError(f"tile subscript assign: fractional value {v} into an integer tile ({self.dtype}); "
+                               "cast it first")
             self.data[key] = v
             if self.mask is not None:
                 self.own_mask()[key] = 0
@@ -303,8 +306,27 @@ def mul(a, b) -> Tile:
     return _binary("mul", a, b, torch.mul)
 
 
+def _int_zero_divisor(a, b) -> bool:
+    """True when the divisor of an integer-tile division holds a zero."""
+    tile = a if isinstance(a, Tile) else b
+    if not isinstance(tile, Tile) or tile.data.dtype.is_floating_point:
+        return False
+    d = b.data if isinstance(b, Tile) else b.value if isinstance(b, ScalarValue) else b
+    if isinstance(d, torch.Tensor):
+        return bool((d == 0).any())
+    return isinstance(d, (int, float)) and d == 0
+
+
 def div(a, b, high_precision: bool = False) -> Tile:
-    """Elementwise ``a / b`` (IEEE division; x/0 is ±inf)."""
+    """Elementwise ``a / b``: IEEE division on float tiles (x/0 is ±inf); on integer tiles the
+    quotient truncates toward zero.
+
+    Raises:
+        DslError: an integer divisor that is zero somewhere (no integer infinity), plus the
+            shape and dtype rules of every elementwise op.
+    """
+    if _int_zero_divisor(a, b):
+        raise DslError("pl.div: integer division by zero")
     if not isinstance(a, Tile) and isinstance(b, Tile):
         return _binary("div", b, a, lambda x, y: torch.div(y, x))  # number / tile: one IEEE division
     return _binary("div", a, b, torch.div)
@@ -737,6 +759,9 @@ def tile_reshape(x, shape) -> Tile:
 def tile_slice(x, shape, offsets) -> Tile:
     """A sub-tile of ``shape`` at ``offsets`` (a copy)."""
     x = _as_tile(x, "pl.slice")
+    if len(shape) != x.data.dim() or len(offsets) != x.data.dim():
+        raise DslError(f"pl.slice: tile {list(x.shape)} has rank {x.data.dim()}, got shape {list(shape)} "
+                       f"offsets {list(offsets)}")
     key = []
     for d, (o, s) in enumerate(zip(offsets, shape)):
         o, s = as_int(o, "a slice offset"), as_int(s, "a slice dim")
