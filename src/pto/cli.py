@@ -302,6 +302,7 @@ def fmt_bytes(n: int) -> str:
 
 
 def fmt_err(x: float | None) -> str:
+    """A max-error figure for tables: 3 significant digits, ``0`` for exact, ``nan``/``inf`` spelled out."""
     if x is None:
         return "-"
     if x == 0:

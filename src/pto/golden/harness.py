@@ -56,10 +56,12 @@ class RunResult:
 
     @property
     def stats(self):
+        """The kernel's ProgramStats (None when it did not run)."""
         return self.program.stats if self.program is not None else None
 
     @property
     def max_abs_error(self) -> float:
+        """Largest max-abs error over the compared outputs (0.0 when none)."""
         return max((o.stats.get("max_abs", math.inf) for o in self.outputs.values()), default=0.0)
 
     def __str__(self) -> str:

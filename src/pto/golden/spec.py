@@ -57,6 +57,7 @@ class TensorSpec:
 
     @property
     def is_pure_output(self) -> bool:
+        """An output without an initial value (created as zeros, not read by the kernel)."""
         return self.is_output and self.init_value is None
 
     def create_tensor(self) -> torch.Tensor:

@@ -39,6 +39,7 @@ class Param:
 
     @property
     def direction(self) -> str:
+        """``in``, ``out`` or ``inout`` (scalars and unannotated parameters are ``in``)."""
         return self.ann.direction if isinstance(self.ann, TensorType) else IN
 
 
@@ -211,6 +212,7 @@ class _Jit:
         return JitFunction(fn, inline=False, **opts)
 
     def inline(self, fn=None, **opts):
+        """``@pl.jit.inline``: a body spliced into the calling program (an entry program when called outside one)."""
         if fn is None:
             return functools.partial(self.inline, **opts)
         return JitFunction(fn, inline=True, **opts)

@@ -94,10 +94,12 @@ class GMTensor:
     # ---- metadata --------------------------------------------------------
     @property
     def shape(self) -> tuple:
+        """Shape of this view (a tuple of ints)."""
         return self._shape
 
     @property
     def dtype(self):
+        """DSL dtype of the elements."""
         return as_dtype(self.data.dtype)
 
     def __repr__(self) -> str:

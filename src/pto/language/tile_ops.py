@@ -96,10 +96,12 @@ class Tile:
 
     @property
     def shape(self) -> tuple:
+        """Physical shape of the tile (a tuple of ints)."""
         return tuple(self.data.shape)
 
     @property
     def dtype(self) -> DType:
+        """DSL dtype of the elements."""
         return from_torch(self.data.dtype)
 
     @property
@@ -113,6 +115,7 @@ class Tile:
         return f"Tile({list(self.shape)}, {self.dtype}{extra}{undef})"
 
     def numpy(self):
+        """The values as a numpy array (a view of ``data``)."""
         return self.data.numpy()
 
     # operators -------------------------------------------------------------

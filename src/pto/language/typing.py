@@ -53,6 +53,7 @@ class TensorType:
         self.direction = direction
 
     def with_direction(self, direction: str) -> "TensorType":
+        """The same annotation with direction ``in`` / ``out`` / ``inout``."""
         return TensorType(self.dims, self.dtype, direction)
 
     def __repr__(self) -> str:

@@ -81,6 +81,7 @@ class RowIndex:
         return bool(self.levels)
 
     def add(self, box, tid: int, kind: int) -> None:
+        """Register entry ``(box, tid, kind)`` (kind 0 read, 1 write, 2 atomic add) in every bucket it touches."""
         e = (box, tid, kind)
         r0, r1 = box[0], box[1]
         lv = (r1 - r0).bit_length() - 1

@@ -93,6 +93,7 @@ class Task:
 
     @property
     def footprints(self) -> list:
+        """Coalesced footprint records ``(buffer, kind, box)`` of the task (built on first access)."""
         if self._fps is None:
             g = self.grouped
             if type(g) is list:  # raw records: group by buffer in order of first use
@@ -109,10 +110,12 @@ class Task:
 
     @footprints.setter
     def footprints(self, value) -> None:
+        """Coalesced footprint records ``(buffer, kind, box)`` of the task (built on first access)."""
         self._fps = value
 
     @property
     def buffers(self) -> set:
+        """Ids of the root buffers the task touched (creator retention)."""
         if self._bufs is None:
             g = self.grouped
             self._bufs = set() if not g else {r[0].id for r in g} if type(g) is list else {buf.id for buf in g}
@@ -120,22 +123,27 @@ class Task:
 
     @buffers.setter
     def buffers(self, value) -> None:
+        """Ids of the root buffers the task touched (creator retention)."""
         self._bufs = value
 
     @property
     def flops(self) -> int:
+        """Floating/integer operations of all blocks."""
         return sum(b.flops for b in self.blocks)
 
     @property
     def bytes(self) -> int:
+        """GM bytes moved by all blocks."""
         return sum(b.bytes for b in self.blocks)
 
     @property
     def ops(self) -> int:
+        """Tile ops issued by all blocks."""
         return sum(b.ops for b in self.blocks)
 
     @property
     def cube(self) -> bool:
+        """True when any block issued a matmul (a cube-core task)."""
         return any(b.cube for b in self.blocks)
 
     def __repr__(self) -> str:

@@ -397,11 +397,13 @@ class Program:
         return task
 
     def begin_block(self, task: Task, idx: int, phase: int = 0) -> None:
+        """Open block ``idx`` (barrier phase ``phase``) of ``task``; it becomes the current block."""
         blk = Block(task, idx, phase)
         task.blocks.append(blk)
         _ctx.state.block = blk
 
     def end_block(self) -> None:
+        """Close the current block."""
         _ctx.state.block = None
 
     def end_task(self, task: Task, ok: bool) -> None:

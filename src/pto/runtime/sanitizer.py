@@ -96,6 +96,7 @@ class Consumer:
         self.task_id, self.task, self.block, self.site, self.how = task_id, task, block, site, how
 
     def key(self) -> tuple:
+        """Identity of this consumer (task id, block, how) for de-duplication."""
         return (self.task_id if self.task_id is not None else -1, self.block or 0)
 
     def __str__(self) -> str:

@@ -80,6 +80,7 @@ class Machine:
 
     @property
     def dispatch_us(self) -> float:
+        """Per-task dispatch cost in µs (an estimate; see the module constants)."""
         return self.dispatch_s * 1e6
 
     def fill_us(self, nbytes: int) -> float:
