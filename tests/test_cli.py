@@ -149,3 +149,8 @@ def test_bad_thread_count_is_bad_input(capsys, monkeypatch):
 def test_check_drop_init_of_a_name_that_drops_nothing_is_bad_input(capsys):
     code, _, err = run_cli(capsys, "check", "hc_pre", "--preset", "tiny", "--drop-init", "mixes_rwa")
     assert code == 2 and "mixes_rwa" in err and "mixes_raw" in err
+
+
+def test_demo_only_names_a_kernel_of_the_other_group(capsys):
+    code, _, err = run_cli(capsys, "demo", "--group", "model", "--only", "example_add")
+    assert code == 2 and "in another group than 'model'" in err

@@ -361,7 +361,9 @@ def cmd_demo(args) -> int:
     if args.only:
         unknown = sorted(set(args.only) - {c.name for c in cases})
         if unknown:
-            raise ConfigError(f"unknown kernel(s) {unknown}; known: {sorted(c.name for c in cases)}")
+            other = sorted(set(unknown) & {c.name for c in all_cases()})
+            where = f" (in another group than {args.group!r}: {other})" if other else ""
+            raise ConfigError(f"unknown kernel(s) {unknown}{where}; known: {sorted(c.name for c in cases)}")
         cases = [c for c in cases if c.name in args.only]
     cases.sort(key=lambda c: (c.group != "model", c.name))
     con = console()
