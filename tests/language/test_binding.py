@@ -66,8 +66,11 @@ def test_non_contiguous_tensor_is_a_bind_error():
 
 
 def test_dynamic_dims_bind_per_call():
-    kern.run(**args(x=torch.zeros(3, 8, dtype=torch.bfloat16), y=torch.zeros(3, 4)))
-    kern.run(**args(x=torch.zeros(9, 8, dtype=torch.bfloat16), y=torch.zeros(9, 4)))
+    for t in (3, 9):  # T binds afresh per call: 3, then 9, each consistent across x and y
+        y = torch.zeros(t, 4)
+        prog = kern.run(**args(x=torch.zeros(t, 8, dtype=torch.bfloat16), y=y))
+        assert prog.result is y
+        assert [tuple(g.shape) for _, _, g in prog.args[:3]] == [(t, 8), (8, 4), (t, 4)]
 
 
 def test_bare_tensor_annotation_accepts_any_shape_and_dtype():
