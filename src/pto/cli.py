@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
-import importlib.util
 import math
 import os
 import sys
@@ -43,6 +42,7 @@ from rich.table import Table
 import pto
 from pto.errors import ConfigError, PtoError
 from pto.golden import CaseRun, KernelCase, all_cases, get_case, load_examples, run_jit
+from pto.golden.registry import import_file
 from pto.language.jit import JitFunction
 from pto.language.typing import OUT, DynVar, ScalarType, TensorType
 from pto.runtime import Program, RunConfig
@@ -122,12 +122,8 @@ def _load_attr(spec: str):
         path = Path(mod_part)
         if not path.is_file():
             raise ConfigError(f"no such file {mod_part!r}")
-        name = f"pto_cli_target.{path.stem}"
-        mod_spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.modules[name] = module
         try:
-            mod_spec.loader.exec_module(module)
+            module = import_file(path, f"pto_cli_target.{path.stem}")
         except PtoError:
             raise
         except Exception as e:  # noqa: BLE001 - user code

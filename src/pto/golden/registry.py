@@ -71,6 +71,23 @@ def default_examples_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "examples"
 
 
+def import_file(path, module_name: str):
+    """Import the Python file ``path`` as module ``module_name`` (registered in
+    ``sys.modules`` so its kernels can be found again); on any exception the half-made
+    module is removed and the exception propagates unchanged."""
+    import importlib.util
+    import sys
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
 def load_examples(directory: str | Path | None = None) -> list[str]:
     """Import every ``*_example.py`` in ``directory`` so that its ``KernelCase`` registers.
 
@@ -84,7 +101,6 @@ def load_examples(directory: str | Path | None = None) -> list[str]:
     Raises:
         ConfigError: an example module that fails to import, naming the file.
     """
-    import importlib.util
     import sys
     folder = Path(directory) if directory is not None else default_examples_dir()
     if not folder.is_dir():
@@ -98,13 +114,9 @@ def load_examples(directory: str | Path | None = None) -> list[str]:
             names.append(known.__name__)
             continue
         mod_name = f"pto_examples.{path.stem}"
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
         try:
-            spec.loader.exec_module(module)
+            import_file(path, mod_name)
         except Exception as e:  # noqa: BLE001 - user example code
-            del sys.modules[mod_name]
             raise ConfigError(f"example {path} failed to import: {type(e).__name__}: {e}") from e
         names.append(mod_name)
     return names
