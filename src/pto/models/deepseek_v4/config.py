@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 
 from pto.errors import ConfigError
 
-__all__ = ["RopeScaling", "DeepSeekV4Config", "PRESETS", "get_config"]
+__all__ = ["RopeScaling", "DeepSeekV4Config", "DeploymentConfig", "PRESETS", "DEPLOYMENTS",
+           "get_config", "get_deployment", "LAYER_TYPE_OF_RATIO"]
+
+# HF ``layer_types`` entry of each compress ratio (transformers configuration_deepseek_v4).
+LAYER_TYPE_OF_RATIO = {0: "sliding_attention", 4: "compressed_sparse_attention",
+                       128: "heavily_compressed_attention"}
+_RATIO_OF_LAYER_TYPE = {v: k for k, v in LAYER_TYPE_OF_RATIO.items()}
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,9 @@ class DeepSeekV4Config:
     routed_scaling_factor: float = 1.5
     swiglu_limit: float = 10.0
     num_hash_layers: int = 3
+    bos_token_id: int | None = 0
+    eos_token_id: int | None = 1
+    num_nextn_predict_layers: int = 1
     # deployment constants (v4flash-kernels.md "Deployment/implementation constants")
     block_size: int = 128  # paged-KV page rows
     ori_kv_block_num: int = 128  # raw / SWA kv pages
@@ -161,6 +170,221 @@ class DeepSeekV4Config:
         """A copy with ``changes`` applied and validated (raises ConfigError)."""
         return dataclasses.replace(self, **changes).validate()
 
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """HF ``layer_types``: ``sliding_attention`` / ``compressed_sparse_attention`` /
+        ``heavily_compressed_attention`` per layer (from ``compress_ratios`` 0 / 4 / 128)."""
+        return tuple(LAYER_TYPE_OF_RATIO[r] for r in self.compress_ratios)
+
+    @classmethod
+    def from_hf(cls, source, name: str = "hf") -> "DeepSeekV4Config":
+        """Build a config from a Hugging Face DeepSeek-V4 ``config.json``, field for field.
+
+        ``source`` is a dict (the parsed JSON), a path to ``config.json`` or a checkpoint
+        directory holding one. Fields keep HF's meaning (transformers 5.23.0
+        ``DeepseekV4Config``; checkpoint-layout.md section 5):
+
+        * ``max_position_embeddings`` is the model's context length (tokens);
+        * the attention schedule comes from ``layer_types`` or, failing that, the legacy
+          per-layer ``compress_ratios`` (0 / 4 / 128; an extra trailing MTP entry is
+          dropped); neither is an error (HF would silently use a V4-Pro schedule);
+        * hash layers: ``mlp_layer_types`` (leading ``hash_moe`` run) or ``num_hash_layers``;
+        * RoPE: ``qk_rope_head_dim`` or ``partial_rotary_factor * head_dim``; YaRN from
+          ``rope_parameters["compress"]`` (HF nesting) or a flat ``rope_scaling`` /
+          ``rope_parameters`` dict; its ``attention_factor`` must be 1 (or absent);
+        * ``num_key_value_heads`` must be 1 (one shared K=V head); ``tie_word_embeddings``
+          must be false; ``scoring_func`` must be ``sqrtsoftplus``.
+
+        Unknown keys (``architectures``, ``dtype``, ``quantization_config``, ...) are
+        ignored; the weight format is the loader's business (``weights.py``).
+
+        Raises:
+            ConfigError: unreadable file, a missing required field, a field of the wrong
+                type, or a value this implementation does not support, naming the field.
+        """
+        import json
+        from pathlib import Path
+
+        if isinstance(source, (str, Path)):
+            path = Path(source)
+            if path.is_dir():
+                path = path / "config.json"
+            try:
+                hf = json.loads(path.read_text())
+            except FileNotFoundError:
+                raise ConfigError(f"config: no config.json at {path}") from None
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"config: cannot read {path}: {exc}") from None
+        elif isinstance(source, dict):
+            hf = source
+        else:
+            raise ConfigError(f"config: from_hf needs a dict or a path, got {type(source).__name__}")
+        if not isinstance(hf, dict):
+            raise ConfigError("config: config.json must hold a JSON object")
+
+        def get(key, kind, default=dataclasses.MISSING):
+            if key not in hf or hf[key] is None:
+                if default is dataclasses.MISSING:
+                    raise ConfigError(f"config.json: required field {key!r} is missing")
+                return default
+            v = hf[key]
+            if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ConfigError(f"config.json: {key} must be an integer, got {v!r}")
+            if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise ConfigError(f"config.json: {key} must be a number, got {v!r}")
+            return float(v) if kind is float else v
+
+        n_layers = get("num_hidden_layers", int)
+        if hf.get("layer_types") is not None:
+            types = list(hf["layer_types"])
+            if len(types) < n_layers:
+                raise ConfigError(f"config.json: layer_types has {len(types)} entries, "
+                                  f"num_hidden_layers={n_layers}")
+            bad = [t for t in types[:n_layers] if t not in _RATIO_OF_LAYER_TYPE]
+            if bad:
+                raise ConfigError(f"config.json: unknown layer_types entries {bad}; "
+                                  f"known: {sorted(_RATIO_OF_LAYER_TYPE)}")
+            ratios = tuple(_RATIO_OF_LAYER_TYPE[t] for t in types[:n_layers])
+            rates = hf.get("compress_rates") or {}
+            for t, r in rates.items():
+                if t in _RATIO_OF_LAYER_TYPE and r != _RATIO_OF_LAYER_TYPE[t]:
+                    raise ConfigError(f"config.json: compress_rates[{t!r}]={r}; only "
+                                      f"{_RATIO_OF_LAYER_TYPE[t]} is supported")
+        elif hf.get("compress_ratios") is not None:
+            cr = list(hf["compress_ratios"])
+            if len(cr) < n_layers:
+                raise ConfigError(f"config.json: compress_ratios has {len(cr)} entries, "
+                                  f"num_hidden_layers={n_layers}")
+            ratios = tuple(int(r) for r in cr[:n_layers])  # a trailing extra entry is the MTP layer
+        else:
+            raise ConfigError("config.json: neither layer_types nor compress_ratios is given "
+                              "(the attention schedule of every layer)")
+
+        if hf.get("mlp_layer_types") is not None:
+            mlp = list(hf["mlp_layer_types"])[:n_layers]
+            n_hash = 0
+            while n_hash < len(mlp) and mlp[n_hash] == "hash_moe":
+                n_hash += 1
+            if any(t != "moe" for t in mlp[n_hash:]):
+                raise ConfigError(f"config.json: mlp_layer_types {mlp} must be a run of "
+                                  "'hash_moe' followed by 'moe'")
+        else:
+            n_hash = get("num_hash_layers", int, 3)
+
+        head_dim = get("head_dim", int)
+        if hf.get("qk_rope_head_dim") is not None:
+            rope_dim = get("qk_rope_head_dim", int)
+        else:
+            rope_dim = int(round(head_dim * get("partial_rotary_factor", float, 64 / 512)))
+
+        rp = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        if not isinstance(rp, dict):
+            raise ConfigError(f"config.json: rope_parameters must be an object, got {rp!r}")
+        yarn = rp.get("compress", rp)
+        rope_theta = float(rp.get("main", {}).get("rope_theta", get("rope_theta", float, 1e4)))
+        compress_theta = float(yarn.get("rope_theta", get("compress_rope_theta", float, 1.6e5)))
+        if yarn.get("attention_factor", 1.0) != 1.0:
+            raise ConfigError(f"config.json: YaRN attention_factor={yarn['attention_factor']}; "
+                              "DeepSeek-V4 uses 1.0 (no mscale)")
+        defaults = RopeScaling()
+        scaling = RopeScaling(
+            factor=float(yarn.get("factor", hf.get("rope_factor", defaults.factor))),
+            beta_fast=float(yarn.get("beta_fast", hf.get("beta_fast", defaults.beta_fast))),
+            beta_slow=float(yarn.get("beta_slow", hf.get("beta_slow", defaults.beta_slow))),
+            original_max_position_embeddings=int(yarn.get(
+                "original_max_position_embeddings",
+                hf.get("original_seq_len", defaults.original_max_position_embeddings))))
+
+        if get("num_key_value_heads", int, 1) != 1:
+            raise ConfigError(f"config.json: num_key_value_heads={hf['num_key_value_heads']}; "
+                              "DeepSeek-V4 has one shared K=V head")
+        if hf.get("tie_word_embeddings"):
+            raise ConfigError("config.json: tie_word_embeddings=true is not supported "
+                              "(DeepSeek-V4 has an untied lm_head)")
+        scoring = get("scoring_func", str, "sqrtsoftplus")
+        if scoring != "sqrtsoftplus":
+            raise ConfigError(f"config.json: scoring_func={scoring!r}; only 'sqrtsoftplus' is "
+                              "implemented")
+        eos = hf.get("eos_token_id", 1)
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+
+        cfg = cls(
+            name=name, hidden_size=get("hidden_size", int),
+            num_attention_heads=get("num_attention_heads", int), head_dim=head_dim,
+            qk_rope_head_dim=rope_dim, q_lora_rank=get("q_lora_rank", int),
+            o_lora_rank=get("o_lora_rank", int), o_groups=get("o_groups", int),
+            sliding_window=get("sliding_window", int),
+            rms_norm_eps=get("rms_norm_eps", float, 1e-6), hc_mult=get("hc_mult", int, 4),
+            hc_sinkhorn_iters=get("hc_sinkhorn_iters", int, 20),
+            hc_eps=get("hc_eps", float, 1e-6), n_routed_experts=get("n_routed_experts", int),
+            num_experts_per_tok=get("num_experts_per_tok", int),
+            n_shared_experts=get("n_shared_experts", int, 1),
+            moe_intermediate_size=get("moe_intermediate_size", int),
+            vocab_size=get("vocab_size", int), num_hidden_layers=n_layers,
+            compress_ratios=ratios, index_n_heads=get("index_n_heads", int),
+            index_head_dim=get("index_head_dim", int), index_topk=get("index_topk", int),
+            rope_theta=rope_theta, compress_rope_theta=compress_theta, rope_scaling=scaling,
+            max_position_embeddings=get("max_position_embeddings", int),
+            scoring_func=scoring,
+            routed_scaling_factor=get("routed_scaling_factor", float, 1.5),
+            swiglu_limit=get("swiglu_limit", float, 10.0), num_hash_layers=n_hash,
+            bos_token_id=hf.get("bos_token_id", 0), eos_token_id=eos,
+            num_nextn_predict_layers=get("num_nextn_predict_layers", int, 1),
+        )
+        if cfg.n_shared_experts != 1:
+            raise ConfigError(f"config.json: n_shared_experts={cfg.n_shared_experts}; only 1 is "
+                              "implemented")
+        return cfg.validate()
+
+    def to_hf(self) -> dict:
+        """The HF ``config.json`` dict of this config (inverse of :meth:`from_hf`).
+
+        Written the way transformers 5.23.0 ``save_pretrained`` writes it: ``layer_types``,
+        ``mlp_layer_types``, ``partial_rotary_factor`` and nested ``rope_parameters``
+        (``main`` default, ``compress`` YaRN with ``attention_factor`` 1).
+        """
+        ys = self.rope_scaling
+        prf = self.qk_rope_head_dim / self.head_dim
+        n = self.num_hidden_layers
+        return {
+            "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+            "dtype": "float32", "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "moe_intermediate_size": self.moe_intermediate_size, "num_hidden_layers": n,
+            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": 1,
+            "head_dim": self.head_dim, "q_lora_rank": self.q_lora_rank,
+            "partial_rotary_factor": prf, "qk_rope_head_dim": self.qk_rope_head_dim,
+            "num_experts_per_tok": self.num_experts_per_tok,
+            "n_routed_experts": self.n_routed_experts, "n_shared_experts": self.n_shared_experts,
+            "scoring_func": self.scoring_func, "norm_topk_prob": True,
+            "routed_scaling_factor": self.routed_scaling_factor,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta, "compress_rope_theta": self.compress_rope_theta,
+            "rope_parameters": {
+                "main": {"rope_type": "default", "rope_theta": self.rope_theta,
+                         "partial_rotary_factor": prf},
+                "compress": {"rope_type": "yarn", "rope_theta": self.compress_rope_theta,
+                             "partial_rotary_factor": prf, "factor": ys.factor,
+                             "beta_fast": ys.beta_fast, "beta_slow": ys.beta_slow,
+                             "original_max_position_embeddings":
+                                 ys.original_max_position_embeddings,
+                             "attention_factor": 1.0}},
+            "layer_types": list(self.layer_types),
+            "compress_rates": {"compressed_sparse_attention": 4,
+                               "heavily_compressed_attention": 128},
+            "mlp_layer_types": ["hash_moe" if i < self.num_hash_layers else "moe"
+                                for i in range(n)],
+            "swiglu_limit": self.swiglu_limit, "sliding_window": self.sliding_window,
+            "o_groups": self.o_groups, "o_lora_rank": self.o_lora_rank,
+            "index_n_heads": self.index_n_heads, "index_head_dim": self.index_head_dim,
+            "index_topk": self.index_topk, "hc_mult": self.hc_mult,
+            "hc_sinkhorn_iters": self.hc_sinkhorn_iters, "hc_eps": self.hc_eps,
+            "rms_norm_eps": self.rms_norm_eps, "tie_word_embeddings": False,
+            "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
+            "num_nextn_predict_layers": self.num_nextn_predict_layers,
+            "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+        }
+
 
 _FLASH_RATIOS = (0, 0) + tuple(4 if i % 2 == 0 else 128 for i in range(41))
 
@@ -219,3 +443,106 @@ def get_config(name: str) -> DeepSeekV4Config:
         return PRESETS[name]
     except KeyError:
         raise ConfigError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}") from None
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    """Serving geometry of one deployment, separate from the model (DESIGN section 11).
+
+    Units: ``block_size`` and ``hca_state_block_size`` are token rows per page;
+    ``*_block_num`` are page counts of each pool (shared by every request of one layer);
+    ``max_requests`` is the number of requests a cache holds at once; ``max_context`` the
+    longest request in tokens (prompt + generated), at most the model's
+    ``max_position_embeddings``; ``rope_max_pos`` the RoPE table length in positions;
+    ``decode_batch`` x ``decode_seq`` the decode step's token geometry and ``prefill_seq``
+    the prefill chunk capacity in tokens (v4flash-kernels.md "Deployment/implementation
+    constants").
+
+    Raises:
+        ConfigError: from :meth:`validate` naming the first inconsistent field.
+    """
+
+    block_size: int = 128
+    ori_kv_block_num: int = 128
+    cmp_kv_block_num: int = 32
+    hca_state_block_size: int = 8
+    hca_state_block_num: int = 64
+    max_requests: int = 4
+    max_context: int = 16384
+    rope_max_pos: int = 16384
+    decode_batch: int = 4
+    decode_seq: int = 2
+    prefill_seq: int = 128
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        """Block-table length of one request: ``ceil(max_context / block_size)``."""
+        return -(-self.max_context // self.block_size)
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens of one decode step: ``decode_batch * decode_seq``."""
+        return self.decode_batch * self.decode_seq
+
+    def validate(self, model: DeepSeekV4Config | None = None) -> "DeploymentConfig":
+        """Check the fields (and against ``model`` if given); returns ``self``.
+
+        Raises:
+            ConfigError: a non-positive field, ``rope_max_pos < max_context``, or
+                ``max_context`` above the model's ``max_position_embeddings``.
+        """
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"deployment: {f.name} must be a positive integer, got {v!r}")
+        if self.rope_max_pos < self.max_context:
+            raise ConfigError(f"deployment: rope_max_pos={self.rope_max_pos} is shorter than "
+                              f"max_context={self.max_context}")
+        if model is not None and self.max_context > model.max_position_embeddings:
+            raise ConfigError(f"deployment: max_context={self.max_context} exceeds the model's "
+                              f"max_position_embeddings={model.max_position_embeddings}")
+        return self
+
+    def replace(self, **changes) -> "DeploymentConfig":
+        """A copy with ``changes`` applied and validated (raises ConfigError)."""
+        return dataclasses.replace(self, **changes).validate()
+
+    @classmethod
+    def of_model(cls, cfg: DeepSeekV4Config, **changes) -> "DeploymentConfig":
+        """The deployment fields a model preset holds today (``cfg.block_size`` ...),
+        ``max_context`` / ``rope_max_pos`` = ``cfg.max_position_embeddings``, plus ``changes``.
+        """
+        base = dict(block_size=cfg.block_size, ori_kv_block_num=cfg.ori_kv_block_num,
+                    cmp_kv_block_num=cfg.cmp_kv_block_num,
+                    hca_state_block_size=cfg.hca_state_block_size,
+                    hca_state_block_num=cfg.hca_state_block_num,
+                    max_context=cfg.max_position_embeddings,
+                    rope_max_pos=cfg.max_position_embeddings, decode_batch=cfg.decode_batch,
+                    decode_seq=cfg.decode_seq, prefill_seq=cfg.prefill_seq)
+        base.update(changes)
+        return cls(**base).validate()
+
+
+DEPLOYMENTS: dict[str, DeploymentConfig] = {
+    "flash": DeploymentConfig(),
+    "pro": DeploymentConfig(),
+    "demo": DeploymentConfig(),
+    # tiny: 16-row pages; a 1024-token context holds a 500-token prompt plus generation
+    "tiny": DeploymentConfig(block_size=16, ori_kv_block_num=64, cmp_kv_block_num=8,
+                             hca_state_block_num=64, max_requests=4, max_context=1024,
+                             rope_max_pos=1024),
+}
+for _dep in DEPLOYMENTS.values():
+    _dep.validate()
+
+
+def get_deployment(name: str) -> DeploymentConfig:
+    """The deployment preset called ``name`` (same names as :data:`PRESETS`).
+
+    Raises:
+        ConfigError: for an unknown name, listing the known ones.
+    """
+    try:
+        return DEPLOYMENTS[name]
+    except KeyError:
+        raise ConfigError(f"unknown deployment {name!r}; known: {sorted(DEPLOYMENTS)}") from None
