@@ -20,10 +20,12 @@ from pto.language.tile_ops import (CAST_MODES, PadValue, Tile, abs, add, arange,
                                    matmul, matmul_acc, maximum, minimum, mul, neg, recip, row_expand,
                                    row_expand_add, row_expand_div, row_expand_mul, row_expand_sub, row_max,
                                    row_min, row_sum, rsqrt, set_validshape, sqrt, sub, transpose)
-from pto.language.typing import DynVar, InOut, Out, Scalar, ScalarValue, Tensor, dynamic
+from pto.language.tile_ops import MaskPattern, cmp, mrgsort, select, sort32
+from pto.language.typing import DynVar, InOut, Out, PartialOut, Scalar, ScalarValue, Tensor, dynamic
 
 tensor = _NS(dim=_dim, read=read, write=write, slice=slice, reshape=reshape, assemble=assemble)
-tile = _NS(get_block_idx=system.get_block_idx, full=full, load=load, store=store, write=write, read=read)
+tile = _NS(get_block_idx=system.get_block_idx, full=full, load=load, store=store, write=write, read=read,
+           MaskPattern=MaskPattern)
 
 
 class MemorySpace:

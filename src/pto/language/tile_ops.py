@@ -45,7 +45,7 @@ __all__ = [
     "row_expand_sub", "row_expand_add", "col_expand", "col_expand_mul", "col_expand_add",
     "col_expand_sub", "col_expand_div", "col_expand_expdif", "gather", "transpose", "matmul",
     "matmul_acc", "set_validshape", "fillpad", "tile_reshape", "tile_slice", "tile_assemble",
-    "CAST_MODES",
+    "CAST_MODES", "cmp", "select", "MaskPattern", "sort32", "mrgsort", "CMP_MODES",
 ]
 
 
@@ -692,13 +692,23 @@ def gather(x, dim: int = -1, index=None, mask_pattern=None, output_dtype=None) -
     ``index`` is an INT32 (or INT16/INT64) tile with the same number of rows as
     ``x`` (or one row, broadcast to every row). The definedness mask moves with
     the data; an undefined index (check mode) yields an undefined element
-    instead of a range error. The mask-pattern form is not supported.
+    instead of a range error.
+
+    Mask form ``gather(x, mask_pattern=P, output_dtype=dt)``: keep the lanes of the last dim
+    that the periodic pattern ``P`` (:class:`MaskPattern`) selects; the last dim shrinks by the
+    period (2 for ``P0101`` / ``P1010``, 4 for the one-lane patterns, 1 for ``P1111``).
+    ``output_dtype`` reinterprets kept 32-bit lanes (FP32 <-> INT32 / UINT32 bits), e.g. the
+    index lanes of :func:`sort32` pairs.
 
     Raises:
-        DslError: wrong rank or dim, non-integer index, an index out of range.
+        DslError: wrong rank or dim, non-integer index, an index out of range; for the mask
+            form an unknown pattern, a period that does not divide the last dim, or an
+            ``output_dtype`` that is not a 32-bit reinterpretation.
     """
     if mask_pattern is not None:
-        raise DslError("pl.gather: the mask_pattern form is not supported")
+        if index is not None:
+            raise DslError("pl.gather: give index= or mask_pattern=, not both")
+        return _gather_mask(x, mask_pattern, output_dtype)
     x = _need_rank2("gather", x)
     if index is None:
         raise DslError("pl.gather: index= is required")
@@ -926,3 +936,242 @@ def fillpad(x, pad_value=PadValue.zero) -> Tile:
         mask = torch.zeros_like(x.mask)
         mask[key] = x.mask[key]
     return Tile(data, mask)
+
+
+# ---- compare / select, sort and merge (the top-k primitives of the indexers) -------------------
+
+CMP_MODES = {"eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge}
+
+
+def cmp(lhs, rhs, cmp_mode: str = "eq") -> Tile:
+    """Elementwise comparison ``lhs <op> rhs`` as a BOOL tile (1 = true).
+
+    ``cmp_mode`` is one of ``eq ne lt le gt ge``. ``rhs`` is a tile of ``lhs``'s shape and
+    dtype, or a number (the scalar form). IEEE rules: any comparison with NaN is false except
+    ``ne``. The definedness mask is the AND of the operands' masks.
+
+    Raises:
+        DslError: an unknown ``cmp_mode``, or the shape / dtype rules of every elementwise op.
+    """
+    fn = CMP_MODES.get(cmp_mode)
+    if fn is None:
+        raise DslError(f"pl.cmp: cmp_mode must be one of {sorted(CMP_MODES)}, got {cmp_mode!r}")
+    lhs = _as_tile(lhs, "pl.cmp")
+    if isinstance(rhs, (Tile, torch.Tensor)):
+        rhs = _as_tile(rhs, "pl.cmp")
+        if rhs.data.dtype != lhs.data.dtype or rhs.data.shape != lhs.data.shape:
+            raise DslError(f"pl.cmp: operands must match in shape and dtype, got {lhs} and {rhs}")
+        out, mask = fn(lhs.data, rhs.data), _and(lhs.mask, rhs.mask)
+    else:
+        v, oid = _scalar(rhs, "pl.cmp")
+        out = fn(lhs.data, v)
+        mask = lhs.mask if not oid else _and(lhs.mask, torch.full(lhs.data.shape, oid, dtype=torch.int32))
+    _count(out.numel())
+    return Tile(out, mask, lhs.valid)
+
+
+def select(mask, a, b) -> Tile:
+    """Elementwise ``mask ? a : b``: ``mask`` a BOOL tile (e.g. from :func:`cmp`), ``a`` a tile,
+    ``b`` a tile of ``a``'s shape and dtype or a number. The result's definedness is the
+    chosen operand's definedness AND the mask's.
+
+    Raises:
+        DslError: a non-BOOL mask, shapes that differ, dtypes that differ, or a fractional
+            number with an integer tile.
+    """
+    m = _as_tile(mask, "pl.select")
+    a = _as_tile(a, "pl.select")
+    if m.data.dtype != torch.bool:
+        raise DslError(f"pl.select: mask must be a BOOL tile (pl.cmp), got {m.dtype}")
+    if m.data.shape != a.data.shape:
+        raise DslError(f"pl.select: mask {list(m.shape)} and operand {list(a.shape)} differ in shape")
+    if isinstance(b, (Tile, torch.Tensor)):
+        b = _as_tile(b, "pl.select")
+        if b.data.dtype != a.data.dtype or b.data.shape != a.data.shape:
+            raise DslError(f"pl.select: operands must match in shape and dtype, got {a} and {b}")
+        bd, bm = b.data, b.mask
+    else:
+        v, oid = _scalar(b, "pl.select")
+        if isinstance(v, float) and not a.data.dtype.is_floating_point and not v.is_integer():
+            raise DslError(f"pl.select: fractional value {v} with a {a.dtype} tile")
+        bd = torch.full_like(a.data, v)
+        bm = torch.full(a.data.shape, oid, dtype=torch.int32) if oid else None
+    out = torch.where(m.data, a.data, bd)
+    mask_out = None
+    if a.mask is not None or bm is not None:
+        am = a.mask if a.mask is not None else torch.zeros(a.data.shape, dtype=torch.int32)
+        bmm = bm if bm is not None else torch.zeros(a.data.shape, dtype=torch.int32)
+        mask_out = torch.where(m.data, am, bmm)
+    mask_out = _and(mask_out, m.mask)
+    _count(out.numel())
+    return Tile(out, mask_out, a.valid)
+
+
+class MaskPattern:
+    """Lane patterns of :func:`gather`'s mask form (dsl-api.md section 13). The rightmost
+    character is lane 0: ``P0101`` keeps the even lanes, ``P1010`` the odd lanes (the indices of
+    sort32 / mrgsort pairs), ``P0001 .. P1000`` one lane of every 4, ``P1111`` all lanes."""
+
+    P0101, P1010, P0001, P0010, P0100, P1000, P1111 = 1, 2, 3, 4, 5, 6, 7
+
+
+# pattern id -> (period, kept lane offsets inside the period)
+_MASK_LANES = {1: (2, (0,)), 2: (2, (1,)), 3: (4, (0,)), 4: (4, (1,)), 5: (4, (2,)), 6: (4, (3,)),
+               7: (1, (0,))}
+_BITS32 = (torch.float32, torch.int32, torch.uint32)
+
+
+def _gather_mask(x, mask_pattern, output_dtype) -> Tile:
+    """Mask form of :func:`gather` (see there)."""
+    x = _need_rank2("gather", x)
+    lanes = _MASK_LANES.get(mask_pattern if not isinstance(mask_pattern, bool) else None)
+    if lanes is None:
+        raise DslError(f"pl.gather: unknown mask_pattern {mask_pattern!r}; use pl.MaskPattern.P0101 .. P1111")
+    period, keep = lanes
+    n = x.shape[1]
+    if n % period:
+        raise DslError(f"pl.gather: mask_pattern period {period} does not divide the last dim {n}")
+    data = x.data[:, keep[0]::period].contiguous()
+    mask = None if x.mask is None else x.mask[:, keep[0]::period].contiguous()
+    if output_dtype is not None:
+        dt = as_dtype(output_dtype).torch
+        if dt != data.dtype:
+            if data.dtype not in _BITS32 or dt not in _BITS32:
+                raise DslError(f"pl.gather: output_dtype reinterprets 32-bit lanes (FP32 / INT32 / UINT32), "
+                               f"got {x.dtype} -> {as_dtype(output_dtype)}")
+            data = data.view(dt)
+    _count(data.numel())
+    return Tile(data, mask)
+
+
+def _pairs(x, op: str) -> Tile:
+    """A rank-2 FP32 tile of interleaved (value, index-bits) pairs."""
+    x = _need_rank2(op, x)
+    if x.data.dtype != torch.float32:
+        raise DslError(f"pl.{op}: value/index pairs are FP32 lanes, got {x.dtype}")
+    if x.shape[1] % 2:
+        raise DslError(f"pl.{op}: pair tile needs an even last dim, got {list(x.shape)}")
+    return x
+
+
+def _stable_desc(pairs: torch.Tensor, pmask, groups: int):
+    """Stable descending sort of the pairs inside each of ``groups`` equal lane groups per row."""
+    rows, lanes = pairs.shape
+    v = pairs.view(rows, groups, lanes // (2 * groups), 2)
+    order = torch.sort(v[..., 0], dim=-1, descending=True, stable=True).indices
+    idx = order.unsqueeze(-1).expand(-1, -1, -1, 2)
+    out = torch.gather(v, 2, idx).reshape(rows, lanes)
+    mask = None
+    if pmask is not None:
+        # a pair moves as one: its mask is the AND of its two lanes
+        m = pmask.view(rows, groups, lanes // (2 * groups), 2).amax(dim=-1, keepdim=True).expand(-1, -1, -1, 2)
+        mask = torch.gather(m, 2, idx).reshape(rows, lanes).contiguous()
+    return out, mask
+
+
+def sort32(src, idx) -> Tile:
+    """Sort every run of 32 consecutive values of each row descending, carrying an index along.
+
+    ``src`` is a rank-2 FP32 tile ``[R, N]`` (``N`` a multiple of 32); ``idx`` a UINT32 or
+    INT32 tile ``[R, N]`` or ``[1, N]`` (broadcast to every row; kernels seed it with
+    ``pl.arange(0, [1, N], pl.UINT32)``). The result is ``[R, 2N]`` FP32: pairs ``(value,
+    index)`` interleaved, the index stored as its raw 32 bits in the odd lanes (read them with
+    ``pl.gather(out, mask_pattern=pl.MaskPattern.P1010, output_dtype=pl.INT32)``).
+
+    Tie order: **stable** -- equal values keep their input order, so with an ascending index
+    seed the lower index comes first (torch ``sort(descending=True, stable=True)``). NaN sorts
+    first (torch's descending order). Each pair's definedness is the AND of its value's and
+    index's.
+
+    Raises:
+        DslError: ranks other than 2, a non-FP32 ``src``, ``N`` not a multiple of 32, or an
+            ``idx`` of another dtype or shape.
+    """
+    src = _need_rank2("sort32", src)
+    ix = _need_rank2("sort32", idx)
+    if src.data.dtype != torch.float32:
+        raise DslError(f"pl.sort32: src must be FP32, got {src.dtype}")
+    rows, n = src.shape
+    if n % 32:
+        raise DslError(f"pl.sort32: last dim {n} is not a multiple of 32")
+    if ix.data.dtype not in (torch.int32, torch.uint32) or ix.shape[1] != n or ix.shape[0] not in (1, rows):
+        raise DslError(f"pl.sort32: idx must be an INT32/UINT32 [1, {n}] or [{rows}, {n}] tile, got {ix}")
+    bits = ix.data.view(torch.float32).expand(rows, n)
+    pairs = torch.stack([src.data, bits], dim=-1).reshape(rows, 2 * n)
+    pmask = None
+    if src.mask is not None or ix.mask is not None:
+        sm = src.mask if src.mask is not None else torch.zeros(rows, n, dtype=torch.int32)
+        im = ix.mask.expand(rows, n) if ix.mask is not None else torch.zeros(rows, n, dtype=torch.int32)
+        pmask = torch.stack([sm, im], dim=-1).reshape(rows, 2 * n)
+    out, mask = _stable_desc(pairs, pmask, n // 32)
+    _count(out.numel() * 5)
+    return Tile(out, mask)
+
+
+def _check_runs(x: torch.Tensor, run_lanes: int, op: str) -> None:
+    rows, lanes = x.shape
+    v = x.view(rows, -1, run_lanes // 2, 2)[..., 0]
+    if v.shape[-1] > 1 and bool((v[..., 1:] > v[..., :-1]).any()):
+        raise DslError(f"pl.{op}: input runs of {run_lanes} lanes are not sorted descending "
+                       "(merge sorted runs from pl.sort32 / an earlier pl.mrgsort)")
+
+
+def mrgsort(*srcs, block_len=None, exhausted: bool = False, tmp=None) -> Tile:
+    """Merge sorted runs of (value, index) pairs, descending (dsl-api.md section 13).
+
+    Format 1 ``mrgsort(src, block_len=L)``: ``src`` ``[R, M]`` FP32 pair lanes holding sorted
+    runs of ``L`` lanes (``L`` even; ``M`` a multiple of ``L``); every 4 consecutive runs merge
+    into one run of ``4L`` lanes (a last group of fewer runs merges what it has).
+    Format 2 ``mrgsort(a, b[, c, d])``: 2-4 sorted pair tiles with the same row count merge
+    into one ``[R, sum M_i]`` run.
+
+    Tie order: stable -- among equal values the pair from the earlier run (format 1) or the
+    earlier argument (format 2) comes first; after :func:`sort32` with an ascending index seed
+    this keeps equal values in ascending index order end to end. ``exhausted`` and ``tmp``
+    are accepted for source compatibility (on the device they select the early-exit mode and
+    the scratch tile) and do not change the result.
+
+    Raises:
+        DslError: a non-FP32 or odd-width pair tile, a ``block_len`` that does not divide the
+            width, runs that are not sorted descending, mixed row counts, format 1 with more
+            than one source or format 2 with ``block_len`` or with 1 or more than 4 sources.
+    """
+    if block_len is not None:
+        if len(srcs) != 1:
+            raise DslError(f"pl.mrgsort: format 1 (block_len=) takes one source, got {len(srcs)}")
+        x = _pairs(srcs[0], "mrgsort")
+        L = as_int(block_len, "block_len")
+        rows, m = x.shape
+        if L <= 0 or L % 2 or m % L:
+            raise DslError(f"pl.mrgsort: block_len={L} must be even and divide the width {m}")
+        _check_runs(x.data, L, "mrgsort")
+        group = 4 * L
+        pad = (-m) % group
+        data, mask = x.data, x.mask
+        if pad:  # the last group has fewer runs: merge it on its own
+            head = m - (m % group)
+            out_h, mask_h = _stable_desc(data[:, :head], None if mask is None else mask[:, :head],
+                                         max(head // group, 1)) if head else (data[:, :0], None)
+            out_t, mask_t = _stable_desc(data[:, head:], None if mask is None else mask[:, head:], 1)
+            out = torch.cat([out_h, out_t], dim=1)
+            mout = None if mask is None else torch.cat([mask_h if head else mask[:, :0], mask_t], dim=1)
+        else:
+            out, mout = _stable_desc(data, mask, m // group)
+        _count(out.numel() * 2)
+        return Tile(out, mout)
+    if not 2 <= len(srcs) <= 4:
+        raise DslError(f"pl.mrgsort: format 2 merges 2 to 4 sorted tiles, got {len(srcs)}")
+    tiles = [_pairs(s, "mrgsort") for s in srcs]
+    rows = tiles[0].shape[0]
+    if any(t.shape[0] != rows for t in tiles):
+        raise DslError(f"pl.mrgsort: sources differ in row count: {[list(t.shape) for t in tiles]}")
+    for t in tiles:
+        _check_runs(t.data, t.shape[1], "mrgsort")
+    data = torch.cat([t.data for t in tiles], dim=1)
+    mask = None
+    if any(t.mask is not None for t in tiles):
+        mask = torch.cat([t.mask if t.mask is not None else torch.zeros(t.data.shape, dtype=torch.int32)
+                          for t in tiles], dim=1)
+    out, mout = _stable_desc(data, mask, 1)
+    _count(out.numel() * 2)
+    return Tile(out, mout)
