@@ -5,11 +5,11 @@ DeepSeek-V4-Flash kernels written in it. See DESIGN.md for the architecture.
 ``pto.golden`` validates it against torch goldens.
 """
 
-from pto.errors import (BindError, CapacityError, ConfigError, DslError, GoldenDataError, GoldenError,
+from pto.errors import (BindError, CapacityError, CheckpointError, ConfigError, DslError, GoldenDataError, GoldenError,
                         HeapExhaustedError, PtoError, RaceError, UndefinedOutputError, UndefinedValueError)
 from pto.runtime import Program, RunConfig, run
 
-__all__ = ["PtoError", "BindError", "CapacityError", "HeapExhaustedError", "ConfigError", "DslError",
+__all__ = ["PtoError", "BindError", "CapacityError", "CheckpointError", "HeapExhaustedError", "ConfigError", "DslError",
            "UndefinedValueError", "UndefinedOutputError", "RaceError", "GoldenDataError", "GoldenError", "Program",
            "RunConfig", "run"]
 __version__ = "0.1.0"

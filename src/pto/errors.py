@@ -55,3 +55,9 @@ class GoldenDataError(PtoError):
 class GoldenError(PtoError):
     """The golden (reference) function of a ``run_jit`` call raised an exception that is
     not itself a PtoError; names the golden, the original exception is the ``__cause__``."""
+
+
+class CheckpointError(PtoError):
+    """A model checkpoint directory is malformed: a missing, extra or misshapen tensor, an
+    unreadable file or index, or a tensor in a format the loader cannot convert; names the
+    tensor (or file) and what was expected."""
