@@ -92,9 +92,9 @@ def test_program_ending_inside_a_task_or_after_an_error_resets_the_runtime():
         pl.create_tensor([1], pl.FP32)
 
 
-def test_out_parameter_result_is_only_copied_back_on_success_and_in_check_mode_only_written_elements():
+def test_out_parameter_result_is_only_copied_back_on_success_and_partial_out_keeps_unwritten_elements():
     @pl.jit
-    def partial(y: pl.Out[pl.Tensor[[4, 4], pl.FP32]]):
+    def partial(y: pl.PartialOut[pl.Tensor[[4, 4], pl.FP32]]):
         with pl.at(name_hint="half"):
             y[0:2, :] = pl.full([2, 4], pl.FP32, 1.0)
         return y

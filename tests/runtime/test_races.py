@@ -86,7 +86,7 @@ def test_read_of_another_blocks_atomic_add_races():
 
 def _phased_kernel(barrier: bool):
     @pl.jit
-    def phased(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    def phased(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.PartialOut[pl.Tensor[[ROWS, COLS], pl.FP32]]):
         s = pl.create_tensor([ROWS, COLS], pl.FP32)
 
         @pl.spmd(2, name_hint="exchange")

@@ -288,7 +288,7 @@ def test_every_tile_op_has_a_rule_test():
 
 def _probe_kernel(capture: dict):
     @pl.jit
-    def probe(x: pl.Tensor[[16, 16], pl.FP32], y: pl.Out[pl.Tensor[[16, 16], pl.FP32]]):
+    def probe(x: pl.Tensor[[16, 16], pl.FP32], y: pl.PartialOut[pl.Tensor[[16, 16], pl.FP32]]):
         s = pl.create_tensor([16, 16], pl.FP32)  # undefined
         with pl.at(name_hint="half_fill"):
             s[0:8, :] = x[0:8, :]  # rows 8..15 stay undefined
@@ -353,7 +353,8 @@ def test_integer_poison_pattern_and_out_parameters():
             cap["y"] = y[0:4, :]
             cap["z"] = z[0:4, :].data.clone()
 
-    k.run(torch.zeros(4, 8, dtype=torch.int32), torch.zeros(4, 8, dtype=torch.bfloat16), config=CHECK)
+    with pytest.raises(UndefinedOutputError, match="output 'y' .* never wrote"):  # y and z are never written
+        k.run(torch.zeros(4, 8, dtype=torch.int32), torch.zeros(4, 8, dtype=torch.bfloat16), config=CHECK)
     assert bool((cap["s"].view(torch.uint8) == 0xAB).all())  # fixed garbage pattern
     assert bool((cap["y"].data.view(torch.uint8) == 0xAB).all())  # Out args: undefined until written
     assert bool((cap["y"].mask != 0).all())
@@ -492,7 +493,8 @@ def _splitk_kernel(padded_rows_out: bool = False, seed_rows: str = "init"):
     """
     @pl.jit
     def splitk(x: pl.Tensor[[T_DYN, 64], pl.BF16], w: pl.Tensor[[64, 32], pl.BF16],
-               out: pl.Out[pl.Tensor[[T_DYN, 32], pl.FP32]], out_pad: pl.Out[pl.Tensor[[16, 32], pl.FP32]]):
+               out: pl.Out[pl.Tensor[[T_DYN, 32], pl.FP32]],
+               out_pad: pl.PartialOut[pl.Tensor[[16, 32], pl.FP32]]):  # written only with padded_rows_out
         t = pl.tensor.dim(x, 0)
         t_pad = (t + 15) // 16 * 16
         if seed_rows == "init":
@@ -697,7 +699,8 @@ def _pad_kernel(all_rows_out: bool):
     ``normed`` (uninitialised, fully written), and the finalize task copies
     row 0 (or, with ``all_rows_out``, all 8 rows) to the output."""
     @pl.jit
-    def pad_norm(x: pl.Tensor[[16, PAD_COLS], pl.FP32], out: pl.Out[pl.Tensor[[PAD_ROWS, PAD_COLS], pl.FP32]]):
+    def pad_norm(x: pl.Tensor[[16, PAD_COLS], pl.FP32],
+                 out: pl.PartialOut[pl.Tensor[[PAD_ROWS, PAD_COLS], pl.FP32]]):  # row 0 only, or all rows
         pooled = pl.create_tensor([PAD_ROWS, PAD_COLS], pl.FP32, init_value=0)
         normed = pl.create_tensor([PAD_ROWS, PAD_COLS], pl.FP32)
         with pl.at(name_hint="pool"):

@@ -1,7 +1,8 @@
 """Parameter annotations and scalar values of the DSL.
 
 ``pl.Tensor[[T, D], pl.BF16]`` is a GM tensor parameter (direction In);
-``pl.Out[...]`` and ``pl.InOut[...]`` set the direction; ``pl.Scalar[pl.INT32]``
+``pl.Out[...]`` and ``pl.InOut[...]`` set the direction; ``pl.PartialOut[...]`` is
+an Out the program may leave partly unwritten on purpose; ``pl.Scalar[pl.INT32]``
 is a by-value scalar; ``pl.dynamic("T")`` is a symbolic dimension bound on first
 use and checked for agreement across arguments (DESIGN section 3.1).
 """
@@ -13,7 +14,7 @@ import operator
 from pto.errors import DslError, UndefinedValueError
 from pto.language.dtypes import DType, as_dtype
 
-__all__ = ["Tensor", "Out", "InOut", "Scalar", "dynamic", "DynVar", "TensorType",
+__all__ = ["Tensor", "Out", "InOut", "PartialOut", "Scalar", "dynamic", "DynVar", "TensorType",
            "ScalarType", "ScalarValue", "IN", "OUT", "INOUT", "as_int"]
 
 IN, OUT, INOUT = "in", "out", "inout"
@@ -38,11 +39,16 @@ def dynamic(name: str) -> DynVar:
 
 
 class TensorType:
-    """Annotation of a GM tensor parameter: dims (ints or DynVar), dtype, direction."""
+    """Annotation of a GM tensor parameter: dims (ints or DynVar), dtype, direction.
 
-    __slots__ = ("dims", "dtype", "direction")
+    ``partial`` (only with direction ``out``): ``pl.PartialOut``, an output whose unwritten
+    elements keep the caller's values; check mode neither poisons it nor reports its
+    unwritten elements (a plain ``pl.Out`` must be written everywhere).
+    """
 
-    def __init__(self, dims, dtype, direction=IN):
+    __slots__ = ("dims", "dtype", "direction", "partial")
+
+    def __init__(self, dims, dtype, direction=IN, partial: bool = False):
         if dims is not None:
             for d in dims:
                 if not isinstance(d, (int, DynVar)):
@@ -51,14 +57,18 @@ class TensorType:
         self.dims = dims
         self.dtype = as_dtype(dtype) if dtype is not None else None
         self.direction = direction
+        self.partial = partial and direction == OUT
 
-    def with_direction(self, direction: str) -> "TensorType":
-        """The same annotation with direction ``in`` / ``out`` / ``inout``."""
-        return TensorType(self.dims, self.dtype, direction)
+    def with_direction(self, direction: str, partial: bool = False) -> "TensorType":
+        """The same annotation with direction ``in`` / ``out`` / ``inout`` (``partial``: PartialOut)."""
+        return TensorType(self.dims, self.dtype, direction, partial)
 
     def __repr__(self) -> str:
         inner = f"pl.Tensor[{list(self.dims) if self.dims is not None else '...'}, {self.dtype}]"
-        return inner if self.direction == IN else f"pl.{'Out' if self.direction == OUT else 'InOut'}[{inner}]"
+        if self.direction == IN:
+            return inner
+        word = "PartialOut" if self.partial else "Out" if self.direction == OUT else "InOut"
+        return f"pl.{word}[{inner}]"
 
 
 class _TensorFactory:
@@ -75,20 +85,28 @@ class _TensorFactory:
 
 
 class _DirFactory:
-    def __init__(self, direction: str):
+    def __init__(self, direction: str, word: str, partial: bool = False):
         self.direction = direction
+        self.word = word
+        self.partial = partial
 
     def __getitem__(self, item):
         if isinstance(item, _TensorFactory):
-            return TensorType(None, None, self.direction)
+            return TensorType(None, None, self.direction, self.partial)
         if not isinstance(item, TensorType):
-            raise DslError(f"pl.{self.direction.capitalize()}[...] takes a pl.Tensor[...] annotation, got {item!r}")
-        return item.with_direction(self.direction)
+            raise DslError(f"pl.{self.word}[...] takes a pl.Tensor[...] annotation, got {item!r}")
+        return item.with_direction(self.direction, self.partial)
+
+    def __repr__(self) -> str:
+        return f"pl.{self.word}"
 
 
 Tensor = _TensorFactory()
-Out = _DirFactory(OUT)
-InOut = _DirFactory(INOUT)
+Out = _DirFactory(OUT, "Out")
+InOut = _DirFactory(INOUT, "InOut")
+# An Out the program may leave partly unwritten on purpose (e.g. rows of requests that do not
+# compress): unwritten elements keep the caller's values, check mode does not report them.
+PartialOut = _DirFactory(OUT, "PartialOut", partial=True)
 
 
 class ScalarType:

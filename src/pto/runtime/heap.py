@@ -38,7 +38,8 @@ class Buffer:
         id: program-unique id (> 0; also the origin id in definedness masks).
         name, site: for messages (``site`` is ``file:line`` of the allocation
             or the parameter's kernel).
-        kind: ``"arg"`` or ``"scratch"``; ``direction`` for args (in/out/inout).
+        kind: ``"arg"`` or ``"scratch"``; ``direction`` for args (in/out/inout);
+            ``partial``: a ``pl.PartialOut`` argument (unwritten elements allowed).
         nbytes, offset: size and heap offset (offset None for arguments).
         C: width of the root's 2-D footprint coordinates (``shape[-1]``).
         shadow: INT32 definedness mask shaped like the root (check mode), 0 =
@@ -48,7 +49,7 @@ class Buffer:
 
     __slots__ = ("id", "name", "site", "kind", "direction", "shape", "dtype", "nbytes", "offset", "base_off",
                  "C", "shadow", "untracked", "freed", "program", "init_value", "init_dropped", "written",
-                 "readonly", "data", "scope")
+                 "readonly", "data", "scope", "partial")
 
     def __init__(self, bid, name, site, kind, data: torch.Tensor, program, direction="in", offset=None,
                  init_value=None, untracked=False):
@@ -73,6 +74,7 @@ class Buffer:
         self.readonly = False
         self.data = data
         self.scope = 0
+        self.partial = False  # a pl.PartialOut argument: unwritten elements are allowed
 
     def __repr__(self) -> str:
         return f"Buffer(#{self.id} {self.name!r} {list(self.shape)} {self.dtype} at {self.site})"

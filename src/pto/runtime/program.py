@@ -254,17 +254,21 @@ class Program:
         if not t.is_contiguous():
             raise BindError(f"kernel {self.name}: parameter {p.name!r} must be contiguous (call .contiguous())")
         direction = p.ann.direction
-        if direction == OUT and self.check:
+        partial = p.ann.partial
+        if direction == OUT and self.check and not partial:
             data = torch.empty_like(t)  # poisoned below: an Out argument is undefined until written
         else:
             data = t if direction not in (OUT, INOUT) else t.clone()
         buf = Buffer(len(self.buffers) + 1, p.name, f"parameter {p.name!r} of {self.name}", "arg", data, self,
                      direction=direction)
         buf.readonly = direction not in (OUT, INOUT)
+        buf.partial = partial
         self.buffers.append(buf)
         if self.check and direction in (OUT, INOUT):
+            # Out (and PartialOut) elements are undefined until written; a PartialOut keeps the
+            # caller's values in its storage for the elements the program leaves alone
             buf.shadow = torch.full(buf.shape, buf.id if direction == OUT else 0, dtype=torch.int32)
-            if direction == OUT:
+            if direction == OUT and not partial:
                 _poison(data)
         g = GMTensor(data, buf, p.name)
         self.args.append((p, t, g))
@@ -283,15 +287,11 @@ class Program:
         return ret
 
     def _copy_back(self) -> None:
+        # in check mode the output check passed: every element of an Out was written, and the
+        # unwritten elements of a PartialOut still hold the caller's values in the private copy
         for p, caller, g in self.args:
-            if g.buf.direction == INOUT or (g.buf.direction == OUT and not self.check):
+            if g.buf.direction in (OUT, INOUT):
                 caller.copy_(g.data)
-            elif g.buf.direction == OUT:  # check mode: only the written elements (the rest are poisoned)
-                sh = g.buf.shadow
-                if not bool(sh.any()):  # every element written and defined
-                    caller.copy_(g.data)
-                else:
-                    caller.copy_(torch.where(sh != g.buf.id, g.data, caller))
 
     def _finish_stats(self) -> None:
         s = self.stats

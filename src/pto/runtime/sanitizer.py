@@ -224,17 +224,20 @@ def _writers(program, buf, box) -> list[str]:
 
 
 def check_outputs(program) -> None:
-    """Every element of every Out/InOut argument that the program wrote must be defined.
+    """Every element of every Out/InOut argument that the program wrote must be defined,
+    and every element of a ``pl.Out`` argument must have been written.
 
-    For an Out argument, elements still tagged with the argument's own raw
-    id were never written and are not checked (the caller's values stay).
+    Elements of an Out argument still tagged with the argument's own raw id
+    were never written: an error for ``pl.Out``, allowed for ``pl.PartialOut``
+    (the caller's values stay there).
 
     Raises:
         UndefinedOutputError: naming the output, the bounding box of its
             undefined elements, the origin allocation (name, shape, dtype,
             file:line), the first task (and block) that consumed it
             undefined, and the tasks that wrote the box; further origins
-            are listed by name.
+            are listed by name. For a ``pl.Out`` with unwritten elements:
+            the output, their count and bounding box.
     """
     san = program.sanitizer
     for p, _caller, g in program.args:
@@ -246,7 +249,10 @@ def check_outputs(program) -> None:
             continue
         bad = sh != 0
         if buf.direction == OUT:
-            bad &= sh != buf.id
+            unwritten = sh == buf.id
+            bad &= ~unwritten
+            if not buf.partial and bool(unwritten.any()):
+                raise UndefinedOutputError(_unwritten_text(program, p.name, buf, unwritten))
         if not bool(bad.any()):
             continue
         tags = torch.unique(sh[bad]).tolist()
@@ -271,6 +277,14 @@ def check_outputs(program) -> None:
             others = [repr(v[0].name) for k, v in sorted(per_origin.items()) if k != ob.id]
             lines.append(f"other undefined origins: {', '.join(others)}")
         raise UndefinedOutputError("\n  ".join(lines))
+
+
+def _unwritten_text(program, name: str, buf, unwritten: torch.Tensor) -> str:
+    """The message for elements of a ``pl.Out`` the program never wrote."""
+    return (f"kernel {program.name}: output {name!r} {list(buf.shape)} has {int(unwritten.sum())} element(s) the "
+            f"program never wrote, in box {_box_text(undefined_box(unwritten))}; every element of a pl.Out must "
+            f"be written (a kernel that leaves part of an output alone on purpose declares it "
+            f"pl.PartialOut[...]: its unwritten elements keep the caller's values)")
 
 
 def short_site(site: str) -> str:
