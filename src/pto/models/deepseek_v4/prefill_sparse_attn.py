@@ -50,9 +50,7 @@ from pto.errors import BindError, ConfigError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ScalarSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 from pto.models.deepseek_v4.qkv_proj_rope import (
-    INT8_SCALE_MAX,
-    int8_row_amax,
-    int8_row_codes,
+    int8_quantize_rows,
     quantize_per_row_int8,
     quantize_weight_per_column,
     rope_interleaved,
@@ -449,9 +447,9 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                         t0 = tc * QUANT_TOK_TILE
                         rows = min(QUANT_TOK_TILE, t - t0)
                         x = pl.slice(o_r, [QUANT_TOK_TILE, LO], [t0, g * LO], valid_shape=[rows, LO])
-                        s_q = INT8_SCALE_MAX / int8_row_amax(x)
-                        pl.assemble(o_r_i8, int8_row_codes(x, s_q), [t0, g * LO])
-                        pl.assemble(act_scale_dq, pl.set_validshape(1.0 / s_q, rows, 1), [t0, g])
+                        codes, s_q = int8_quantize_rows(x)
+                        pl.assemble(o_r_i8, codes, [t0, g * LO])
+                        pl.assemble(act_scale_dq, pl.set_validshape(pl.recip(s_q), rows, 1), [t0, g])
                     quant_tids[g].append(tid)
             for dc in pl.parallel(PROJ_B_D_SPLIT):
                 for g in pl.range(G):

@@ -62,6 +62,8 @@ __all__ = [
     "INT8_AMAX_EPS",
     "int8_row_amax",
     "int8_row_codes",
+    "int8_quantize_rows",
+    "golden_qr_split_k",
     "rotate_interleaved",
     "TOLERANCES",
     "quantize_per_row_int8",
@@ -208,6 +210,15 @@ def int8_row_codes(x, s):
     return pl.cast(pl.cast(code, pl.FP16, mode="round"), pl.INT8, mode="trunc")
 
 
+def int8_quantize_rows(x):
+    """Per-row INT8 quantisation of the FP32 tile ``x [M, N]`` as the kernels do it (and as
+    :func:`quantize_per_row_int8` reproduces bit for bit): ``s = 127 / amax`` in one IEEE
+    division, codes by :func:`int8_row_codes`. Returns ``(codes [M, N] INT8, s [M, 1] FP32)``;
+    the dequant scale is ``pl.recip(s)``."""
+    s = pl.div(INT8_SCALE_MAX, int8_row_amax(x))
+    return int8_row_codes(x, s), s
+
+
 @pl.jit.inline
 def qkv_proj_rope(
     x: pl.Tensor[[T_DYN, D_DYN], pl.BF16],
@@ -345,9 +356,8 @@ def qkv_proj_rope(
         inv = pl.rsqrt(pl.row_sum(a * a) / float(Lq) + eps, high_precision=True)
         g = pl.cast(gamma_cq_row[0:1, 0:Lq], pl.FP32, mode="none")
         y = pl.col_expand_mul(pl.row_expand_mul(a, inv), g)
-        amax = int8_row_amax(y)  # [TT, 1]
-        s = pl.div(pl.full([TT, 1], pl.FP32, INT8_SCALE_MAX), amax)
-        code = pl.set_validshape(int8_row_codes(y, s), rows, Lq)
+        code, s = int8_quantize_rows(y)  # [TT, Lq] INT8, [TT, 1] FP32
+        code = pl.set_validshape(code, rows, Lq)
         pl.assemble(qr, code, [t0, 0])
         pl.assemble(qr_i8_matmul, code, [t0, 0])
         pl.assemble(qr_scale, pl.set_validshape(pl.recip(s), rows, 1), [t0, 0])
@@ -532,7 +542,7 @@ def quantize_per_row_int8(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([..., K] int8, [..., 1] fp32)
     """Symmetric per-row INT8 activation quantisation (v4flash-kernels.md section 0, W8A8).
 
-    Per row (last axis): ``amax = max(max|x|, 1e-4)``, ``s = 127 / amax``,
+    Per row (last axis): ``amax = max(max|x|, 1e-4)``, ``s = 127 / amax`` (one IEEE division),
     ``q = int8(fp16(rint(x * s)))`` (round-half-even to an integer, through FP16 -- exact
     for |v| <= 127 -- then truncation to INT8, as the kernel's rint/round/trunc cast chain),
     and the dequant scale is ``1 / s`` (so ``x ~= q * scale``; about ``amax / 127``).
@@ -553,9 +563,10 @@ def quantize_per_row_int8(
                         f"got {x.dtype} {list(x.shape)}")
     xf = x.float()
     amax = xf.abs().amax(dim=-1, keepdim=True).clamp_min(INT8_AMAX_EPS)
-    s = INT8_SCALE_MAX / amax
+    # one IEEE division like the kernel's pl.div (torch's ``127 / amax`` is 127 * (1/amax): two roundings)
+    s = torch.full_like(amax, INT8_SCALE_MAX) / amax
     q = torch.round(xf * s).to(torch.int32).to(torch.float16).to(torch.int8)
-    return q, 1.0 / s
+    return q, torch.reciprocal(s)
 
 
 def quantize_weight_per_column(
@@ -749,6 +760,49 @@ def golden_qkv_proj_rope(
     if out_bf16:
         q, kv = q.to(torch.bfloat16), kv.to(torch.bfloat16)
     return q, kv, qr, qr_scale
+
+
+def golden_qr_split_k(
+    x: torch.Tensor,  # [T, D] bf16
+    wq_a: torch.Tensor,  # [D, q_lora] bf16
+    gamma_cq: torch.Tensor,  # [q_lora] bf16
+    cfg: DeepSeekV4Config,
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, q_lora] int8, [T, 1] fp32)
+    """Target-order golden of ``qr`` / ``qr_scale``: emulates ``qr_proj_matmul`` and
+    ``qr_rms_norm_quant`` of :func:`qkv_proj_rope` for bit-level comparison (the plain math is
+    :func:`golden_qkv_proj_rope`, one FP32 matmul).
+
+    ``qr_fp32`` is summed as the kernel sums it: per N tile of ``qr_n`` columns, ``QR_OK``
+    K-slices added in block order onto zero, each slice the sum of its ``qr_steps`` FP32 matmul
+    steps over row tiles of ``m_tile`` of the zero-padded ``[round_up(T, 16), D]`` rows; then
+    ``y = (a * rsqrt(sum(a*a) / q_lora + eps)) * gamma_cq`` and :func:`quantize_per_row_int8`.
+
+    Raises:
+        ConfigError: ``cfg`` cannot be tiled. BindError: shapes that do not match ``cfg``.
+    """
+    tl = qkv_proj_rope_tiling(cfg)
+    T = x.shape[0] if x.dim() == 2 else -1
+    _check("golden_qr_split_k", "x", x, (T, tl.d), "float")
+    _check("golden_qr_split_k", "wq_a", wq_a, (tl.d, tl.lq), "float")
+    _check("golden_qr_split_k", "gamma_cq", gamma_cq, (tl.lq,), "float")
+    t_pad = round_up(T, MATMUL_M_TILE)
+    xp = torch.zeros(t_pad, tl.d, dtype=torch.float32)
+    xp[:T] = x.float()
+    w = wq_a.float()
+    acc = torch.zeros(t_pad, tl.lq, dtype=torch.float32)
+    kt = tl.qr_k // tl.qr_steps
+    for n0 in range(0, tl.lq, tl.qr_n):
+        for k0 in range(0, tl.d, tl.qr_k):  # K-slices in block order (atomic adds)
+            for m0 in range(0, t_pad, tl.m_tile):
+                m1 = min(m0 + tl.m_tile, t_pad)
+                part = None
+                for k in range(k0, k0 + tl.qr_k, kt):
+                    step = xp[m0:m1, k:k + kt] @ w[k:k + kt, n0:n0 + tl.qr_n]
+                    part = step if part is None else part + step
+                acc[m0:m1, n0:n0 + tl.qr_n] += part
+    a = acc[:T]
+    inv = torch.rsqrt((a * a).sum(dim=-1, keepdim=True) / float(tl.lq) + cfg.rms_norm_eps)
+    return quantize_per_row_int8((a * inv) * gamma_cq.float())
 
 
 def make_qkv_inputs(
