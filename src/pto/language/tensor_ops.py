@@ -132,6 +132,15 @@ class GMTensor:
     __neg__ = lambda s: s._no_math("unary '-'")
     __abs__ = lambda s: s._no_math("abs()")
 
+    def bind_dynamic(self, dim: int, dynvar) -> None:
+        """pypto's marker that dim ``dim`` is runtime-dynamic; no effect here (shapes bind per call).
+
+        Raises:
+            DslError: ``dim`` outside the rank.
+        """
+        from pto.language.compat_ops import bind_dynamic
+        bind_dynamic(self, dim, dynvar)
+
     def smask(self):
         """The shadow definedness view matching this view (check mode only)."""
         if self._smask is None:
@@ -312,8 +321,9 @@ class GMTensor:
         if not isinstance(value, Tile):
             raise DslError(f"{self.name}: subscript assign needs a tile, got {type(value).__name__}{_where()}")
         if list(value.shape) != shape:
-            if value.valid is not None and list(value.valid) == shape:
-                pass  # a padded tile whose valid region is the window: the store writes that region
+            if value.valid is not None and all(v <= w for v, w in zip(value.valid, shape)) \
+                    and len(value.valid) == len(shape):
+                pass  # a padded tile whose valid region fits the window: the store writes that region
             elif ([s for s in value.shape if s != 1] != [s for s in shape if s != 1]
                   or value.valid is not None):
                 # only unit dims may differ (x[i, :] = row tile): anything else would be a silent reshape
@@ -416,8 +426,8 @@ def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
     if buf.freed:
         raise DslError(f"{t.name}: write after its scope ended (use after free){_where()}")
     if buf.readonly:
-        raise DslError(f"{t.name}: parameter is declared In (read-only); declare it pl.Out or pl.InOut "
-                       f"to write it{_where()}")
+        from pto.language.compat_ops import written_in
+        written_in(t)  # DslError; under pto pypto a warning (pypto infers InOut)
     if tile.data.dtype != t.data.dtype:
         raise DslError(f"{t.name}: storing a {tile.dtype} tile into a {t.dtype} tensor (cast first){_where()}")
     ext = tile.valid if tile.valid is not None else tile.data.shape
@@ -529,6 +539,9 @@ def create_tensor(shape, dtype, init_value=None, capacity=None, manual_dep: bool
     """
     prog = _ctx.program("pl.create_tensor")
     if _ctx.state.block is not None:
+        from pto.language import compat_ops
+        if compat_ops.mode.pypto:  # pypto lowers it to an on-chip buffer (tile.create)
+            return compat_ops.create_tile(shape, dtype, name=name)
         raise DslError(f"pl.create_tensor is orchestration-only; it was called inside a task{_where()}")
     f = _ctx.user_frame()
     try:

@@ -531,8 +531,12 @@ def cast(x, target_type, mode="round") -> Tile:
     Reference: dsl-api.md section 12.
 
     Raises:
-        DslError: unknown mode, mode ``odd``, or a non-tile operand.
+        DslError: unknown mode, mode ``odd``, or a non-tile operand. A Python number or
+            scalar ``x`` is a scalar cast (see ``compat_ops.cast_scalar``).
     """
+    if isinstance(x, (int, float, ScalarValue)) and not isinstance(x, bool):
+        from pto.language.compat_ops import cast_scalar  # the scalar form (pl.cast(idx, pl.INDEX))
+        return cast_scalar(x, target_type, mode)
     x = _as_tile(x, "pl.cast")
     dst = as_dtype(target_type)
     if isinstance(mode, int):
