@@ -77,20 +77,56 @@ def _file_names(directory: str):
 
 
 def save_golden_data(directory: str, inputs: dict, golden: dict) -> None:
-    """Write inputs (tensors and 0-dim scalars) and golden outputs as safetensors.
+    """Write inputs (tensors and 0-dim scalars) and golden outputs as safetensors, atomically:
+    both files go to a temporary directory next to ``directory``, which is then renamed onto it
+    (an existing golden-data directory is replaced whole). On any failure nothing is left
+    behind: no half-written directory, the previous one (if any) unchanged.
 
     Raises:
-        GoldenDataError: ``directory`` cannot be created or written (e.g. it is a file).
+        GoldenDataError: ``directory`` cannot be created or written (e.g. it is a file), or a
+            value cannot be saved (not a tensor, or one safetensors refuses).
     """
+    import shutil
+    import tempfile
     from safetensors.torch import save_file
-    fin, fout = _file_names(directory)
+    target = os.path.abspath(directory)
+    parent = os.path.dirname(target)
+    tmp = None
+
+    def fail(what: str, e: BaseException):
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise GoldenDataError(f"save_data {directory!r}: {what} ({type(e).__name__}: {e})") from None
+
     try:
-        os.makedirs(directory, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in inputs.items()}, fin)
-        save_file({k: v.contiguous() for k, v in golden.items()}, fout)
+        if os.path.exists(target) and not os.path.isdir(target):
+            raise NotADirectoryError(f"{target!r} exists and is not a directory")
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-", dir=parent)
     except OSError as e:
-        raise GoldenDataError(f"save_data {directory!r}: cannot write the golden data there "
-                              f"({type(e).__name__}: {e})") from None
+        fail("cannot write the golden data there", e)
+    fin, fout = _file_names(tmp)
+    try:
+        for path, table in ((fin, inputs), (fout, golden)):
+            bad = [k for k, v in table.items() if not isinstance(v, torch.Tensor)]
+            if bad:
+                raise TypeError(f"{bad} are not tensors")
+            save_file({k: v.contiguous() for k, v in table.items()}, path)
+    except Exception as e:  # noqa: BLE001 - safetensors raises several kinds
+        fail("cannot save the golden data", e)
+    old = None
+    try:
+        if os.path.isdir(target):
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.old-", dir=parent)
+            os.rename(target, os.path.join(old, "data"))
+        os.rename(tmp, target)
+    except OSError as e:
+        if old is not None and not os.path.exists(target) and os.path.isdir(os.path.join(old, "data")):
+            os.rename(os.path.join(old, "data"), target)  # put the previous golden data back
+        fail("cannot move the golden data into place", e)
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def load_golden_data(directory: str, specs) -> tuple[dict, dict]:
