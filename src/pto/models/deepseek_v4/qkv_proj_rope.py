@@ -508,8 +508,8 @@ def qkv_proj_rope_entry(cfg: DeepSeekV4Config, seed_scopes: bool = False):
 @functools.lru_cache(maxsize=None)
 def materialize_rope_rows_entry(cfg: DeepSeekV4Config):
     """The ``@pl.jit`` test entry ``materialize_rope_rows_test(freqs_cos [P, r], freqs_sin
-    [P, r], position_ids [T] INT32, num_tokens INT32, rope_cos_t Out [T, r], rope_sin_t Out
-    [T, r])`` with ``P = cfg.max_position_embeddings``, ``r = cfg.qk_rope_head_dim``."""
+    [P, r], position_ids [T] INT32, num_tokens INT32, rope_cos_t PartialOut [T, r], rope_sin_t
+    PartialOut [T, r])`` with ``P = cfg.max_position_embeddings``, ``r = cfg.qk_rope_head_dim``."""
     P, r = cfg.max_position_embeddings, cfg.qk_rope_head_dim
 
     @pl.jit
@@ -518,8 +518,8 @@ def materialize_rope_rows_entry(cfg: DeepSeekV4Config):
         freqs_sin: pl.Tensor[[P, r], pl.BF16],
         position_ids: pl.Tensor[[T_DYN], pl.INT32],
         num_tokens: pl.Scalar[pl.INT32],
-        rope_cos_t: pl.Out[pl.Tensor[[T_DYN, r], pl.BF16]],
-        rope_sin_t: pl.Out[pl.Tensor[[T_DYN, r], pl.BF16]],
+        rope_cos_t: pl.PartialOut[pl.Tensor[[T_DYN, r], pl.BF16]],  # rows >= num_tokens left alone
+        rope_sin_t: pl.PartialOut[pl.Tensor[[T_DYN, r], pl.BF16]],
     ):
         materialize_rope_rows(freqs_cos, freqs_sin, position_ids, num_tokens, rope_cos_t, rope_sin_t)
         return rope_cos_t, rope_sin_t
