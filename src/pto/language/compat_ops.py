@@ -16,6 +16,8 @@ compatibility issue. Every construct here is numerically defined on the CPU:
 * ``pl.gather_row(dst, src, dst_offsets, src_offsets, shapes, valid_shape=None,
   transpose=False)``: a GM window copied into part of a tile.
 * ``pl.cast`` of a scalar (:func:`cast_scalar`).
+* ``@pl.program`` classes of ``@pl.function(type=pl.FunctionType...)`` methods (the older
+  class-based API, :class:`ProgramClass`) and ``@pl.jit.host`` (:class:`HostFunction`).
 * ``mode.pypto``: set by ``pto.compat`` while a pypto script runs; it makes
   ``pl.create_tensor`` inside a task an on-chip buffer (pypto lowers it to
   ``tile.create``) and a write to an ``In`` parameter a warning (pypto infers
@@ -37,7 +39,8 @@ from pto.language.tile_ops import Tile, _as_tile, _count
 from pto.language.typing import ScalarValue, as_int
 
 __all__ = ["mode", "create_tile", "create_l1", "Array", "array", "concat", "SplitMode", "split_aiv", "split",
-           "prefetch", "gather_row", "cast_scalar", "written_in", "bind_dynamic"]
+           "prefetch", "gather_row", "cast_scalar", "written_in", "bind_dynamic", "FunctionType", "function",
+           "program", "ProgramClass", "ProgramFunction", "HostFunction"]
 
 
 class _Mode:
@@ -324,3 +327,168 @@ def bind_dynamic(self, dim: int, dynvar) -> None:
     if isinstance(dim, bool) or not isinstance(dim, int) or not -rank <= dim < rank:
         raise DslError(f"{self.name}.bind_dynamic: dim {dim!r} outside rank {rank}{_site()}")
 
+
+
+# ---- the class-based program API and the host entry ------------------------------------------
+
+class FunctionType:
+    """Kinds of ``@pl.function`` in a ``@pl.program`` class.
+
+    ``InCore`` (and the cube/vector variants AIC, AIV, Group): calling it from orchestration is
+    one task of one block; ``Orchestration`` / ``Opaque``: runs its body as orchestration
+    (Opaque bodies open their own ``pl.at`` scopes); ``Inline``: spliced into the caller.
+    """
+
+    Opaque = "opaque"
+    Orchestration = "orchestration"
+    InCore = "incore"
+    Inline = "inline"
+    AIC = "aic"
+    AIV = "aiv"
+    Group = "group"
+
+
+_TASK_KINDS = (FunctionType.InCore, FunctionType.AIC, FunctionType.AIV, FunctionType.Group)
+
+
+class _MethodCall:
+    """A ``@pl.function`` bound to its program instance (what ``self.name`` gives)."""
+
+    __slots__ = ("pf", "obj")
+
+    def __init__(self, pf, obj):
+        self.pf, self.obj = pf, obj
+
+    def __call__(self, *args, **kwargs):
+        pf = self.pf
+        if _ctx.state.program is None:
+            return pf.entry(self.obj)(*args, **kwargs)
+        if pf.kind in _TASK_KINDS and _ctx.state.block is None:
+            from pto.language.control import at
+            with at(name_hint=pf.fn.__name__):
+                return pf.fn(self.obj, *args, **kwargs)
+        return pf.fn(self.obj, *args, **kwargs)
+
+
+class ProgramFunction:
+    """``@pl.function(type=pl.FunctionType...)``: a method of a ``@pl.program`` class."""
+
+    def __init__(self, fn, kind=FunctionType.Opaque):
+        self.fn = fn
+        self.kind = kind
+        self.__name__ = fn.__name__
+        self._entries: dict = {}
+
+    def __get__(self, obj, cls=None):
+        return self if obj is None else _MethodCall(self, obj)
+
+    def entry(self, obj):
+        """The ``@pl.jit`` entry running this function (``self`` bound to ``obj``) as a program."""
+        import functools
+        import inspect
+
+        from pto.language.jit import JitFunction
+
+        jf = self._entries.get(id(obj))
+        if jf is None:
+            fn = self.fn
+
+            @functools.wraps(fn)
+            def bound(*args, **kwargs):
+                return fn(obj, *args, **kwargs)
+
+            sig = inspect.signature(fn)
+            params = list(sig.parameters.values())[1:]
+            bound.__signature__ = sig.replace(parameters=params)
+            bound.__annotations__ = {k: v for k, v in fn.__annotations__.items() if k != "self"}
+            jf = self._entries[id(obj)] = JitFunction(bound)
+        return jf
+
+
+def function(fn=None, type=FunctionType.Opaque, attrs=None, **_opts):  # noqa: A002 - pypto's keyword
+    """``@pl.function`` / ``@pl.function(type=pl.FunctionType.InCore)``: see :class:`FunctionType`."""
+    if fn is None:
+        return lambda f: ProgramFunction(f, type)
+    return ProgramFunction(fn, type)
+
+
+class ProgramClass:
+    """``@pl.program`` over a class of ``@pl.function`` methods.
+
+    ``prog.entry`` is the ``@pl.jit`` entry: the Orchestration function, else the single
+    Opaque function, else the function named ``main``. Calling ``prog(...)`` runs it.
+
+    Raises:
+        DslError: no function, or no way to pick the entry.
+    """
+
+    def __init__(self, cls):
+        self.cls = cls
+        self.__name__ = cls.__name__
+        self.functions = {k: v for k, v in vars(cls).items() if isinstance(v, ProgramFunction)}
+        if not self.functions:
+            raise DslError(f"@pl.program {cls.__name__}: no @pl.function methods")
+        self.instance = cls.__new__(cls)
+        orch = [f for f in self.functions.values() if f.kind == FunctionType.Orchestration]
+        opaque = [f for f in self.functions.values() if f.kind == FunctionType.Opaque]
+        pick = (orch if len(orch) == 1 else opaque if len(opaque) == 1 else
+                [f for f in self.functions.values() if f.__name__ == "main"] or
+                (list(self.functions.values()) if len(self.functions) == 1 else []))
+        if len(pick) != 1:
+            raise DslError(f"@pl.program {cls.__name__}: cannot pick the entry among {list(self.functions)}; "
+                           "mark one FunctionType.Orchestration")
+        self.entry = pick[0].entry(self.instance)
+
+    def __call__(self, *args, **kwargs):
+        return self.entry(*args, **kwargs)
+
+    def run(self, *args, config=None, **kwargs):
+        """Run the entry as a program; returns the ``pto.runtime.Program``."""
+        return self.entry.run(*args, config=config, **kwargs)
+
+
+def program(cls) -> ProgramClass:
+    """``@pl.program``: the class-based program API (see :class:`ProgramClass`)."""
+    return ProgramClass(cls)
+
+
+class HostFunction:
+    """``@pl.jit.host``: the host-level orchestrator. On one device it is plain Python that
+    calls ``@pl.jit`` chip programs; ``run(..., config=...)`` runs it with every chip program
+    under that RunConfig and returns the last chip Program.
+    """
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__name__ = fn.__name__
+        self.__wrapped__ = fn
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def signature(self):
+        """(inspect.Signature, {name: annotation}) of the host function."""
+        import inspect
+        return inspect.signature(self.fn), inspect.get_annotations(self.fn, eval_str=True)
+
+    def run(self, *args, config=None, **kwargs):
+        """Call the host function with every chip program it starts run under ``config``.
+
+        Returns:
+            the last chip ``Program`` it ran (None if none).
+        """
+        st = _ctx.state
+        factory = st.program_factory
+        last = []
+
+        def with_config(jf, a, kw, cfg):
+            prog = factory(jf, a, kw, cfg if cfg is not None else config)
+            last.append(prog)
+            return prog
+
+        st.program_factory = with_config
+        try:
+            self.fn(*args, **kwargs)
+        finally:
+            st.program_factory = factory
+        return last[-1] if last else None

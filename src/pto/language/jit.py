@@ -219,6 +219,14 @@ class _Jit:
 
     incore = inline
 
+    def host(self, fn=None, **opts):
+        """``@pl.jit.host``: the host-level entry; on one device plain Python calling ``@pl.jit``
+        programs (see ``compat_ops.HostFunction``)."""
+        from pto.language.compat_ops import HostFunction
+        if fn is None:
+            return functools.partial(self.host, **opts)
+        return HostFunction(fn)
+
     def entry(self, body: JitFunction, name: str | None = None) -> JitFunction:
         """A ``@pl.jit`` program entry whose body is the ``@pl.jit.inline`` function ``body``.
 
