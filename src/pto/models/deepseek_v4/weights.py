@@ -1,0 +1,280 @@
+"""Checkpoint loading: a DeepSeek-V4 checkpoint directory onto kernel inputs.
+
+A directory holds ``config.json`` and either one ``model.safetensors``, several
+``*.safetensors`` files with a ``model.safetensors.index.json`` (``weight_map``: tensor
+name -> file), or several files without an index. Files are opened with
+``safetensors.safe_open`` (memory mapped); a tensor is read only when a layer asks for it.
+
+On open every stored tensor name is mapped to its canonical name
+(:func:`pto.models.deepseek_v4.checkpoint.canonical_name`) and the set is checked against
+:func:`expected_tensors` of the config: a missing tensor, an extra tensor (``mtp.*`` is
+ignored, as transformers ignores it) or a tensor of the wrong shape or dtype kind is a
+:class:`CheckpointError` naming it, before anything is returned.
+
+Stored formats converted at load (checkpoint-layout.md section 2): float (F32 / BF16 /
+F16) as is; F8_E4M3 + F8_E8M0 ``.scale`` (128 x 128 blocks, also accepted under
+transformers' ``.weight_scale_inv`` name); FP4 experts (int8 bytes of two e2m1 values +
+E8M0 per 32 inputs). Every float weight comes out FP32 (``tid2eid`` int64).
+
+Weight formats of the loaded model (``weight_format``):
+
+* ``"bf16"``: unquantised (the fp32 golden forward uses the FP32 values as they are);
+* ``"int8"``: W8A8 as the kernels deploy it (PPT ``weights_flash.py``): ``wq_b``, ``wo_b``,
+  ``indexer.wq_b``, the shared and every routed expert matrix get per-output-row INT8
+  codes with an FP32 scale ``amax / 127``; the rest stays float.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pto.errors import CheckpointError, ConfigError
+from pto.models.deepseek_v4.checkpoint import (canonical_name, dequantize_fp4,
+                                               dequantize_fp8_block, expected_tensors,
+                                               FP4_GROUP, FP8_BLOCK)
+from pto.models.deepseek_v4.config import DeepSeekV4Config
+
+__all__ = ["Checkpoint", "QuantWeight", "open_checkpoint", "WEIGHT_FORMATS", "INT8_WEIGHTS",
+           "quantize_rows_int8"]
+
+WEIGHT_FORMATS = ("bf16", "int8")
+# canonical leaves quantised to INT8 per output row in the "int8" format (PPT weights_flash.py)
+INT8_WEIGHTS = ("attn.wq_b.weight", "attn.wo_b.weight", "attn.indexer.wq_b.weight",
+                "ffn.shared_experts.w1.weight", "ffn.shared_experts.w2.weight",
+                "ffn.shared_experts.w3.weight")
+_FLOAT_DTYPES = ("F32", "BF16", "F16")
+_IGNORED_PREFIXES = ("mtp.", "model.mtp.")
+
+
+@dataclass(frozen=True)
+class QuantWeight:
+    """An INT8 W8A8 weight: ``codes [out, in]`` int8 and ``scale [out]`` FP32 with
+    ``w ~= codes * scale[:, None]`` (per output row, ``scale = amax / 127``)."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+
+    def dequantize(self) -> torch.Tensor:
+        """``codes * scale[:, None]`` in FP32, ``[out, in]``."""
+        return self.codes.float() * self.scale[:, None]
+
+
+def quantize_rows_int8(w: torch.Tensor) -> QuantWeight:
+    """Per-output-row symmetric INT8 of ``w [out, in]``: ``scale = amax / 127`` (1 for an
+    all-zero row), ``codes = round(w / scale)`` clamped to [-127, 127]."""
+    w = w.float()
+    amax = w.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    codes = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return QuantWeight(codes, scale)
+
+
+def _is_int8_weight(name: str) -> bool:
+    rest = name.split(".", 2)[-1] if name.startswith("layers.") else name
+    return rest in INT8_WEIGHTS or (".ffn.experts." in name and name.endswith(
+        ("w1.weight", "w2.weight", "w3.weight")))
+
+
+class Checkpoint:
+    """An opened checkpoint directory (see the module docstring).
+
+    Attributes:
+        path: the directory.
+        config: :class:`DeepSeekV4Config` from ``config.json`` (``DeepSeekV4Config.from_hf``).
+        weight_format: ``"bf16"`` or ``"int8"``.
+        layout: ``"hf"`` (float tensors only) or ``"fp8"`` (some FP8/FP4 tensors).
+
+    Raises:
+        CheckpointError: (from the constructor) no config.json, no safetensors file, an
+            unreadable index or file, a tensor the index names but no file holds, or any
+            missing / extra / misshapen tensor.
+        ConfigError: an unknown ``weight_format`` or an unsupported config.json.
+    """
+
+    def __init__(self, path, weight_format: str = "bf16", config: DeepSeekV4Config | None = None):
+        from safetensors import safe_open
+
+        if weight_format not in WEIGHT_FORMATS:
+            raise ConfigError(f"weights: weight_format must be one of {WEIGHT_FORMATS}, "
+                              f"got {weight_format!r}")
+        self.path = Path(path)
+        self.weight_format = weight_format
+        if not self.path.is_dir():
+            raise CheckpointError(f"checkpoint {self.path}: not a directory")
+        if not (self.path / "config.json").is_file():
+            raise CheckpointError(f"checkpoint {self.path}: no config.json")
+        self.config = config if config is not None else DeepSeekV4Config.from_hf(
+            self.path, name=self.path.name or "checkpoint")
+
+        index = self.path / "model.safetensors.index.json"
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise CheckpointError(f"checkpoint {self.path}: unreadable "
+                                      f"model.safetensors.index.json ({exc})") from None
+            files = sorted(set(weight_map.values()))
+        else:
+            weight_map = None
+            files = sorted(p.name for p in self.path.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"checkpoint {self.path}: no *.safetensors file")
+        self._handles = {}
+        stored: dict[str, tuple[str, tuple[int, ...], str]] = {}  # name -> (file, shape, dtype)
+        for fname in files:
+            fpath = self.path / fname
+            try:
+                h = safe_open(str(fpath), framework="pt")
+            except FileNotFoundError:
+                raise CheckpointError(f"checkpoint {self.path}: the index names {fname}, "
+                                      "which does not exist") from None
+            except Exception as exc:  # safetensors raises its own error types
+                raise CheckpointError(f"checkpoint {self.path}: cannot read {fname} ({exc})") from None
+            self._handles[fname] = h
+            for k in h.keys():
+                if weight_map is not None and weight_map.get(k) != fname:
+                    continue
+                sl = h.get_slice(k)
+                stored[k] = (fname, tuple(sl.get_shape()), sl.get_dtype())
+        if weight_map is not None:
+            absent = sorted(k for k in weight_map if k not in stored)
+            if absent:
+                raise CheckpointError(f"checkpoint {self.path}: tensor {absent[0]!r} is in the "
+                                      f"index ({weight_map[absent[0]]}) but not in that file")
+        self._stored = stored
+        self._canon = self._check(stored)
+        self.layout = "fp8" if any(d.startswith("F8") for _, _, d in stored.values()) else "hf"
+
+    # ---- checking ----------------------------------------------------------------------------
+    def _check(self, stored) -> dict[str, dict[str, str]]:
+        """Map canonical names to their stored parts and check every tensor (see class doc)."""
+        want = expected_tensors(self.config)
+        parts: dict[str, dict[str, str]] = {}
+        for k in stored:
+            if k.startswith(_IGNORED_PREFIXES):
+                continue
+            c = canonical_name(k)
+            for suffix in (".weight_scale_inv", ".scale"):  # FP8/FP4 block scales
+                if c.endswith(suffix):
+                    parts.setdefault(c[:-len(suffix)] + ".weight", {})["scale"] = k
+                    break
+            else:
+                parts.setdefault(c, {})["value"] = k
+        for c in sorted(parts):
+            if c not in want:
+                raise CheckpointError(f"checkpoint {self.path}: unexpected tensor "
+                                      f"{self._first(parts[c])!r} (not a DeepSeek-V4 tensor "
+                                      f"of this config)")
+            if "value" not in parts[c]:
+                raise CheckpointError(f"checkpoint {self.path}: scale {parts[c]['scale']!r} has "
+                                      f"no weight {c!r}")
+        missing = sorted(set(want) - set(parts))
+        if missing:
+            raise CheckpointError(f"checkpoint {self.path}: missing tensor {missing[0]!r} "
+                                  f"(shape {list(want[missing[0]][0])}; {len(missing)} missing)")
+        for c, (shape, kind) in want.items():
+            self._check_one(c, shape, kind, parts[c], stored)
+        return parts
+
+    def _first(self, p: dict[str, str]) -> str:
+        return p.get("value") or p["scale"]
+
+    def _check_one(self, c: str, shape, kind: str, p: dict[str, str], stored) -> None:
+        name = p["value"]
+        _, got, dtype = stored[name]
+
+        def bad(msg: str) -> CheckpointError:
+            return CheckpointError(f"checkpoint {self.path}: tensor {name!r} {msg}")
+
+        if kind == "index":
+            if dtype not in ("I64", "I32"):
+                raise bad(f"has dtype {dtype}; expected an integer table (I64 or I32)")
+            if got != shape:
+                raise bad(f"has shape {list(got)}; expected {list(shape)}")
+            return
+        if "scale" in p:
+            sname = p["scale"]
+            _, sshape, sdtype = stored[sname]
+            if dtype == "F8_E4M3":
+                want_s = tuple(-(-n // FP8_BLOCK) for n in shape)
+                if got != shape:
+                    raise bad(f"has shape {list(got)}; expected {list(shape)}")
+            elif dtype in ("I8", "U8"):  # FP4: two e2m1 per byte along the input axis
+                want_s = (shape[0], shape[1] // FP4_GROUP)
+                if got != (shape[0], shape[1] // 2):
+                    raise bad(f"(packed FP4) has shape {list(got)}; expected "
+                              f"{[shape[0], shape[1] // 2]}")
+            else:
+                raise bad(f"has a scale {sname!r} but dtype {dtype}; expected F8_E4M3 or "
+                          "I8 (packed FP4)")
+            if sdtype not in ("F8_E8M0", "F32", "BF16") or sshape != want_s:
+                raise CheckpointError(f"checkpoint {self.path}: scale {sname!r} is {sdtype} "
+                                      f"{list(sshape)}; expected F8_E8M0 {list(want_s)}")
+            return
+        if dtype not in _FLOAT_DTYPES:
+            raise bad(f"has dtype {dtype} without a scale; expected one of {_FLOAT_DTYPES}")
+        if got != shape:
+            raise bad(f"has shape {list(got)}; expected {list(shape)}")
+
+    # ---- reading -----------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        """Canonical names of every tensor, sorted."""
+        return sorted(self._canon)
+
+    def _read(self, name: str) -> torch.Tensor:
+        fname = self._stored[name][0]
+        return self._handles[fname].get_tensor(name)
+
+    def tensor(self, canonical: str) -> torch.Tensor:
+        """One tensor by canonical name, FP32 (``tid2eid`` int64), FP8/FP4 dequantised.
+
+        Raises:
+            CheckpointError: unknown name.
+        """
+        p = self._canon.get(canonical)
+        if p is None:
+            raise CheckpointError(f"checkpoint {self.path}: no tensor {canonical!r}")
+        t = self._read(p["value"])
+        if "scale" in p:
+            s = self._read(p["scale"]).float()
+            if t.dtype == torch.float8_e4m3fn:
+                return dequantize_fp8_block(t, s)
+            return dequantize_fp4(t.view(torch.int8), s)
+        if not t.is_floating_point():
+            return t.to(torch.int64)
+        return t.float()
+
+    def weight(self, canonical: str):
+        """A tensor in the model's weight format: a :class:`QuantWeight` for the INT8
+        matrices of ``weight_format="int8"``, else :meth:`tensor`."""
+        t = self.tensor(canonical)
+        if self.weight_format == "int8" and _is_int8_weight(canonical):
+            return quantize_rows_int8(t)
+        return t
+
+    def layer(self, i: int) -> dict[str, object]:
+        """Every tensor of layer ``i`` (leaf names relative to ``layers.{i}.``), loaded now.
+
+        Raises:
+            CheckpointError: ``i`` outside ``[0, num_hidden_layers)``.
+        """
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.config.num_hidden_layers:
+            raise CheckpointError(f"checkpoint {self.path}: no layer {i!r} "
+                                  f"(num_hidden_layers={self.config.num_hidden_layers})")
+        p = f"layers.{i}."
+        return {c[len(p):]: self.weight(c) for c in self.names if c.startswith(p)}
+
+    def globals(self) -> dict[str, torch.Tensor]:
+        """The non-layer tensors: ``embed.weight``, ``head.weight``, ``norm.weight``,
+        ``hc_head_{fn,base,scale}`` (FP32)."""
+        return {c: self.tensor(c) for c in self.names if not c.startswith("layers.")}
+
+
+def open_checkpoint(path, weight_format: str = "bf16") -> Checkpoint:
+    """Open and check a checkpoint directory; see :class:`Checkpoint` (same errors)."""
+    return Checkpoint(path, weight_format)
