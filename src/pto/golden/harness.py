@@ -15,7 +15,7 @@ from pto.golden.compare import default_compare, error_stats
 from pto.golden.spec import ScalarSpec, TensorSpec
 from pto.runtime import Program, RunConfig
 
-__all__ = ["run_jit", "RunResult", "OutputReport", "save_golden_data", "load_golden_data"]
+__all__ = ["run_jit", "RunResult", "OutputReport", "save_golden_data", "load_golden_data", "resolve_outputs"]
 
 
 @dataclass
@@ -36,7 +36,7 @@ class RunResult:
 
     Attributes:
         passed: every output was compared against the golden and passed (False when
-            there are outputs but no golden: nothing was validated);
+            no output was compared: no output spec, or no golden);
         validated: the outputs were compared against a golden (``golden_fn`` or
             ``golden_data``); error: the combined failure message.
         outputs: per-output reports; program: the kernel's Program (stats,
@@ -147,7 +147,9 @@ def load_golden_data(directory: str, specs) -> tuple[dict, dict]:
     except (SafetensorError, OSError, ValueError) as e:
         raise GoldenDataError(f"golden_data {directory!r}: unreadable safetensors file ({e})") from None
     for s in specs:
-        table = outs if isinstance(s, TensorSpec) and s.is_pure_output else ins
+        pure = isinstance(s, TensorSpec) and (s.is_pure_output or (s.is_output is None and s.init_value is None
+                                                                   and s.name in outs and s.name not in ins))
+        table = outs if pure else ins
         if s.name not in table:
             raise GoldenDataError(f"golden_data {directory!r}: tensor {s.name!r} missing")
         t = table[s.name]
@@ -176,6 +178,33 @@ def _check_spec_names(fn, specs) -> None:
                             f"{params[i]!r}; specs must follow the parameters in order {params}")
 
 
+def resolve_outputs(fn, specs) -> list:
+    """``specs`` with every ``TensorSpec(is_output=None)`` resolved from ``fn``'s annotation:
+    a ``pl.Out`` / ``pl.InOut`` / ``pl.PartialOut`` parameter is an output, anything else is
+    not; explicit True / False are kept (a False output stays unvalidated). Returns a new
+    list (the caller's specs are not changed).
+
+    Raises:
+        BindError: an ``is_output=None`` spec whose parameter has no ``pl.Tensor`` annotation
+            (or a kernel without a signature): set ``is_output`` explicitly.
+    """
+    from dataclasses import replace
+
+    from pto.language.typing import IN, TensorType
+    sig = getattr(fn, "signature", None)
+    anns = sig()[1] if sig is not None else {}
+    out = []
+    for s in specs:
+        if isinstance(s, TensorSpec) and s.is_output is None:
+            ann = anns.get(s.name)
+            if not isinstance(ann, TensorType):
+                raise BindError(f"run_jit {getattr(fn, '__name__', fn)}: spec {s.name!r} has is_output=None but "
+                                f"its parameter has no pl.Tensor annotation to take it from; set is_output")
+            s = replace(s, is_output=ann.direction != IN)
+        out.append(s)
+    return out
+
+
 def run_jit(fn, specs, golden_fn=None, compare_fn=None, rtol: float = 1e-5, atol: float = 1e-5,
             check: bool = True, golden_data: str | None = None, save_data: str | None = None,
             seed: int | None = 0, config: RunConfig | None = None) -> RunResult:
@@ -194,18 +223,22 @@ def run_jit(fn, specs, golden_fn=None, compare_fn=None, rtol: float = 1e-5, atol
         config: RunConfig for the kernel (``check`` overrides its field).
 
     Returns:
-        RunResult. Kernel errors (PtoError) propagate; mismatches do not raise. With
-        outputs but neither ``golden_fn`` nor ``golden_data`` the result is not passed
-        (``validated`` False, ``error`` says so).
+        RunResult. Kernel errors (PtoError) propagate; mismatches do not raise. A run in
+        which no output was compared -- no output spec at all (``is_output`` None is taken
+        from the kernel's annotation, ``False`` is never validated), or outputs but neither
+        ``golden_fn`` nor ``golden_data`` -- is not passed (``validated`` False, ``error``
+        says so).
 
     Raises:
-        BindError: a spec name that is not the kernel's parameter name at its position.
+        BindError: a spec name that is not the kernel's parameter name at its position, or
+            an ``is_output=None`` spec without a tensor annotation (:func:`resolve_outputs`).
         ConfigError: a ``compare_fn`` key that is not an output spec name.
         GoldenError: ``golden_fn`` raised an exception that is not a PtoError (a PtoError
             it raises propagates as is).
         GoldenDataError: bad golden data.
     """
     _check_spec_names(fn, specs)
+    specs = resolve_outputs(fn, specs)
     compare_fn = compare_fn or {}
     outputs = [s.name for s in specs if isinstance(s, TensorSpec) and s.is_output]
     unknown = [k for k in compare_fn if k not in outputs]
@@ -258,12 +291,16 @@ def run_jit(fn, specs, golden_fn=None, compare_fn=None, rtol: float = 1e-5, atol
     kernel_ms = (time.perf_counter() - t0) * 1e3
     res = RunResult(passed=True, validated=validated and bool(outputs), program=prog, kernel_ms=kernel_ms,
                     golden_ms=golden_ms)
-    if not validated and outputs:
+    if not outputs:
+        res.passed = False
+        skipped = [s.name for s in specs if isinstance(s, TensorSpec) and s.is_output is False]
+        res.error = ("no output was compared: no spec is an output (no pl.Out / pl.InOut parameter"
+                     + (f"; is_output=False on {skipped}" if skipped else "") + "); the kernel ran without error")
+        return res
+    if not validated:
         res.passed = False
         res.error = (f"no golden: outputs {outputs} were not validated (pass golden_fn or golden_data); "
                      f"the kernel ran without error")
-        return res
-    if not expected:
         return res
     failures = []
     for s in specs:

@@ -28,21 +28,28 @@ class TensorSpec:
             ``dtype``), ``torch.randn``/``rand``/``zeros``/``ones`` (called as
             ``f(shape, dtype=dtype)`` on the seeded global RNG) or another
             callable taking no arguments.
-        is_output: validate this tensor after the run. With ``init_value``
-            None it is a pure output; otherwise an in/out state tensor.
+        is_output: validate this tensor after the run (True) or not (False);
+            None (the default): take it from the kernel's annotation, i.e. a
+            ``pl.Out`` / ``pl.InOut`` / ``pl.PartialOut`` parameter is validated
+            (resolved by :func:`pto.golden.run_jit`). With ``init_value`` None an
+            output is a pure output; otherwise an in/out state tensor.
 
     Raises:
-        BindError: a dim that is not a non-negative int.
+        BindError: a dim that is not a non-negative int, or an ``is_output`` that is
+            not a bool or None.
     """
 
     name: str
     shape: list
     dtype: Any
     init_value: Any = None
-    is_output: bool = False
+    is_output: bool | None = None
 
     def __post_init__(self):
         self.dtype = to_torch(self.dtype)
+        if self.is_output is not None and not isinstance(self.is_output, bool):
+            raise BindError(f"TensorSpec {self.name!r}: is_output must be True, False or None (from the "
+                            f"kernel's annotation), got {self.is_output!r}")
         shape = []
         for d, s in enumerate(self.shape):
             try:
@@ -57,8 +64,9 @@ class TensorSpec:
 
     @property
     def is_pure_output(self) -> bool:
-        """An output without an initial value (created as zeros, not read by the kernel)."""
-        return self.is_output and self.init_value is None
+        """An output without an initial value (created as zeros, not read by the kernel);
+        ``is_output`` None counts as not an output until resolved."""
+        return bool(self.is_output) and self.init_value is None
 
     def create_tensor(self) -> torch.Tensor:
         """Build the initial tensor from ``init_value``.
