@@ -8,3 +8,4 @@ from pto.models.deepseek_v4 import rms_norm  # noqa: F401  (registers "rms_norm"
 from pto.models.deepseek_v4 import hc_pre  # noqa: F401  (registers "hc_pre")
 from pto.models.deepseek_v4 import qkv_proj_rope  # noqa: F401  (registers "qkv_proj_rope")
 from pto.models.deepseek_v4 import prefill_attention_swa  # noqa: F401  (registers "prefill_attention_swa")
+from pto.models.deepseek_v4 import decode_sparse_attn  # noqa: F401  (registers "decode_sparse_attn_swa", "decode_sparse_attn_hca")

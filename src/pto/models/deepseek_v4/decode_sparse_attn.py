@@ -1,0 +1,674 @@
+"""Decode sparse attention core with an attention sink, shared by the SWA, HCA and CSA layers.
+
+Math (v4flash-kernels.md B.5, B.7, B.8; dsv4-math.md 3, 4), per decode token ``t`` of request
+``b = t // S`` (``T = B * S``):
+
+    keys_t  = [ori_kv rows swa_indices[t, :] >= 0]
+              ++ [cmp_kv rows cmp_block_table[b, k // bs] * bs + k % bs, k = cmp_indices[t, :] >= 0]
+    s_h,j   = (q[t, h] . k_j) * head_dim^-0.5                             # FP32
+    o_h     = sum_j exp(s_h,j - m) k_j / (sum_j exp(s_h,j - m) + exp(sink_h - m))
+    o[..., n:] = inverse_rope(o[..., n:], cos[t], sin[t])
+    attn_out = grouped o-projection (prefill_sparse_attn.golden_grouped_o_proj)
+
+One shared kv head (K = V, MQA). Key columns: the ``W`` window columns, then ``n_cmp``
+compressed columns, padded to ``key_pad = round_up(W + n_cmp, key_tile)`` and processed as
+``key_blocks`` tiles of ``key_tile`` rows with an online-softmax merge (BF16 probabilities in
+the PV product, FP32 statistics). Variants by ``n_cmp``: SWA ``0`` (B.5: one block at FLASH),
+HCA :func:`decode_metadata.hca_cmp_cols` (B.7: 128, two blocks at FLASH), CSA ``index_topk``
+(B.8: 512, five blocks). A token with no valid key (an inactive row, every index ``-1``)
+gets a zero row. ``swa_indices`` are physical flat rows of ``ori_kv``; ``cmp_indices`` are
+logical compressed slots of the token's request, lowered through its table row.
+
+Deviations from the reference: the inverse RoPE is fused into ``merge_norm`` (as B.7; B.5
+has a separate ``rope_cs`` task: here the interleaved cos / signed sin rows are built in the
+merge block); the gather runs one block per (token, key block) rather than per quarter
+window; the bias is built from the indices (B.5's test builds it from ``swa_lens``); a
+valid compressed slot whose page is missing raises ``BindError`` (the reference does not
+check).
+"""
+
+import functools
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+import pto.language as pl
+from pto.errors import BindError, ConfigError
+from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
+from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
+from pto.models.deepseek_v4.decode_metadata import (decode_block_tables, hca_cmp_cols, make_decode_metadata)
+from pto.models.deepseek_v4.prefill_sparse_attn import (FP32_MAX, _invalid_bias, _rope_index_rows, attn_key_tile,
+                                                        golden_grouped_o_proj, quantize_wo_b)
+from pto.models.deepseek_v4.qkv_proj_rope import INT8_SCALE_MAX, int8_row_amax, int8_row_codes, rope_interleaved
+from pto.models.deepseek_v4.rope import rope_tables
+from pto.models.deepseek_v4.tiling import round_up, token_capacity
+
+__all__ = [
+    "DecodeAttnTiling",
+    "decode_attn_tiling",
+    "decode_sparse_attn_kernels",
+    "decode_sparse_attn_swa",
+    "decode_sparse_attn_hca",
+    "grouped_o_proj_tasks",
+    "golden_decode_attention_core",
+    "golden_decode_sparse_attn",
+    "make_decode_attn_inputs",
+    "TOLERANCES",
+    "DEFAULT_START_POS",
+]
+
+# v4flash-kernels.md B.5 / B.7 / C.2: attn_out ratio_allclose(1e-4, 1/128), run rtol=atol=1e-3.
+TOLERANCES: dict[str, tuple[float, float, float]] = {"attn_out": (1e-4, 1 / 128, 0.005)}
+
+# Start positions of the registered decode fixtures, per preset (B.9 / B.13 hca_decode_start_set
+# at FLASH: long context, window boundary, first full window, second window boundary).
+DEFAULT_START_POS = {"flash": (8192, 127, 128, 255), "tiny": (300, 127, 1, 0)}
+
+# ---- kernel ----
+BIAS_TOK_TILE = 16  # token rows per bias block
+PROJ_A_N_TILE_MAX = 128  # o_lora columns per proj_a_mm block (B.5: 8 blocks of 128 per group)
+PROJ_B_D_TILE_MAX = 512  # output columns per proj_b_mm block (B.5: 8 blocks of 512)
+QUANT_TOK_TILE = 16  # token rows per quant tile (T padded to 16 in B.5)
+ACT_COL_TILE_MAX = 512  # output columns per proj_b_act block
+ACT_TOK_TILE = 16  # token rows per proj_b_act block
+
+T_DYN = pl.dynamic("T")
+B_DYN = pl.dynamic("B")
+
+
+@dataclass(frozen=True)
+class DecodeAttnTiling:
+    """Tile sizes of :func:`decode_sparse_attn_kernels` for one config and variant.
+
+    Attributes:
+        n_cmp: compressed key columns (0 SWA, 128 HCA, 512 CSA at FLASH).
+        key_tile: key rows per online-softmax block (``attn_key_tile``: 128 FLASH, 64 tiny).
+        swa_blocks: key blocks of the window (``sliding_window / key_tile``).
+        key_pad: key columns per token, ``round_up(W + n_cmp, key_tile)``.
+        proj_a_n_tile, proj_b_n_tile, act_col_tile: o-projection tiles.
+    """
+
+    n_cmp: int
+    key_tile: int
+    swa_blocks: int
+    key_pad: int
+    proj_a_n_tile: int
+    proj_b_n_tile: int
+    act_col_tile: int
+
+    @property
+    def key_blocks(self) -> int:
+        """Key blocks per token: ``key_pad // key_tile`` (1 SWA, 2 HCA, 5 CSA at FLASH)."""
+        return self.key_pad // self.key_tile
+
+
+def decode_attn_tiling(cfg: DeepSeekV4Config, n_cmp: int) -> DecodeAttnTiling:
+    """Derive and validate the decode core's tiles (see :class:`DecodeAttnTiling`).
+
+    Raises:
+        ConfigError: a negative ``n_cmp``, a window that is not a multiple of the key tile,
+            an odd ``qk_rope_head_dim``, or an ``o_lora_rank`` / ``hidden_size`` that the
+            o-projection tiles do not divide.
+    """
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ConfigError(f"decode_sparse_attn: config {cfg.name!r} cannot be tiled: {msg}")
+
+    W, kt = cfg.sliding_window, attn_key_tile(cfg)
+    need(isinstance(n_cmp, int) and n_cmp >= 0, f"n_cmp={n_cmp!r} must be an int >= 0")
+    need(kt > 0 and W % kt == 0, f"sliding_window={W} is not a multiple of the key tile {kt}")
+    need(cfg.qk_rope_head_dim % 2 == 0, f"qk_rope_head_dim={cfg.qk_rope_head_dim} must be even")
+    na = min(PROJ_A_N_TILE_MAX, cfg.o_lora_rank)
+    need(cfg.o_lora_rank % na == 0, f"o_lora_rank={cfg.o_lora_rank} is not a multiple of {na}")
+    D = cfg.hidden_size
+    nb = min(PROJ_B_D_TILE_MAX, D)
+    act = min(ACT_COL_TILE_MAX, D)
+    need(D % nb == 0 and D % act == 0, f"hidden_size={D} is not a multiple of the o-projection tiles {nb}/{act}")
+    return DecodeAttnTiling(n_cmp=n_cmp, key_tile=kt, swa_blocks=W // kt, key_pad=round_up(W + n_cmp, kt),
+                            proj_a_n_tile=na, proj_b_n_tile=nb, act_col_tile=act)
+
+
+def grouped_o_proj_tasks(o_packed, wo_a, wo_b, wo_b_scale, attn_out, t: int, deps: list, cfg: DeepSeekV4Config,
+                         tl: DecodeAttnTiling) -> None:
+    """Grouped W8A8 output projection tasks (B.5 step 5-6), ``o_packed [G*T, o_group_in]``
+    BF16 group-major (row ``g*T + t``) into ``attn_out [T, D]`` BF16.
+
+    Inside ``pl.manual_scope()``, per group ``g``: ``proj_a_mm`` ``spmd(o_lora / NA)`` (deps
+    ``deps``) -> ``quant`` (per-(token, group) INT8, dequant scale ``1/s``) -> ``proj_b_mm``
+    ``spmd(D / NB)`` (exact INT32 into ``partials``); then ``proj_b_act`` ``spmd`` over
+    ``(D / act_col_tile) * ceil(T / 16)`` blocks after every ``proj_b_mm``: groups summed in
+    order, ``* wo_b_scale``, BF16 (``rint``).
+    """
+    G, LO, D = cfg.o_groups, cfg.o_lora_rank, cfg.hidden_size
+    NA, NB, CT = tl.proj_a_n_tile, tl.proj_b_n_tile, tl.act_col_tile
+    cap = token_capacity(cfg)
+    o_r = pl.create_tensor([t, G * LO], pl.FP32, capacity=cap)
+    o_r_i8 = pl.create_tensor([t, G * LO], pl.INT8, capacity=cap)
+    act_scale_dq = pl.create_tensor([t, G], pl.FP32, capacity=cap)
+    partials = pl.create_tensor([t, G * D], pl.INT32, capacity=cap)
+    wo_b_scale_row = pl.reshape(wo_b_scale, [1, D])
+    n_qt = -(-t // QUANT_TOK_TILE)
+    proj_b_tids = []
+    with pl.manual_scope():
+        for g in pl.parallel(G):
+            pa = pl.spmd(LO // NA, name_hint="proj_a_mm", deps=deps)
+            for nf in pa:
+                acc = pl.matmul(o_packed[g * t:(g + 1) * t, :], wo_a[g, nf * NA:(nf + 1) * NA, :], b_trans=True)
+                pl.assemble(o_r, acc, [0, g * LO + nf * NA])
+            with pl.at(level=pl.Level.CORE_GROUP, name_hint="quant", deps=[pa.tid]) as q_tid:
+                for tc in pl.range(n_qt):
+                    t0 = tc * QUANT_TOK_TILE
+                    rows = min(QUANT_TOK_TILE, t - t0)
+                    x = pl.slice(o_r, [QUANT_TOK_TILE, LO], [t0, g * LO], valid_shape=[rows, LO])
+                    s_q = INT8_SCALE_MAX / int8_row_amax(x)
+                    pl.assemble(o_r_i8, int8_row_codes(x, s_q), [t0, g * LO])
+                    pl.assemble(act_scale_dq, pl.set_validshape(1.0 / s_q, rows, 1), [t0, g])
+            pb = pl.spmd(D // NB, name_hint="proj_b_mm", deps=[q_tid])
+            for dc in pb:
+                acc = pl.matmul(o_r_i8[:, g * LO:(g + 1) * LO], wo_b[dc * NB:(dc + 1) * NB, g * LO:(g + 1) * LO],
+                                b_trans=True)
+                pl.assemble(partials, acc, [0, g * D + dc * NB])  # exact INT32
+            proj_b_tids.append(pb.tid)
+    n_at = -(-t // ACT_TOK_TILE)
+    for b in pl.spmd((D // CT) * n_at, name_hint="proj_b_act", deps=proj_b_tids):
+        ci, ti = divmod(b, n_at)
+        c0, t0 = ci * CT, ti * ACT_TOK_TILE
+        rows = min(ACT_TOK_TILE, t - t0)
+        acc = None
+        for g in pl.range(G):
+            part = pl.slice(partials, [ACT_TOK_TILE, CT], [t0, g * D + c0], valid_shape=[rows, CT])
+            s_g = pl.slice(act_scale_dq, [ACT_TOK_TILE, 1], [t0, g], valid_shape=[rows, 1])
+            term = pl.row_expand_mul(pl.cast(part, pl.FP32, mode="rint"), s_g)
+            acc = term if acc is None else pl.add(acc, term)
+        acc = pl.col_expand_mul(acc, wo_b_scale_row[:, c0:c0 + CT])
+        pl.assemble(attn_out, pl.cast(acc, pl.BF16, mode="rint"), [t0, c0])
+
+
+@functools.lru_cache(maxsize=None)
+def decode_sparse_attn_kernels(cfg: DeepSeekV4Config, n_cmp: int) -> SimpleNamespace:
+    """Build the decode sparse-attention core for ``cfg`` with ``n_cmp`` compressed columns.
+
+    Tasks (``NB = key_blocks``, ``KT = key_tile``, ``T`` dynamic, ``S = T / B``):
+
+    1. ``decode_gather_kv`` ``spmd(T * NB)``: block = (token, key block); a zeroed
+       ``[KT, head_dim]`` stage receives the valid rows (window rows as given; compressed
+       slot ``k`` lowered through ``cmp_block_table[t // S, k // block_size]``), copied in
+       runs of consecutive rows; a block whose every index is ``-1`` is not written.
+    2. ``decode_build_bias`` ``spmd(ceil(T/16))``: additive mask ``[T, key_pad]`` (0 valid,
+       ``-FP32_MAX`` for ``-1`` and the pad columns).
+    3. ``decode_qk_pv`` ``spmd(T * NB)``: all heads of one (token, key block): scores,
+       ``* softmax_scale``, ``+ bias``, row max, ``exp``, row sum, BF16 probabilities @ kv;
+       ``(m, l, o)`` to scratch. A fully masked block stores ``(-FP32_MAX, 0, 0)`` unread.
+    4. ``decode_merge_norm`` ``spmd(T)``: online merge in block order, sink in the
+       denominator, inverse interleaved RoPE of the trailing ``qk_rope_head_dim`` channels
+       (cos / signed sin rows of the token built in the block), BF16 (``rint``) into the
+       group-major ``o_packed [G*T, o_group_in]``.
+    5. :func:`grouped_o_proj_tasks` (deps = merge).
+
+    Returns:
+        namespace with ``tiling`` and the inline bodies ``decode_sparse_attn(q, ori_kv,
+        swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, rope_cos, rope_sin,
+        wo_a, wo_b, wo_b_scale, attn_out)`` (``n_cmp > 0``) or ``decode_sparse_attn(q,
+        ori_kv, swa_indices, attn_sink, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale,
+        attn_out)`` (``n_cmp == 0``), each returning ``attn_out``, and the ``@pl.jit`` entry
+        ``decode_sparse_attn_test`` (same parameters). Shapes: ``q [T, H, head_dim]`` BF16,
+        ``ori_kv [ori_kv_block_num, block_size, 1, head_dim]`` BF16, ``swa_indices [T, W]``
+        INT32, ``cmp_kv [cmp_kv_block_num, block_size, 1, head_dim]`` BF16,
+        ``cmp_block_table [B, cmp_kv_block_num]`` INT32, ``cmp_indices [T, n_cmp]`` INT32,
+        ``attn_sink [H]`` FP32, ``rope_cos / rope_sin [T, rope_dim]`` BF16 (the layer's
+        profile), ``wo_a [G, o_lora, o_group_in]`` BF16, ``wo_b [D, G*o_lora]`` INT8,
+        ``wo_b_scale [D]`` FP32, ``attn_out [T, D]`` BF16.
+
+    Raises:
+        ConfigError: from :func:`decode_attn_tiling`. At run time: ``CapacityError`` for
+            ``T`` above ``token_capacity(cfg)``; ``BindError`` for ``T`` not a multiple of
+            ``B``, a compressed slot past the table, or a valid slot whose page entry is
+            negative or outside ``cmp_kv``.
+    """
+    tl = decode_attn_tiling(cfg, n_cmp)
+    H, HD, R, N = cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim, cfg.nope_head_dim
+    BS, P, CP, W = cfg.block_size, cfg.ori_kv_block_num, cfg.cmp_kv_block_num, cfg.sliding_window
+    G, HPG, LO, GIN, D = cfg.o_groups, cfg.heads_per_group, cfg.o_lora_rank, cfg.o_group_in, cfg.hidden_size
+    KT, NB, NBS, PAD, NC = tl.key_tile, tl.key_blocks, tl.swa_blocks, tl.key_pad, n_cmp
+    scale = cfg.softmax_scale
+    cap = token_capacity(cfg)
+
+    def gather_rows(src_flat, idx, n: int, lower, stage):
+        """Copy the rows of the ``n`` index columns into ``stage`` one run of consecutive rows at
+        a time; ``lower(col, value)`` maps an index to a flat row (``-1`` skips)."""
+        rows = [lower(k, pl.read(idx, [0, k])) for k in range(n)]
+        k = 0
+        while k < n:
+            if rows[k] < 0:
+                k += 1
+                continue
+            k1 = k + 1
+            while k1 < n and rows[k1] == rows[k] + (k1 - k):
+                k1 += 1
+            stage = pl.assemble(stage, pl.slice(src_flat, [k1 - k, HD], [rows[k], 0]), [k, 0])
+            k = k1
+        return stage
+
+    def body(q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, rope_cos, rope_sin,
+             wo_a, wo_b, wo_b_scale, attn_out):
+        t = pl.tensor.dim(q, 0)
+        s_req = 1
+        if NC:
+            n_req = pl.tensor.dim(cmp_block_table, 0)
+            if n_req < 1 or t % n_req:
+                raise BindError(f"decode_sparse_attn: T={t} tokens is not a multiple of the B={n_req} rows of "
+                                "cmp_block_table")
+            s_req = t // n_req
+            cmp_flat = pl.reshape(cmp_kv, [CP * BS, HD])
+        ori_flat = pl.reshape(ori_kv, [P * BS, HD])
+        sink_col = pl.reshape(attn_sink, [H, 1])
+
+        sparse_kv = pl.create_tensor([t * PAD, HD], pl.BF16, capacity=cap * PAD)
+        sparse_bias = pl.create_tensor([t, PAD], pl.FP32, capacity=cap)
+        blk_m = pl.create_tensor([t * NB * H, 1], pl.FP32, capacity=cap * NB * H)
+        blk_l = pl.create_tensor([t * NB * H, 1], pl.FP32, capacity=cap * NB * H)
+        blk_o = pl.create_tensor([t * NB * H, HD], pl.FP32, capacity=cap * NB * H)
+        o_packed = pl.create_tensor([G * t, GIN], pl.BF16, capacity=G * cap)
+        o_packed3 = pl.reshape(o_packed, [G * t, HPG, HD])
+
+        # 1. gather the valid key rows, one (token, key block) per block
+        gather = pl.spmd(t * NB, name_hint="decode_gather_kv")
+        for b in gather:
+            tok, kb = divmod(b, NB)
+            swa = kb < NBS
+            c0 = kb * KT if swa else (kb - NBS) * KT
+            n = KT if swa else min(KT, NC - c0)
+            if n <= 0:
+                continue  # pad block past the compressed columns
+            idx = pl.slice(swa_indices if swa else cmp_indices, [1, n], [tok, c0])
+            if pl.read(pl.row_max(idx), [0, 0]) < 0:
+                continue
+            stage = pl.full([KT, HD], pl.BF16, 0)
+            if swa:
+                stage = gather_rows(ori_flat, idx, n, lambda k, v: v, stage)
+            else:
+                req, pages = tok // s_req, {}
+
+                def lower(k, slot, tok=tok, c0=c0, req=req, pages=pages):
+                    if slot < 0:
+                        return -1
+                    page = slot // BS
+                    if page >= CP:
+                        raise BindError(f"decode_sparse_attn: cmp_indices[{tok}, {c0 + k}] = {slot} is past the "
+                                        f"compressed block table ({CP} pages of {BS})")
+                    if page not in pages:
+                        pages[page] = pl.read(cmp_block_table, [req, page])
+                    phys = pages[page]
+                    if not 0 <= phys < CP:
+                        raise BindError(f"decode_sparse_attn: cmp_indices[{tok}, {c0 + k}] = {slot} maps to "
+                                        f"cmp_block_table[{req}, {page}] = {phys}, not a page of cmp_kv")
+                    return phys * BS + slot % BS
+                stage = gather_rows(cmp_flat, idx, n, lower, stage)
+            pl.assemble(sparse_kv, stage, [(tok * NB + kb) * KT, 0])
+
+        # 2. additive mask: 0 valid, -FP32_MAX for -1 and the pad columns
+        for b in pl.spmd(-(-t // BIAS_TOK_TILE), name_hint="decode_build_bias"):
+            t0 = b * BIAS_TOK_TILE
+            rows = min(BIAS_TOK_TILE, t - t0)
+            sw = pl.slice(swa_indices, [BIAS_TOK_TILE, W], [t0, 0], valid_shape=[rows, W])
+            pl.assemble(sparse_bias, _invalid_bias(sw), [t0, 0])
+            if NC:
+                cm = pl.slice(cmp_indices, [BIAS_TOK_TILE, NC], [t0, 0], valid_shape=[rows, NC])
+                pl.assemble(sparse_bias, _invalid_bias(cm), [t0, W])
+            if PAD > W + NC:
+                pl.assemble(sparse_bias, pl.full([rows, PAD - W - NC], pl.FP32, -FP32_MAX), [t0, W + NC])
+
+        # 3. (m, l, o) of every (token, key block), all heads at once
+        for b in pl.spmd(t * NB, name_hint="decode_qk_pv", deps=[gather.tid]):
+            tok, kb = divmod(b, NB)
+            hr = (tok * NB + kb) * H
+            bias = sparse_bias[tok:tok + 1, kb * KT:(kb + 1) * KT]
+            if pl.read(pl.row_max(bias), [0, 0]) < 0:
+                blk_m[hr:hr + H, :] = pl.full([H, 1], pl.FP32, -FP32_MAX)
+                blk_l[hr:hr + H, :] = pl.full([H, 1], pl.FP32, 0.0)
+                blk_o[hr:hr + H, :] = pl.full([H, HD], pl.FP32, 0.0)
+                continue
+            r0 = (tok * NB + kb) * KT
+            kv = sparse_kv[r0:r0 + KT, :]
+            s = pl.col_expand_add(pl.mul(pl.matmul(q[tok, :, :], kv, b_trans=True), scale), bias)  # [H, KT]
+            m = pl.row_max(s)
+            p = pl.exp(pl.row_expand_sub(s, m))
+            blk_m[hr:hr + H, :] = m
+            blk_l[hr:hr + H, :] = pl.row_sum(p)
+            blk_o[hr:hr + H, :] = pl.matmul(pl.cast(p, pl.BF16, mode="rint"), kv)
+
+        # 4. merge the blocks, sink, inverse RoPE, pack group-major
+        merge = pl.spmd(t, name_hint="decode_merge_norm")
+        for tok in merge:
+            h0 = tok * NB * H
+            m, l, o = blk_m[h0:h0 + H, :], blk_l[h0:h0 + H, :], blk_o[h0:h0 + H, :]
+            for kb in pl.range(1, NB):
+                hr = h0 + kb * H
+                m_b = blk_m[hr:hr + H, :]
+                m_new = pl.maximum(m, m_b)
+                alpha, beta = pl.exp(pl.sub(m, m_new)), pl.exp(pl.sub(m_b, m_new))
+                l = pl.add(pl.mul(alpha, l), pl.mul(beta, blk_l[hr:hr + H, :]))
+                o = pl.add(pl.row_expand_mul(o, alpha), pl.row_expand_mul(blk_o[hr:hr + H, :], beta))
+                m = m_new
+            o = pl.row_expand_div(o, pl.add(l, pl.exp(pl.sub(sink_col[:, :], m))))
+            pair, swap, sign = _rope_index_rows(R)
+            cos_il = pl.gather(pl.cast(rope_cos[tok:tok + 1, :], pl.FP32), index=pair)  # [1, R]
+            sin_signed = pl.mul(pl.gather(pl.cast(rope_sin[tok:tok + 1, :], pl.FP32), index=pair), sign)
+            x = pl.slice(o, [H, R], [0, N])
+            rot = pl.add(pl.col_expand_mul(x, cos_il), pl.col_expand_mul(pl.gather(x, index=swap), sin_signed))
+            packed = pl.assemble(pl.cast(o, pl.BF16, mode="rint"), pl.cast(rot, pl.BF16, mode="rint"), [0, N])
+            packed3 = pl.reshape(packed, [G, HPG, HD])
+            for g in pl.range(G):
+                pl.assemble(o_packed3, pl.slice(packed3, [1, HPG, HD], [g, 0, 0]), [g * t + tok, 0, 0])
+
+        # 5. grouped o-projection
+        grouped_o_proj_tasks(o_packed, wo_a, wo_b, wo_b_scale, attn_out, t, [merge.tid], cfg, tl)
+        return attn_out
+
+    if NC:
+        @pl.jit.inline
+        def decode_sparse_attn(q: pl.Tensor[[T_DYN, H, HD], pl.BF16],
+                               ori_kv: pl.Tensor[[P, BS, 1, HD], pl.BF16],
+                               swa_indices: pl.Tensor[[T_DYN, W], pl.INT32],
+                               cmp_kv: pl.Tensor[[CP, BS, 1, HD], pl.BF16],
+                               cmp_block_table: pl.Tensor[[B_DYN, CP], pl.INT32],
+                               cmp_indices: pl.Tensor[[T_DYN, NC], pl.INT32],
+                               attn_sink: pl.Tensor[[H], pl.FP32],
+                               rope_cos: pl.Tensor[[T_DYN, R], pl.BF16],
+                               rope_sin: pl.Tensor[[T_DYN, R], pl.BF16],
+                               wo_a: pl.Tensor[[G, LO, GIN], pl.BF16],
+                               wo_b: pl.Tensor[[D, G * LO], pl.INT8],
+                               wo_b_scale: pl.Tensor[[D], pl.FP32],
+                               attn_out: pl.Out[pl.Tensor[[T_DYN, D], pl.BF16]]):
+            """Decode sparse attention over window + compressed rows (B.7 / B.8)."""
+            return body(q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, rope_cos,
+                        rope_sin, wo_a, wo_b, wo_b_scale, attn_out)
+    else:
+        @pl.jit.inline
+        def decode_sparse_attn(q: pl.Tensor[[T_DYN, H, HD], pl.BF16],
+                               ori_kv: pl.Tensor[[P, BS, 1, HD], pl.BF16],
+                               swa_indices: pl.Tensor[[T_DYN, W], pl.INT32],
+                               attn_sink: pl.Tensor[[H], pl.FP32],
+                               rope_cos: pl.Tensor[[T_DYN, R], pl.BF16],
+                               rope_sin: pl.Tensor[[T_DYN, R], pl.BF16],
+                               wo_a: pl.Tensor[[G, LO, GIN], pl.BF16],
+                               wo_b: pl.Tensor[[D, G * LO], pl.INT8],
+                               wo_b_scale: pl.Tensor[[D], pl.FP32],
+                               attn_out: pl.Out[pl.Tensor[[T_DYN, D], pl.BF16]]):
+            """Decode sparse attention over the window only (B.5)."""
+            return body(q, ori_kv, swa_indices, None, None, None, attn_sink, rope_cos, rope_sin, wo_a, wo_b,
+                        wo_b_scale, attn_out)
+
+    decode_sparse_attn_test = pl.jit.entry(decode_sparse_attn, name="decode_sparse_attn_test")
+    return SimpleNamespace(tiling=tl, decode_sparse_attn=decode_sparse_attn,
+                           decode_sparse_attn_test=decode_sparse_attn_test)
+
+
+@pl.jit.inline
+def decode_sparse_attn_swa(q: pl.Tensor, ori_kv: pl.Tensor, swa_indices: pl.Tensor, attn_sink: pl.Tensor,
+                           rope_cos: pl.Tensor, rope_sin: pl.Tensor, wo_a: pl.Tensor, wo_b: pl.Tensor,
+                           wo_b_scale: pl.Tensor, attn_out: pl.Out[pl.Tensor], cfg):
+    """Stable inline signature ``decode_sparse_attn_swa(q, ori_kv, swa_indices, attn_sink,
+    rope_cos, rope_sin, wo_a, wo_b, wo_b_scale, attn_out, cfg) -> attn_out``: the window-only
+    core (B.5), :func:`decode_sparse_attn_kernels` with ``n_cmp = 0`` (shapes and errors there)."""
+    return decode_sparse_attn_kernels(cfg, 0).decode_sparse_attn(
+        q, ori_kv, swa_indices, attn_sink, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale, attn_out)
+
+
+@pl.jit.inline
+def decode_sparse_attn_hca(q: pl.Tensor, ori_kv: pl.Tensor, swa_indices: pl.Tensor, cmp_kv: pl.Tensor,
+                           cmp_block_table: pl.Tensor, cmp_indices: pl.Tensor, attn_sink: pl.Tensor,
+                           rope_cos: pl.Tensor, rope_sin: pl.Tensor, wo_a: pl.Tensor, wo_b: pl.Tensor,
+                           wo_b_scale: pl.Tensor, attn_out: pl.Out[pl.Tensor], cfg):
+    """Stable inline signature ``decode_sparse_attn_hca(q, ori_kv, swa_indices, cmp_kv,
+    cmp_block_table, cmp_indices, attn_sink, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale,
+    attn_out, cfg) -> attn_out``: window + every visible compressed row (B.7),
+    :func:`decode_sparse_attn_kernels` with ``n_cmp = hca_cmp_cols(cfg)``."""
+    return decode_sparse_attn_kernels(cfg, hca_cmp_cols(cfg)).decode_sparse_attn(
+        q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, rope_cos, rope_sin, wo_a, wo_b,
+        wo_b_scale, attn_out)
+# ---- end kernel ----
+
+
+def _lower_cmp_rows(fn: str, cmp_indices, cmp_block_table, T: int, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows [T, n] int64, valid [T, n] bool)``: compressed slots lowered through the
+    request's table row (``t // S``)."""
+    bs, CP = cfg.block_size, cfg.cmp_kv_block_num
+    B = cmp_block_table.shape[0]
+    if B < 1 or T % B:
+        raise BindError(f"{fn}: T={T} is not a multiple of the B={B} rows of cmp_block_table")
+    slots = cmp_indices.long()
+    valid = slots >= 0
+    page = torch.where(valid, slots // bs, torch.zeros_like(slots))
+    if bool((page >= cmp_block_table.shape[1]).any()):
+        raise BindError(f"{fn}: compressed slot {int(slots[page >= cmp_block_table.shape[1]].max())} is past "
+                        f"cmp_block_table ({cmp_block_table.shape[1]} pages of {bs})")
+    req = (torch.arange(T) // (T // B))[:, None].expand_as(page)
+    phys = cmp_block_table.long()[req, page]
+    bad = valid & ((phys < 0) | (phys >= CP))
+    if bool(bad.any()):
+        raise BindError(f"{fn}: a valid compressed slot maps to page entry {int(phys[bad][0])}, not a page of "
+                        f"cmp_kv ({CP} pages)")
+    rows = torch.where(valid, phys * bs + slots % bs, torch.zeros_like(slots))
+    return rows, valid
+
+
+def golden_decode_attention_core(
+    q: torch.Tensor,  # [T, H, head_dim] bf16
+    ori_kv: torch.Tensor,  # [pages, block_size, 1, head_dim] bf16
+    swa_indices: torch.Tensor,  # [T, W] int32 physical rows, -1 invalid
+    cmp_kv: torch.Tensor | None,  # [cmp_pages, block_size, 1, head_dim] bf16
+    cmp_block_table: torch.Tensor | None,  # [B, cmp_pages] int32
+    cmp_indices: torch.Tensor | None,  # [T, n_cmp] int32 logical slots, -1 invalid
+    attn_sink: torch.Tensor,  # [H] fp32
+    rope_cos: torch.Tensor,  # [T, rope_dim] bf16
+    rope_sin: torch.Tensor,  # [T, rope_dim] bf16
+    cfg: DeepSeekV4Config,
+    *,
+    key_tile: int | None = None,
+    float32: bool = False,
+) -> torch.Tensor:  # [T, H, head_dim] bf16 (fp32 with float32)
+    """Decode attention with sink and inverse RoPE before the o-projection, over whole tensors.
+
+    Keys ``[T, K]`` = the window rows then the lowered compressed rows (module docstring),
+    padded to a multiple of ``key_tile`` (default ``attn_key_tile(cfg)``) with invalid
+    columns. Scores ``q . k * softmax_scale`` FP32; per key tile ``m_i`` (``-FP32_MAX`` for a
+    tile without a valid key), ``p = exp(s - m_i)`` (0 on invalid keys), ``l_i = sum p``,
+    ``o_i = bf16(p) @ k`` (FP32 ``p`` with ``float32``); tiles merged in order with
+    ``alpha = exp(m - m_new)``, ``beta = exp(m_i - m_new)``; ``o / (l + exp(sink - m))``;
+    inverse interleaved RoPE on the trailing ``qk_rope_head_dim`` channels with the token's
+    cos / sin row. A token without a valid key gets a zero row.
+
+    Raises:
+        BindError: an index outside its cache (see :func:`_lower_cmp_rows`), or shapes that
+            do not match ``cfg``.
+    """
+    fn = "golden_decode_attention_core"
+    H, hd, n = cfg.num_attention_heads, cfg.head_dim, cfg.nope_head_dim
+    if q.dim() != 3 or tuple(q.shape[1:]) != (H, hd):
+        raise BindError(f"{fn}: q must be [T, {H}, {hd}], got {list(q.shape)}")
+    T = q.shape[0]
+    if tuple(swa_indices.shape) != (T, cfg.sliding_window):
+        raise BindError(f"{fn}: swa_indices must be [{T}, {cfg.sliding_window}], got {list(swa_indices.shape)}")
+    tile = attn_key_tile(cfg) if key_tile is None else int(key_tile)
+    ori_flat = ori_kv.reshape(-1, hd).float()
+    swa = swa_indices.long()
+    if bool((swa >= ori_flat.shape[0]).any()):
+        raise BindError(f"{fn}: swa index {int(swa.max())} outside ori_kv ({ori_flat.shape[0]} rows)")
+    keys, valid = [ori_flat[swa.clamp(min=0)]], [swa >= 0]
+    if cmp_indices is not None and cmp_indices.shape[1]:
+        rows, ok = _lower_cmp_rows(fn, cmp_indices, cmp_block_table, T, cfg)
+        keys.append(cmp_kv.reshape(-1, hd).float()[rows])
+        valid.append(ok)
+    keys, valid = torch.cat(keys, dim=1), torch.cat(valid, dim=1)  # [T, K, hd], [T, K]
+    pad = round_up(keys.shape[1], tile) - keys.shape[1]
+    if pad:
+        keys = torch.cat([keys, torch.zeros(T, pad, hd)], dim=1)
+        valid = torch.cat([valid, torch.zeros(T, pad, dtype=torch.bool)], dim=1)
+    nb = keys.shape[1] // tile
+    s = torch.einsum("thd,tkd->thk", q.float(), keys) * cfg.softmax_scale
+    s = s.reshape(T, H, nb, tile)
+    vb = valid.reshape(T, 1, nb, tile)
+    m_b = torch.where(vb, s, torch.full_like(s, -torch.inf)).amax(dim=-1)
+    m_b = torch.where(vb.any(dim=-1), m_b, torch.full_like(m_b, -FP32_MAX))  # [T, H, nb]
+    p = torch.where(vb, torch.exp(s - m_b[..., None]), torch.zeros_like(s))
+    l_b = p.sum(dim=-1)
+    pv = p if float32 else p.to(torch.bfloat16).float()
+    o_b = torch.einsum("thnk,tnkd->thnd", pv, keys.reshape(T, nb, tile, hd))  # [T, H, nb, hd]
+    m, l, o = m_b[..., 0], l_b[..., 0], o_b[..., 0, :]
+    for i in range(1, nb):
+        m_new = torch.maximum(m, m_b[..., i])
+        alpha, beta = torch.exp(m - m_new), torch.exp(m_b[..., i] - m_new)
+        l = alpha * l + beta * l_b[..., i]
+        o = alpha[..., None] * o + beta[..., None] * o_b[..., i, :]
+        m = m_new
+    o = o / (l + torch.exp(attn_sink.float()[None, :] - m))[..., None]
+    o[..., n:] = rope_interleaved(o[..., n:], rope_cos.float(), rope_sin.float(), inverse=True)
+    return o if float32 else o.to(torch.bfloat16)
+
+
+def golden_decode_sparse_attn(
+    q: torch.Tensor,  # [T, H, head_dim] bf16
+    ori_kv: torch.Tensor,  # [pages, block_size, 1, head_dim] bf16
+    swa_indices: torch.Tensor,  # [T, W] int32
+    cmp_kv: torch.Tensor | None,  # [cmp_pages, block_size, 1, head_dim] bf16
+    cmp_block_table: torch.Tensor | None,  # [B, cmp_pages] int32
+    cmp_indices: torch.Tensor | None,  # [T, n_cmp] int32
+    attn_sink: torch.Tensor,  # [H] fp32
+    rope_cos: torch.Tensor,  # [T, rope_dim] bf16
+    rope_sin: torch.Tensor,  # [T, rope_dim] bf16
+    wo_a: torch.Tensor,  # [G, o_lora, o_group_in] bf16
+    wo_b: torch.Tensor,  # [D, G*o_lora] int8 (float for weight_format="bf16")
+    wo_b_scale: torch.Tensor | None,  # [D] fp32
+    cfg: DeepSeekV4Config,
+    *,
+    weight_format: str = "int8",
+    key_tile: int | None = None,
+    float32: bool = False,
+) -> torch.Tensor:  # [T, D] bf16 (fp32 with float32)
+    """Decode sparse attention + grouped o-projection golden (B.5 / B.7 / B.8):
+    :func:`golden_decode_attention_core` then ``prefill_sparse_attn.golden_grouped_o_proj``
+    (``weight_format`` ``"int8"`` as the kernel, ``"bf16"`` unquantised; ``float32=True``:
+    no BF16 rounding anywhere, FP32 result). SWA: pass ``None`` for the three compressed
+    arguments.
+
+    Raises:
+        BindError: see the two parts.
+    """
+    o = golden_decode_attention_core(q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink,
+                                     rope_cos, rope_sin, cfg, key_tile=key_tile, float32=float32)
+    return golden_grouped_o_proj(o, wo_a, wo_b, wo_b_scale, cfg, weight_format=weight_format, float32=float32)
+
+
+def make_decode_attn_inputs(
+    cfg: DeepSeekV4Config,
+    start_pos: tuple | list,
+    S: int,
+    seed: int,
+    *,
+    n_cmp: int,
+    reverse_tables: bool = False,
+) -> dict:
+    """Seeded fixture of the decode cores: ``B = len(start_pos)`` requests of ``S`` tokens.
+
+    Tables from :func:`decode_metadata.decode_block_tables` (``reverse_tables`` reverses
+    the page order), indices from :func:`decode_metadata.make_decode_metadata`; ``q``,
+    ``ori_kv``, ``cmp_kv`` ~ N(0, 1) (the kernels see RMS-normed rows), ``attn_sink`` ~
+    U(-1, 1), ``wo_a`` / ``wo_b`` ~ U(-1, 1) * fan_in^-0.5 with ``wo_b`` quantised per row;
+    cos / sin rows of the positions (``"main"`` profile for ``n_cmp == 0``, ``"compress"``
+    otherwise; zero rows for inactive tokens), BF16.
+
+    Returns:
+        dict keyed by the kernel parameter names (without ``attn_out``).
+
+    Raises:
+        BindError: the pools cannot hold the batch.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    bf16 = torch.bfloat16
+    B = len(start_pos)
+    T, H, hd, D = B * S, cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
+    G, Lo, gin = cfg.o_groups, cfg.o_lora_rank, cfg.o_group_in
+    tables = decode_block_tables(cfg, start_pos, S, reverse=reverse_tables)
+    meta = make_decode_metadata(cfg, start_pos, S, tables["block_table"], tables["cmp_block_table"])
+    q = torch.randn(T, H, hd, generator=gen)
+    ori_kv = torch.randn(cfg.ori_kv_block_num, cfg.block_size, 1, hd, generator=gen)
+    cmp_kv = torch.randn(cfg.cmp_kv_block_num, cfg.block_size, 1, hd, generator=gen)
+    sink = torch.rand(H, generator=gen) * 2 - 1
+    wo_a = (torch.rand(G, Lo, gin, generator=gen) * 2 - 1) * gin ** -0.5
+    wo_b, wo_b_scale = quantize_wo_b((torch.rand(D, G * Lo, generator=gen) * 2 - 1) * (G * Lo) ** -0.5)
+    cos, sin = rope_tables(cfg, "main" if n_cmp == 0 else "compress")
+    pos = meta["position_ids"].long()
+    act = (pos >= 0)[:, None]
+    d = {"q": q.to(bf16), "ori_kv": ori_kv.to(bf16), "swa_indices": meta["swa_indices"],
+         "attn_sink": sink,
+         "rope_cos": torch.where(act, cos[pos.clamp(min=0)], 0.0).to(bf16),
+         "rope_sin": torch.where(act, sin[pos.clamp(min=0)], 0.0).to(bf16),
+         "wo_a": wo_a.to(bf16), "wo_b": wo_b, "wo_b_scale": wo_b_scale, "position_ids": meta["position_ids"]}
+    if n_cmp:
+        d.update(cmp_kv=cmp_kv.to(bf16), cmp_block_table=tables["cmp_block_table"],
+                 cmp_indices=meta["cmp_indices"][:, :n_cmp].contiguous())
+    return d
+
+
+_SWA_ARGS = ("q", "ori_kv", "swa_indices", "attn_sink", "rope_cos", "rope_sin", "wo_a", "wo_b", "wo_b_scale")
+_HCA_ARGS = ("q", "ori_kv", "swa_indices", "cmp_kv", "cmp_block_table", "cmp_indices", "attn_sink", "rope_cos",
+             "rope_sin", "wo_a", "wo_b", "wo_b_scale")
+
+
+def _build(variant: str, preset: str, mode: str, **options) -> CaseRun:
+    cfg = get_config(preset)
+    if mode != "decode":
+        raise ConfigError(f"decode_sparse_attn_{variant}: unknown mode {mode!r}; modes: decode")
+    opts = dict(options)
+    start = tuple(opts.pop("start_pos", DEFAULT_START_POS.get(preset, DEFAULT_START_POS["flash"])))
+    S = int(opts.pop("S", cfg.decode_seq))
+    seed = int(opts.pop("seed", 0))
+    reverse = bool(opts.pop("reverse_tables", False))
+    if opts:
+        raise ConfigError(f"decode_sparse_attn_{variant}: unknown options {sorted(opts)}")
+    n_cmp = 0 if variant == "swa" else hca_cmp_cols(cfg)
+    k = decode_sparse_attn_kernels(cfg, n_cmp)
+    d = make_decode_attn_inputs(cfg, start, S, seed, n_cmp=n_cmp, reverse_tables=reverse)
+    names = _SWA_ARGS if variant == "swa" else _HCA_ARGS
+    specs = [TensorSpec(n, list(d[n].shape), d[n].dtype, d[n]) for n in names]
+    T = d["q"].shape[0]
+    specs.append(TensorSpec("attn_out", [T, cfg.hidden_size], torch.bfloat16, is_output=True))
+
+    def golden(v: dict) -> None:
+        cmp = (None, None, None) if variant == "swa" else (v["cmp_kv"], v["cmp_block_table"], v["cmp_indices"])
+        v["attn_out"] = golden_decode_sparse_attn(v["q"], v["ori_kv"], v["swa_indices"], *cmp, v["attn_sink"],
+                                                  v["rope_cos"], v["rope_sin"], v["wo_a"], v["wo_b"],
+                                                  v["wo_b_scale"], cfg)
+
+    return CaseRun(fn=k.decode_sparse_attn_test, specs=specs, golden=golden,
+                   compare={"attn_out": ratio_allclose(*TOLERANCES["attn_out"])}, rtol=1e-3, atol=1e-3,
+                   label=f"decode B={len(start)} S={S} start_pos={list(start)}")
+
+
+def build_case_swa(preset: str, mode: str, **options) -> CaseRun:
+    """Registry builder of ``decode_sparse_attn_swa`` (B.5). Mode ``"decode"``; options
+    ``start_pos`` (per request, ``< 0`` inactive; default :data:`DEFAULT_START_POS`), ``S``
+    (default ``decode_seq``), ``seed``, ``reverse_tables``. Golden
+    :func:`golden_decode_sparse_attn`; ``attn_out`` ``ratio_allclose(*TOLERANCES["attn_out"])``.
+
+    Raises:
+        ConfigError: unknown preset, mode or option. BindError: pools too small.
+    """
+    return _build("swa", preset, mode, **options)
+
+
+def build_case_hca(preset: str, mode: str, **options) -> CaseRun:
+    """Registry builder of ``decode_sparse_attn_hca`` (B.7); options as :func:`build_case_swa`.
+
+    Raises:
+        ConfigError: unknown preset, mode or option. BindError: pools too small.
+    """
+    return _build("hca", preset, mode, **options)
+
+
+register(KernelCase("decode_sparse_attn_swa", build_case_swa, modes=("decode",),
+                    description="decode sparse attention over the window + sink + grouped INT8 o-proj, B.5"))
+register(KernelCase("decode_sparse_attn_hca", build_case_hca, modes=("decode",),
+                    description="decode sparse attention over window + compressed rows + sink + o-proj, B.7"))
