@@ -7,8 +7,23 @@ inside a kernel.
 """
 
 
+# Installed by pto.runtime: called with every PtoError when it is created, so that one made
+# inside a running task block is remembered and fails the program even if kernel code catches it.
+_created_hook = None
+
+
 class PtoError(Exception):
-    """Base class of every error pto raises on purpose."""
+    """Base class of every error pto raises on purpose.
+
+    A PtoError raised inside a task block fails the program even when kernel code catches
+    it: the task ends with an error of the same class naming the task, the block and where
+    it was raised (see ``pto.runtime.Program``).
+    """
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        if _created_hook is not None:
+            _created_hook(self)
 
 
 class BindError(PtoError):

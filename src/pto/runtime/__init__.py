@@ -1,10 +1,11 @@
 """The pto runtime: programs, the ring heap, the task graph, dependency
 derivation, check mode, the simulator and trace export (DESIGN sections 3-7)."""
 
+from pto import errors as _errors
 from pto.language import _ctx as _lang_ctx
 from pto.runtime.graph import Block, Footprint, Task, TaskGraph
 from pto.runtime.heap import Buffer, RingHeap
-from pto.runtime.program import Program, ProgramStats, RunConfig
+from pto.runtime.program import Program, ProgramStats, RunConfig, _record_block_error
 from pto.runtime.sanitizer import drop_init_values
 from pto.runtime.simulate import Machine, SimResult, simulate  # pto.runtime.simulate is the function
 
@@ -22,3 +23,4 @@ def _factory(jf, args, kwargs, config):
 
 
 _lang_ctx.state.program_factory = _factory
+_errors._created_hook = _record_block_error

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import linecache
+import os
 import re
 import sys
 import time
@@ -174,6 +175,9 @@ class Program:
         # the blocks that ran), if any
         self.left_early: str | None = None
         self._left_early_cause: BaseException | None = None
+        # PtoErrors created inside a running block, (block, error); non-empty at the normal end of
+        # a task means kernel code caught one: the task fails with it (see end_task)
+        self.block_errors: list = []
 
     def __repr__(self) -> str:
         s = self.stats
@@ -415,6 +419,10 @@ class Program:
         task.wall_ns = _now_ns() - task.t0
         self.cur_task = None
         _ctx.state.block = None
+        if self.block_errors:
+            caught, self.block_errors = self.block_errors, []
+            if ok:  # the blocks ran to their end although a PtoError was raised in one of them
+                raise _caught_error(self.name, task, caught)
         if not ok:
             self._end_task_early(task)
             return
@@ -546,6 +554,44 @@ class Program:
     def footprints(self, task: Task) -> list[Footprint]:
         """The coalesced footprints of ``task`` as Footprint records."""
         return [Footprint(buf.name, buf.id, KIND_NAMES[k], box) for buf, k, box in task.footprints]
+
+
+def _record_block_error(err: PtoError) -> None:
+    """``pto.errors`` hook: remember a PtoError created while a task block runs."""
+    st = _ctx.state
+    blk = st.block
+    if blk is not None and st.program is not None:
+        st.program.block_errors.append((blk, err))
+
+
+def _caught_error(kernel: str, task: Task, caught: list) -> PtoError:
+    """The error that fails ``task`` because kernel code caught the PtoErrors in ``caught``
+    (``[(block, error), ...]``): the class of the first one, naming the task, the block and
+    the kernel-source line that raised it; the original is its ``__cause__``."""
+    blk, err = caught[0]
+    site = None
+    tb = err.__traceback__
+    while tb is not None:
+        if not _in_pto(tb.tb_frame):
+            site = f"{_rel(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    more = f" ({len(caught) - 1} more in this task)" if len(caught) > 1 else ""
+    msg = (f"kernel {kernel}: task {task.name!r} (#{task.id}, {task.site}) block {blk.idx}: "
+           f"{type(err).__name__} raised{f' at {site}' if site else ''} inside the block and caught by kernel "
+           f"code{more}; a PtoError inside a block fails the program (the device has no exceptions: test the "
+           f"condition instead of catching the error): {err}")
+    try:
+        new = type(err)(msg)
+    except Exception:  # noqa: BLE001 - a subclass with another constructor
+        new = DslError(msg)
+    new.__cause__ = err
+    return new
+
+
+def _rel(path: str) -> str:
+    """``path`` relative to the current directory when it lies below it (else as it is)."""
+    cwd = os.getcwd() + os.sep
+    return path[len(cwd):] if path.startswith(cwd) else path
 
 
 def _exit_site() -> str:
