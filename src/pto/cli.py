@@ -537,6 +537,139 @@ def cmd_sim(args) -> int:
     return 0
 
 
+# ---- the model: checkpoint writer and generation -------------------------------------------
+
+def _checkpoint_args(p):
+    p.add_argument("kind", choices=("tiny",), help="checkpoint to write (tiny: the tiny preset)")
+    p.add_argument("dir", help="output directory (must not hold a config.json yet)")
+    p.add_argument("--seed", type=int, default=0, help="weight generator seed (default 0)")
+    p.add_argument("--layout", choices=("hf", "fp8"), default="hf",
+                   help="hf: transformers' saved names, FP32 (default); fp8: the published "
+                        "DeepSeek-V4-Flash FP8/FP4 layout")
+    p.add_argument("--shards", type=int, default=1, help="number of safetensors files (default 1)")
+
+
+@command("checkpoint", "write a seeded tiny DeepSeek-V4 checkpoint in Hugging Face's layout", _checkpoint_args)
+def cmd_checkpoint(args) -> int:
+    """``pto checkpoint tiny DIR``: :func:`write_tiny_checkpoint`; exit 2 on bad input."""
+    from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
+
+    try:
+        root = write_tiny_checkpoint(args.dir, args.seed, layout=args.layout, shards=args.shards)
+    except PtoError as e:
+        raise ConfigError(str(e)) from None
+    console().print(f"wrote tiny checkpoint (seed {args.seed}, layout {args.layout}) to {root}",
+                    highlight=False)
+    return 0
+
+
+def _generate_args(p):
+    p.add_argument("checkpoint", help="checkpoint directory (config.json + safetensors)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input-ids", metavar='"5 17 300"', help="prompt token ids, space separated")
+    src.add_argument("--input-ids-file", metavar="F",
+                     help="file with one prompt per line (token ids, space separated); one request each")
+    src.add_argument("--prompt", metavar="TEXT", help="prompt text, encoded with the checkpoint's tokenizer.json")
+    p.add_argument("--max-new-tokens", type=int, default=8, help="new tokens per request (default 8)")
+    p.add_argument("--weights", choices=("bf16", "int8"), default="bf16",
+                   help="bf16: unquantised (default); int8: W8A8 quantised at load")
+    p.add_argument("--chunk", type=int, default=128, help="prefill chunk in tokens (default 128)")
+    p.add_argument("--max-context", type=int, default=None,
+                   help="deployment context in tokens (default: the model's, at most 16384)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (tokens, timings)")
+
+
+def _parse_ids(text: str, where: str) -> list[int]:
+    """``"5 17 300"`` (spaces or commas) -> ``[5, 17, 300]``; ConfigError naming ``where``."""
+    items = text.replace(",", " ").split()
+    try:
+        return [int(t) for t in items]
+    except ValueError:
+        bad = next(t for t in items if not t.lstrip("-").isdigit())
+        raise ConfigError(f"{where}: {bad!r} is not an integer token id") from None
+
+
+@command("generate", "greedy generation with a DeepSeek-V4 checkpoint (chunked prefill, batched decode)",
+         _generate_args)
+def cmd_generate(args) -> int:
+    """``pto generate CHECKPOINT``: load, check the prompts, generate with a progress bar,
+    print the tokens and timings. Any bad input (unreadable prompt, ids outside the
+    vocabulary, empty or too long prompt, malformed checkpoint) exits 2 before any work."""
+    import json
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from pto.models.deepseek_v4.config import DeploymentConfig
+    from pto.models.deepseek_v4.generate import generate
+    from pto.models.deepseek_v4.model import GoldenModel
+    from pto.models.deepseek_v4.weights import open_checkpoint
+
+    text = None
+    try:
+        ckpt = open_checkpoint(args.checkpoint, args.weights)
+        if args.input_ids is not None:
+            prompts = [_parse_ids(args.input_ids, "--input-ids")]
+        elif args.input_ids_file is not None:
+            try:
+                lines = Path(args.input_ids_file).read_text().splitlines()
+            except OSError as e:
+                raise ConfigError(f"--input-ids-file: cannot read {args.input_ids_file}: {e.strerror}") from None
+            prompts = [_parse_ids(ln, f"{args.input_ids_file} line {k + 1}")
+                       for k, ln in enumerate(lines) if ln.strip()]
+        else:
+            tok_file = Path(args.checkpoint) / "tokenizer.json"
+            if not tok_file.is_file():
+                raise ConfigError(f"--prompt needs a tokenizer: no tokenizer.json in {args.checkpoint}")
+            try:
+                from tokenizers import Tokenizer
+            except ImportError:
+                raise ConfigError("--prompt needs the 'tokenizers' package (pip install tokenizers)") from None
+            text = Tokenizer.from_file(str(tok_file))
+            prompts = [text.encode(args.prompt).ids]
+        n = args.max_context or min(ckpt.config.max_position_embeddings, 16384)
+        dep = DeploymentConfig(max_context=n, rope_max_pos=n).validate(ckpt.config)
+        model = GoldenModel(ckpt, dep)
+        from pto.models.deepseek_v4.generate import check_prompts
+        check_prompts(prompts, model.cfg, dep, args.max_new_tokens)
+    except ConfigError:
+        raise
+    except PtoError as e:  # bad input: exit 2, one line
+        raise ConfigError(f"{type(e).__name__}: {e}") from None
+
+    con = console()
+    t0 = time.perf_counter()
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} tokens"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+                  disable=args.json) as bar:
+        task = bar.add_task("generate", total=1)
+
+        def progress(done, total, phase):
+            bar.update(task, completed=done, total=total, description=phase)
+
+        res = generate(model, prompts, max_new_tokens=args.max_new_tokens, chunk=args.chunk,
+                       progress=progress)
+    wall = time.perf_counter() - t0
+    out = {"tokens": res.tokens, "stop_reasons": res.stop_reasons,
+           "prompt_tokens": [len(p) for p in prompts], "weights": args.weights,
+           "backend": "golden", "prefill_s": round(res.prefill_s, 6),
+           "decode_ms_per_token": round(res.decode_ms_per_token, 3),
+           "tokens_per_s": round(res.tokens_per_s, 3), "wall_s": round(wall, 6)}
+    if text is not None:
+        out["text"] = [text.decode(t) for t in res.tokens]
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    for r, toks in enumerate(res.tokens):
+        label = f"request {r}" if len(prompts) > 1 else "tokens"
+        con.print(f"{label}: {' '.join(map(str, toks))}  ({res.stop_reasons[r]})", highlight=False)
+        if text is not None:
+            con.print(f"text: {out['text'][r]}", highlight=False)
+    con.print(f"prefill {1e3 * res.prefill_s:.1f} ms ({sum(out['prompt_tokens'])} tokens), decode "
+              f"{res.decode_ms_per_token:.2f} ms/token, {res.tokens_per_s:.1f} tokens/s "
+              f"(weights {args.weights}, golden FP32 forward)", highlight=False)
+    return 0
+
+
 # ---- entry point -------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,195 @@
+"""Greedy generation: chunked prefill, then batched decode steps (DESIGN section 11).
+
+``generate(model, prompts)`` checks every prompt before any work (ids inside the vocabulary,
+non-empty, prompt plus ``max_new_tokens`` within the deployment's context, batch within
+``max_requests``), prefills each request in chunks of ``chunk`` tokens, then runs decode
+steps over the requests still running until each stops at ``eos_token_id`` or after
+``max_new_tokens`` tokens. The first new token comes from the last prefill position.
+
+``model`` is a :class:`pto.models.deepseek_v4.model.GoldenModel` or anything with the
+same ``new_state()``, ``forward(ids, state) -> logits [S, V]``, ``cfg`` and ``deployment``;
+a model with a ``decode(tokens, states) -> logits [B, V]`` method gets one batched call per
+decode step, otherwise each running request is stepped in turn.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from pto.errors import BindError, CapacityError
+
+__all__ = ["GenerateResult", "generate", "check_prompts"]
+
+
+@dataclass
+class GenerateResult:
+    """Result of :func:`generate`.
+
+    Attributes:
+        tokens: new token ids per request (prompt excluded).
+        stop_reasons: ``"eos"`` or ``"length"`` per request.
+        prompt_logits: per request ``[S, V]`` FP32 prefill logits (if requested) else None.
+        step_logits: per request the ``[V]`` logits each new token was chosen from (if
+            requested), else None.
+        prefill_s: wall seconds of every prefill chunk.
+        decode_s: wall seconds of every decode step.
+        decode_steps: number of decode steps run.
+    """
+
+    tokens: list[list[int]]
+    stop_reasons: list[str]
+    prompt_logits: list[torch.Tensor] | None = None
+    step_logits: list[list[torch.Tensor]] | None = None
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    decode_steps: int = 0
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def new_tokens(self) -> int:
+        """Total new tokens over all requests."""
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def decode_ms_per_token(self) -> float:
+        """Decode wall per generated token after the first (ms); 0 when none was decoded."""
+        n = self.new_tokens - len(self.tokens)
+        return 1e3 * self.decode_s / n if n > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens per second of prefill plus decode wall."""
+        wall = self.prefill_s + self.decode_s
+        return self.new_tokens / wall if wall > 0 else 0.0
+
+
+def check_prompts(prompts, cfg, deployment, max_new_tokens: int) -> list[list[int]]:
+    """Validate a batch of prompts; returns them as lists of Python ints.
+
+    Raises:
+        BindError: an empty batch, an empty prompt, a non-integer id, an id outside
+            ``[0, vocab_size)`` (naming the request and index), or a bad ``max_new_tokens``.
+        CapacityError: more requests than ``deployment.max_requests``, or a prompt plus
+            ``max_new_tokens`` longer than ``deployment.max_context`` (naming the request).
+    """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise BindError(f"generate: max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if isinstance(prompts, torch.Tensor):
+        prompts = prompts.tolist()
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise BindError("generate: prompts must be a non-empty list of token-id lists")
+    if isinstance(prompts[0], int):
+        raise BindError("generate: prompts must be a list of token-id lists (one per request), "
+                        "got a flat list of ints; wrap it in a list")
+    if len(prompts) > deployment.max_requests:
+        raise CapacityError(f"generate: {len(prompts)} requests exceed the deployment's "
+                            f"max_requests={deployment.max_requests}")
+    out = []
+    V = cfg.vocab_size
+    for r, p in enumerate(prompts):
+        if isinstance(p, torch.Tensor):
+            p = p.tolist()
+        if not isinstance(p, (list, tuple)) or len(p) == 0:
+            raise BindError(f"generate: request {r} has an empty prompt")
+        for k, t in enumerate(p):
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise BindError(f"generate: request {r} token {k} is {t!r}, not an integer id")
+            if not 0 <= t < V:
+                raise BindError(f"generate: request {r} token {k} = {t} is outside the vocabulary "
+                                f"[0, {V})")
+        if len(p) + max_new_tokens > deployment.max_context:
+            raise CapacityError(f"generate: request {r} needs {len(p)} prompt + {max_new_tokens} new "
+                                f"tokens, more than the deployment's max_context="
+                                f"{deployment.max_context}")
+        out.append([int(t) for t in p])
+    return out
+
+
+def generate(model, prompts, *, max_new_tokens: int = 8, chunk: int = 128,
+             eos_token_id: int | None = -1, keep_logits: bool = False,
+             progress=None) -> GenerateResult:
+    """Greedy generation for a batch of prompts (see the module docstring).
+
+    Args:
+        model: a GoldenModel-like model.
+        prompts: list of token-id lists (different lengths allowed).
+        max_new_tokens: new tokens per request at most (>= 1).
+        chunk: prefill chunk length in tokens (>= 1).
+        eos_token_id: stop token; ``-1`` (default) means the model config's
+            ``eos_token_id``; ``None`` never stops early.
+        keep_logits: keep the prompt logits and each step's logits in the result.
+        progress: optional callable ``progress(done_tokens, total_tokens, phase)``.
+
+    Returns:
+        :class:`GenerateResult`.
+
+    Raises:
+        BindError / CapacityError: see :func:`check_prompts`; a bad ``chunk``. Raised before
+            any forward runs.
+    """
+    cfg, dep = model.cfg, model.deployment
+    prompts = check_prompts(prompts, cfg, dep, max_new_tokens)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise BindError(f"generate: chunk must be a positive integer, got {chunk!r}")
+    eos = cfg.eos_token_id if eos_token_id == -1 else eos_token_id
+    B = len(prompts)
+    total = sum(len(p) for p in prompts) + B * max_new_tokens
+    done = 0
+    states = [model.new_state() for _ in range(B)]
+    tokens: list[list[int]] = [[] for _ in range(B)]
+    reasons = ["length"] * B
+    prompt_logits = [] if keep_logits else None
+    step_logits = [[] for _ in range(B)] if keep_logits else None
+    res = GenerateResult(tokens, reasons, prompt_logits, step_logits)
+    running = []
+    with torch.no_grad():
+        for r, p in enumerate(prompts):
+            t0 = time.perf_counter()
+            parts = []
+            for c0 in range(0, len(p), chunk):
+                logits = model.forward(p[c0:c0 + chunk], states[r])
+                parts.append(logits)
+                done += min(chunk, len(p) - c0)
+                if progress:
+                    progress(done, total, "prefill")
+            res.prefill_s += time.perf_counter() - t0
+            last = parts[-1][-1]
+            if keep_logits:
+                prompt_logits.append(torch.cat(parts))
+                step_logits[r].append(last)
+            nxt = int(last.argmax())
+            tokens[r].append(nxt)
+            done += 1
+            if eos is not None and nxt == eos:
+                reasons[r] = "eos"
+            elif max_new_tokens > 1:
+                running.append(r)
+        while running:
+            t0 = time.perf_counter()
+            feed = [tokens[r][-1] for r in running]
+            if hasattr(model, "decode"):
+                logits = model.decode(feed, [states[r] for r in running])
+            else:
+                logits = torch.stack([model.forward([t], states[r])[-1] for t, r in zip(feed, running)])
+            res.decode_s += time.perf_counter() - t0
+            res.decode_steps += 1
+            still = []
+            for row, r in enumerate(running):
+                nxt = int(logits[row].argmax())
+                tokens[r].append(nxt)
+                done += 1
+                if keep_logits:
+                    step_logits[r].append(logits[row])
+                if eos is not None and nxt == eos:
+                    reasons[r] = "eos"
+                elif len(tokens[r]) < max_new_tokens:
+                    still.append(r)
+            if progress:
+                progress(done, total, "decode")
+            running = still
+    if progress:
+        progress(total, total, "done")
+    return res
