@@ -10,3 +10,5 @@ from pto.models.deepseek_v4 import qkv_proj_rope  # noqa: F401  (registers "qkv_
 from pto.models.deepseek_v4 import prefill_attention_swa  # noqa: F401  (registers "prefill_attention_swa")
 from pto.models.deepseek_v4 import decode_sparse_attn  # noqa: F401  (registers "decode_sparse_attn_swa", "decode_sparse_attn_hca")
 from pto.models.deepseek_v4 import lookup_embedding  # noqa: F401  (registers "lookup_embedding")
+from pto.models.deepseek_v4 import prefill_compressor_ratio4  # noqa: F401  (registers "prefill_compressor_ratio4")
+from pto.models.deepseek_v4 import decode_compressor_ratio4  # noqa: F401  (registers "decode_compressor_ratio4")
