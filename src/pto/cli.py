@@ -686,6 +686,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _pypto_args(p):
+    p.add_argument("file", help="a pypto script (e.g. a pypto-lib kernel file)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+
+
+@command("pypto", "run a pypto script as it is (pypto.language and golden served by pto, check mode)", _pypto_args)
+def cmd_pypto(args) -> int:
+    """``pto pypto FILE.py [ARGS...]``: see pto.compat; the exit code is the script's."""
+    from pto.compat import run_file
+    return run_file(args.file, args.script_args)
+
+
 def _set_threads() -> None:
     """torch intra-op threads for CLI runs: ``PTO_THREADS`` (default 1).
 

@@ -1,0 +1,112 @@
+"""Run a pypto script as ``__main__`` on pto: ``pto pypto FILE.py [ARGS...]``.
+
+The script runs with ``sys.argv = [FILE.py, *ARGS]`` and its directory first on
+``sys.path`` (as ``python FILE.py`` would), the import aliases of
+:mod:`pto.compat.imports` installed, its source (and that of every module it imports
+from its own checkout) rewritten for the ``with pl.spmd(n)`` body form, and
+``compat_ops.mode.pypto`` on. Everything is restored afterwards, including the
+user modules it imported (so two scripts with sibling modules of the same name can
+run in one process).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+import types
+import warnings
+
+from pto.errors import ConfigError, PtoError
+
+__all__ = ["run_file", "project_root"]
+
+_MARKERS = ("golden", ".git", "pyproject.toml", "setup.py")
+
+
+def project_root(script_dir: str) -> str:
+    """The nearest ancestor of ``script_dir`` that looks like a checkout root (has ``golden/``,
+    ``.git``, ``pyproject.toml`` or ``setup.py``); ``script_dir`` itself when none does."""
+    d = os.path.realpath(script_dir)
+    while True:
+        if any(os.path.exists(os.path.join(d, m)) for m in _MARKERS):
+            return d
+        parent = os.path.dirname(d)
+        if parent == d:
+            return os.path.realpath(script_dir)
+        d = parent
+
+
+def _user_line(tb, roots) -> str:
+    """``file:line`` of the innermost traceback frame in the user's files ("" if none)."""
+    site = ""
+    for fr in traceback.extract_tb(tb):
+        path = os.path.realpath(fr.filename)
+        if any(path.startswith(r + os.sep) for r in roots):
+            site = f"{fr.filename}:{fr.lineno}"
+    return site
+
+
+def run_file(path: str, argv=(), stderr=None) -> int:
+    """Run the pypto script ``path`` with arguments ``argv``; returns its exit code.
+
+    A pto error stops the script with one ``error:`` line on ``stderr`` naming the error, the
+    construct and the user's line (exit 1; ``PTO_DEBUG=1`` re-raises for the traceback).
+
+    Raises:
+        ConfigError: ``path`` is not a readable ``.py`` file.
+    """
+    from pto.compat.imports import Aliases
+    from pto.compat.transform import compile_pypto
+    from pto.language import compat_ops
+
+    stderr = stderr or sys.stderr
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"pto pypto: no such file {path!r}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"pto pypto: cannot read {path!r}: {e}") from None
+    script_dir = os.path.dirname(path)
+    roots = sorted({os.path.realpath(script_dir), project_root(script_dir)})
+    saved_argv, saved_path, saved_main = sys.argv, list(sys.path), sys.modules.get("__main__")
+    before = set(sys.modules)
+    mode_was = compat_ops.mode.pypto
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__builtins__ = __builtins__
+    code = 0
+    try:
+        with Aliases(roots), warnings.catch_warnings():
+            warnings.simplefilter("always")
+            sys.argv = [path, *argv]
+            sys.path.insert(0, script_dir)
+            sys.modules["__main__"] = main
+            compat_ops.mode.pypto = True
+            try:
+                exec(compile_pypto(source, path), main.__dict__)  # noqa: S102 - running the user's script is the point
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                if e.code is not None and not isinstance(e.code, int):
+                    print(e.code, file=stderr)
+            except PtoError as e:
+                if os.environ.get("PTO_DEBUG"):
+                    raise
+                site = _user_line(e.__traceback__, roots)
+                msg = str(e)
+                where = f" [{site}]" if site and site not in msg else ""
+                print(f"error: {type(e).__name__}: {msg}{where}", file=stderr)
+                code = 1
+    finally:
+        compat_ops.mode.pypto = mode_was
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
+        for name in set(sys.modules) - before:
+            mod = sys.modules.get(name)
+            origin = os.path.realpath(getattr(mod, "__file__", None) or "")
+            if any(origin.startswith(r + os.sep) for r in roots):
+                del sys.modules[name]
+    return code

@@ -1,0 +1,117 @@
+"""Source transformation for pypto's ``with pl.spmd(n) [as tid]:`` body form.
+
+pypto parses kernel source, so ``with pl.spmd(n):`` runs its body once per
+block (the body reads ``pl.tile.get_block_idx()``). pto runs kernels as
+Python, where a ``with`` body runs once. Before a pypto module executes, its
+syntax tree is rewritten::
+
+    with pl.spmd(n, name_hint="x", deps=[...]) as tid:     _pto_spmd_12 = pl.spmd(n, name_hint="x", deps=[...])
+        body                                        ->     for _pto_spmd_12_b in _pto_spmd_12:
+                                                               body
+                                                           tid = _pto_spmd_12.tid
+
+Every new node carries the line and column of the ``with`` statement, and the
+body keeps its own, so tracebacks and pto's error sites still name the user's
+file and line. A ``break`` or ``continue`` directly in such a body (it would
+bind to the new loop instead of the enclosing one) is a DslError naming the line.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from pto.errors import DslError
+
+__all__ = ["transform_source", "compile_pypto", "needs_transform"]
+
+
+def needs_transform(source: str) -> bool:
+    """Cheap test: could ``source`` contain a ``with ...spmd(...)`` statement?"""
+    return "spmd" in source and "with" in source
+
+
+def _is_spmd_call(node) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    return (isinstance(f, ast.Attribute) and f.attr == "spmd") or (isinstance(f, ast.Name) and f.id == "spmd")
+
+
+class _LoopExits(ast.NodeVisitor):
+    """Finds a break/continue that belongs to the with body itself (not to a loop inside it)."""
+
+    def __init__(self):
+        self.found = None
+
+    def visit_For(self, node):  # loops inside own their break/continue; only their else can leak
+        for n in node.orelse:
+            self.visit(n)
+
+    visit_While = visit_AsyncFor = visit_For
+
+    def visit_FunctionDef(self, node):
+        return
+
+    visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = visit_FunctionDef
+
+    def visit_Break(self, node):
+        self.found = self.found or node
+
+    visit_Continue = visit_Break
+
+
+class _SpmdWith(ast.NodeTransformer):
+    def __init__(self, filename: str):
+        self.filename = filename
+        self.count = 0
+
+    def visit_With(self, node: ast.With):
+        self.generic_visit(node)
+        if len(node.items) != 1 or not _is_spmd_call(node.items[0].context_expr):
+            return node
+        item = node.items[0]
+        finder = _LoopExits()
+        for stmt in node.body:
+            finder.visit(stmt)
+        if finder.found is not None:
+            kw = "break" if isinstance(finder.found, ast.Break) else "continue"
+            raise DslError(f"{self.filename}:{finder.found.lineno}: `{kw}` directly inside a `with pl.spmd(...)` "
+                           f"body (line {node.lineno}) is not supported by pto pypto; move it out of the task")
+        self.count += 1
+        handle = f"_pto_spmd_{node.lineno}_{self.count}"
+        loc = dict(lineno=node.lineno, col_offset=node.col_offset,
+                   end_lineno=node.lineno, end_col_offset=node.col_offset)
+        out = [ast.Assign(targets=[ast.Name(handle, ast.Store(), **loc)], value=item.context_expr, **loc),
+               ast.For(target=ast.Name(handle + "_b", ast.Store(), **loc), iter=ast.Name(handle, ast.Load(), **loc),
+                       body=node.body, orelse=[], **loc)]
+        if item.optional_vars is not None:
+            target = item.optional_vars
+            out.append(ast.Assign(targets=[target],
+                                  value=ast.Attribute(ast.Name(handle, ast.Load(), **loc), "tid", ast.Load(), **loc),
+                                  **loc))
+        return out
+
+
+def transform_source(source: str, filename: str) -> tuple[ast.Module, int]:
+    """Parse ``source`` and rewrite its ``with <...>.spmd(...)`` statements.
+
+    Returns:
+        (module tree, number of statements rewritten).
+
+    Raises:
+        SyntaxError: the source does not parse.
+        DslError: a break/continue directly inside such a body.
+    """
+    tree = ast.parse(source, filename=filename)
+    tr = _SpmdWith(filename)
+    tree = tr.visit(tree)
+    ast.fix_missing_locations(tree)
+    return tree, tr.count
+
+
+def compile_pypto(source: str, filename: str):
+    """The code object of a pypto module with the ``with pl.spmd`` body form rewritten."""
+    if not needs_transform(source):
+        return compile(source, filename, "exec", dont_inherit=True)
+    tree, _ = transform_source(source, filename)
+    return compile(tree, filename, "exec", dont_inherit=True)
