@@ -15,7 +15,8 @@ compatibility issue. Every construct here is numerically defined on the CPU:
 * ``pl.prefetch(...)``: an L2 warm-up, no effect on values.
 * ``pl.gather_row(dst, src, dst_offsets, src_offsets, shapes, valid_shape=None,
   transpose=False)``: a GM window copied into part of a tile.
-* ``pl.cast`` of a scalar (:func:`cast_scalar`).
+* ``pl.cast`` of a scalar (:func:`cast_scalar`), ``pl.const(v, dtype)``; ``pl.move`` and
+  ``pl.tile.transpose_view`` (layout only: the same values, transposed for the view).
 * ``@pl.program`` classes of ``@pl.function(type=pl.FunctionType...)`` methods (the older
   class-based API, :class:`ProgramClass`) and ``@pl.jit.host`` (:class:`HostFunction`).
 * ``mode.pypto``: set by ``pto.compat`` while a pypto script runs; it makes
@@ -40,7 +41,7 @@ from pto.language.typing import ScalarValue, as_int
 
 __all__ = ["mode", "create_tile", "create_l1", "Array", "array", "concat", "SplitMode", "split_aiv", "split",
            "prefetch", "gather_row", "cast_scalar", "written_in", "bind_dynamic", "FunctionType", "function",
-           "program", "ProgramClass", "ProgramFunction", "HostFunction"]
+           "program", "ProgramClass", "ProgramFunction", "HostFunction", "const", "move", "transpose_view"]
 
 
 class _Mode:
@@ -492,3 +493,27 @@ class HostFunction:
         finally:
             st.program_factory = factory
         return last[-1] if last else None
+
+
+def const(value, dtype):
+    """``pl.const(v, dtype)``: a typed scalar literal (the value as :func:`cast_scalar` makes it)."""
+    return cast_scalar(value, dtype)
+
+
+def move(x, target_memory=None, **_placement):
+    """``pl.move(tile, target_memory=...)``: a move between on-chip memories; the same values."""
+    return _as_tile(x, "pl.move")
+
+
+def transpose_view(x) -> Tile:
+    """``pl.tile.transpose_view(t)``: the rank-2 tile ``t`` read transposed (a layout view; the values
+    of ``t.T``).
+
+    Raises:
+        DslError: a tile that is not rank 2.
+    """
+    x = _as_tile(x, "pl.tile.transpose_view")
+    if x.data.dim() != 2:
+        raise DslError(f"pl.tile.transpose_view: needs a rank-2 tile, got {list(x.shape)}")
+    valid = None if x.valid is None else (x.valid[1], x.valid[0])
+    return Tile(x.data.t().contiguous(), None if x.mask is None else x.mask.t().contiguous(), valid)
