@@ -12,3 +12,4 @@ from pto.models.deepseek_v4 import decode_sparse_attn  # noqa: F401  (registers 
 from pto.models.deepseek_v4 import lookup_embedding  # noqa: F401  (registers "lookup_embedding")
 from pto.models.deepseek_v4 import prefill_compressor_ratio4  # noqa: F401  (registers "prefill_compressor_ratio4")
 from pto.models.deepseek_v4 import decode_compressor_ratio4  # noqa: F401  (registers "decode_compressor_ratio4")
+from pto.models.deepseek_v4 import gate  # noqa: F401  (registers "gate")
