@@ -13,3 +13,4 @@ from pto.models.deepseek_v4 import lookup_embedding  # noqa: F401  (registers "l
 from pto.models.deepseek_v4 import prefill_compressor_ratio4  # noqa: F401  (registers "prefill_compressor_ratio4")
 from pto.models.deepseek_v4 import decode_compressor_ratio4  # noqa: F401  (registers "decode_compressor_ratio4")
 from pto.models.deepseek_v4 import gate  # noqa: F401  (registers "gate")
+from pto.models.deepseek_v4 import decode_attention_swa  # noqa: F401  (registers "decode_attention_swa")

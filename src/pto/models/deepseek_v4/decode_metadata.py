@@ -254,6 +254,9 @@ def decode_metadata_kernels(cfg: DeepSeekV4Config, n_cmp_cols: int | None = None
         * ``decode_cache_write(kv [T, head_dim] BF16, ori_slot_mapping [T] INT64, kv_cache
           InOut [pages, block_size, 1, head_dim] BF16)`` -- task ``decode_cache_write``:
           ``kv[t]`` to flat row ``ori_slot_mapping[t]`` where it is ``>= 0``;
+        * ``decode_rope_rows(freqs_cos [P, rope_dim] BF16, freqs_sin, position_ids [T] INT32,
+          rope_cos_t Out [T, rope_dim] BF16, rope_sin_t Out)`` -- task ``decode_rope_rows``:
+          table row ``position_ids[t]``, zeros for an inactive token;
 
         and the ``@pl.jit`` entries ``decode_window_indices_test`` / ``decode_cmp_indices_test``
         (same parameters, return the output).
@@ -265,6 +268,7 @@ def decode_metadata_kernels(cfg: DeepSeekV4Config, n_cmp_cols: int | None = None
     W, BS, P, HD, NBLK = cfg.sliding_window, cfg.block_size, cfg.ori_kv_block_num, cfg.head_dim, \
         cfg.max_blocks_per_seq
     NC = hca_cmp_cols(cfg) if n_cmp_cols is None else int(n_cmp_cols)
+    MAXPOS, R = cfg.max_position_embeddings, cfg.qk_rope_head_dim
 
     def geometry(position_ids, table):
         t, b = pl.tensor.dim(position_ids, 0), pl.tensor.dim(table, 0)
@@ -340,6 +344,29 @@ def decode_metadata_kernels(cfg: DeepSeekV4Config, n_cmp_cols: int | None = None
                 tok = end
         return tid
 
+    @pl.jit.inline
+    def decode_rope_rows(freqs_cos: pl.Tensor[[MAXPOS, R], pl.BF16],
+                         freqs_sin: pl.Tensor[[MAXPOS, R], pl.BF16],
+                         position_ids: pl.Tensor[[T_DYN], pl.INT32],
+                         rope_cos_t: pl.Out[pl.Tensor[[T_DYN, R], pl.BF16]],
+                         rope_sin_t: pl.Out[pl.Tensor[[T_DYN, R], pl.BF16]]):
+        """Task ``decode_rope_rows``: row ``t`` = table row ``position_ids[t]`` (an exact
+        copy), zeros for an inactive token (B.6 ``swa_rope_step``)."""
+        t = pl.tensor.dim(position_ids, 0)
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="decode_rope_rows") as tid:
+            for tok in pl.range(t):
+                pos = pl.read(position_ids, [tok])
+                if pos >= MAXPOS:
+                    raise BindError(f"decode_rope_rows: position_ids[{tok}] = {pos} is past the RoPE tables "
+                                    f"({MAXPOS} rows)")
+                if pos >= 0:
+                    rope_cos_t[tok:tok + 1, 0:R] = freqs_cos[pos:pos + 1, 0:R]
+                    rope_sin_t[tok:tok + 1, 0:R] = freqs_sin[pos:pos + 1, 0:R]
+                else:
+                    rope_cos_t[tok:tok + 1, 0:R] = pl.full([1, R], pl.BF16, 0)
+                    rope_sin_t[tok:tok + 1, 0:R] = pl.full([1, R], pl.BF16, 0)
+        return tid
+
     @pl.jit
     def decode_window_indices_test(position_ids: pl.Tensor[[T_DYN], pl.INT32],
                                    block_table: pl.Tensor[[B_DYN, NBLK], pl.INT32],
@@ -355,6 +382,7 @@ def decode_metadata_kernels(cfg: DeepSeekV4Config, n_cmp_cols: int | None = None
 
     return SimpleNamespace(n_cmp_cols=NC, decode_window_indices=decode_window_indices,
                            decode_cmp_indices=decode_cmp_indices, decode_cache_write=decode_cache_write,
+                           decode_rope_rows=decode_rope_rows,
                            decode_window_indices_test=decode_window_indices_test,
                            decode_cmp_indices_test=decode_cmp_indices_test)
 # ---- end kernel ----
