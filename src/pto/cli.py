@@ -514,7 +514,8 @@ def _sim_args(p):
 
 @command("sim", "schedule a kernel's task graph on a simulated accelerator", _sim_args)
 def cmd_sim(args) -> int:
-    """``pto sim KERNEL [--machine a2a3|a5]``: makespan, critical path, utilisation."""
+    """``pto sim KERNEL [--machine a2a3|a5]``: AICPU orchestration, scheduler and effective windows,
+    makespan, critical path, utilisation."""
     from pto.runtime.simulate import get_machine, simulate
     machine = get_machine(args.machine)
     target = _target_from_args(args)
@@ -526,15 +527,21 @@ def cmd_sim(args) -> int:
     table.add_column("value", justify="right")
     rows = [("tasks", sim.tasks), ("join nodes", sim.dummies), ("edges", sim.edges), ("blocks", sim.blocks),
             ("init fills", f"{sim.fills} ({fmt_bytes(sim.fill_bytes)}, {sim.fill_us:.2f} us)"),
-            ("makespan", f"{sim.makespan_us:.2f} us"),
-            ("critical path", f"{sim.critical_path_tasks} tasks, {sim.critical_path_us:.2f} us"),
-            ("AIC utilisation", f"{sim.utilisation['aic']:.1%}"), ("AIV utilisation", f"{sim.utilisation['aiv']:.1%}")]
+            *_sim_rows(sim)]
     for k, v in rows:
         table.add_row(k, str(v))
     con = console()
     con.print(table)
     con.print("critical path: " + " -> ".join(sim.critical_path), highlight=False, markup=False)
     return 0
+
+
+def _sim_rows(sim) -> list:
+    """(label, value) rows of the simulated AICPU windows, makespan, critical path and utilisation."""
+    return [("orchestration window", f"{sim.orch_us:.2f} us"), ("scheduler window", f"{sim.sched_us:.2f} us"),
+            ("effective (union)", f"{sim.effective_us:.2f} us"), ("makespan (cores)", f"{sim.makespan_us:.2f} us"),
+            ("critical path", f"{sim.critical_path_tasks} tasks, {sim.critical_path_us:.2f} us"),
+            ("AIC utilisation", f"{sim.utilisation['aic']:.1%}"), ("AIV utilisation", f"{sim.utilisation['aiv']:.1%}")]
 
 
 # ---- the model: checkpoint writer and generation -------------------------------------------

@@ -1,4 +1,5 @@
-"""Simulator: exact schedules on a toy machine (1 FLOP/µs, 1 byte/µs, 1 µs dispatch)."""
+"""Simulator: exact schedules on toy machines (1 FLOP/µs, 1 byte/µs, 1 µs dispatch, free or
+1 µs submission, 1 byte/µs AICPU fill), the AICPU structure and the calibrated constants."""
 
 from types import SimpleNamespace
 
@@ -10,10 +11,13 @@ from pto.errors import ConfigError
 from pto.runtime import RunConfig
 from pto.runtime.graph import Block, Task, TaskGraph
 from pto.runtime.heap import Buffer
-from pto.runtime.simulate import MACHINES, Machine, get_machine, simulate
+from pto.runtime.simulate import (HCA_DECODE_FILL_CALIBRATION, MACHINES, Machine, fill_vs_seed, get_machine,
+                                  simulate)
 
 TOY = Machine(name="toy", n_aic=1, n_aiv=2, cube_flops=1e6, vec_flops=1e6, aic_gm_bw=1e6, aiv_gm_bw=1e6,
-              dispatch_s=1e-6, memset_bw=1e6)
+              submit_s=0.0, dispatch_s=1e-6, fill_bw=1e6)
+TOY_SUBMIT = Machine(name="toy_submit", n_aic=1, n_aiv=2, cube_flops=1e6, vec_flops=1e6, aic_gm_bw=1e6,
+                     aiv_gm_bw=1e6, submit_s=1e-6, dispatch_s=1e-6, fill_bw=1e6)
 
 
 def _task(graph, name, blocks, preds=(), kind="spmd", buffers=()):
@@ -34,9 +38,11 @@ def _program(graph, buffers=()):
     return SimpleNamespace(name="handmade", graph=graph, buffers=list(buffers))
 
 
-def _scratch(bid, name, nbytes, offset, init_value):
+def _scratch(bid, name, nbytes, offset, init_value, tasks_before=0):
     data = torch.zeros(nbytes // 4, dtype=torch.float32)
-    return Buffer(bid, name, "test", "scratch", data, None, offset=offset, init_value=init_value)
+    b = Buffer(bid, name, "test", "scratch", data, None, offset=offset, init_value=init_value)
+    b.tasks_before = tasks_before
+    return b
 
 
 def test_handmade_graph_schedule_is_exact():
@@ -47,17 +53,21 @@ def test_handmade_graph_schedule_is_exact():
     _task(g, "task_dummy", [], preds=[1, 2], kind="dummy")
     _task(g, "out", [(1, 0, False)], preds=[3])
     r = simulate(_program(g), TOY)
-    assert r.makespan_us == 14.0
+    assert (r.orch_us, r.sched_us, r.effective_us, r.makespan_us) == (0.0, 14.0, 14.0, 14.0)
     assert r.critical_path == ["load", "mm", "out"]
     assert r.critical_path_ids == [0, 1, 4]
     assert r.critical_path_us == 14.0
     assert (r.tasks, r.dummies, r.edges, r.blocks) == (4, 1, 4, 7)
+    # one scheduler stream: "load" is dispatched over [0, 1], "side" over [1, 2]
+    assert [(x.kind, x.name, x.start_us, x.end_us) for x in r.aicpu_runs if x.kind == "dispatch"] == [
+        ("dispatch", "load", 0.0, 1.0), ("dispatch", "side", 1.0, 2.0), ("dispatch", "mm", 5.0, 6.0),
+        ("dispatch", "out", 12.0, 13.0)]
     assert r.task_spans[0] == (0.0, 1.0, 5.0)
     assert r.task_spans[1] == (5.0, 6.0, 12.0)
+    assert r.task_spans[2] == (0.0, 3.0, 7.0)
     assert r.task_spans[3] == (12.0, 12.0, 12.0)   # join node: no dispatch, no cost
     assert r.task_spans[4] == (12.0, 13.0, 14.0)
     side = sorted((x.start_us, x.end_us, x.core) for x in r.runs if x.name == "side")
-    # "load" blocks were queued first; "side" fills the vector cores as they free up
     assert side == [(3.0, 5.0, 1), (5.0, 7.0, 0), (5.0, 7.0, 1)]
     assert r.busy_us == {"aic": 6.0, "aiv": 13.0}
     assert r.utilisation == {"aic": 6.0 / 14.0, "aiv": 13.0 / 28.0}
@@ -68,7 +78,7 @@ def test_mixed_block_runs_on_the_cube_core():
     _task(g, "mix", [(2, 0, True), (2, 0, True)])
     r = simulate(_program(g), TOY)
     assert [(x.core_type, x.start_us, x.end_us) for x in r.runs] == [("aic", 1.0, 3.0), ("aic", 3.0, 5.0)]
-    assert r.makespan_us == 5.0
+    assert r.makespan_us == r.effective_us == 5.0
 
 
 def test_syncall_phases_are_barriers():
@@ -90,6 +100,44 @@ def test_records_of_one_block_and_phase_are_merged():
     assert sorted((x.block, x.end_us - x.start_us) for x in r.runs) == [(0, 3.0), (1, 1.0)]
 
 
+def test_orchestration_window_is_tasks_times_submit_cost_without_fill_cost():
+    g = TaskGraph()
+    _task(g, "a", [(1, 0, False)], buffers=[1])
+    _task(g, "b", [(1, 0, False)], preds=[0])
+    _task(g, "task_dummy", [], preds=[1], kind="dummy")
+    _task(g, "c", [(1, 0, False)], preds=[2])
+    free_fill = Machine(name="free_fill", n_aic=1, n_aiv=2, cube_flops=1e6, vec_flops=1e6, aic_gm_bw=1e6,
+                        aiv_gm_bw=1e6, submit_s=0.874e-6, dispatch_s=0.8e-6, fill_bw=float("inf"))
+    r = simulate(_program(g, [_scratch(1, "acc", 64, 0, 0)]), free_fill)
+    assert r.orch_us == pytest.approx(4 * 0.874)  # three tasks and one join node, each submitted once
+    assert [x.name for x in r.aicpu_runs if x.kind == "submit"] == ["a", "b", "task_dummy", "c"]
+    assert r.fill_runs[0].end_us - r.fill_runs[0].start_us == 0.0
+    assert r.effective_us == max(r.orch_us, r.sched_us)
+
+
+def test_a_fill_delays_every_task_submitted_after_it():
+    g = TaskGraph()
+    _task(g, "before", [(1, 0, False)])
+    _task(g, "user", [(1, 0, False)], buffers=[1])
+    _task(g, "after", [(1, 0, False)])
+    bufs = [_scratch(1, "acc", 4, 0, 0, tasks_before=1)]  # allocated after "before" was submitted
+    r = simulate(_program(g, bufs), TOY_SUBMIT)
+    # orchestration: submit before [0, 1], fill acc [1, 5], submit user [5, 6], submit after [6, 7]
+    assert [(f.name, f.start_us, f.end_us) for f in r.fill_runs] == [("acc", 1.0, 5.0)]
+    assert [(x.name, x.start_us, x.end_us) for x in r.aicpu_runs if x.kind == "submit"] == [
+        ("before", 0.0, 1.0), ("user", 5.0, 6.0), ("after", 6.0, 7.0)]
+    assert r.orch_us == 7.0
+    assert r.task_spans[1][0] == 6.0 and r.task_spans[2][0] == 7.0   # ready only once submitted
+    # "before" was ready at 1, but the fill holds the AICPU: its dispatch waits for the fill's end
+    assert r.task_spans[0] == (1.0, 6.0, 7.0)
+    assert [(x.name, x.start_us) for x in r.aicpu_runs if x.kind == "dispatch"] == [
+        ("before", 5.0), ("user", 6.0), ("after", 7.0)]
+    assert r.sched_us == r.effective_us == 9.0
+    plain = simulate(_program(g, [_scratch(1, "acc", 4, 0, None, tasks_before=1)]), TOY_SUBMIT)
+    assert plain.orch_us == 3.0 and plain.fills == 0
+    assert plain.effective_us == 5.0  # three 1 us submissions, dispatches and blocks in a pipeline
+
+
 def test_init_fill_delays_the_first_consumer():
     g = TaskGraph()
     _task(g, "consumer", [(1, 0, False)], buffers=[1])
@@ -97,16 +145,16 @@ def test_init_fill_delays_the_first_consumer():
     filled = simulate(_program(g, [_scratch(1, "acc", 8, 0, 0)]), TOY)
     assert [(f.name, f.start_us, f.end_us) for f in filled.fill_runs] == [("acc", 0.0, 8.0)]
     assert filled.task_spans[0] == (8.0, 9.0, 10.0)
-    assert filled.task_spans[1] == (0.0, 1.0, 2.0)
-    assert filled.makespan_us == 10.0
-    assert filled.critical_path == ["fill acc", "consumer"]
+    assert filled.task_spans[1] == (8.0, 10.0, 11.0)  # submitted after the fill too
+    assert (filled.orch_us, filled.effective_us, filled.makespan_us) == (8.0, 11.0, 11.0)
+    assert filled.critical_path == ["fill acc", "submit consumer", "consumer"]
     assert filled.critical_path_tasks == 1
     assert filled.critical_path_us == 10.0
     assert (filled.fills, filled.fill_bytes, filled.fill_us) == (1, 8, 8.0)
     plain = simulate(_program(g, [_scratch(1, "acc", 8, 0, None)]), TOY)
     assert plain.fills == 0
     assert plain.task_spans[0] == (0.0, 1.0, 2.0)
-    assert plain.makespan_us == 2.0
+    assert plain.effective_us == 3.0
 
 
 def test_fills_run_one_at_a_time_in_allocation_order():
@@ -115,17 +163,20 @@ def test_fills_run_one_at_a_time_in_allocation_order():
     r = simulate(_program(g, [_scratch(1, "a", 4, 0, 0), _scratch(2, "b", 4, 512, 0)]), TOY)
     assert [(f.name, f.start_us, f.end_us) for f in r.fill_runs] == [("a", 0.0, 4.0), ("b", 4.0, 8.0)]
     assert r.task_spans[0] == (8.0, 9.0, 10.0)
+    assert r.critical_path == ["fill a", "fill b", "submit use_b", "use_b"]
 
 
 def test_reused_heap_memory_waits_for_the_previous_users():
     g = TaskGraph()
     _task(g, "first", [(5, 0, False)], buffers=[1])
     _task(g, "second", [(1, 0, False)], buffers=[2])
-    bufs = [_scratch(1, "old", 8, 0, None), _scratch(2, "new", 4, 0, 0)]  # same heap bytes
+    bufs = [_scratch(1, "old", 8, 0, None), _scratch(2, "new", 4, 0, 0, tasks_before=1)]  # same heap bytes
     r = simulate(_program(g, bufs), TOY)
     assert [(f.name, f.start_us, f.end_us) for f in r.fill_runs] == [("new", 6.0, 10.0)]
+    assert r.orch_us == 10.0  # the orchestrator waited for "first" to retire before filling
     assert r.task_spans[1] == (10.0, 11.0, 12.0)
-    assert r.critical_path == ["first", "fill new", "second"]
+    assert r.critical_path == ["first", "fill new", "submit second", "second"]
+    assert r.critical_path_us == 12.0
 
 
 def test_empty_task_and_empty_graph():
@@ -133,8 +184,23 @@ def test_empty_task_and_empty_graph():
     _task(g, "empty", [])
     r = simulate(_program(g), TOY)
     assert r.task_spans[0] == (0.0, 1.0, 1.0)
-    assert r.makespan_us == 1.0
-    assert simulate(_program(TaskGraph()), TOY).makespan_us == 0.0
+    assert (r.effective_us, r.makespan_us) == (1.0, 0.0)  # dispatched, no block on a core
+    e = simulate(_program(TaskGraph()), TOY)
+    assert (e.orch_us, e.sched_us, e.effective_us, e.makespan_us) == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_free_task_and_free_fill_counterfactuals():
+    g = TaskGraph()
+    _task(g, "seed", [(3, 0, False)], buffers=[1])
+    _task(g, "use", [(1, 0, False)], preds=[0], buffers=[1])
+    p = _program(g, [_scratch(1, "acc", 4, 0, 0)])
+    base = simulate(p, TOY_SUBMIT)
+    assert (base.orch_us, base.effective_us) == (6.0, 11.0)
+    no_fill = simulate(p, TOY_SUBMIT, free_fills={1})
+    assert (no_fill.fills, no_fill.orch_us, no_fill.effective_us) == (0, 2.0, 7.0)
+    no_seed = simulate(p, TOY_SUBMIT, free_tasks={0})
+    assert no_seed.orch_us == 5.0 and no_seed.task_spans[0] == (4.0, 4.0, 4.0)
+    assert [x.name for x in no_seed.aicpu_runs] == ["use", "use"]  # one submission, one dispatch
 
 
 def test_machine_models():
@@ -142,11 +208,22 @@ def test_machine_models():
     assert (a2.n_aic, a2.n_aiv) == (24, 48)
     assert a2.cube_flops * 24 == pytest.approx(376e12)
     assert a2.aic_gm_bw * 24 == pytest.approx(1.6e12)
+    assert (a2.submit_us, a2.dispatch_us) == pytest.approx((0.874, 0.8))
     a5 = MACHINES["a5"]
     assert (a5.n_aic, a5.n_aiv) == (36, 72)
-    assert set(a2.sources) == set(a5.sources) == {"cores", "cube", "vector", "hbm", "dispatch", "memset"}
+    keys = {"cores", "cube", "vector", "hbm", "submit", "dispatch", "fill"}
+    assert set(a2.sources) == set(a5.sources) == keys
     with pytest.raises(ConfigError, match="unknown machine 'b9'"):
         get_machine("b9")
+
+
+def test_fill_rate_reproduces_the_calibration_delta_exactly():
+    cal = HCA_DECODE_FILL_CALIBRATION
+    a2 = get_machine("a2a3")
+    fill = sum(a2.fill_us(n) for n in cal["fill_bytes"].values())
+    assert fill - cal["seed_tasks"] * a2.submit_us == pytest.approx(cal["orch_init_us"] - cal["orch_seed_us"])
+    assert sum(cal["fill_bytes"].values()) == 100352
+    assert a2.fill_bw == pytest.approx(100352 / 61.922e-6)
 
 
 # ---- recorded programs ------------------------------------------------------------------
@@ -181,13 +258,37 @@ def test_recorded_seed_and_init_variants():
     assert (rs.tasks, rs.edges, rs.fills) == (3, 3, 0)
     assert (ri.tasks, ri.edges, ri.fills) == (2, 1, 1)
     assert rs.critical_path == ["seed", "partial", "epilogue"]
-    assert ri.critical_path == ["fill acc", "partial", "epilogue"]
+    assert ri.critical_path == ["fill acc", "submit partial", "partial", "epilogue"]
     assert ri.critical_path_tasks == 2
     fill_end = ri.fill_runs[0].end_us
-    assert fill_end == 32 * 64 * 4  # 8192 bytes at 1 byte/us
-    assert ri.task_spans[0][0] == fill_end  # the first task naming acc waits for the fill
+    assert fill_end == ri.orch_us == 32 * 64 * 4  # 8192 bytes at 1 byte/us, before any submission
+    assert ri.task_spans[0][0] == fill_end
     assert all(x.core_type == "aic" for x in ri.runs if x.name == "partial")
     assert all(x.core_type == "aiv" for x in ri.runs if x.name == "epilogue")
+    # on TOY the seed task's 8192 GM bytes at 1 byte/us cost as much as the fill plus its dispatch
+    rows = fill_vs_seed(seeded, init, TOY)
+    assert [(r.buffer, r.nbytes, r.seed_task, r.cheaper) for r in rows] == [("acc", 8192, "seed", "init_value")]
+    assert rows[0].fill_us == rows[0].fill_cost_us == 8192.0
+    assert rows[0].seed_cost_us == rs.effective_us - simulate(seeded, TOY, free_tasks={0}).effective_us
+    assert rows[0].seed_cost_us > rows[0].fill_cost_us
+    slow_fill = Machine(**{**TOY.__dict__, "name": "slow_fill", "fill_bw": 1e5})
+    rows = fill_vs_seed(seeded, init, slow_fill)
+    assert rows[0].cheaper == "seed task" and rows[0].fill_cost_us == rows[0].fill_us == 81920.0
+
+
+def test_flash_decode_fill_bytes_match_the_calibration():
+    from pto.golden import ScalarSpec, get_case
+    import pto.models.deepseek_v4  # noqa: F401 - fills the registry
+    got = {}
+    for name in ("qkv_proj_rope", "hc_pre"):
+        cr = get_case(name).build("flash", "decode")
+        torch.manual_seed(0)
+        vals = [s.to_python() if isinstance(s, ScalarSpec) else s.create_tensor() for s in cr.specs]
+        p = cr.fn.run(*vals, config=RunConfig())
+        got.update({b.name: b.nbytes for b in p.buffers if b.kind == "scratch" and b.init_value is not None})
+        free_fill = Machine(**{**MACHINES["a2a3"].__dict__, "name": "free_fill", "fill_bw": float("inf")})
+        assert simulate(p, free_fill).orch_us == pytest.approx(p.stats.tasks * 0.874)
+    assert got == HCA_DECODE_FILL_CALIBRATION["fill_bytes"]
 
 
 def test_recorded_syncall_phases():

@@ -97,10 +97,14 @@ def test_sim_trace_one_track_per_core():
     tr = sim_trace(r, p)
     tracks = validate_trace(tr)
     names = {e["tid"]: e["args"]["name"] for e in tr["traceEvents"] if e.get("name") == "thread_name"}
-    assert len(names) == 24 + 48 + 1
-    assert names[0] == "AIC 00" and names[24] == "AIV 00" and names[72] == "AICPU fill (init_value)"
+    assert len(names) == 24 + 48 + 2
+    assert names[0] == "AIC 00" and names[24] == "AIV 00"
+    assert names[72] == "AICPU orchestrator (submit, init_value fill)" and names[73] == "AICPU scheduler (dispatch)"
     spans = [e for e in tr["traceEvents"] if e["ph"] == "X"]
-    assert len(spans) == len(r.runs) + len(r.fill_runs) == 2 + 90 + 1
+    # blocks, one fill, and a submission and a dispatch per task
+    assert len(spans) == len(r.runs) + len(r.fill_runs) + len(r.aicpu_runs) == 2 + 90 + 1 + 2 * 4
+    assert [e["name"] for e in spans if e["tid"] == 73] == ["dispatch partial"] + ["dispatch epilogue"] * 3
+    assert [e["name"] for e in spans if e["tid"] == 72] == ["fill acc", "submit partial"] + ["submit epilogue"] * 3
     assert {e["tid"] for e in spans if e["name"] == "partial"} <= set(range(24))
     assert {e["tid"] for e in spans if e["name"] == "epilogue"} <= set(range(24, 72))
     # 30 blocks on 48 vector cores: 30 tracks, one block per task each
@@ -127,7 +131,7 @@ def test_traces_of_a_check_mode_run():
     tr = sim_trace(simulate(p, "a2a3"), p)
     validate_trace(tr)
     assert all(e["args"]["footprint_scope"] == "block" for e in tr["traceEvents"]
-               if e["ph"] == "X" and e["cat"] != "init")
+               if e["ph"] == "X" and e["cat"] in ("cube", "vector"))
 
 
 def test_cli_trace_and_sim(tmp_path, capsys):
@@ -141,6 +145,6 @@ def test_cli_trace_and_sim(tmp_path, capsys):
     assert main(["trace", "example_splitk_matmul", "--out", str(out2)]) == 0
     validate_trace(json.loads(out2.read_text()))
     assert main(["sim", "example_splitk_matmul", "--machine", "a5"]) == 0
-    assert "critical path: fill acc -> splitk_mm -> copy_out" in capsys.readouterr().out
+    assert "critical path: fill acc -> submit splitk_mm -> splitk_mm -> copy_out" in capsys.readouterr().out
     assert main(["sim", "example_splitk_matmul", "--machine", "z9"]) == 2
     assert "unknown machine 'z9'" in capsys.readouterr().err

@@ -45,11 +45,14 @@ class Buffer:
         shadow: INT32 definedness mask shaped like the root (check mode), 0 =
             defined, else an undefinedness tag (see runtime/sanitizer.py).
         untracked: excluded from dependency derivation (``manual_dep=True``).
+        tasks_before: tasks and join nodes submitted before the allocation (its
+            place in the orchestration order; 0 for arguments); the simulator
+            runs an ``init_value`` fill at that point of the AICPU stream.
     """
 
     __slots__ = ("id", "name", "site", "kind", "direction", "shape", "dtype", "nbytes", "offset", "base_off",
                  "C", "shadow", "untracked", "freed", "program", "init_value", "init_dropped", "written",
-                 "readonly", "data", "scope", "partial")
+                 "readonly", "data", "scope", "partial", "tasks_before")
 
     def __init__(self, bid, name, site, kind, data: torch.Tensor, program, direction="in", offset=None,
                  init_value=None, untracked=False):
@@ -75,6 +78,7 @@ class Buffer:
         self.data = data
         self.scope = 0
         self.partial = False  # a pl.PartialOut argument: unwritten elements are allowed
+        self.tasks_before = 0  # tasks and join nodes submitted before the allocation (orchestration order)
 
     def __repr__(self) -> str:
         return f"Buffer(#{self.id} {self.name!r} {list(self.shape)} {self.dtype} at {self.site})"

@@ -356,6 +356,7 @@ class Program:
         buf = Buffer(len(self.buffers) + 1, name, site, "scratch", data, self, offset=off,
                      init_value=init_value, untracked=manual_dep)
         buf.init_dropped = dropped
+        buf.tasks_before = len(self.graph.tasks)
         if self.check:
             buf.shadow = torch.zeros(buf.shape, dtype=torch.int32) if init_value is not None else \
                 torch.full(buf.shape, buf.id, dtype=torch.int32)

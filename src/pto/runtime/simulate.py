@@ -1,37 +1,54 @@
 """Simulated accelerator: list-schedule a recorded task graph on a machine
 model (DESIGN section 7).
 
-Cost model, per block (one SPMD instance of one barrier phase):
+The machine is what the device runs a program on: cube cores (AIC), vector
+cores (AIV) and the AICPU, which orchestrates and schedules.
 
-* a block that issued a matmul runs on a cube core (AIC) for
+AICPU (the reference runtime, simpler: an orchestrator thread and scheduler
+threads released together; its ``orch`` and ``sched`` windows overlap and the
+bench reports their union as the effective time):
+
+* orchestration is one serial stream in program order: every task and join
+  node is submitted at ``submit_us``; an ``init_value`` allocation is filled
+  inline at its place in the program (``Buffer.tasks_before``) at ``fill_bw``,
+  and delays every submission after it. A fill into ring-heap bytes that an
+  earlier allocation used waits until the tasks naming that allocation
+  finished (the ring is reclaimed only when they retire);
+* the scheduler loop is one serial stream that dispatches a task once it is
+  submitted, its predecessors finished and its scratch buffers are available,
+  at ``dispatch_us`` per task, in (ready time, task id) order; a fill holds the
+  AICPU, so no dispatch starts while one runs (the fill serialises on the
+  orchestration and the scheduling path, pypto-lib PR #829); join nodes
+  complete when ready, without a dispatch;
+* a task's blocks are queued for cores when its dispatch ends.
+
+Cores, per block (one SPMD instance of one barrier phase):
+
+* a block that issued a matmul runs on a cube core for
   ``flops / cube_flops + bytes / aic_gm_bw``; a mixed cube + vector block
   occupies the AIC of one core group and all its flops are charged at the
-  cube rate;
-* any other block runs on a vector core (AIV) for
+  cube rate; any other block runs on a vector core for
   ``flops / vec_flops + bytes / aiv_gm_bw``;
-* every task pays ``dispatch_s`` between becoming ready and its first block
-  starting; join nodes (``task_dummy``) cost nothing;
 * the phases of a task split by ``syncall`` are barriers: phase k+1 of any
-  block starts after phase k of every block ended (cores are released at the
-  barrier);
-* allocation-time initialisation is charged to the allocation, not to a
-  task: a scratch buffer created with ``init_value`` is filled by the AICPU at
-  ``memset_bw`` (one fill at a time, in allocation order), and every task that
-  names the buffer (``task.buffers``) waits for the fill;
-* ring-heap reuse: a scratch buffer whose heap bytes overlap an earlier,
-  freed allocation is only available (and only filled) after every task that
-  named the earlier allocation finished, as the device reclaims ring memory
-  only when those tasks retire.
+  block starts after phase k of every block ended;
+* a scratch buffer (with or without ``init_value``) whose heap bytes overlap
+  an earlier allocation is available only after every task naming the
+  earlier one finished.
 
-The scheduler is event driven: ready blocks wait in one queue per core type,
-ordered by (ready time, task id, block index); a free core takes the head of
-its queue; among free cores the lowest index wins. Everything is
-deterministic. The critical path is the longest dependency chain with
-unlimited cores (task weight = dispatch + sum over phases of the longest
-block; fills are nodes of their own).
+Ready blocks wait in one queue per core type, ordered by (ready time, task
+id, block index); a free core takes the head of its queue; among free cores
+the lowest index wins. Everything is deterministic.
 
-Figures are estimates, meant to be compared as ratios between variants of
-one kernel; the machine constants below say where each number comes from.
+Reported windows, as the device's bench reports them: ``orch_us`` (end of the
+last submission or fill), ``sched_us`` (the last task finished), ``effective_us``
+(their union; both open at 0), ``makespan_us`` (the last block ended). The
+critical path is the longest chain with unlimited cores and an idle
+scheduler: a task starts after its predecessors, its buffers and its own
+submission (the orchestration stream is serial, so a submission can be the
+binding constraint: it shows as ``submit <task>``, after the fills before it).
+
+Figures are estimates; ``benchmarks/bench_sim_device.py`` holds them against
+published device measurements. Each machine constant below names its source.
 """
 
 from __future__ import annotations
@@ -41,7 +58,8 @@ from dataclasses import dataclass, field
 
 from pto.errors import ConfigError, PtoError
 
-__all__ = ["Machine", "MACHINES", "SimResult", "BlockRun", "FillRun", "simulate", "get_machine"]
+__all__ = ["Machine", "MACHINES", "SimResult", "BlockRun", "FillRun", "AicpuRun", "FillVsSeed", "simulate",
+           "get_machine", "fill_vs_seed", "HCA_DECODE_FILL_CALIBRATION"]
 
 
 @dataclass(frozen=True)
@@ -55,8 +73,9 @@ class Machine:
             for INT8 matmuls).
         vec_flops: peak of one AIV (FLOP/s; FP32 elementwise rate).
         aic_gm_bw, aiv_gm_bw: GM (HBM) bytes/s available to one core.
-        dispatch_s: per-task dispatch cost (seconds).
-        memset_bw: AICPU fill bandwidth for ``init_value`` allocations (bytes/s).
+        submit_s: AICPU orchestration cost of submitting one task (seconds).
+        dispatch_s: AICPU scheduler cost of dispatching one task (seconds).
+        fill_bw: AICPU fill rate of ``init_value`` allocations (bytes/s).
         sources: where each constant comes from (for reports).
     """
 
@@ -67,8 +86,9 @@ class Machine:
     vec_flops: float
     aic_gm_bw: float
     aiv_gm_bw: float
+    submit_s: float
     dispatch_s: float
-    memset_bw: float
+    fill_bw: float
     sources: dict = field(default_factory=dict, compare=False, hash=False)
 
     def block_us(self, flops: float, nbytes: float, cube: bool) -> float:
@@ -79,13 +99,18 @@ class Machine:
         return flops / (self.vec_flops / 1e6) + nbytes / (self.aiv_gm_bw / 1e6)
 
     @property
+    def submit_us(self) -> float:
+        """AICPU cost of submitting one task, µs."""
+        return self.submit_s * 1e6
+
+    @property
     def dispatch_us(self) -> float:
-        """Per-task dispatch cost in µs (an estimate; see the module constants)."""
+        """AICPU cost of dispatching one task, µs."""
         return self.dispatch_s * 1e6
 
     def fill_us(self, nbytes: int) -> float:
-        """Duration in µs of an AICPU fill of ``nbytes``."""
-        return nbytes / (self.memset_bw / 1e6)
+        """Duration in µs of an AICPU fill of ``nbytes`` (0 for an infinite rate)."""
+        return 0.0 if self.fill_bw == float("inf") else nbytes / (self.fill_bw / 1e6)
 
 
 # ---- machine constants ---------------------------------------------------------------
@@ -100,15 +125,46 @@ class Machine:
 #     (Huawei, Hot Chips 31, 2019), so 376 TFLOPS over 24 cubes implies ~1.91 GHz.
 #   * Vector: a Da Vinci vector unit is 2048 bits wide (Hot Chips 31, 2019), i.e. 64
 #     FP32 lanes per cycle; at the clock implied above: 64 * 1.91 GHz per AIV.
-#   * HBM 1.6 TB/s per die (CloudMatrix384 paper: 3.2 TB/s per two-die 910C package;
-#     public 910C reports give the same 3.2 TB/s). Per core: the fair share when every
-#     core of its type streams at once (1.6 TB/s / 24 per AIC, / 48 per AIV); a lone
-#     core is modelled no faster (estimate).
-#   * Dispatch 2 µs per task and AICPU memset 50 GB/s: estimates (no public figure);
-#     the 50 GB/s stands for a few AICPU Arm cores streaming stores.
+#   * HBM 1.6 TB/s per die (CloudMatrix384 paper: 3.2 TB/s per two-die 910C package).
+#     Per core: the fair share when every core of its type streams at once (1.6 TB/s /
+#     24 per AIC, / 48 per AIV); a lone core is modelled no faster (estimate).
+#   * AICPU submit 0.874 us per task: the reference runtime's C++ orchestrator, measured
+#     per submitted task (hw-native-sys/simpler, device-log profiling guide).
+#   * AICPU dispatch 0.8 us per task: the dispatch-to-start switch of the scheduler loop
+#     (hw-native-sys/pypto, docs/.../performance/01-task-granularity.md). Cross-check, not
+#     fit: submit + dispatch = 1.67 us, against "about 1.7 us per dispatch" on a standalone
+#     hc_pre (hw-native-sys/pypto-lib PR #545).
+#   * AICPU fill rate: the one calibrated constant, see HCA_DECODE_FILL_CALIBRATION.
 _A2A3_CUBE = 376e12
 _A2A3_CLOCK = _A2A3_CUBE / (24 * 4096 * 2)
 _A2A3_HBM = 1.6e12
+_A2A3_SUBMIT = 0.874e-6
+_A2A3_DISPATCH = 0.8e-6
+
+# The fill rate, calibrated on one published figure only (hw-native-sys/pypto-lib PR #829,
+# a2a3, HCA decode, PYPTO_BENCH=1, median of 100 rounds): the orchestration window went
+# 48.6 -> 107.9 us when the split-K zero-seeds of qr_fp32, kv_fp32 (qkv_proj_rope) and
+# mixes_raw (hc_pre) moved from three on-core seed tasks to create_tensor(init_value=0).
+# In this model the orchestration window is sum(submits) + sum(fills), so
+#   delta_orch = fill_bytes / fill_bw - seed_tasks * submit
+# with fill_bytes the FLASH decode (T = 8, t_pad = 16 rows) sizes of the three buffers:
+# qr_fp32 16 x 1024 FP32 (65536 B) + kv_fp32 16 x 512 FP32 (32768 B) + mixes_raw 16 x 32
+# FP32 (2048 B) = 100352 B (tests/runtime/test_simulate.py checks these against the
+# registered kernels). Every other published figure is a check, not a fit.
+HCA_DECODE_FILL_CALIBRATION = {
+    "source": "hw-native-sys/pypto-lib PR #829 (a2a3, HCA decode, median of 100 rounds)",
+    "orch_seed_us": 48.6, "orch_init_us": 107.9, "seed_tasks": 3,
+    "fill_bytes": {"qr_fp32": 65536, "kv_fp32": 32768, "mixes_raw": 2048},
+}
+
+
+def _calibrated_fill_bw(cal: dict, submit_s: float) -> float:
+    """Fill rate (bytes/s) that reproduces the calibration's orchestration-window delta."""
+    fill_s = (cal["orch_init_us"] - cal["orch_seed_us"]) * 1e-6 + cal["seed_tasks"] * submit_s
+    return sum(cal["fill_bytes"].values()) / fill_s
+
+
+_A2A3_FILL = _calibrated_fill_bw(HCA_DECODE_FILL_CALIBRATION, _A2A3_SUBMIT)
 
 # a5: one Ascend 950-class chip (Ascend 950DT).
 #   * 36 AIC + 72 AIV: public CANN runtime device properties of the 950-series chip
@@ -119,37 +175,42 @@ _A2A3_HBM = 1.6e12
 #   * HBM: 950DT with HiZQ 2.0, 144 GB at 4.0 TB/s (Huawei Connect 2025; the 950PR's
 #     HiBL 1.0 gives 1.6 TB/s). Per core: fair share as for a2a3.
 #   * Vector per AIV: no public figure; the a2a3 per-core rate is kept (estimate).
-#   * Dispatch 1 µs (Huawei states the 950 generation halves task-scheduling latency;
-#     estimate) and AICPU memset 50 GB/s (estimate).
+#   * AICPU submit, dispatch and fill: no published a5 figures; the a2a3 values are kept
+#     (estimate: the same runtime code on an AICPU of the same class).
 _A5_CUBE = 500e12
 _A5_HBM = 4.0e12
+
+_AICPU_SOURCES = {
+    "submit": "0.874 us per submitted task: simpler device-log profiling guide (C++ orchestrator)",
+    "dispatch": "0.8 us per dispatch-to-start switch: pypto task-granularity doc",
+    "fill": (f"{_A2A3_FILL / 1e9:.3f} GB/s AICPU fill: calibrated on the orchestration-window delta "
+             f"48.6 -> 107.9 us of pypto-lib PR #829 (HCA decode, a2a3)"),
+}
 
 MACHINES: dict[str, Machine] = {
     "a2a3": Machine(
         name="a2a3", n_aic=24, n_aiv=48,
         cube_flops=_A2A3_CUBE / 24, vec_flops=64 * _A2A3_CLOCK,
         aic_gm_bw=_A2A3_HBM / 24, aiv_gm_bw=_A2A3_HBM / 48,
-        dispatch_s=2e-6, memset_bw=50e9,
+        submit_s=_A2A3_SUBMIT, dispatch_s=_A2A3_DISPATCH, fill_bw=_A2A3_FILL,
         sources={
             "cores": "24 AIC + 48 AIV: reference dsl-api.md 1; PTO runtime platform_config.h",
             "cube": "376 TFLOPS BF16 per die: CloudMatrix384 paper (arXiv:2506.12708)",
             "vector": "2048-bit vector unit (Hot Chips 31 Da Vinci) at the clock implied by the cube peak",
             "hbm": "1.6 TB/s per die: CloudMatrix384 paper (3.2 TB/s per 910C package)",
-            "dispatch": "2 us per task: estimate",
-            "memset": "50 GB/s AICPU fill: estimate",
+            **_AICPU_SOURCES,
         }),
     "a5": Machine(
         name="a5", n_aic=36, n_aiv=72,
         cube_flops=_A5_CUBE / 36, vec_flops=64 * _A2A3_CLOCK,
         aic_gm_bw=_A5_HBM / 36, aiv_gm_bw=_A5_HBM / 72,
-        dispatch_s=1e-6, memset_bw=50e9,
+        submit_s=_A2A3_SUBMIT, dispatch_s=_A2A3_DISPATCH, fill_bw=_A2A3_FILL,
         sources={
             "cores": "36 AIC + 72 AIV: CANN runtime base_david.hpp (950-series device properties)",
             "cube": "500 TFLOPS BF16 = half of the 1 PFLOPS FP8 of Huawei Connect 2025 (estimate)",
             "vector": "a2a3 per-core rate kept (estimate)",
             "hbm": "4.0 TB/s HiZQ 2.0 (Ascend 950DT, Huawei Connect 2025)",
-            "dispatch": "1 us per task: estimate (950 halves scheduling latency per Huawei)",
-            "memset": "50 GB/s AICPU fill: estimate",
+            **{k: f"a2a3 value kept (estimate; no a5 figure): {v}" for k, v in _AICPU_SOURCES.items()},
         }),
 }
 
@@ -197,26 +258,48 @@ class FillRun:
     end_us: float
 
 
+@dataclass(frozen=True)
+class AicpuRun:
+    """One AICPU step: ``kind`` ``"submit"`` (orchestration) or
+    ``"dispatch"`` (scheduler), task id and name, start and end in µs."""
+
+    kind: str
+    task: int
+    name: str
+    start_us: float
+    end_us: float
+
+
 @dataclass
 class SimResult:
     """Outcome of :func:`simulate` (times in µs).
 
     Attributes:
-        machine: the Machine; makespan_us: end of the last block or fill.
+        machine: the Machine.
+        orch_us: orchestration window (end of the last submission or fill);
+            sched_us: scheduler window (the last task finished);
+            effective_us: their union (both open at 0); makespan_us: end of
+            the last block on a core.
         critical_path: node names along the longest dependency chain (fills
-            appear as ``"fill <buffer>"``); critical_path_ids: task ids on it
-            (fills excluded); critical_path_us: its length;
-            critical_path_tasks: real tasks on it.
-        utilisation: busy time / (cores * makespan) per core type
+            appear as ``"fill <buffer>"``, a binding submission as
+            ``"submit <task>"``); critical_path_ids: task ids on it;
+            critical_path_us: its length; critical_path_tasks: real tasks on it.
+        utilisation: busy time / (cores * effective time) per core type
             (``"aic"``, ``"aiv"``); busy_us: busy time per core type.
         tasks, dummies, edges, blocks: graph counts (blocks after merging the
             records of one block and phase).
         fills, fill_bytes, fill_us: allocation-time fills.
-        runs: every BlockRun; fill_runs: every FillRun;
-        task_spans: {task id: (ready_us, start_us, end_us)}.
+        runs: every BlockRun; fill_runs: every FillRun; aicpu_runs: every
+            submission and dispatch (AicpuRun);
+        task_spans: {task id: (ready_us, start_us, end_us)}: ready = submitted,
+            predecessors done and buffers available; start = first block (or
+            completion for a join node or an empty task).
     """
 
     machine: Machine
+    orch_us: float = 0.0
+    sched_us: float = 0.0
+    effective_us: float = 0.0
     makespan_us: float = 0.0
     critical_path: list = field(default_factory=list)
     critical_path_ids: list = field(default_factory=list)
@@ -233,18 +316,21 @@ class SimResult:
     fill_us: float = 0.0
     runs: list = field(default_factory=list)
     fill_runs: list = field(default_factory=list)
+    aicpu_runs: list = field(default_factory=list)
     task_spans: dict = field(default_factory=dict)
 
     def as_row(self) -> dict:
         """The headline figures as a flat dict."""
         return {"machine": self.machine.name, "tasks": self.tasks, "edges": self.edges, "blocks": self.blocks,
-                "fills": self.fills, "makespan_us": self.makespan_us, "critical_path_tasks": self.critical_path_tasks,
-                "critical_path_us": self.critical_path_us, "aic_util": self.utilisation.get("aic", 0.0),
-                "aiv_util": self.utilisation.get("aiv", 0.0)}
+                "fills": self.fills, "orch_us": self.orch_us, "sched_us": self.sched_us,
+                "effective_us": self.effective_us, "makespan_us": self.makespan_us,
+                "critical_path_tasks": self.critical_path_tasks, "critical_path_us": self.critical_path_us,
+                "aic_util": self.utilisation.get("aic", 0.0), "aiv_util": self.utilisation.get("aiv", 0.0)}
 
     def __str__(self) -> str:
-        return (f"{self.machine.name}: makespan {self.makespan_us:.2f} us, {self.tasks} tasks, {self.edges} edges, "
-                f"critical path {self.critical_path_tasks} tasks / {self.critical_path_us:.2f} us, "
+        return (f"{self.machine.name}: effective {self.effective_us:.2f} us (orch {self.orch_us:.2f}, sched "
+                f"{self.sched_us:.2f}), {self.tasks} tasks, {self.edges} edges, critical path "
+                f"{self.critical_path_tasks} tasks / {self.critical_path_us:.2f} us, "
                 f"AIC {self.utilisation.get('aic', 0.0):.1%} AIV {self.utilisation.get('aiv', 0.0):.1%}")
 
 
@@ -270,11 +356,12 @@ def _phases(task) -> list:
     return [out[ph] for ph in sorted(out)]
 
 
-def _scratch_nodes(program, graph):
+def _scratch_nodes(program, graph, free_fills):
     """Per scratch buffer: (buffer, reuse predecessor task ids, fill flag).
 
     Reuse predecessors of buffer B are the tasks naming an earlier scratch
-    buffer whose heap bytes overlap B's."""
+    buffer whose heap bytes overlap B's. ``free_fills``: buffer ids whose
+    fill is not charged (counterfactuals of :func:`fill_vs_seed`)."""
     users: dict = {}
     for t in graph.tasks:
         for bid in t.buffers:
@@ -287,22 +374,44 @@ def _scratch_nodes(program, graph):
         for e in scratch[:i]:
             if e.offset < hi and lo < e.offset + max(e.nbytes, 1):
                 preds.update(users.get(e.id, ()))
-        nodes[b.id] = (b, preds, b.init_value is not None)
+        nodes[b.id] = (b, preds, b.init_value is not None and b.id not in free_fills)
     return nodes
+
+
+def _orchestration(tasks, nodes) -> list:
+    """The orchestration stream in program order: ``("fill", buffer id)`` for
+    each init_value allocation at its place, ``("submit", task id)`` for each
+    task and join node."""
+    fills_at: dict = {}
+    for bid in sorted(nodes):
+        b, _, fill = nodes[bid]
+        if fill:
+            fills_at.setdefault(min(getattr(b, "tasks_before", 0), len(tasks)), []).append(bid)
+    seq = []
+    for k in range(len(tasks) + 1):
+        seq.extend(("fill", bid) for bid in fills_at.get(k, ()))
+        if k < len(tasks):
+            seq.append(("submit", k))
+    return seq
 
 
 # ---- simulation ----------------------------------------------------------------------
 
-def simulate(program, machine="a2a3") -> SimResult:
+def simulate(program, machine="a2a3", *, free_tasks=frozenset(), free_fills=frozenset()) -> SimResult:
     """List-schedule ``program.graph`` on ``machine`` (see the module docstring).
 
     Args:
         program: a finished :class:`pto.runtime.Program` (its graph, buffers
             and block counters).
         machine: ``"a2a3"``, ``"a5"`` or a :class:`Machine`.
+        free_tasks: task ids that cost nothing (no submission, no dispatch,
+            no blocks; they complete when ready, like join nodes), for
+            counterfactuals (:func:`fill_vs_seed`).
+        free_fills: buffer ids whose ``init_value`` fill costs nothing.
 
     Returns:
-        SimResult with makespan, critical path, utilisation and the schedule.
+        SimResult with the AICPU windows, makespan, critical path, utilisation
+        and the schedule.
 
     Raises:
         ConfigError: an unknown machine name.
@@ -317,20 +426,22 @@ def simulate(program, machine="a2a3") -> SimResult:
     res.dummies = n - res.tasks
     res.edges = sum(len(t.preds) for t in tasks)
 
-    phases = [_phases(t) if t.kind != "dummy" else [] for t in tasks]
+    free = [t.kind == "dummy" or t.id in free_tasks for t in tasks]
+    phases = [_phases(t) if not free[t.id] else [] for t in tasks]
     res.blocks = sum(len(p) for ps in phases for p in ps)
-    nodes = _scratch_nodes(program, graph)
-    disp = m.dispatch_us
+    nodes = _scratch_nodes(program, graph, free_fills)
+    seq = _orchestration(tasks, nodes)
+    sub_us, disp_us = m.submit_us, m.dispatch_us
     dur = [[[m.block_us(f, nb, cube) for (_, f, nb, cube) in p] for p in ps] for ps in phases]
 
-    # ---- dependency bookkeeping: tasks wait for preds and for their scratch buffers
+    # ---- dependency bookkeeping: a task waits for its submission, its preds and its scratch buffers
     succs: list = [[] for _ in range(n)]
-    waiting = [0] * n
+    waiting = [1] * n
     buf_waiters: dict = {bid: [] for bid in nodes}
     for t in tasks:
         for p in t.preds:
             succs[p].append(t.id)
-        waiting[t.id] = len(t.preds)
+        waiting[t.id] += len(t.preds)
         for bid in t.buffers:
             if bid in nodes:
                 buf_waiters[bid].append(t.id)
@@ -340,34 +451,32 @@ def simulate(program, machine="a2a3") -> SimResult:
     for bid, (_, preds, _) in nodes.items():
         for p in preds:
             reuse_waiters.setdefault(p, []).append(bid)
-    fill_order = sorted(bid for bid, (_, _, fill) in nodes.items() if fill)
-    fill_ready = set()
-    fill_state = {"next": 0, "busy_until": None}
 
     events: list = []  # (time, seq, kind, payload)
-    seq = [0]
+    counter = [0]
 
     def push(time, kind, payload):
-        seq[0] += 1
-        heapq.heappush(events, (time, seq[0], kind, payload))
+        counter[0] += 1
+        heapq.heappush(events, (time, counter[0], kind, payload))
 
     queues = {"aic": [], "aiv": []}
-    free = {"aic": list(range(m.n_aic)), "aiv": list(range(m.n_aiv))}
-    for q in free.values():
-        heapq.heapify(q)
+    free_cores = {"aic": list(range(m.n_aic)), "aiv": list(range(m.n_aiv))}
     busy = {"aic": 0.0, "aiv": 0.0}
     phase_left = [0] * n
     cur_phase = [0] * n
     spans: dict = {}
     finished = [False] * n
-    buf_done: dict = {}
+    aicpu = {"orch_idx": 0, "orch_free": 0.0, "orch_end": 0.0, "orch_blocked": None, "fill_until": 0.0,
+             "sched_free": 0.0}
+    dispatch_q: list = []  # (ready time, task id)
+    last_done = [0.0]
 
     def task_ready(tid, now):
         spans[tid] = [now, None, None]
-        if tasks[tid].kind == "dummy":
+        if free[tid]:
             finish_task(tid, now)
         else:
-            push(now + disp, "release", tid)
+            heapq.heappush(dispatch_q, (now, tid))
 
     def dec_task(tid, now):
         waiting[tid] -= 1
@@ -375,7 +484,6 @@ def simulate(program, machine="a2a3") -> SimResult:
             task_ready(tid, now)
 
     def buffer_available(bid, now):
-        buf_done[bid] = now
         for tid in buf_waiters[bid]:
             dec_task(tid, now)
 
@@ -388,6 +496,7 @@ def simulate(program, machine="a2a3") -> SimResult:
 
     def finish_task(tid, now):
         finished[tid] = True
+        last_done[0] = max(last_done[0], now)
         sp = spans[tid]
         if sp[1] is None:
             sp[1] = now
@@ -396,31 +505,43 @@ def simulate(program, machine="a2a3") -> SimResult:
             dec_task(s, now)
         for bid in reuse_waiters.get(tid, ()):
             reuse_left[bid] -= 1
-            if reuse_left[bid] == 0:
-                alloc_ready(bid, now)
+            if reuse_left[bid] == 0 and not nodes[bid][2]:
+                buffer_available(bid, now)
 
-    def alloc_ready(bid, now):
-        if nodes[bid][2]:
-            fill_ready.add(bid)
-            try_fill(now)
-        else:
-            buffer_available(bid, now)
-
-    def try_fill(now):
-        if fill_state["busy_until"] is not None:
-            return
-        k = fill_state["next"]
-        if k < len(fill_order) and fill_order[k] in fill_ready:
-            bid = fill_order[k]
-            b = nodes[bid][0]
+    def advance_orchestration(now):
+        while aicpu["orch_idx"] < len(seq) and aicpu["orch_free"] <= now:
+            kind, x = seq[aicpu["orch_idx"]]
+            if kind == "submit":
+                aicpu["orch_idx"] += 1
+                if free[x] and x in free_tasks:  # a counterfactual free task: no submission cost
+                    dec_task(x, now)
+                    continue
+                end = now + sub_us
+                res.aicpu_runs.append(AicpuRun("submit", x, tasks[x].name, now, end))
+                aicpu["orch_free"] = aicpu["orch_end"] = end
+                push(end, "submitted", x)
+                return
+            if reuse_left[x] > 0:  # the fill needs ring bytes whose earlier users still run
+                return
+            b = nodes[x][0]
             end = now + m.fill_us(b.nbytes)
-            res.fill_runs.append(FillRun(bid, b.name, b.nbytes, now, end))
-            fill_state["busy_until"] = end
-            push(end, "fill_end", bid)
+            res.fill_runs.append(FillRun(x, b.name, b.nbytes, now, end))
+            aicpu["orch_idx"] += 1
+            aicpu["orch_free"] = aicpu["orch_end"] = aicpu["fill_until"] = end
+            push(end, "fill_end", x)
+            return
+
+    def advance_scheduler(now):
+        if dispatch_q and aicpu["sched_free"] <= now and aicpu["fill_until"] <= now:
+            _, tid = heapq.heappop(dispatch_q)
+            end = now + disp_us
+            res.aicpu_runs.append(AicpuRun("dispatch", tid, tasks[tid].name, now, end))
+            aicpu["sched_free"] = end
+            push(end, "dispatched", tid)
 
     def dispatch_cores(now):
         for ct in ("aic", "aiv"):
-            q, fr = queues[ct], free[ct]
+            q, fr = queues[ct], free_cores[ct]
             while q and fr:
                 _, tid, idx, ph, i = heapq.heappop(q)
                 core = heapq.heappop(fr)
@@ -432,19 +553,22 @@ def simulate(program, machine="a2a3") -> SimResult:
                 busy[ct] += d
                 push(now + d, "block_end", (tid, ct, core))
 
-    # ---- initial state
+    # ---- initial state: unfilled buffers without reuse predecessors are available at once
     for bid in sorted(nodes):
-        if reuse_left[bid] == 0:
-            alloc_ready(bid, 0.0)
-    for t in tasks:
-        if waiting[t.id] == 0 and t.id not in spans:
-            task_ready(t.id, 0.0)
+        if reuse_left[bid] == 0 and not nodes[bid][2]:
+            buffer_available(bid, 0.0)
     now = 0.0
+    advance_orchestration(now)
+    advance_scheduler(now)
     while events:
         now = events[0][0]
         while events and events[0][0] == now:
             _, _, kind, payload = heapq.heappop(events)
-            if kind == "release":
+            if kind == "submitted":
+                dec_task(payload, now)
+            elif kind == "fill_end":
+                buffer_available(payload, now)
+            elif kind == "dispatched":
                 tid = payload
                 if not phases[tid]:
                     finish_task(tid, now)
@@ -453,7 +577,7 @@ def simulate(program, machine="a2a3") -> SimResult:
                     start_phase(tid, now)
             elif kind == "block_end":
                 tid, ct, core = payload
-                heapq.heappush(free[ct], core)
+                heapq.heappush(free_cores[ct], core)
                 phase_left[tid] -= 1
                 if phase_left[tid] == 0:
                     cur_phase[tid] += 1
@@ -461,83 +585,194 @@ def simulate(program, machine="a2a3") -> SimResult:
                         start_phase(tid, now)
                     else:
                         finish_task(tid, now)
-            elif kind == "fill_end":
-                fill_state["busy_until"] = None
-                fill_state["next"] += 1
-                buffer_available(payload, now)
-                try_fill(now)
+            advance_orchestration(now)
+        advance_orchestration(now)
+        advance_scheduler(now)
         dispatch_cores(now)
-    if not all(finished):
+    if not all(finished) or aicpu["orch_idx"] < len(seq):
         stuck = [tasks[i].name for i in range(n) if not finished[i]][:5]
         raise PtoError(f"simulate: {n - sum(finished)} tasks of {program.name} never became ready "
                        f"(e.g. {stuck}); the graph or its buffer records are inconsistent")
 
-    ends = [r.end_us for r in res.runs] + [f.end_us for f in res.fill_runs] + [s[2] for s in spans.values()]
-    res.makespan_us = max(ends, default=0.0)
+    res.orch_us = aicpu["orch_end"]
+    res.sched_us = last_done[0]
+    res.effective_us = max(res.orch_us, res.sched_us)
+    res.makespan_us = max((r.end_us for r in res.runs), default=0.0)
     res.task_spans = {tid: tuple(s) for tid, s in sorted(spans.items())}
     res.busy_us = dict(busy)
-    res.utilisation = {ct: (busy[ct] / (cnt * res.makespan_us) if res.makespan_us > 0 and cnt else 0.0)
+    res.utilisation = {ct: (busy[ct] / (cnt * res.effective_us) if res.effective_us > 0 and cnt else 0.0)
                        for ct, cnt in (("aic", m.n_aic), ("aiv", m.n_aiv))}
     res.fills = len(res.fill_runs)
     res.fill_bytes = sum(f.nbytes for f in res.fill_runs)
     res.fill_us = sum(f.end_us - f.start_us for f in res.fill_runs)
-    _critical_path(res, tasks, phases, dur, nodes, m)
+    _critical_path(res, tasks, free, free_tasks, dur, nodes, seq, m)
     return res
 
 
-def _critical_path(res: SimResult, tasks, phases, dur, nodes, m: Machine) -> None:
-    """Longest dependency chain with unlimited cores (see the module docstring)."""
-    disp = m.dispatch_us
-    best: list = [0.0] * len(tasks)
-    prev: list = [None] * len(tasks)  # ("task", id) or ("buf", id)
+def _critical_path(res: SimResult, tasks, free, free_tasks, dur, nodes, seq, m: Machine) -> None:
+    """Longest chain with unlimited cores and an idle scheduler (see the module docstring).
+
+    Orchestration items are nodes too: a submission follows the item before
+    it in the stream, a fill follows the later of that item and the last task
+    naming ring bytes it reuses."""
+    n = len(tasks)
+    best: list = [0.0] * n
+    prev: list = [None] * n  # ("task", id) | ("buf", id) | ("orch", stream index)
     buf_best: dict = {}
     buf_prev: dict = {}
+    orch_nodes: list = []  # (kind, id, prev): prev ("orch", j) | ("task", id) | None
+    submit_at: dict = {}  # task id -> (stream index, end time)
+    done = [0]
 
-    def buffer_end(bid):
+    def reuse_end(bid):
+        start, arg = 0.0, None
+        for p in sorted(nodes[bid][1]):
+            if best[p] > start or arg is None and best[p] >= start:
+                start, arg = best[p], p
+        return start, arg
+
+    def buf_end(bid):
         if bid not in buf_best:
-            b, preds, fill = nodes[bid]
-            start, arg = 0.0, None
-            for p in sorted(preds):
-                if best[p] > start or arg is None and best[p] >= start:
-                    start, arg = best[p], p
-            buf_best[bid] = start + (m.fill_us(b.nbytes) if fill else 0.0)
-            buf_prev[bid] = arg
+            buf_best[bid], buf_prev[bid] = reuse_end(bid)
         return buf_best[bid]
 
-    for t in tasks:
-        start, arg = 0.0, None
-        for p in sorted(t.preds):
-            if best[p] > start or arg is None and best[p] >= start:
-                start, arg = best[p], ("task", p)
-        for bid in sorted(t.buffers):
-            if bid in nodes:
-                e = buffer_end(bid)
-                if e > start or arg is None and e >= start and nodes[bid][2]:
-                    start, arg = e, ("buf", bid)
-        if t.kind == "dummy":
-            w = 0.0
+    def settle(upto):
+        # tasks are topological in id order; a task's submission and buffers precede it in the stream
+        for t in tasks[done[0]:upto]:
+            j, start = submit_at[t.id]
+            arg = ("orch", j) if start > 0 else None
+            for p in sorted(t.preds):
+                if best[p] > start or arg is None and best[p] >= start:
+                    start, arg = best[p], ("task", p)
+            for bid in sorted(t.buffers):
+                if bid in nodes and buf_end(bid) > start:
+                    start, arg = buf_end(bid), ("buf", bid)
+            best[t.id] = start + (0.0 if free[t.id] else m.dispatch_us + sum(max(d, default=0.0) for d in dur[t.id]))
+            prev[t.id] = arg
+        done[0] = max(done[0], upto)
+
+    orch_t = 0.0
+    for kind, x in seq:
+        last = ("orch", len(orch_nodes) - 1) if orch_nodes and orch_t > 0 else None
+        if kind == "fill":
+            b = nodes[x][0]
+            settle(min(getattr(b, "tasks_before", 0), n))
+            start, p = reuse_end(x)
+            if p is not None and start > orch_t:
+                orch_t, last = start, ("task", p)
+            orch_t += m.fill_us(b.nbytes)
+            buf_best[x], buf_prev[x] = orch_t, len(orch_nodes)
+            orch_nodes.append(("fill", x, last))
         else:
-            w = disp + sum(max(d, default=0.0) for d in dur[t.id])
-        best[t.id] = start + w
-        prev[t.id] = arg
+            if not (x in free_tasks and free[x]):
+                orch_t += m.submit_us
+            submit_at[x] = (len(orch_nodes), orch_t)
+            orch_nodes.append(("submit", x, last))
+    settle(n)
     if not tasks:
         return
-    end = max(range(len(tasks)), key=lambda i: (best[i], -i))
+    end = max(range(n), key=lambda i: (best[i], -i))
     names, ids = [], []
     node = ("task", end)
     while node is not None:
         kind, i = node
         if kind == "task":
-            if tasks[i].kind != "dummy":
+            if not free[i]:
                 names.append(tasks[i].name)
                 ids.append(i)
             node = prev[i]
-        else:
-            if nodes[i][2]:
-                names.append(f"fill {nodes[i][0].name}")
-            p = buf_prev.get(i)
-            node = ("task", p) if p is not None else None
+        elif kind == "buf":
+            j = buf_prev[i]
+            node = ("orch", j) if isinstance(j, int) and nodes[i][2] else (("task", j) if j is not None else None)
+        else:  # walk the orchestration stream back: name the binding submission and every fill
+            first = True
+            while node is not None and node[0] == "orch":
+                okind, x, oprev = orch_nodes[node[1]]
+                if okind == "fill":
+                    names.append(f"fill {nodes[x][0].name}")
+                elif first:
+                    names.append(f"submit {tasks[x].name}")
+                first = False
+                node = oprev
     res.critical_path = names[::-1]
     res.critical_path_ids = ids[::-1]
     res.critical_path_us = best[end]
     res.critical_path_tasks = len(ids)
+
+
+# ---- seed task vs allocation-time fill -----------------------------------------------------
+
+@dataclass(frozen=True)
+class FillVsSeed:
+    """One ``init_value`` allocation against the seed task that replaces it.
+
+    Attributes:
+        buffer: allocation name; nbytes: bytes filled by the AICPU.
+        fill_us: the fill's AICPU time; fill_cost_us: what it adds to the
+            effective time of the init_value variant (effective time minus
+            that of the same run with this one fill free).
+        seed_task: name of the seed task in the seed variant (None if no task
+            writes the buffer before any other access); seed_block_us: its
+            longest block; seed_cost_us: what it adds to the seed variant's
+            effective time (minus the same run with the task free: no
+            submission, dispatch or blocks).
+        cheaper: ``"seed task"``, ``"init_value"`` or ``"equal"``.
+    """
+
+    buffer: str
+    nbytes: int
+    fill_us: float
+    fill_cost_us: float
+    seed_task: str | None
+    seed_block_us: float
+    seed_cost_us: float
+    cheaper: str
+
+
+def _seed_task(program, name: str):
+    """The first task of ``program`` that touches scratch buffer ``name``, if
+    it only writes it (the seed task), else None."""
+    bids = {b.id for b in program.buffers if b.kind == "scratch" and b.name == name}
+    for t in program.graph.tasks:
+        kinds = {k for buf, k, _ in t.footprints if buf.id in bids}
+        if kinds:
+            return t if kinds == {1} else None
+    return None
+
+
+def fill_vs_seed(seed_program, init_program, machine="a2a3") -> list:
+    """For every ``init_value`` allocation of ``init_program``, its fill cost
+    against the seed task of ``seed_program`` writing the allocation of the
+    same name (two variants of one kernel, e.g. ``seed_scopes=True`` and the
+    default). Costs are marginal effective times from counterfactual runs of
+    :func:`simulate` (the fill or the seed task made free).
+
+    Returns:
+        A list of :class:`FillVsSeed`, in allocation order.
+
+    Raises:
+        ConfigError: an unknown machine name.
+    """
+    m = get_machine(machine)
+    base_init = simulate(init_program, m).effective_us
+    base_seed = simulate(seed_program, m).effective_us
+    rows = []
+    for b in init_program.buffers:
+        if b.kind != "scratch" or b.init_value is None:
+            continue
+        fill_cost = base_init - simulate(init_program, m, free_fills={b.id}).effective_us
+        t = _seed_task(seed_program, b.name)
+        if t is None:
+            seed_cost, block = 0.0, 0.0
+        else:
+            seed_cost = base_seed - simulate(seed_program, m, free_tasks={t.id}).effective_us
+            block = max((m.block_us(f, nb, cube) for p in _phases(t) for (_, f, nb, cube) in p), default=0.0)
+        if t is None:
+            cheaper = "init_value"
+        elif abs(fill_cost - seed_cost) < 1e-9:
+            cheaper = "equal"
+        else:
+            cheaper = "seed task" if seed_cost < fill_cost else "init_value"
+        rows.append(FillVsSeed(b.name, b.nbytes, m.fill_us(b.nbytes), fill_cost, t.name if t else None, block,
+                               seed_cost, cheaper))
+    return rows

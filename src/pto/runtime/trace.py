@@ -11,8 +11,9 @@ https://ui.perfetto.dev or chrome://tracing.
 * :func:`cpu_trace`: one process, one track; one span per real task with its
   measured CPU wall time (the eager runtime runs tasks one after another).
 * :func:`sim_trace`: one process per simulated machine, one track per core
-  (``AIC 00`` ..., ``AIV 00`` ...) and one for the AICPU fills; one span per
-  scheduled block.
+  (``AIC 00`` ..., ``AIV 00`` ...), one for the AICPU orchestrator
+  (submissions and ``init_value`` fills) and one for the AICPU scheduler
+  (dispatches); one span per scheduled block and per AICPU step.
 
 Span arguments: task id and name, block index, phase, flops, bytes and the
 footprints (``"read x[0:16, 0:64]"``); per block when the run kept block
@@ -89,7 +90,9 @@ def cpu_trace(program) -> dict:
 def sim_trace(sim, program) -> dict:
     """Trace of a simulated run: ``sim`` is the SimResult of
     ``pto.runtime.simulate.simulate(program, ...)``. One track per core, one
-    per AICPU fill engine; one complete event per scheduled block or fill.
+    for the AICPU orchestrator (submissions, fills) and one for the AICPU
+    scheduler (dispatches); one complete event per block, fill, submission
+    and dispatch.
 
     Returns:
         The trace as a JSON-serialisable dict.
@@ -97,13 +100,15 @@ def sim_trace(sim, program) -> dict:
     m = sim.machine
     tid_of = {("aic", i): i for i in range(m.n_aic)}
     tid_of.update({("aiv", i): m.n_aic + i for i in range(m.n_aiv)})
-    fill_tid = m.n_aic + m.n_aiv
+    orch_tid, sched_tid = m.n_aic + m.n_aiv, m.n_aic + m.n_aiv + 1
     events = [_meta(_PID_SIM, None, "process_name", f"simulated {m.name}: {program.name}")]
     for (ct, i), tid in tid_of.items():
         events.append(_meta(_PID_SIM, tid, "thread_name", f"{ct.upper()} {i:02d}"))
         events.append(_meta(_PID_SIM, tid, "thread_sort_index", tid))
-    events.append(_meta(_PID_SIM, fill_tid, "thread_name", "AICPU fill (init_value)"))
-    events.append(_meta(_PID_SIM, fill_tid, "thread_sort_index", fill_tid))
+    for tid, name in ((orch_tid, "AICPU orchestrator (submit, init_value fill)"),
+                      (sched_tid, "AICPU scheduler (dispatch)")):
+        events.append(_meta(_PID_SIM, tid, "thread_name", name))
+        events.append(_meta(_PID_SIM, tid, "thread_sort_index", tid))
 
     tasks = program.graph.tasks
     records: dict = {}
@@ -126,11 +131,16 @@ def sim_trace(sim, program) -> dict:
                      "footprints": fps, "footprint_scope": scope},
         })
     for f in sim.fill_runs:
-        events.append({"ph": "X", "pid": _PID_SIM, "tid": fill_tid, "name": f"fill {f.name}", "cat": "init",
+        events.append({"ph": "X", "pid": _PID_SIM, "tid": orch_tid, "name": f"fill {f.name}", "cat": "init",
                        "ts": f.start_us, "dur": f.end_us - f.start_us,
                        "args": {"buffer_id": f.buffer, "bytes": f.nbytes}})
+    for a in sim.aicpu_runs:
+        events.append({"ph": "X", "pid": _PID_SIM, "tid": orch_tid if a.kind == "submit" else sched_tid,
+                       "name": f"{a.kind} {a.name}", "cat": a.kind, "ts": a.start_us, "dur": a.end_us - a.start_us,
+                       "args": {"task_id": a.task}})
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"program": program.name, "kind": "simulated", "machine": m.name,
+                          "orch_us": sim.orch_us, "sched_us": sim.sched_us, "effective_us": sim.effective_us,
                           "makespan_us": sim.makespan_us, "critical_path": sim.critical_path,
                           "tasks": sim.tasks, "edges": sim.edges}}
 
