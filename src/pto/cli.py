@@ -40,7 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 import pto
-from pto.errors import ConfigError, PtoError
+from pto.errors import CapacityError, ConfigError, PtoError
 from pto.golden import CaseRun, KernelCase, all_cases, get_case, load_examples, run_jit
 from pto.golden.registry import import_file
 from pto.language.jit import JitFunction
@@ -732,7 +732,7 @@ def main(argv=None) -> int:
     Exit codes: 0 success; 1 the kernel failed (a golden mismatch, or any
     error raised while it ran, printed as one ``error:`` line; ``PTO_DEBUG=1``
     shows the traceback); 2 bad command-line input (unknown kernel, preset,
-    mode or option: a ConfigError); 130 interrupted.
+    mode or option: a ConfigError; a size above a capacity: a CapacityError); 130 interrupted.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -744,6 +744,9 @@ def main(argv=None) -> int:
         return int(args._handler(args) or 0)
     except ConfigError as e:
         print(f"error: {_first_line(e, 400)}", file=sys.stderr)
+        return 2
+    except CapacityError as e:  # a size the options ask for (--opt T=..., --dim) above a capacity: bad input
+        print(f"error: CapacityError: {_first_line(e, 400)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

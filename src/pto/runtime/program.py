@@ -24,7 +24,7 @@ from pto.errors import BindError, CapacityError, ConfigError, DslError, PtoError
 from pto.language import _ctx
 from pto.language.jit import bind_arguments
 from pto.language.tensor_ops import GMTensor
-from pto.language.typing import INOUT, OUT, TensorType
+from pto.language.typing import INOUT, OUT, DynVar, TensorType
 from pto.runtime.deps import DepTracker, coalesce
 from pto.runtime.graph import KIND_NAMES, Block, Footprint, Task, TaskGraph
 from pto.runtime.heap import POISON_BYTE, Buffer, RingHeap, validate_init_value
@@ -190,6 +190,9 @@ class Program:
     def execute(self, args, kwargs) -> "Program":
         """Bind, run and finish; returns self. Raises the program's errors."""
         params = bind_arguments(self.jf, args, kwargs, gm=False)
+        # the runtime counts of this call (T=129), for capacity errors on the sizes derived from them
+        self.dyn_dims = {d.name: p.value.shape[i] for p in params if isinstance(p.ann, TensorType) and p.ann.dims
+                         for i, d in enumerate(p.ann.dims) if isinstance(d, DynVar)}
         values = []
         for p in params:
             if isinstance(p.ann, TensorType):
@@ -334,8 +337,10 @@ class Program:
                 raise DslError(f"create_tensor {name!r} at {site}: capacity {capacity} has more dims than shape")
             for d, c in enumerate(caps):
                 if c is not None and shape[d] > c:
+                    dyn = ", ".join(f"{k}={v}" for k, v in getattr(self, "dyn_dims", {}).items())
                     raise CapacityError(f"create_tensor {name!r} at {site}: dim {d} = {shape[d]} exceeds its "
-                                        f"declared capacity {c} (shape {shape})")
+                                        f"declared capacity {c} (shape {shape}"
+                                        + (f"; runtime dims of this call: {dyn}" if dyn else "") + ")")
         if init_value is not None:
             validate_init_value(name, dtype, init_value)
         dropped = init_value is not None and name in self._drop_init

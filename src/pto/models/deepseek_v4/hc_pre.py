@@ -41,8 +41,8 @@ import pto.language as pl
 from pto.errors import BindError, ConfigError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
-from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_seed_capacity, expect_tensor, mode_tokens, need,
-                                           round_up, token_capacity, token_tile)
+from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_seed_capacity, check_token_capacity, expect_tensor,
+                                           mode_tokens, need, round_up, token_capacity, token_tile)
 
 __all__ = [
     "hc_pre",
@@ -473,8 +473,10 @@ def build_hc_pre(preset: str = "tiny", mode: str = "prefill", *, T: int | None =
 
     Raises:
         ConfigError: unknown preset / mode, bad ``T``, or a config hc_pre cannot tile.
+        CapacityError: ``T`` above the token capacity (before any input is built).
     """
     cfg, T = mode_tokens(preset, mode, T)
+    check_token_capacity("hc_pre", cfg, T)  # before any input is built
     hc, D, mix = cfg.hc_mult, cfg.hidden_size, cfg.mix_hc
     ins = make_hc_pre_inputs(cfg, T, seed)
     f32 = torch.float32

@@ -37,7 +37,7 @@ from pto.models.deepseek_v4.qkv_proj_rope import (golden_qkv_proj_rope, material
                                                   quantize_weight_per_column)
 from pto.models.deepseek_v4.rms_norm import golden_rms_norm, rms_norm
 from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
-from pto.models.deepseek_v4.tiling import check_num_tokens, token_capacity
+from pto.models.deepseek_v4.tiling import check_num_tokens, check_token_capacity, token_capacity
 
 __all__ = [
     "prefill_attention_swa_kernels",
@@ -614,6 +614,7 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     Raises:
         ConfigError: unknown preset, mode or option, or an untileable config.
         BindError: inconsistent ``T`` / ``start_pos`` / ``num_tokens``.
+        CapacityError: ``T`` above the token capacity (before any input is built).
     """
     cfg = get_config(preset)
     if mode != "prefill":
@@ -628,6 +629,7 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     seed = int(opts.pop("seed", 0))
     if opts:
         raise ConfigError(f"prefill_attention_swa: unknown options {sorted(opts)}")
+    check_token_capacity("prefill_attention_swa", cfg, T)  # before any input is built
     k = prefill_attention_swa_kernels(cfg, seed_scopes)
     d = make_swa_inputs(cfg, T, start_pos, num_tokens, seed, block_table=table, attn_sink=sink)
     specs = [TensorSpec(n, list(d[n].shape), d[n].dtype, d[n], is_output=(n == "kv_cache")) for n in _SPEC_ORDER]

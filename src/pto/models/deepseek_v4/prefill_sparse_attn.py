@@ -57,7 +57,7 @@ from pto.models.deepseek_v4.qkv_proj_rope import (
     rotate_interleaved,
 )
 from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
-from pto.models.deepseek_v4.tiling import check_num_tokens, token_capacity
+from pto.models.deepseek_v4.tiling import check_num_tokens, check_token_capacity, token_capacity
 
 __all__ = [
     "SparseAttnTiling",
@@ -917,6 +917,7 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     Raises:
         ConfigError: unknown preset, mode, option or compress ratio, or an untileable config.
         BindError: ``T`` / ``num_tokens`` out of range.
+        CapacityError: ``T`` above the token capacity (before any input is built).
     """
     cfg = get_config(preset)
     if mode != "prefill":
@@ -928,6 +929,7 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     seed = int(opts.pop("seed", 0))
     if opts:
         raise ConfigError(f"prefill_sparse_attn: unknown options {sorted(opts)}")
+    check_token_capacity("prefill_sparse_attn", cfg, T)  # before any input is built
     k = prefill_sparse_attn_kernels(cfg)
     d = make_sparse_attn_inputs(cfg, T, num_tokens, seed, compress_ratio=ratio)
     specs = []

@@ -48,7 +48,8 @@ import pto.language as pl
 from pto.errors import BindError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
-from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, VEC_T_TILE, check_seed_capacity, expect_tensor,
+from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, VEC_T_TILE, check_seed_capacity, check_token_capacity,
+                                           expect_tensor,
                                            mode_tokens, need, round_up, token_capacity, token_tile)
 
 __all__ = [
@@ -881,8 +882,10 @@ def build_qkv_proj_rope(preset: str = "tiny", mode: str = "prefill", *, T: int |
 
     Raises:
         ConfigError: unknown preset / mode, bad ``T``, or a config the kernel cannot tile.
+        CapacityError: ``T`` above the token capacity (before any input is built).
     """
     cfg, T = mode_tokens(preset, mode, T)
+    check_token_capacity("qkv_proj_rope", cfg, T)  # before any input is built
     D, Lq, H, hd, r = cfg.hidden_size, cfg.q_lora_rank, cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim
     ins = make_qkv_inputs(cfg, T, seed)
     bf16, f32 = torch.bfloat16, torch.float32

@@ -15,7 +15,7 @@ from pto.errors import BindError, CapacityError, ConfigError
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 
 __all__ = ["VEC_T_TILE", "MATMUL_M_TILE", "round_up", "token_tile", "token_capacity", "mode_tokens", "need",
-           "expect_tensor", "check_seed_capacity"]
+           "expect_tensor", "check_seed_capacity", "check_token_capacity"]
 
 VEC_T_TILE = 8  # token rows per vector block (v4flash-kernels.md A.1 / A.2 / B.1)
 MATMUL_M_TILE = 16  # cube row granule; runtime-sized matmul scratch rounds T up to this
@@ -52,6 +52,24 @@ def check_seed_capacity(kernel: str, tensor: str, t_pad: int, t: int, cap: int) 
     if t_pad > cap:
         raise CapacityError(f"{kernel} (seed_scopes): create_tensor {tensor!r} needs {t_pad} rows "
                             f"(T={t} rounded up to {MATMUL_M_TILE}), above its static capacity {cap}")
+
+
+def check_token_capacity(kernel: str, cfg: DeepSeekV4Config, T: int) -> int:
+    """Check a case's token count against the token scratch capacity before any input is
+    built (KernelCase builders call it first, so that an oversized ``T`` costs nothing).
+
+    Returns:
+        ``t_pad = round_up(T, MATMUL_M_TILE)``.
+
+    Raises:
+        CapacityError: ``t_pad`` above :func:`token_capacity`, naming the kernel, ``T``,
+            ``t_pad`` and the capacity.
+    """
+    t_pad, cap = round_up(T, MATMUL_M_TILE), token_capacity(cfg)
+    if t_pad > cap:
+        raise CapacityError(f"kernel {kernel}: T={T} tokens (round_up(T, {MATMUL_M_TILE}) = {t_pad} rows of token "
+                            f"scratch) exceed the token capacity {cap} of config {cfg.name!r}; T must be <= {cap}")
+    return t_pad
 
 
 def check_num_tokens(kernel: str, num_tokens, t: int) -> int:
