@@ -1,0 +1,127 @@
+"""generate() and the ``pto checkpoint`` / ``pto generate`` commands on a tiny checkpoint.
+
+Short prompts only (the 509-token runs are in tests/parity/test_parity_model.py).
+"""
+
+import json
+
+import pytest
+import torch
+
+from pto.cli import main
+from pto.errors import BindError, CapacityError
+from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
+from pto.models.deepseek_v4.config import DeploymentConfig
+from pto.models.deepseek_v4.generate import generate
+from pto.models.deepseek_v4.model import GoldenModel
+from pto.models.deepseek_v4.weights import open_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("gen") / "tiny", seed=3)
+
+
+@pytest.fixture(scope="module")
+def model(ckpt):
+    return GoldenModel(open_checkpoint(ckpt), DeploymentConfig(max_context=64, rope_max_pos=64))
+
+
+def test_prefill_then_resume_equals_one_shot(model):
+    ids = list(range(5, 45))
+    one = model(ids)
+    st = model.new_state()
+    parts = [model(ids[:13], st), model(ids[13:14], st), model(ids[14:], st)]
+    assert st.pos == 40
+    assert float((torch.cat(parts) - one).abs().max()) < 1e-5
+    # the caches agree too: raw kv rows and emitted CSA entries / indexer keys
+    ref = model.new_state()
+    model(ids, ref)
+    for a, b in zip(st.layers, ref.layers):
+        assert float((a.kv - b.kv).abs().max()) < 1e-5
+        if a.cmp is not None:
+            assert a.cmp.shape == b.cmp.shape and torch.allclose(a.cmp, b.cmp, rtol=0, atol=1e-5)
+        if a.idx is not None:
+            assert a.idx.shape == (10, 128) and torch.allclose(a.idx, b.idx, rtol=0, atol=1e-5)
+
+
+def test_eos_and_max_new_tokens(model):
+    ids = [7, 8, 9]
+    free = generate(model, [ids], max_new_tokens=6, eos_token_id=None)
+    assert len(free.tokens[0]) == 6 and free.stop_reasons == ["length"]
+    eos = free.tokens[0][2]
+    first = free.tokens[0].index(eos)
+    stopped = generate(model, [ids], max_new_tokens=6, eos_token_id=eos)
+    assert stopped.tokens[0] == free.tokens[0][:first + 1] and stopped.stop_reasons == ["eos"]
+    assert stopped.decode_steps == first
+
+
+def test_batch_of_different_lengths(model):
+    a, b = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3], [2, 7]
+    both = generate(model, [a, b], max_new_tokens=4, chunk=4, eos_token_id=None)
+    assert both.tokens == [generate(model, [a], max_new_tokens=4, eos_token_id=None).tokens[0],
+                           generate(model, [b], max_new_tokens=4, eos_token_id=None).tokens[0]]
+    assert both.decode_steps == 3 and both.new_tokens == 8
+
+
+@pytest.mark.parametrize("prompts, kw, err, needle", [
+    ([[1, 512]], {}, BindError, "request 0 token 1 = 512 is outside the vocabulary"),
+    ([[1], [-1]], {}, BindError, "request 1 token 0 = -1"),
+    ([[]], {}, BindError, "request 0 has an empty prompt"),
+    ([], {}, BindError, "non-empty list"),
+    ([1, 2], {}, BindError, "flat list"),
+    ([[1.5]], {}, BindError, "not an integer id"),
+    ([list(range(60))], {"max_new_tokens": 8}, CapacityError, "max_context=64"),
+    ([[1]] * 5, {}, CapacityError, "max_requests=4"),
+    ([[1]], {"max_new_tokens": 0}, BindError, "max_new_tokens"),
+    ([[1]], {"chunk": 0}, BindError, "chunk"),
+])
+def test_bad_input(model, prompts, kw, err, needle):
+    with pytest.raises(err, match=needle):
+        generate(model, prompts, **kw)
+
+
+def test_forward_bad_ids_append_nothing(model):
+    st = model.new_state()
+    with pytest.raises(BindError, match="outside the vocabulary"):
+        model([1, 2, 9999], st)
+    assert st.pos == 0 and st.layers[0].kv.shape[0] == 0
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+
+def test_cli_checkpoint_and_generate(tmp_path, capsys):
+    d = tmp_path / "c"
+    assert main(["checkpoint", "tiny", str(d), "--seed", "3"]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(d), "--input-ids", "5 17 300", "--max-new-tokens", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    want = generate(GoldenModel(open_checkpoint(d)), [[5, 17, 300]], max_new_tokens=4)
+    assert out["tokens"] == want.tokens and out["prompt_tokens"] == [3]
+    assert {"prefill_s", "decode_ms_per_token", "tokens_per_s"} <= set(out)
+    f = tmp_path / "ids.txt"
+    f.write_text("5 17 300\n\n9 9\n")
+    assert main(["generate", str(d), "--input-ids-file", str(f), "--max-new-tokens", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "request 0:" in text and "request 1:" in text and "ms/token" in text
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--input-ids", "5 x"], "'x' is not an integer"),
+    (["--input-ids", "5 512"], "outside the vocabulary"),
+    (["--input-ids", " "], "empty prompt"),
+    (["--input-ids", "5", "--max-context", "4", "--max-new-tokens", "8"], "max_context=4"),
+    (["--prompt", "hello"], "no tokenizer.json"),
+    (["--input-ids-file", "/nonexistent/ids"], "cannot read"),
+])
+def test_cli_bad_input_exits_2(ckpt, capsys, argv, needle):
+    assert main(["generate", str(ckpt)] + argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_cli_bad_checkpoint_exits_2(tmp_path, capsys):
+    assert main(["generate", str(tmp_path), "--input-ids", "1"]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    d = write_tiny_checkpoint(tmp_path / "t", seed=0)
+    assert main(["checkpoint", "tiny", str(d)]) == 2
+    assert "already holds" in capsys.readouterr().err
