@@ -14,3 +14,5 @@ from pto.models.deepseek_v4 import prefill_compressor_ratio4  # noqa: F401  (reg
 from pto.models.deepseek_v4 import decode_compressor_ratio4  # noqa: F401  (registers "decode_compressor_ratio4")
 from pto.models.deepseek_v4 import gate  # noqa: F401  (registers "gate")
 from pto.models.deepseek_v4 import decode_attention_swa  # noqa: F401  (registers "decode_attention_swa")
+from pto.models.deepseek_v4 import prefill_indexer_compressor  # noqa: F401  (registers "prefill_indexer_compressor")
+from pto.models.deepseek_v4 import decode_indexer_compressor  # noqa: F401  (registers "decode_indexer_compressor")

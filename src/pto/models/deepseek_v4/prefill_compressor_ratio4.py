@@ -36,7 +36,8 @@ Then the caller's finalize (main: ``<p>_cache_write``, BF16 rint rows into ``cmp
 slots without a destination normalise to 0); ``seed_scopes=True`` keeps a zero-fill task.
 
 Contract (``BindError`` from the write-map task, before any output is written): active
-positions distinct and non-negative per request; ``state_slot_mapping[t]`` is ``-1`` or
+positions distinct and non-negative per request (a row with position -1 and both slots -1 is
+an inactive decode request and is skipped); ``state_slot_mapping[t]`` is ``-1`` or
 ``table[b, p // 4] * 4 + p % 4``; ``cmp_slot_mapping[t] >= 0`` only on a closing token
 (``(p + 1) % 4 == 0``), and then every position of its window is in the chunk with a state
 row or before the chunk; no two pages of one call share a physical page. ``CapacityError``
@@ -161,6 +162,8 @@ def _scan_tokens(kernel, nt, S, pos_t, cmp_t, slot_t, table, n_state_rows, n_cmp
     for t in range(nt):
         b = t // S
         p, dst, slot = int(pl.read(pos_t, [t])), int(pl.read(cmp_t, [t])), int(pl.read(slot_t, [t]))
+        if p < 0 and dst < 0 and slot < 0:
+            continue  # an inactive request's row (decode_metadata: position -1, no slots)
         if p < 0 or (b, p) in seen:
             raise _bind(kernel, f"token {t}: position {p} is negative or repeats in request {b}")
         seen.add((b, p))
@@ -548,7 +551,7 @@ def golden_ratio4_compress(x, compress_state, state_block_table, wkv, wgate, ape
                         f"entry width {c}")
     pos = position_ids[:nt].long()
     dst = cmp_slot_mapping[:nt].long()
-    closes = (pos + 1) % CSA_RATIO == 0
+    closes = ((pos + 1) % CSA_RATIO == 0) & (pos >= 0)  # position -1: an inactive decode request
     if bool(((dst >= 0) & ~closes).any()):
         raise BindError(f"{fn}: a cmp_slot_mapping >= 0 on a token that does not close a {CSA_RATIO}-token window")
     rows = ratio4_state_rows(x[:nt], wkv, wgate, ape, pos, float32)
