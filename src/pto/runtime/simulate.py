@@ -20,7 +20,10 @@ bench reports their union as the effective time):
   AICPU, so no dispatch starts while one runs (the fill serialises on the
   orchestration and the scheduling path, pypto-lib PR #829); join nodes
   complete when ready, without a dispatch;
-* a task's blocks are queued for cores when its dispatch ends.
+* a task's blocks are queued for cores when its dispatch ends; a block that
+  finds no free core then pays the dispatch-to-start pickup again on the
+  core it gets later (the ``[dispatch, start]`` gap of every block on the
+  device's swimlane, about ``dispatch_us``).
 
 Cores, per block (one SPMD instance of one barrier phase):
 
@@ -130,10 +133,12 @@ class Machine:
 #     24 per AIC, / 48 per AIV); a lone core is modelled no faster (estimate).
 #   * AICPU submit 0.874 us per task: the reference runtime's C++ orchestrator, measured
 #     per submitted task (hw-native-sys/simpler, device-log profiling guide).
-#   * AICPU dispatch 0.8 us per task: the dispatch-to-start switch of the scheduler loop
-#     (hw-native-sys/pypto, docs/.../performance/01-task-granularity.md). Cross-check, not
-#     fit: submit + dispatch = 1.67 us, against "about 1.7 us per dispatch" on a standalone
-#     hc_pre (hw-native-sys/pypto-lib PR #545).
+#   * AICPU dispatch 0.8 us per task: the "pickup latency", the [dispatch, start] gap of a
+#     block on its core, "~0.8 us per switch" (hw-native-sys/pypto,
+#     docs/en/user/performance/01-task-granularity.md); charged to the scheduler stream per
+#     task and again to a block that starts on a core only after its task's dispatch.
+#     Cross-check, not fit: submit + dispatch = 1.67 us, against "about 1.7 us per dispatch"
+#     on a standalone hc_pre (hw-native-sys/pypto-lib PR #545).
 #   * AICPU fill rate: the one calibrated constant, see HCA_DECODE_FILL_CALIBRATION.
 _A2A3_CUBE = 376e12
 _A2A3_CLOCK = _A2A3_CUBE / (24 * 4096 * 2)
@@ -181,8 +186,9 @@ _A5_CUBE = 500e12
 _A5_HBM = 4.0e12
 
 _AICPU_SOURCES = {
-    "submit": "0.874 us per submitted task: simpler device-log profiling guide (C++ orchestrator)",
-    "dispatch": "0.8 us per dispatch-to-start switch: pypto task-granularity doc",
+    "submit": "0.874 us per submitted task: simpler device-log profiling guide (C++ orchestrator, a2a3)",
+    "dispatch": ("0.8 us per dispatch-to-start switch: pypto docs/en/user/performance/01-task-granularity.md "
+                 "(per task on the scheduler, again per later-wave block)"),
     "fill": (f"{_A2A3_FILL / 1e9:.3f} GB/s AICPU fill: calibrated on the orchestration-window delta "
              f"48.6 -> 107.9 us of pypto-lib PR #829 (HCA decode, a2a3)"),
 }
@@ -543,15 +549,16 @@ def simulate(program, machine="a2a3", *, free_tasks=frozenset(), free_fills=froz
         for ct in ("aic", "aiv"):
             q, fr = queues[ct], free_cores[ct]
             while q and fr:
-                _, tid, idx, ph, i = heapq.heappop(q)
+                ready, tid, idx, ph, i = heapq.heappop(q)
                 core = heapq.heappop(fr)
                 d = dur[tid][ph][i]
                 _, f, nb, _ = phases[tid][ph][i]
-                res.runs.append(BlockRun(tid, tasks[tid].name, idx, ph, ct, core, now, now + d, f, nb))
+                start = now if now <= ready else now + disp_us  # a later wave pays its own pickup on the core
+                res.runs.append(BlockRun(tid, tasks[tid].name, idx, ph, ct, core, start, start + d, f, nb))
                 if spans[tid][1] is None:
-                    spans[tid][1] = now
+                    spans[tid][1] = start
                 busy[ct] += d
-                push(now + d, "block_end", (tid, ct, core))
+                push(start + d, "block_end", (tid, ct, core))
 
     # ---- initial state: unfilled buffers without reuse predecessors are available at once
     for bid in sorted(nodes):
