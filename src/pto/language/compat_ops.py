@@ -312,8 +312,10 @@ def written_in(t) -> None:
     key = (id(t.buf.program), t.name)
     if key not in mode._warned:
         mode._warned.add(key)
-        warnings.warn(f"{t.name}: parameter is declared In but written{_site()}; pypto infers InOut, "
-                      "so pto follows (declare it pl.InOut)", stacklevel=2)
+        f = _ctx.user_frame()
+        warnings.warn_explicit(f"{t.name}: parameter is declared In but written; pypto infers InOut, so pto "
+                               "follows (declare it pl.InOut)", UserWarning,
+                               f.f_code.co_filename if f is not None else "<kernel>", f.f_lineno if f is not None else 0)
     t.buf.readonly = False
 
 
