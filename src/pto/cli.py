@@ -544,6 +544,96 @@ def _sim_rows(sim) -> list:
             ("AIC utilisation", f"{sim.utilisation['aic']:.1%}"), ("AIV utilisation", f"{sim.utilisation['aiv']:.1%}")]
 
 
+def _diff_args(p):
+    add_target_args(p)
+    p.add_argument("--base-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="build option of the base variant (default: none); --opt gives the other variant")
+    p.add_argument("--machine", default="a2a3", help="machine model for the simulated times: a2a3 (default) or a5")
+
+
+def _outputs(prog: Program) -> dict:
+    """{name: caller tensor} of the Out/InOut arguments of a finished run."""
+    from pto.language.typing import INOUT
+    return {p.name: caller for p, caller, g in prog.args if g.buf.direction in (OUT, INOUT)}
+
+
+def _bit_identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and bytes (NaN payloads included)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+@command("diff", "two variants of a kernel side by side: graph, heap, simulated times, outputs", _diff_args)
+def cmd_diff(args) -> int:
+    """``pto diff KERNEL --opt seed_scopes=True``: the base build (``--base-opt``, default none)
+    against the build with ``--opt``: tasks, edges, heap peak, simulated AICPU windows and
+    critical path, whether every output is bit-identical; for each ``init_value`` allocation of
+    one variant, its fill cost against the seed task of the other (:func:`fill_vs_seed`)."""
+    from pto.runtime.simulate import fill_vs_seed, get_machine, simulate
+    machine = get_machine(args.machine)
+    dims = parse_options(args.dim)
+    scalars = parse_options(args.scalar)
+    base_opts, opts = parse_options(args.base_opt), parse_options(args.opt)
+    if base_opts == opts:
+        raise ConfigError(f"pto diff: both variants have the options {opts or '{}'}; give the other variant --opt")
+    targets = [resolve_target(args.target, args.preset, args.mode, o, dims, scalars) for o in (base_opts, opts)]
+    progs = [t.run_program(check=False) for t in targets]
+    sims = [simulate(p, machine) for p in progs]
+    label = [", ".join(f"{k}={v}" for k, v in o.items()) or "base" for o in (base_opts, opts)]
+    table = Table(title=f"{targets[0].title}: {label[0]} vs {label[1]} (simulated {machine.name})",
+                  title_justify="left", caption="simulated times are estimates; see docs/performance.md",
+                  caption_justify="left")
+    for h, j in (("", "left"), (label[0], "right"), (label[1], "right"), ("difference", "right")):
+        table.add_column(h or "statistic", justify=j)
+
+    def us(x: float) -> str:
+        return f"{x:.2f} us"
+
+    def count(x: int) -> str:
+        return str(x)
+
+    def row(name, a, b, fmt):
+        sign = "+" if b >= a else "-"
+        table.add_row(name, fmt(a), fmt(b), sign + fmt(abs(b - a)))
+
+    st = [p.stats for p in progs]
+    row("tasks", st[0].tasks, st[1].tasks, count)
+    row("edges", st[0].edges, st[1].edges, count)
+    row("blocks", sims[0].blocks, sims[1].blocks, count)
+    row("heap peak", st[0].heap_peak_bytes, st[1].heap_peak_bytes, fmt_bytes)
+    row("scratch", st[0].scratch_bytes, st[1].scratch_bytes, fmt_bytes)
+    row("init fills", sims[0].fills, sims[1].fills, count)
+    row("AICPU fill time", sims[0].fill_us, sims[1].fill_us, us)
+    row("orchestration window", sims[0].orch_us, sims[1].orch_us, us)
+    row("scheduler window", sims[0].sched_us, sims[1].sched_us, us)
+    row("effective (union)", sims[0].effective_us, sims[1].effective_us, us)
+    row("makespan (cores)", sims[0].makespan_us, sims[1].makespan_us, us)
+    row("critical path", sims[0].critical_path_us, sims[1].critical_path_us, us)
+    outs = [_outputs(p) for p in progs]
+    for name in dict.fromkeys([*outs[0], *outs[1]]):
+        a, b = outs[0].get(name), outs[1].get(name)
+        same = a is not None and b is not None and _bit_identical(a, b)
+        table.add_row(f"output {name}", "", "", "bit-identical" if same else "DIFFERS")
+    con = console()
+    con.print(table)
+    for lab, sim in zip(label, sims):
+        con.print(f"critical path ({lab}): " + " -> ".join(sim.critical_path), highlight=False, markup=False)
+    init_i = 0 if sims[0].fills > sims[1].fills else 1 if sims[1].fills > sims[0].fills else None
+    if init_i is not None:
+        rows = fill_vs_seed(progs[1 - init_i], progs[init_i], machine)
+        ft = Table(title=f"init_value fill ({label[init_i]}) vs seed task ({label[1 - init_i]}): cost = effective "
+                         f"time it adds (counterfactual runs)", title_justify="left")
+        for h in ("allocation", "bytes", "AICPU fill", "fill cost", "seed task", "seed block", "seed cost",
+                  "cheaper"):
+            ft.add_column(h, justify="left" if h in ("allocation", "seed task", "cheaper") else "right")
+        for r in rows:
+            ft.add_row(r.buffer, fmt_bytes(r.nbytes), us(r.fill_us), us(r.fill_cost_us), r.seed_task or "-",
+                       us(r.seed_block_us), us(r.seed_cost_us), r.cheaper)
+        con.print(ft)
+    return 0
+
+
 # ---- the model: checkpoint writer and generation -------------------------------------------
 
 def _checkpoint_args(p):

@@ -317,3 +317,14 @@ def test_simulate_is_deterministic():
     a, b = simulate(p, "a2a3"), simulate(p, "a2a3")
     assert a.runs == b.runs and a.makespan_us == b.makespan_us and a.critical_path == b.critical_path
     assert simulate(p, "a5").makespan_us < a.makespan_us
+
+
+def test_cli_diff_seed_scopes(capsys):
+    from pto.cli import main
+    assert main(["diff", "qkv_proj_rope", "--preset", "tiny", "--mode", "decode", "--opt", "seed_scopes=True"]) == 0
+    out = capsys.readouterr().out
+    for name in ("q", "kv", "qr", "qr_scale"):
+        assert f"output {name}" in out
+    assert "DIFFERS" not in out and out.count("bit-identical") == 4
+    assert "qr_proj_seed" in out and "kv_proj_seed" in out
+    assert main(["diff", "qkv_proj_rope", "--preset", "tiny", "--mode", "decode"]) == 2  # one variant twice
