@@ -226,20 +226,35 @@ def resolve_target(spec: str, preset: str | None, mode: str | None, options: dic
     dynamic dims and ``scalars`` for scalar parameters), a ``KernelCase``, or
     a zero-argument callable returning a ``CaseRun`` or a ``Program``.
 
+    ``preset`` / ``mode`` None and empty ``options`` / ``dims`` / ``scalars`` mean "not
+    given"; a kernel case takes preset (default :data:`DEFAULT_PRESET`), mode and options,
+    a ``@pl.jit`` function takes dims and scalars, a zero-argument callable takes none.
+    Anything given that the target would ignore is rejected.
+
     Raises:
         ConfigError: unknown kernel, preset or mode; bad module or attribute;
-            arguments that cannot be built from the annotations.
+            arguments that cannot be built from the annotations; an option the target
+            would ignore (``--dim`` / ``--scalar`` on a kernel case, ``--preset`` /
+            ``--mode`` / ``--opt`` on a ``@pl.jit`` function, any of them on a callable,
+            a ``--dim`` the kernel does not have, a ``--scalar`` that is not a scalar
+            parameter).
     """
-    preset = preset or DEFAULT_PRESET
+    dims, scalars = dims or {}, scalars or {}
     if ":" not in spec:
         load_examples()
-        return _case_target(get_case(spec), preset, mode, options)
+        _reject_ignored(spec, "a registered kernel case", dim=dims, scalar=scalars)
+        return _case_target(get_case(spec), preset or DEFAULT_PRESET, mode, options)
     obj = _load_attr(spec)
     if isinstance(obj, KernelCase):
-        return _case_target(obj, preset, mode, options)
+        _reject_ignored(spec, "a KernelCase", dim=dims, scalar=scalars)
+        return _case_target(obj, preset or DEFAULT_PRESET, mode, options)
     if isinstance(obj, JitFunction):
-        return Target(spec, fn=obj, args=_synth_args(obj, dims or {}, scalars or {}))
+        _reject_ignored(spec, "a @pl.jit function", preset=preset, mode=mode, opt=options)
+        _check_jit_names(obj, dims, scalars)
+        return Target(spec, fn=obj, args=_synth_args(obj, dims, scalars))
     if callable(obj):
+        _reject_ignored(spec, "a callable returning a CaseRun or Program", preset=preset, mode=mode, opt=options,
+                        dim=dims, scalar=scalars)
         res = obj()
         if isinstance(res, CaseRun):
             return Target(spec, case_run=res)
@@ -247,6 +262,34 @@ def resolve_target(spec: str, preset: str | None, mode: str | None, options: dic
             return Target(spec, program=res)
         raise ConfigError(f"{spec} returned {type(res).__name__}; expected a CaseRun or a Program")
     raise ConfigError(f"{spec} is a {type(obj).__name__}, not a kernel")
+
+
+def _reject_ignored(spec: str, what: str, **given) -> None:
+    """ConfigError naming the first option in ``given`` that was given (not None, not empty):
+    ``spec`` is ``what``, which does not take it."""
+    for key, value in given.items():
+        if value not in (None, {}, [], ()):
+            shown = value if not isinstance(value, dict) else " ".join(f"{k}={v!r}" for k, v in value.items())
+            raise ConfigError(f"--{key} {shown} does not apply to {spec} ({what}): it would be ignored")
+
+
+def _check_jit_names(jf: JitFunction, dims: dict, scalars: dict) -> None:
+    """ConfigError for a ``--dim`` that is none of ``jf``'s dynamic dims or a ``--scalar``
+    that is not one of its ``pl.Scalar`` parameters (naming what it is instead)."""
+    sig, anns = jf.signature()
+    dyn = list(dict.fromkeys(d.name for a in anns.values() if isinstance(a, TensorType) and a.dims
+                             for d in a.dims if isinstance(d, DynVar)))
+    for name in dims:
+        if name not in dyn:
+            raise ConfigError(f"--dim {name}: kernel {jf.__name__} has no dynamic dim {name!r} "
+                              f"(its dynamic dims: {', '.join(dyn) or 'none'})")
+    scalar_params = [n for n in sig.parameters if isinstance(anns.get(n), ScalarType)]
+    for name in scalars:
+        if name not in scalar_params:
+            kind = ("a tensor parameter" if isinstance(anns.get(name), TensorType) else
+                    "not a pl.Scalar parameter" if name in sig.parameters else "not a parameter")
+            raise ConfigError(f"--scalar {name}: {name!r} is {kind} of kernel {jf.__name__} "
+                              f"(its scalar parameters: {', '.join(scalar_params) or 'none'})")
 
 
 def _case_target(case: KernelCase, preset: str, mode: str | None, options: dict) -> Target:
@@ -266,10 +309,10 @@ def _case_target(case: KernelCase, preset: str, mode: str | None, options: dict)
 def add_target_args(p: argparse.ArgumentParser) -> None:
     """The target arguments shared by run/check/graph (and later trace/sim)."""
     p.add_argument("target", help="registered kernel name, or MODULE:FUNCTION (module name or .py path)")
-    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"model preset (default {DEFAULT_PRESET})")
-    p.add_argument("--mode", default=None, help="kernel mode (default: its first mode)")
+    p.add_argument("--preset", default=None, help=f"model preset of a kernel case (default {DEFAULT_PRESET})")
+    p.add_argument("--mode", default=None, help="kernel mode of a kernel case (default: its first mode)")
     p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra build option, e.g. --opt T=64 --opt seed_scopes=True")
+                   help="extra build option of a kernel case, e.g. --opt T=64 --opt seed_scopes=True")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
                    help="extent of a pl.dynamic dim (MODULE:FUNCTION targets)")
     p.add_argument("--scalar", action="append", default=[], metavar="NAME=VALUE",
