@@ -4,22 +4,26 @@ The language layer never imports the runtime (import direction language ->
 runtime -> golden -> models -> cli). The runtime installs itself here: while a
 program runs, ``state.program`` is the executing ``pto.runtime.Program`` and
 ``state.block`` the block whose body is running (None in orchestration).
+
+``state`` is per thread: programs started in different threads run side by side,
+each seeing only its own program and block.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 
 from pto.errors import DslError
 
+default_factory = None  # installed by pto.runtime; each thread's state starts with it
 
-class _State:
-    __slots__ = ("program", "block", "program_factory", "check", "syncalls")
 
+class _State(threading.local):
     def __init__(self):
         self.program = None
         self.block = None
-        self.program_factory = None  # installed by pto.runtime
+        self.program_factory = default_factory
         self.check = False  # definedness tracking on for the running program
         # syncall() calls in the running step of a phased (generator) spmd body; None when the
         # running block is not such a step (syncall() is then an error, see pl.system.syncall)

@@ -180,7 +180,7 @@ class at:
         DslError: nested inside another task.
     """
 
-    __slots__ = ("name", "deps", "tid", "_site", "_task")
+    __slots__ = ("name", "deps", "tid", "_site", "_task", "_prog")
 
     def __init__(self, level=Level.CORE_GROUP, name_hint: str = "", deps=None, no_dep_args=None,
                  allow_early_resolve: bool = False, optimizations=None, dumps=None):
@@ -194,11 +194,12 @@ class at:
         if prog is None:
             _ctx.program("pl.at")  # raises: outside a program
         self._task = prog.begin_task(self.name, 1, _deps_list(self.deps) if self.deps else [], self._site, True)
+        self._prog = prog
         self.tid = self._task.id
         return self.tid
 
     def __exit__(self, et, ev, tb):
-        _ctx.state.program.end_task(self._task, et is None)  # also ends the block
+        self._prog.end_task(self._task, et is None)  # also ends the block
         return False
 
 

@@ -249,7 +249,7 @@ class GMTensor:
         return starts, stops, drop
 
     def __getitem__(self, key):
-        blk = _ctx.state.block
+        blk = self.buf.program.cur_block  # the running block (state.block), without the thread-local lookup
         rows = self._rows
         if blk is not None and rows is not None and type(key) is tuple and len(key) == 2:
             # fast path for x[a:b, c:d] in a block (plain tensor, outside check mode); the same
@@ -280,7 +280,7 @@ class GMTensor:
         return t
 
     def __setitem__(self, key, value):
-        blk = _ctx.state.block
+        blk = self.buf.program.cur_block  # the running block (state.block), without the thread-local lookup
         rows = self._rows
         if (blk is not None and rows is not None and type(value) is Tile and value.valid is None
                 and type(key) is tuple and len(key) == 2):

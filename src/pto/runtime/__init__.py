@@ -22,5 +22,5 @@ def _factory(jf, args, kwargs, config):
     return Program(jf, config).execute(args, kwargs)
 
 
-_lang_ctx.state.program_factory = _factory
+_lang_ctx.default_factory = _lang_ctx.state.program_factory = _factory
 _errors._created_hook = _record_block_error

@@ -18,6 +18,7 @@ pattern 0xAB for integers (reference dsl-api.md section 7).
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 import torch
@@ -28,7 +29,10 @@ __all__ = ["Buffer", "RingHeap", "POISON_BYTE", "validate_init_value"]
 
 POISON_BYTE = 0xAB
 _ALIGN = 512
+# the idle backing buffer by size (at most one, kept for the next program: stale bytes carry over
+# as on the device); a running program owns its buffer, so programs in two threads never share one
 _STORAGE: dict[int, torch.Tensor] = {}
+_STORAGE_LOCK = threading.Lock()
 
 
 class Buffer:
@@ -117,11 +121,10 @@ class RingHeap:
 
     def __init__(self, size_bytes: int):
         self.size = int(size_bytes)
-        st = _STORAGE.get(self.size)
+        with _STORAGE_LOCK:
+            st = _STORAGE.pop(self.size, None)
         if st is None:
             st = torch.empty(self.size, dtype=torch.uint8)
-            _STORAGE.clear()  # keep one backing buffer alive at a time
-            _STORAGE[self.size] = st
         self.storage = st
         self.live: deque = deque()  # [offset, size, freed]
         self.head = 0
@@ -186,6 +189,13 @@ class RingHeap:
         while self.live and self.live[-1][2]:
             self.live.pop()
         self.head = self.live[-1][0] + self.live[-1][1] if self.live else 0
+
+    def release(self) -> None:
+        """Hand the backing buffer back for the next program (its bytes stay as they are);
+        the previously idle one, if any, is dropped. Called once, when the program ends."""
+        with _STORAGE_LOCK:
+            _STORAGE.clear()
+            _STORAGE[self.size] = self.storage
 
     def view(self, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
         """The typed tensor of ``shape`` at byte ``offset``."""

@@ -15,6 +15,7 @@ import linecache
 import os
 import re
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -161,6 +162,9 @@ class Program:
         self.manual = False
         self.scopes: list[list[Buffer]] = [[]]
         self.cur_task: Task | None = None
+        # the running block (the same as this thread's pl state.block while the program runs; read
+        # by the GM access fast paths, which reach the program through the buffer)
+        self.cur_block: Block | None = None
         self.result = None
         self.stats = ProgramStats()
         self.races = None
@@ -210,8 +214,7 @@ class Program:
         st.program, st.block, st.check = self, None, self.check
         # The cyclic GC would rescan the growing task graph over and over (about 9 us per task on
         # 10k-task programs); pause it for the run, cyclic garbage made meanwhile is collected after.
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
+        _gc_pause()
         self._t0 = time.perf_counter_ns()
         ok = False
         try:
@@ -229,13 +232,13 @@ class Program:
             self._copy_back()
             ok = True
         finally:
-            if gc_was_enabled:
-                gc.enable()
+            _gc_resume()
             st.program, st.block, st.check = None, None, False
             while len(self.scopes) > 1:
                 self.pop_scope()
             self.pop_scope()
             self._finish_stats()
+            self.heap.release()
             if not ok:
                 self.result = None
         return self
@@ -385,7 +388,7 @@ class Program:
     # ---- tasks -----------------------------------------------------------------
     def begin_task(self, name: str, n_blocks: int, deps, frame, first_block: bool = False) -> Task:
         """Open a task (called by pl.spmd / pl.at); ``first_block``: also begin block 0."""
-        if self.cur_task is not None or _ctx.state.block is not None:
+        if self.cur_task is not None or self.cur_block is not None:
             if self.left_early is not None:
                 self.raise_left_early()
             raise DslError(f"task {name!r} at {_site(frame)} opened inside task "
@@ -402,7 +405,7 @@ class Program:
         if first_block:
             blk = Block(task, 0, 0)
             task.blocks.append(blk)
-            _ctx.state.block = blk
+            _ctx.state.block = self.cur_block = blk
         task.t0 = _now_ns()
         return task
 
@@ -410,11 +413,11 @@ class Program:
         """Open block ``idx`` (barrier phase ``phase``) of ``task``; it becomes the current block."""
         blk = Block(task, idx, phase)
         task.blocks.append(blk)
-        _ctx.state.block = blk
+        _ctx.state.block = self.cur_block = blk
 
     def end_block(self) -> None:
         """Close the current block."""
-        _ctx.state.block = None
+        _ctx.state.block = self.cur_block = None
 
     def end_task(self, task: Task, ok: bool) -> None:
         """Close a task: derive its edges, run the race checker in check mode.
@@ -424,7 +427,7 @@ class Program:
         """
         task.wall_ns = _now_ns() - task.t0
         self.cur_task = None
-        _ctx.state.block = None
+        _ctx.state.block = self.cur_block = None
         if self.block_errors:
             caught, self.block_errors = self.block_errors, []
             if ok:  # the blocks ran to their end although a PtoError was raised in one of them
@@ -560,6 +563,28 @@ class Program:
     def footprints(self, task: Task) -> list[Footprint]:
         """The coalesced footprints of ``task`` as Footprint records."""
         return [Footprint(buf.name, buf.id, KIND_NAMES[k], box) for buf, k, box in task.footprints]
+
+
+# programs running in any thread, and whether the cyclic GC was on before the first of them started
+_GC_STATE = [0, False]
+_GC_LOCK = threading.Lock()
+
+
+def _gc_pause() -> None:
+    """Pause the cyclic GC while at least one program runs (in any thread)."""
+    with _GC_LOCK:
+        if _GC_STATE[0] == 0:
+            _GC_STATE[1] = gc.isenabled()
+            gc.disable()
+        _GC_STATE[0] += 1
+
+
+def _gc_resume() -> None:
+    """End of a program: turn the GC back on when the last running program ends (if it was on)."""
+    with _GC_LOCK:
+        _GC_STATE[0] -= 1
+        if _GC_STATE[0] == 0 and _GC_STATE[1]:
+            gc.enable()
 
 
 def _record_block_error(err: PtoError) -> None:

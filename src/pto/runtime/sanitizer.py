@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 import torch
 
@@ -44,7 +45,14 @@ __all__ = ["TAINT_BASE", "Sanitizer", "Consumer", "check_outputs", "undefined_bo
 
 TAINT_BASE = 1 << 24  # tags below are raw allocation ids; at or above, taint-table entries
 
-_DROP_STACK: list[frozenset] = []
+class _DropStack(threading.local):
+    """The names of the open ``drop_init_values`` blocks of this thread (a list of frozensets)."""
+
+    def __init__(self):
+        self.stack: list[frozenset] = []
+
+
+_DROP = _DropStack()
 
 
 @contextlib.contextmanager
@@ -56,7 +64,8 @@ def drop_init_values(*names: str):
     The allocation name is the ``name=`` argument of ``create_tensor`` or else
     the assignment target on its source line (``mixes_raw = pl.create_tensor(...)``
     is ``"mixes_raw"``). Nests; names add up. Equivalent to
-    ``RunConfig(drop_init=names)`` for every program started inside. The
+    ``RunConfig(drop_init=names)`` for every program started inside, in this
+    thread (programs in other threads are not affected). The
     names that matched are in ``Program.dropped_init`` after the run.
 
     Example::
@@ -64,18 +73,19 @@ def drop_init_values(*names: str):
         with pto.runtime.drop_init_values("mixes_raw"):
             run_jit(...)   # raises UndefinedOutputError naming mixes_raw
     """
-    _DROP_STACK.append(frozenset(names))
+    stack = _DROP.stack
+    stack.append(frozenset(names))
     try:
         yield
     finally:
-        _DROP_STACK.pop()
+        stack.pop()
 
 
 def active_drop_init() -> frozenset:
     """Allocation names whose ``init_value`` is currently dropped by
     :func:`drop_init_values` blocks (empty outside them)."""
     out: frozenset = frozenset()
-    for s in _DROP_STACK:
+    for s in _DROP.stack:
         out |= s
     return out
 
