@@ -467,6 +467,7 @@ class DeploymentConfig:
     cmp_kv_block_num: int = 32
     hca_state_block_size: int = 8
     hca_state_block_num: int = 64
+    csa_state_block_num: int = 136  # ratio-4 compressor-state pages (4 rows, one window each)
     max_requests: int = 4
     max_context: int = 16384
     rope_max_pos: int = 16384
@@ -527,10 +528,10 @@ DEPLOYMENTS: dict[str, DeploymentConfig] = {
     "flash": DeploymentConfig(),
     "pro": DeploymentConfig(),
     "demo": DeploymentConfig(),
-    # tiny: 16-row pages; a 1024-token context holds a 500-token prompt plus generation
-    "tiny": DeploymentConfig(block_size=16, ori_kv_block_num=64, cmp_kv_block_num=8,
-                             hca_state_block_num=64, max_requests=4, max_context=1024,
-                             rope_max_pos=1024),
+    # tiny: 16-row pages; 4 requests of up to 1024 tokens (a 509-token prompt plus generation)
+    "tiny": DeploymentConfig(block_size=16, ori_kv_block_num=64, cmp_kv_block_num=64,
+                             hca_state_block_num=132, csa_state_block_num=136, max_requests=4,
+                             max_context=1024, rope_max_pos=1024),
 }
 for _dep in DEPLOYMENTS.values():
     _dep.validate()
