@@ -605,11 +605,21 @@ def store(tile: Tile, offsets, out_tensor: GMTensor, shapes=None, atomic=None) -
     """Tile -> GM at ``offsets``; writes the tile's valid region; ``atomic=Add``
     accumulates into the target. Returns ``out_tensor``.
 
+    ``shapes``: the stored window. Of the tile's rank and within its extents it selects the
+    top-left sub-tile (pypto-lib stores ``[1, 1]`` of a ``[1, 8]`` tile this way); otherwise
+    the tile is reshaped to it (same element count).
+
     Raises:
         DslError: outside a task, dtype mismatch, or a window out of bounds.
     """
     if shapes is not None and list(shapes) != list(tile.shape):
-        tile = tile_reshape(tile, shapes)
+        if len(shapes) == tile.data.dim() and all(_idx(s, "a store shape") <= n for s, n in zip(shapes, tile.shape)):
+            valid = tile.valid_shape
+            tile = tile_slice(tile, shapes, [0] * len(shapes))
+            if tile.shape != tuple(valid) and any(v < s for v, s in zip(valid, tile.shape)):
+                tile = Tile(tile.data, tile.mask, tuple(min(v, s) for v, s in zip(valid, tile.shape)))
+        else:
+            tile = tile_reshape(tile, shapes)
     _store(out_tensor, [_idx(o, "a store offset") for o in offsets], tile, atomic)
     return out_tensor
 

@@ -872,8 +872,11 @@ def matmul(a, b, out_dtype=None, a_trans: bool = False, b_trans: bool = False) -
     return Tile(out, mask)
 
 
-def matmul_acc(acc, a, b, a_trans: bool = False, b_trans: bool = False) -> Tile:
+def matmul_acc(acc, a, b, a_trans: bool = False, b_trans: bool = False, init_cond=None) -> Tile:
     """``acc + a @ b`` (K-loop accumulation; acc FP32 or INT32, matching the operands).
+
+    ``init_cond``: when true, ``a @ b`` overwrites ``acc`` (its old contents, possibly an
+    uninitialised buffer, are not read): the first step of a K loop written as one call.
 
     Raises:
         DslError: as :func:`matmul`, or an accumulator of the wrong dtype/shape.
@@ -882,6 +885,8 @@ def matmul_acc(acc, a, b, a_trans: bool = False, b_trans: bool = False) -> Tile:
     part = matmul(a, b, a_trans=a_trans, b_trans=b_trans)
     if part.data.dtype != acc.data.dtype or part.shape != acc.shape:
         raise DslError(f"pl.matmul_acc: accumulator {acc} does not match product {part}")
+    if init_cond is not None and concrete(init_cond, "a matmul_acc init_cond"):
+        return part
     return Tile(acc.data + part.data, _and(acc.mask, part.mask))
 
 
