@@ -17,3 +17,7 @@ from pto.models.deepseek_v4 import decode_attention_swa  # noqa: F401  (register
 from pto.models.deepseek_v4 import prefill_indexer_compressor  # noqa: F401  (registers "prefill_indexer_compressor")
 from pto.models.deepseek_v4 import decode_indexer_compressor  # noqa: F401  (registers "decode_indexer_compressor")
 from pto.models.deepseek_v4 import expert_shared  # noqa: F401  (registers "expert_shared")
+from pto.models.deepseek_v4 import decode_compressor_ratio128  # noqa: F401  (registers "decode_compressor_ratio128")
+from pto.models.deepseek_v4 import decode_attention_hca  # noqa: F401  (registers "decode_attention_hca")
+from pto.models.deepseek_v4 import prefill_indexer  # noqa: F401  (registers "prefill_indexer")
+from pto.models.deepseek_v4 import decode_indexer  # noqa: F401  (registers "decode_indexer")

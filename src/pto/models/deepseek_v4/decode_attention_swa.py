@@ -66,13 +66,14 @@ B_DYN = pl.dynamic("B")
 
 
 @functools.lru_cache(maxsize=None)
-def decode_attention_swa_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
+def decode_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleNamespace:
     """Build the ratio-0 decode attention sub-layer for ``cfg`` (cached per config).
 
     Composition (B.6): ``hc_pre`` -> ``decode_rope_rows`` -> ``rms_norm`` -> ``late_dep =
     task_dummy(deps=[rms_tid])`` -> ``qkv_proj_rope(..., late_dep)`` -> ``decode_cache_write``
-    -> ``decode_window_indices`` -> ``decode_sparse_attn_swa`` -> ``hc_post``. No scratch is
-    initialised at allocation (the reference block has none), so there is no seed variant.
+    -> ``decode_window_indices`` -> ``decode_sparse_attn_swa`` -> ``hc_post``. The block's own
+    scratch is uninitialised (as B.6); ``seed_scopes=True`` passes the seed variant to hc_pre
+    and qkv_proj_rope (split-K targets zero-filled by tasks instead of at allocation).
 
     Returns:
         namespace with the inline body ``decode_attention_swa(x_hc, hc_attn_fn, hc_attn_scale,
@@ -138,12 +139,12 @@ def decode_attention_swa_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
         swa_indices = pl.create_tensor([t, W], pl.INT32, capacity=cap)
         attn_out = pl.create_tensor([t, D], pl.BF16, capacity=cap)
 
-        hc_pre(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, x_mixed, post, comb, cfg)
+        hc_pre(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, x_mixed, post, comb, cfg, seed_scopes)
         meta.decode_rope_rows(freqs_cos, freqs_sin, position_ids, rope_cos_t, rope_sin_t)
         rms_tid = rms_norm(x_mixed, attn_norm_w, x_normed, cfg)
         late_dep = pl.system.task_dummy(deps=[rms_tid])
         qkv_proj_rope(x_normed, wq_a, wq_b, wq_b_scale, wkv, rope_cos_t, rope_sin_t, gamma_cq, gamma_ckv,
-                      q, kv, qr, qr_scale, late_dep, cfg)
+                      q, kv, qr, qr_scale, late_dep, cfg, seed_scopes)
         meta.decode_cache_write(kv, ori_slot_mapping, kv_cache)
         meta.decode_window_indices(position_ids, block_table, swa_indices)
         attn(q, kv_cache, swa_indices, attn_sink, rope_cos_t, rope_sin_t, wo_a, wo_b, wo_b_scale, attn_out)
@@ -152,7 +153,7 @@ def decode_attention_swa_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
 
     decode_attention_swa_test = pl.jit.entry(decode_attention_swa, name="decode_attention_swa_test")
     return SimpleNamespace(decode_attention_swa=decode_attention_swa,
-                           decode_attention_swa_test=decode_attention_swa_test)
+                           decode_attention_swa_test=decode_attention_swa_test, seed_scopes=seed_scopes)
 
 
 @pl.jit.inline
@@ -161,13 +162,14 @@ def decode_attention_swa(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: 
                          wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor, freqs_cos: pl.Tensor,
                          freqs_sin: pl.Tensor, kv_cache: pl.InOut[pl.Tensor], block_table: pl.Tensor,
                          ori_slot_mapping: pl.Tensor, position_ids: pl.Tensor, attn_sink: pl.Tensor,
-                         wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor, x_out: pl.Out[pl.Tensor], cfg):
+                         wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor, x_out: pl.Out[pl.Tensor], cfg,
+                         seed_scopes: bool = False):
     """Stable inline signature ``decode_attention_swa(x_hc, hc_attn_fn, hc_attn_scale,
     hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv, freqs_cos,
     freqs_sin, kv_cache, block_table, ori_slot_mapping, position_ids, attn_sink, wo_a, wo_b,
-    wo_b_scale, x_out, cfg) -> (kv_cache, x_out)``: the body of
+    wo_b_scale, x_out, cfg, seed_scopes=False) -> (kv_cache, x_out)``: the body of
     :func:`decode_attention_swa_kernels` (shapes and errors there)."""
-    return decode_attention_swa_kernels(cfg).decode_attention_swa(
+    return decode_attention_swa_kernels(cfg, seed_scopes).decode_attention_swa(
         x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
         gamma_ckv, freqs_cos, freqs_sin, kv_cache, block_table, ori_slot_mapping, position_ids, attn_sink, wo_a,
         wo_b, wo_b_scale, x_out)
@@ -329,7 +331,7 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
 
     Mode ``"decode"``. Options: ``start_pos`` (per request; default
     ``decode_sparse_attn.DEFAULT_START_POS``), ``S`` (default ``decode_seq``), ``seed``,
-    ``reverse_tables``. Golden :func:`golden_decode_attention_swa`; ``x_out``
+    ``reverse_tables``, ``seed_scopes``. Golden :func:`golden_decode_attention_swa`; ``x_out``
     ``ratio_reldiff(*TOLERANCES["x_out"])``, ``kv_cache`` ``ratio_allclose(*TOLERANCES
     ["kv_cache"])``; run tolerances 1e-2.
 
@@ -344,9 +346,10 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     S = int(opts.pop("S", cfg.decode_seq))
     seed = int(opts.pop("seed", 0))
     reverse = bool(opts.pop("reverse_tables", False))
+    seed_scopes = bool(opts.pop("seed_scopes", False))
     if opts:
         raise ConfigError(f"decode_attention_swa: unknown options {sorted(opts)}")
-    k = decode_attention_swa_kernels(cfg)
+    k = decode_attention_swa_kernels(cfg, seed_scopes)
     d = make_decode_swa_inputs(cfg, start, S, seed, reverse_tables=reverse)
     specs = [TensorSpec(n, list(d[n].shape), d[n].dtype, d[n], is_output=(n == "kv_cache")) for n in SWA_ARGS]
     specs.append(TensorSpec("x_out", list(d["x_hc"].shape), torch.float32, is_output=True))
@@ -356,8 +359,8 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
 
     compare = {"x_out": ratio_reldiff(*TOLERANCES["x_out"]), "kv_cache": ratio_allclose(*TOLERANCES["kv_cache"])}
     return CaseRun(fn=k.decode_attention_swa_test, specs=specs, golden=golden, compare=compare, rtol=1e-2, atol=1e-2,
-                   label=f"decode B={len(start)} S={S} start_pos={list(start)}")
+                   label=f"decode B={len(start)} S={S} start_pos={list(start)}" + (" seed_scopes" if seed_scopes else ""))
 
 
-register(KernelCase("decode_attention_swa", build_case, modes=("decode",),
+register(KernelCase("decode_attention_swa", build_case, modes=("decode",), seed_variant=True,
                     description="ratio-0 decode attention sub-layer (hc_pre .. cache write .. sparse attn .. hc_post), B.6"))
