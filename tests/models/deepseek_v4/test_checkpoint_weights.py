@@ -174,6 +174,9 @@ def test_int8_weights_are_quantised_per_row(tiny_dir):
     w = ck.tensor("layers.0.attn.wo_b.weight")
     assert q.codes.dtype == torch.int8 and q.scale.shape == (128,)
     assert torch.equal(q.scale, w.abs().amax(dim=1) / 127)
+    assert int(q.codes.abs().amax(dim=1).min()) == 127  # every row's amax maps to +-127
     assert float((q.dequantize() - w).abs().max()) <= float(q.scale.max()) / 2 + 1e-7
     assert ck.weight("layers.0.attn.wq_a.weight").dtype == torch.float32  # stays float
-    assert quantize_rows_int8(torch.zeros(2, 3)).scale.tolist() == [1.0, 1.0]
+    z = quantize_rows_int8(torch.zeros(2, 3))  # the kernels' amax floor of 1e-4
+    assert torch.equal(z.codes, torch.zeros(2, 3, dtype=torch.int8))
+    assert torch.allclose(z.scale, torch.full((2,), 1e-4 / 127))

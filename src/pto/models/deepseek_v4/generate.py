@@ -9,7 +9,8 @@ steps over the requests still running until each stops at ``eos_token_id`` or af
 ``model`` is a :class:`pto.models.deepseek_v4.model.GoldenModel` or anything with the
 same ``new_state()``, ``forward(ids, state) -> logits [S, V]``, ``cfg`` and ``deployment``;
 a model with a ``decode(tokens, states) -> logits [B, V]`` method gets one batched call per
-decode step, otherwise each running request is stepped in turn.
+decode step, otherwise each running request is stepped in turn; a model with
+``release_state(state)`` gets every request's state back at the end (its cache pages).
 """
 
 from __future__ import annotations
@@ -137,13 +138,27 @@ def generate(model, prompts, *, max_new_tokens: int = 8, chunk: int = 128,
     eos = cfg.eos_token_id if eos_token_id == -1 else eos_token_id
     B = len(prompts)
     total = sum(len(p) for p in prompts) + B * max_new_tokens
-    done = 0
     states = [model.new_state() for _ in range(B)]
     tokens: list[list[int]] = [[] for _ in range(B)]
     reasons = ["length"] * B
     prompt_logits = [] if keep_logits else None
     step_logits = [[] for _ in range(B)] if keep_logits else None
     res = GenerateResult(tokens, reasons, prompt_logits, step_logits)
+    running = []
+    try:
+        _run(model, prompts, states, res, chunk, max_new_tokens, eos, keep_logits, progress, total)
+    finally:
+        if hasattr(model, "release_state"):  # return the requests' cache pages
+            for st in states:
+                model.release_state(st)
+    return res
+
+
+def _run(model, prompts, states, res, chunk, max_new_tokens, eos, keep_logits, progress, total):
+    """The prefill and decode loops of :func:`generate` (fills ``res`` in place)."""
+    tokens, reasons = res.tokens, res.stop_reasons
+    prompt_logits, step_logits = res.prompt_logits, res.step_logits
+    done = 0
     running = []
     with torch.no_grad():
         for r, p in enumerate(prompts):
@@ -192,4 +207,3 @@ def generate(model, prompts, *, max_new_tokens: int = 8, chunk: int = 128,
             running = still
     if progress:
         progress(total, total, "done")
-    return res

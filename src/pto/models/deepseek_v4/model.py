@@ -21,8 +21,9 @@ on the output; grouped o-projection. MoE: sqrt-softplus router (hash table on th
 
 Weight formats: ``"bf16"`` runs every matrix unquantised in FP32 (the parity mode,
 ``float32=True``); ``"int8"`` runs the W8A8 matrices of :data:`weights.INT8_WEIGHTS` and the
-routed experts with per-row INT8 activations (amax / 127, round half to even) and exact
-integer products, as the kernels deploy them; everything else stays FP32.
+routed experts with per-row INT8 activations and exact integer products by the kernels'
+quantisation rules (``qkv_proj_rope.quantize_per_row_int8`` / ``quantize_weight_per_column``);
+everything else stays FP32.
 
 The cache (:class:`GoldenState`) keeps, per layer, every raw kv row, the compressor and
 indexer projections of every token and the compressed entries emitted so far. That is
@@ -42,7 +43,8 @@ from pto.errors import BindError, CapacityError, ConfigError
 from pto.models.deepseek_v4.config import DeepSeekV4Config, DeploymentConfig
 from pto.models.deepseek_v4.hc_post import golden_hc_post
 from pto.models.deepseek_v4.hc_pre import golden_hc_pre
-from pto.models.deepseek_v4.qkv_proj_rope import golden_qkv_proj_rope, rope_interleaved
+from pto.models.deepseek_v4.qkv_proj_rope import (golden_qkv_proj_rope, quantize_per_row_int8,
+                                                  rope_interleaved)
 from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
 from pto.models.deepseek_v4.weights import Checkpoint, QuantWeight
 
@@ -55,23 +57,17 @@ def _rms(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> tor
     return y if weight is None else y * weight
 
 
-def _quant_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row symmetric INT8 activation codes (FP64 for exact products) and FP64 scales."""
-    amax = x.abs().amax(dim=-1, keepdim=True)
-    s = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-    return torch.round(x / s).clamp(-127, 127).double(), s.double()
-
-
 def linear(x: torch.Tensor, w) -> torch.Tensor:
     """``x @ w^T``: ``x [S, in]`` FP32, ``w [out, in]`` FP32 or a :class:`QuantWeight`.
 
-    A QuantWeight runs W8A8: the rows of ``x`` are quantised (amax / 127), the products
-    are exact integers (FP64), and ``acc * s_x * s_w`` is returned in FP32.
+    A QuantWeight runs W8A8 as the kernels do: the rows of ``x`` are quantised by
+    ``quantize_per_row_int8`` (scale ``max(amax, 1e-4) / 127``), the products are exact
+    integers (FP64 sums of INT8 products), and ``(acc * s_x) * s_w`` is returned in FP32.
     """
     if isinstance(w, QuantWeight):
-        codes, s = _quant_rows(x)
-        acc = codes @ w.codes.double().T
-        return (acc * s * w.scale.double()[None, :]).float()
+        codes, s = quantize_per_row_int8(x)
+        acc = (codes.double() @ w.codes.double().T).float()
+        return (acc * s) * w.scale[None, :]
     return x @ w.T
 
 
@@ -335,22 +331,39 @@ class GoldenModel:
         """
         state = self.new_state() if state is None else state
         ids = self.check_ids(ids, state)
-        cfg = self.cfg
-        S = ids.numel()
-        pos = torch.arange(state.pos, state.pos + S)
-        X = self._glob["embed.weight"][ids][:, None, :].expand(S, cfg.hc_mult, cfg.hidden_size).contiguous()
-        for i in range(cfg.num_hidden_layers):
-            w = self.layer_weights(i)
-            x, post, comb = golden_hc_pre(X, w["hc_attn_fn"], w["hc_attn_scale"], w["hc_attn_base"],
-                                          cfg, out_bf16=False)
-            y = self.attention(i, _rms(x, cfg.rms_norm_eps, w["attn_norm.weight"]), pos, state.layers[i])
-            X = golden_hc_post(y, X, post, comb)
-            x, post, comb = golden_hc_pre(X, w["hc_ffn_fn"], w["hc_ffn_scale"], w["hc_ffn_base"],
-                                          cfg, out_bf16=False)
-            y = self.moe(i, _rms(x, cfg.rms_norm_eps, w["ffn_norm.weight"]), ids)
-            X = golden_hc_post(y, X, post, comb)
-        state.pos += S
-        h = _rms(self.hc_head(X), cfg.rms_norm_eps, self._glob["norm.weight"])
-        return h @ self._glob["head.weight"].T
+        pos = torch.arange(state.pos, state.pos + ids.numel())
+        X = self.embed(ids)
+        for i in range(self.cfg.num_hidden_layers):
+            X = self.attn_sublayer(i, X, pos, state.layers[i])
+            X = self.ffn_sublayer(i, X, ids)
+        state.pos += ids.numel()
+        return self.logits(X)
 
     __call__ = forward
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """``[S]`` ids -> ``[S, hc_mult, D]`` FP32 streams, each a copy of the embedding row."""
+        cfg = self.cfg
+        return self._glob["embed.weight"][ids][:, None, :].expand(
+            ids.numel(), cfg.hc_mult, cfg.hidden_size).contiguous()
+
+    def attn_sublayer(self, i: int, X: torch.Tensor, pos: torch.Tensor, st: LayerState) -> torch.Tensor:
+        """``X' = hc_post(attention(RMSNorm(hc_pre(X))), X)`` of layer ``i``; ``[S, N, D]`` FP32."""
+        cfg, w = self.cfg, self.layer_weights(i)
+        x, post, comb = golden_hc_pre(X, w["hc_attn_fn"], w["hc_attn_scale"], w["hc_attn_base"],
+                                      cfg, out_bf16=False)
+        y = self.attention(i, _rms(x, cfg.rms_norm_eps, w["attn_norm.weight"]), pos, st)
+        return golden_hc_post(y, X, post, comb)
+
+    def ffn_sublayer(self, i: int, X: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """``X' = hc_post(moe(RMSNorm(hc_pre(X))), X)`` of layer ``i``; ``[S, N, D]`` FP32."""
+        cfg, w = self.cfg, self.layer_weights(i)
+        x, post, comb = golden_hc_pre(X, w["hc_ffn_fn"], w["hc_ffn_scale"], w["hc_ffn_base"],
+                                      cfg, out_bf16=False)
+        y = self.moe(i, _rms(x, cfg.rms_norm_eps, w["ffn_norm.weight"]), ids)
+        return golden_hc_post(y, X, post, comb)
+
+    def logits(self, X: torch.Tensor) -> torch.Tensor:
+        """``[S, N, D]`` streams -> ``[S, V]`` FP32 logits (hc_head, final RMSNorm, lm_head)."""
+        h = _rms(self.hc_head(X), self.cfg.rms_norm_eps, self._glob["norm.weight"])
+        return h @ self._glob["head.weight"].T

@@ -21,7 +21,8 @@ Weight formats of the loaded model (``weight_format``):
 * ``"bf16"``: unquantised (the fp32 golden forward uses the FP32 values as they are);
 * ``"int8"``: W8A8 as the kernels deploy it (PPT ``weights_flash.py``): ``wq_b``, ``wo_b``,
   ``indexer.wq_b``, the shared and every routed expert matrix get per-output-row INT8
-  codes with an FP32 scale ``amax / 127``; the rest stays float.
+  codes with an FP32 scale ``max(amax, 1e-4) / 127`` (the kernels' rule); the rest stays
+  float.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pto.models.deepseek_v4.checkpoint import (canonical_name, dequantize_fp4,
                                                dequantize_fp8_block, expected_tensors,
                                                FP4_GROUP, FP8_BLOCK)
 from pto.models.deepseek_v4.config import DeepSeekV4Config
+from pto.models.deepseek_v4.qkv_proj_rope import quantize_weight_per_column
 
 __all__ = ["Checkpoint", "QuantWeight", "open_checkpoint", "WEIGHT_FORMATS", "INT8_WEIGHTS",
            "quantize_rows_int8"]
@@ -64,13 +66,11 @@ class QuantWeight:
 
 
 def quantize_rows_int8(w: torch.Tensor) -> QuantWeight:
-    """Per-output-row symmetric INT8 of ``w [out, in]``: ``scale = amax / 127`` (1 for an
-    all-zero row), ``codes = round(w / scale)`` clamped to [-127, 127]."""
-    w = w.float()
-    amax = w.abs().amax(dim=-1)
-    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-    codes = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    return QuantWeight(codes, scale)
+    """Per-output-row symmetric INT8 of ``w [out, in]`` by the kernels' rule
+    (``qkv_proj_rope.quantize_weight_per_column`` on ``w^T``): ``scale = max(amax, 1e-4) /
+    127``, ``codes = clamp(round_half_even(w / scale), -127, 127)``."""
+    codes_t, scale = quantize_weight_per_column(w.float().T.contiguous())
+    return QuantWeight(codes_t.T.contiguous(), scale)
 
 
 def _is_int8_weight(name: str) -> bool:
