@@ -21,3 +21,4 @@ from pto.models.deepseek_v4 import decode_compressor_ratio128  # noqa: F401  (re
 from pto.models.deepseek_v4 import decode_attention_hca  # noqa: F401  (registers "decode_attention_hca")
 from pto.models.deepseek_v4 import prefill_indexer  # noqa: F401  (registers "prefill_indexer")
 from pto.models.deepseek_v4 import decode_indexer  # noqa: F401  (registers "decode_indexer")
+from pto.models.deepseek_v4 import expert_routed  # noqa: F401  (registers "expert_routed")

@@ -1,0 +1,327 @@
+"""Routed experts (single rank): tokens grouped by expert, W8A8 INT8 SwiGLU, weighted combine.
+
+Math (v4flash-kernels.md B.21 and the combine of B.23, collapsed to one rank; dsv4-math.md
+8; transformers ``DeepseekV4Experts``), per route ``(t, k)`` with expert ``e =
+indices[t, k] >= 0`` and weight ``w = weights[t, k]``:
+
+    h            = silu(min(x@w1_e^T, L)) * clamp(x@w3_e^T, -L, L)   # W8A8 as expert_shared
+    h_i8, h_s    = int8_per_row(h)
+    y[t, k]      = bf16_rne((h_i8 @ w2_e^T in INT32) * (h_s * w) * w2_scale_e)
+    routed_y[t]  = sum_k y[t, k]   (FP32, in k order; a route with e = -1 adds nothing)
+
+Kernel (:func:`expert_routed`), three tasks:
+
+* ``moe_dispatch`` (one block): reads every route, groups them by expert (counting sort,
+  stable in ``(t, k)`` order), writes the per-expert row counts ``expert_count [1, E]``,
+  the compact rows ``recv_x [n, D]`` INT8, ``recv_scale`` / ``recv_w [n, 1]`` (gathered in
+  one go through a transpose and ``pl.gather``) and ``route_slot [1, T*K]`` (the compact row
+  of route ``t*K + k``, ``n`` for no route);
+* ``expert_ffn``: one block per (expert with rows, up to ``ROUTED_M_TILE`` of its rows): the
+  whole FFN of those rows into ``recv_y [n, D]`` BF16; the orchestration reads the counts,
+  so **an expert that receives no token has no block and costs no work**;
+* ``moe_combine`` (hidden column tiles): ``recv_y`` gathered back into route order (the
+  zero row ``n`` for empty routes) and summed over ``k`` into ``routed_y [T, D]`` FP32.
+
+GM scratch (uninitialised; capacity ``token_capacity * K`` routes): ``recv_x``,
+``recv_scale``, ``recv_w``, ``recv_y``, ``route_slot``, ``expert_count``. Deviations from the
+reference (which runs the EP dispatch / combine across ranks and 6 tasks per (expert, 16-row
+tile)): one rank; one ``expert_ffn`` block does gate/up, SwiGLU, the INT8 re-quantisation
+and w2 for its rows; gathers by transpose + ``pl.gather`` instead of per-row puts.
+"""
+
+import functools
+from types import SimpleNamespace
+
+import torch
+
+import pto.language as pl
+from pto.errors import BindError, ConfigError
+from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_reldiff, register
+from pto.models.deepseek_v4.config import DeepSeekV4Config
+from pto.models.deepseek_v4.expert_shared import (down_int8_rows, expert_ffn_tiling, golden_swiglu_ffn,
+                                                  make_expert_activations, make_expert_weights, quantize_h_rows,
+                                                  swiglu_int8_rows)
+from pto.models.deepseek_v4.tiling import MATMUL_M_TILE, mode_tokens, need, round_up, token_capacity
+
+__all__ = ["TOLERANCES", "ROUTED_M_TILE", "expert_routed_kernels", "expert_routed", "golden_expert_routed",
+           "make_routes", "make_routed_inputs", "build_expert_routed"]
+
+# v4flash-kernels.md B.21 / C.2 (recv_y: ratio_reldiff(2e-3, 0.01)); routed_y is its k-sum.
+TOLERANCES: dict[str, tuple[float, float]] = {"routed_y": (2e-3, 0.01)}
+
+# ---- kernel ----
+T_DYN = pl.dynamic("T")
+ROUTED_M_TILE = 128  # rows of one expert per expert_ffn block [16]
+COMBINE_D_TILE = 1024  # hidden columns per moe_combine block
+
+
+@functools.lru_cache(maxsize=None)
+def expert_routed_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
+    """Build the single-rank routed experts for ``cfg`` (cached per config).
+
+    Shapes (``E = n_routed_experts``, ``K = num_experts_per_tok``, ``D = hidden_size``,
+    ``F = moe_intermediate_size``): ``x_i8 [T, D] INT8``, ``x_scale [T, 1] FP32`` (gate's
+    outputs), ``indices [T, K] INT32`` (``-1`` = no route), ``weights [T, K] FP32``,
+    ``w1, w3 [E, F, D] INT8`` with ``w1_scale, w3_scale [E, F] FP32``, ``w2 [E, D, F] INT8``
+    with ``w2_scale [E, D] FP32``; output ``routed_y [T, D] FP32``.
+
+    Returns:
+        namespace with the inline body ``expert_routed(x_i8, x_scale, indices, weights, w1,
+        w1_scale, w3, w3_scale, w2, w2_scale, routed_y)`` (returns ``routed_y``) and its entry
+        ``expert_routed_test``.
+
+    Raises:
+        ConfigError: ``cfg`` cannot be tiled. At run time ``BindError`` for an expert id
+            outside ``[-1, E)`` (naming the route, before anything is written) and
+            ``CapacityError`` for more than ``token_capacity * K`` routes.
+    """
+    tl = expert_ffn_tiling(cfg, "expert_routed")
+    D, Fd, L = tl.d, tl.f, tl.limit
+    E, K = cfg.n_routed_experts, cfg.num_experts_per_tok
+    need(E >= 1 and 1 <= K <= E, "expert_routed", cfg, f"need 1 <= num_experts_per_tok={K} <= n_routed_experts={E}")
+    cap = token_capacity(cfg) * K
+    CT = min(COMBINE_D_TILE, D)
+    while D % CT:
+        CT //= 2
+
+    @pl.jit.inline
+    def expert_routed(x_i8: pl.Tensor[[T_DYN, D], pl.INT8],
+                      x_scale: pl.Tensor[[T_DYN, 1], pl.FP32],
+                      indices: pl.Tensor[[T_DYN, K], pl.INT32],
+                      weights: pl.Tensor[[T_DYN, K], pl.FP32],
+                      w1: pl.Tensor[[E, Fd, D], pl.INT8],
+                      w1_scale: pl.Tensor[[E, Fd], pl.FP32],
+                      w3: pl.Tensor[[E, Fd, D], pl.INT8],
+                      w3_scale: pl.Tensor[[E, Fd], pl.FP32],
+                      w2: pl.Tensor[[E, D, Fd], pl.INT8],
+                      w2_scale: pl.Tensor[[E, D], pl.FP32],
+                      routed_y: pl.Out[pl.Tensor[[T_DYN, D], pl.FP32]]):
+        """Routed experts on one rank (module docstring); returns ``routed_y``."""
+        t = pl.tensor.dim(x_i8, 0)
+        tk = t * K
+        recv_x = pl.create_tensor([tk, D], pl.INT8, capacity=cap, name="recv_x")
+        recv_scale = pl.create_tensor([tk, 1], pl.FP32, capacity=cap, name="recv_scale")
+        recv_w = pl.create_tensor([tk, 1], pl.FP32, capacity=cap, name="recv_w")
+        recv_y = pl.create_tensor([tk, D], pl.BF16, capacity=cap, name="recv_y")
+        route_slot = pl.create_tensor([1, tk], pl.INT32, capacity=[None, cap], name="route_slot")
+        expert_count = pl.create_tensor([1, E], pl.INT32, name="expert_count")
+        w1f, w3f, w2f = pl.reshape(w1, [E * Fd, D]), pl.reshape(w3, [E * Fd, D]), pl.reshape(w2, [E * D, Fd])
+
+        # 1. group the routes by expert and gather their activation rows
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_dispatch"):
+            idx = indices[0:t, 0:K]
+            buckets = [[] for _ in range(E)]
+            for ti in range(t):
+                for k in range(K):
+                    e = pl.read(idx, [ti, k])
+                    if e < -1 or e >= E:
+                        raise BindError(f"expert_routed: indices[{ti}, {k}] = {int(e)} outside [-1, "
+                                        f"n_routed_experts={E})")
+                    if e >= 0:
+                        buckets[e].append(ti * K + k)
+            order = [r for bucket in buckets for r in bucket]
+            n = len(order)
+            counts = pl.full([1, E], pl.INT32, 0)
+            for e in range(E):
+                if buckets[e]:
+                    pl.write(counts, [0, e], len(buckets[e]))
+            expert_count[0:1, 0:E] = counts
+            slot = pl.full([1, tk], pl.INT32, n)
+            for s, r in enumerate(order):
+                pl.write(slot, [0, r], s)
+            route_slot[0:1, 0:tk] = slot
+            if n > 0:
+                src = pl.full([1, n], pl.INT32, 0)
+                rid = pl.full([1, n], pl.INT32, 0)
+                for s, r in enumerate(order):
+                    pl.write(src, [0, s], r // K)
+                    pl.write(rid, [0, s], r)
+                xt = pl.transpose(x_i8[0:t, 0:D])  # [D, t]: rows gathered as columns
+                recv_x[0:n, 0:D] = pl.transpose(pl.gather(xt, index=src))
+                recv_scale[0:n, 0:1] = pl.transpose(pl.gather(pl.transpose(x_scale[0:t, 0:1]), index=src))
+                w_flat = pl.reshape(weights[0:t, 0:K], [1, tk])
+                recv_w[0:n, 0:1] = pl.transpose(pl.gather(w_flat, index=rid))
+
+        # 2. one block per (expert with rows, row tile); empty experts get none
+        blocks, off = [], 0
+        for e in range(E):
+            cnt = pl.read(expert_count, [0, e])
+            for m0 in range(0, cnt, ROUTED_M_TILE):
+                blocks.append((e, off + m0, min(ROUTED_M_TILE, cnt - m0)))
+            off += cnt
+        if blocks:
+            for b in pl.spmd(len(blocks), name_hint="expert_ffn"):
+                e, r0, rows = blocks[b]
+                m = min(ROUTED_M_TILE, round_up(rows, MATMUL_M_TILE))
+                a = pl.slice(recv_x, [m, D], [r0, 0], valid_shape=[rows, D])
+                sc = pl.slice(recv_scale, [m, 1], [r0, 0], valid_shape=[rows, 1])
+                rw = pl.slice(recv_w, [m, 1], [r0, 0], valid_shape=[rows, 1])
+                h = swiglu_int8_rows(a, sc, w1f[e * Fd:(e + 1) * Fd, 0:D], w1_scale[e:e + 1, 0:Fd],
+                                     w3f[e * Fd:(e + 1) * Fd, 0:D], w3_scale[e:e + 1, 0:Fd], L)
+                codes, hs = quantize_h_rows(h)
+                y = down_int8_rows(codes, hs * rw, w2f[e * D:(e + 1) * D, 0:Fd], w2_scale[e:e + 1, 0:D])
+                pl.assemble(recv_y, pl.set_validshape(pl.cast(y, pl.BF16, mode="rint"), rows, D), [r0, 0])
+
+        # 3. back to route order (row n = zero for empty routes), summed over k
+        for b in pl.spmd(D // CT, name_hint="moe_combine"):
+            d0 = b * CT
+            if off == 0:
+                pl.assemble(routed_y, pl.full([t, CT], pl.FP32, 0.0), [0, d0])
+            else:
+                ry = pl.cast(recv_y[0:off, d0:d0 + CT], pl.FP32, mode="none")
+                ry = pl.assemble(pl.full([off + 1, CT], pl.FP32, 0.0), ry, [0, 0])  # row off: empty routes
+                per_route = pl.transpose(pl.gather(pl.transpose(ry), index=route_slot[0:1, 0:tk]))
+                rows = pl.reshape(per_route, [t, K * CT])  # token row: its K routes side by side
+                acc = pl.slice(rows, [t, CT], [0, 0])
+                for k in range(1, K):
+                    acc = acc + pl.slice(rows, [t, CT], [0, k * CT])
+                pl.assemble(routed_y, acc, [0, d0])
+        return routed_y
+
+    expert_routed_test = pl.jit.entry(expert_routed, name="expert_routed_test")
+    return SimpleNamespace(expert_routed=expert_routed, expert_routed_test=expert_routed_test)
+
+
+@pl.jit.inline
+def expert_routed(x_i8: pl.Tensor, x_scale: pl.Tensor, indices: pl.Tensor, weights: pl.Tensor, w1: pl.Tensor,
+                  w1_scale: pl.Tensor, w3: pl.Tensor, w3_scale: pl.Tensor, w2: pl.Tensor, w2_scale: pl.Tensor,
+                  routed_y: pl.Out[pl.Tensor], cfg):
+    """Stable inline signature ``expert_routed(x_i8, x_scale, indices, weights, w1, w1_scale, w3,
+    w3_scale, w2, w2_scale, routed_y, cfg) -> routed_y`` (see :func:`expert_routed_kernels`)."""
+    return expert_routed_kernels(cfg).expert_routed(x_i8, x_scale, indices, weights, w1, w1_scale, w3, w3_scale,
+                                                    w2, w2_scale, routed_y)
+# ---- end kernel ----
+
+
+def golden_expert_routed(
+    x: torch.Tensor,  # [T, D] int8 codes ("int8") | float ("bf16")
+    x_scale: torch.Tensor | None,  # [T, 1] fp32
+    indices: torch.Tensor,  # [T, K] int, -1 = no route
+    weights: torch.Tensor,  # [T, K] fp32
+    w1: torch.Tensor, w1_scale: torch.Tensor | None,  # [E, F, D] ; [E, F]
+    w3: torch.Tensor, w3_scale: torch.Tensor | None,  # [E, F, D] ; [E, F]
+    w2: torch.Tensor, w2_scale: torch.Tensor | None,  # [E, D, F] ; [E, D]
+    cfg: DeepSeekV4Config,
+    *,
+    weight_format: str = "int8",
+    float32: bool = False,
+) -> torch.Tensor:  # [T, D] fp32
+    """Routed-experts golden (v4flash-kernels.md B.21, dsv4-math.md 8), one expert at a time.
+
+    For each expert with routes: its rows ``x[t]`` (in ``(t, k)`` order) through
+    :func:`expert_shared.golden_swiglu_ffn` with the routing weight as the row weight (the
+    expert's INT8 weights are widened alone, never all experts at once); each route's result
+    is rounded to BF16 (RNE) unless ``float32``; ``routed_y[t] = sum_k y[t, k]`` in FP32,
+    ``k = 0, 1, ...`` in order; empty routes (``-1``) add nothing.
+
+    Raises:
+        BindError: unknown ``weight_format``, shapes off ``cfg`` or an expert id outside
+            ``[-1, E)``.
+    """
+    fn = "golden_expert_routed"
+    if weight_format not in ("int8", "bf16"):
+        raise BindError(f"{fn}: weight_format must be 'int8' or 'bf16', got {weight_format!r}")
+    E, K, D, Fd = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size
+    if x.dim() != 2 or x.shape[1] != D:
+        raise BindError(f"{fn}: x must be [T, {D}], got {list(x.shape)}")
+    T = x.shape[0]
+    for name, t, shape in (("indices", indices, (T, K)), ("weights", weights, (T, K)), ("w1", w1, (E, Fd, D)),
+                           ("w3", w3, (E, Fd, D)), ("w2", w2, (E, D, Fd))):
+        if tuple(t.shape) != shape:
+            raise BindError(f"{fn}: {name} must be {list(shape)}, got {list(t.shape)}")
+    idx = indices.long()
+    bad = ((idx < -1) | (idx >= E)).nonzero()
+    if bad.numel():
+        ti, k = (int(v) for v in bad[0])
+        raise BindError(f"{fn}: indices[{ti}, {k}] = {int(idx[ti, k])} outside [-1, n_routed_experts={E})")
+    per_route = torch.zeros(T, K, D)
+    q = weight_format == "int8"
+    for e in torch.unique(idx[idx >= 0]).tolist():
+        t_i, k_i = (idx == e).nonzero(as_tuple=True)
+        y = golden_swiglu_ffn(x[t_i], x_scale[t_i] if q else None, w1[e], w1_scale[e] if q else None, w3[e],
+                              w3_scale[e] if q else None, w2[e], w2_scale[e] if q else None,
+                              float(cfg.swiglu_limit), weight_format=weight_format,
+                              row_weight=weights[t_i, k_i].float().unsqueeze(1))
+        per_route[t_i, k_i] = y if float32 else y.to(torch.bfloat16).float()
+    routed = per_route[:, 0]
+    for k in range(1, K):
+        routed = routed + per_route[:, k]
+    return routed
+
+
+def make_routes(cfg: DeepSeekV4Config, T: int, gen: torch.Generator, *, routing: str = "random",
+                num_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(indices [T, K] INT32, weights [T, K] FP32)``: ``K`` distinct experts per token and
+    positive weights summing to ``routed_scaling_factor``. ``routing``: ``"random"``;
+    ``"one_expert"`` (every token routes to expert 0 first, the rest random among 1..E-1);
+    ``"skip_last"`` (expert ``E - 1`` gets no token). Rows ``>= num_tokens`` are ``-1`` / 0.
+
+    Raises:
+        ConfigError: an unknown ``routing`` or one that ``E`` cannot satisfy.
+    """
+    E, K = cfg.n_routed_experts, cfg.num_experts_per_tok
+    if routing not in ("random", "one_expert", "skip_last"):
+        raise ConfigError(f"make_routes: routing must be 'random', 'one_expert' or 'skip_last', got {routing!r}")
+    pool = E - 1 if routing != "random" else E
+    if pool < (K - 1 if routing == "one_expert" else K):
+        raise ConfigError(f"make_routes: routing {routing!r} needs more than {K} experts, config has {E}")
+    perm = torch.rand(T, pool, generator=gen).argsort(dim=-1)
+    if routing == "one_expert":
+        idx = torch.cat([torch.zeros(T, 1, dtype=torch.long), perm[:, :K - 1] + 1], dim=1)
+    else:
+        idx = perm[:, :K]
+    w = torch.rand(T, K, generator=gen) + 0.1
+    w = w / w.sum(dim=-1, keepdim=True) * cfg.routed_scaling_factor
+    n = T if num_tokens is None else num_tokens
+    idx[n:] = -1
+    w[n:] = 0
+    return idx.to(torch.int32), w
+
+
+_ROUTED_INPUTS = ("x_i8", "x_scale", "indices", "weights", "w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")
+
+
+def make_routed_inputs(cfg: DeepSeekV4Config, T: int, seed: int, *, routing: str = "random",
+                       num_tokens: int | None = None, std: float = 1.5) -> dict[str, torch.Tensor]:
+    """Seeded fixture for :func:`golden_expert_routed`: activations
+    (:func:`expert_shared.make_expert_activations`), routes (:func:`make_routes`), then the
+    ``E`` experts' INT8 weights (:func:`expert_shared.make_expert_weights`), all from one
+    ``torch.Generator(seed)`` in that order."""
+    gen = torch.Generator().manual_seed(seed)
+    ins = make_expert_activations(cfg, T, gen)
+    ins["indices"], ins["weights"] = make_routes(cfg, T, gen, routing=routing, num_tokens=num_tokens)
+    ins.update(make_expert_weights(cfg, cfg.n_routed_experts, gen, std=std))
+    return ins
+
+
+# ---- registration ----
+def build_expert_routed(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None, seed: int = 0,
+                        routing: str = "random", num_tokens: int | None = None, std: float = 1.5,
+                        seed_scopes: bool = False) -> CaseRun:
+    """KernelCase builder: the routed experts at ``preset`` in ``mode`` (decode 8 tokens,
+    prefill 128) or ``T`` tokens, fixture :func:`make_routed_inputs`; ``routed_y`` compared with
+    ``ratio_reldiff(2e-3, 0.01)``. The demo runs it at the ``demo`` preset at most (FLASH's
+    256 experts are 6 GiB of INT8 weights).
+
+    Raises:
+        ConfigError: unknown preset / mode / routing, bad ``T``, ``seed_scopes`` (no seed
+            variant) or an untileable config.
+    """
+    if seed_scopes:
+        raise ConfigError("expert_routed has no seed variant (its scratch is never initialised)")
+    cfg, T = mode_tokens(preset, mode, T)
+    ins = make_routed_inputs(cfg, T, seed, routing=routing, num_tokens=num_tokens, std=std)
+    specs = [TensorSpec(k, list(ins[k].shape), ins[k].dtype, init_value=ins[k]) for k in _ROUTED_INPUTS]
+    specs.append(TensorSpec("routed_y", [T, cfg.hidden_size], torch.float32, is_output=True))
+
+    def golden(v: dict) -> None:
+        v["routed_y"] = golden_expert_routed(*(v[k] for k in _ROUTED_INPUTS), cfg)
+
+    label = f"{preset} {mode} T={T} routing={routing}" + (f" num_tokens={num_tokens}" if num_tokens is not None
+                                                           else "")
+    return CaseRun(expert_routed_kernels(cfg).expert_routed_test, specs, golden,
+                   {"routed_y": ratio_reldiff(*TOLERANCES["routed_y"])}, rtol=1e-3, atol=1e-3, label=label)
+
+
+register(KernelCase("expert_routed", build_expert_routed, modes=("decode", "prefill"),
+                    description="routed experts, one rank: dispatch by expert, W8A8 SwiGLU, combine (B.21)"))

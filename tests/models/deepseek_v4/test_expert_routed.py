@@ -1,0 +1,120 @@
+"""expert_routed (one rank: group by expert, W8A8 SwiGLU, weighted combine) vs its golden and
+transformers' ``DeepseekV4Experts`` (v4flash-kernels.md B.21, dsv4-math.md 8): every token
+to one expert, an expert with no token (no block, no work), inactive rows, T not a multiple
+of the tiles, the swiglu_limit clamp, bad expert ids."""
+
+import functools
+
+import pytest
+import torch
+
+import pto
+from pto.golden import run_jit
+from pto.models.deepseek_v4 import expert_routed as mod
+from pto.models.deepseek_v4.config import get_config
+from pto.models.deepseek_v4.expert_routed import build_expert_routed, golden_expert_routed
+
+TINY = get_config("tiny")
+E, K = TINY.n_routed_experts, TINY.num_experts_per_tok
+
+
+@functools.lru_cache(maxsize=None)
+def _run(mode="prefill", T=None, routing="random", num_tokens=None, std=1.5, preset="tiny"):
+    cr = build_expert_routed(preset, mode, T=T, routing=routing, num_tokens=num_tokens, std=std)
+    res = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, rtol=cr.rtol, atol=cr.atol, check=preset == "tiny")
+    assert res.passed, res.error
+    return cr, res
+
+
+def _inputs(cr):
+    return {s.name: s.init_value for s in cr.specs if s.init_value is not None}
+
+
+def _expected_blocks(indices):
+    counts = torch.bincount(indices[indices >= 0].long(), minlength=E)
+    return counts, int(sum(-(-int(c) // mod.ROUTED_M_TILE) for c in counts))
+
+
+@pytest.mark.parametrize("mode,T,routing,num_tokens", [
+    ("decode", None, "random", None), ("prefill", None, "random", None), ("prefill", 9, "random", None),
+    ("prefill", None, "one_expert", None), ("prefill", 20, "skip_last", 13), ("prefill", 16, "random", 0)])
+def test_expert_routed_matches_golden(mode, T, routing, num_tokens):
+    cr, res = _run(mode, T, routing, num_tokens)
+    v = _inputs(cr)
+    counts, n_blocks = _expected_blocks(v["indices"])
+    tasks = [(t.name, t.n_blocks) for t in res.program.graph.tasks]
+    ffn = [("expert_ffn", n_blocks)] if n_blocks else []
+    assert tasks == [("moe_dispatch", 1)] + ffn + [("moe_combine", 1)]
+    n = v["indices"].shape[0] if num_tokens is None else num_tokens
+    assert bool((res.actual["routed_y"][n:] == 0).all())
+    if routing == "one_expert":
+        assert int(counts[0]) == v["indices"].shape[0]
+    if routing == "skip_last":  # the expert without tokens has no block
+        assert int(counts[E - 1]) == 0 and n_blocks == int((counts > 0).sum())
+
+
+def test_expert_routed_splits_a_crowded_expert_into_row_tiles(monkeypatch):
+    monkeypatch.setattr(mod, "ROUTED_M_TILE", 16)
+    cr = build_expert_routed("tiny", "prefill", T=40, routing="one_expert")
+    res = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, rtol=cr.rtol, atol=cr.atol)
+    assert res.passed, res.error
+    counts, n_blocks = _expected_blocks(_inputs(cr)["indices"])
+    assert int(counts[0]) == 40 and n_blocks > 16
+    assert dict((t.name, t.n_blocks) for t in res.program.graph.tasks)["expert_ffn"] == n_blocks
+    _, whole = _run("prefill", 40, "one_expert")
+    assert torch.equal(res.actual["routed_y"], whole.actual["routed_y"])  # row tiles are value-neutral
+
+
+def test_expert_routed_unquantised_golden_equals_transformers_experts_with_clamp():
+    from transformers import DeepseekV4Config
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4Experts
+
+    cr, res = _run(std=7.0)
+    v = _inputs(cr)
+    x = v["x_i8"].float() * v["x_scale"]
+    w = {k: v[k].float() * v[k + "_scale"].unsqueeze(-1) for k in ("w1", "w3", "w2")}
+    g = torch.einsum("td,efd->tef", x, w["w1"])
+    u = torch.einsum("td,efd->tef", x, w["w3"])
+    L = TINY.swiglu_limit
+    frac = (float((g > L).float().mean()) + float((u.abs() > L).float().mean())) / 2
+    assert 0.10 <= frac <= 0.20, frac
+    hf_cfg = DeepseekV4Config(hidden_size=TINY.hidden_size, moe_intermediate_size=TINY.moe_intermediate_size,
+                              n_routed_experts=E, num_experts_per_tok=K, swiglu_limit=L)
+    hf_cfg._experts_implementation = "eager"
+    hf = DeepseekV4Experts(hf_cfg)
+    with torch.no_grad():
+        hf.gate_up_proj.copy_(torch.cat([w["w1"], w["w3"]], dim=1))
+        hf.down_proj.copy_(w["w2"])
+        want = hf(x, v["indices"].long(), v["weights"])
+    got = golden_expert_routed(x, None, v["indices"], v["weights"], w["w1"], None, w["w3"], None, w["w2"], None,
+                               TINY, weight_format="bf16", float32=True)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    rel = (res.actual["routed_y"] - want).norm() / want.norm()
+    assert float(rel) < 0.02  # the W8A8 kernel within quantisation noise of the unquantised experts
+
+
+@pytest.mark.parametrize("bad", [-2, E])
+def test_expert_routed_rejects_bad_expert_id(bad):
+    cr = build_expert_routed("tiny", "prefill", T=10)
+    vals = [s.create_tensor() for s in cr.specs]
+    vals[2][4, 1] = bad
+    prog = pto.Program(cr.fn, pto.RunConfig(check=True))
+    with pytest.raises(pto.BindError, match=rf"indices\[4, 1\] = {bad} outside \[-1, n_routed_experts=16\)"):
+        prog.execute(vals, {})
+    assert not vals[-1].any()  # nothing half-written
+    v = _inputs(cr)
+    v["indices"] = vals[2]
+    with pytest.raises(pto.BindError, match=r"indices\[4, 1\]"):
+        golden_expert_routed(*(v[k] for k in mod._ROUTED_INPUTS), TINY)
+
+
+def test_expert_routed_capacity_error():
+    cr = build_expert_routed("tiny", "prefill", T=129)
+    with pytest.raises(pto.CapacityError, match="recv_x"):
+        cr.fn.run(*[s.create_tensor() for s in cr.specs], config=pto.RunConfig(check=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_expert_routed_demo(mode):
+    _run(mode, preset="demo")
