@@ -61,8 +61,8 @@ def test_unsupported_construct_is_one_error_naming_it_and_the_line(capsys):
     code, out = _run(MINI / "unsupported.py", capsys=capsys)
     assert code == 1
     lines = [ln for ln in out.err.splitlines() if ln.startswith("error:")]
-    assert lines == [f"error: UnsupportedConstructError: pl.tile.print_tile: not supported by pto at "
-                     f"{MINI / 'unsupported.py'}:8"]
+    assert len(lines) == 1 and lines[0].startswith("error: UnsupportedConstructError: ")
+    assert lines[0].endswith(f"pl.tile.print_tile: not supported by pto at {MINI / 'unsupported.py'}:8")
 
 
 def test_save_data_then_replay_from_golden_data(tmp_path, capsys, monkeypatch):

@@ -31,15 +31,16 @@ import torch
 
 from pto.errors import ConfigError
 from pto.golden import compare as _cmp
-from pto.golden.spec import ScalarSpec
+from pto.golden.spec import ScalarSpec as _PtoScalarSpec
 from pto.golden.spec import TensorSpec as _PtoTensorSpec
 
-__all__ = ["TensorSpec", "ScalarSpec", "run", "run_jit", "RunResult", "validate_golden", "ratio_allclose",
-           "ratio_reldiff", "error_distribution", "topk_pair_compare"]
+__all__ = ["TensorSpec", "ScalarSpec", "RunConfig", "run", "run_jit", "RunResult", "validate_golden",
+           "ratio_allclose", "ratio_reldiff", "error_distribution", "topk_pair_compare", "bf16_allclose_or_ulp"]
 
 _RUNTIME_KEYS = {"platform", "device_id", "enable_l2_swimlane", "enable_chip_swimlane", "enable_dump_args",
                  "enable_pmu", "enable_dep_gen", "enable_scope_stats", "log_level", "ring_task_window",
-                 "ring_heap", "ring_dep_pool", "backend_type"}
+                 "ring_heap", "ring_dep_pool", "backend_type", "dump_passes", "save_kernels_dir",
+                 "compile_profiling", "strategy", "distributed_config"}
 
 
 def _log(msg: str) -> None:
@@ -74,6 +75,36 @@ class TensorSpec(_PtoTensorSpec):
         return self.resident is not None and self.resident is not False
 
 
+@dataclass
+class ScalarSpec(_PtoScalarSpec):
+    """The reference ``ScalarSpec(name, dtype, value)``; ``value`` becomes a 0-dim tensor of ``dtype``.
+
+    ``compile_runtime`` / ``benchmark_step`` (signature-mode compile and benchmark stepping in
+    newer harness versions) are accepted and have no effect on the CPU.
+
+    Raises:
+        pto.BindError: a value that does not fit ``dtype`` (see :class:`pto.golden.ScalarSpec`).
+    """
+
+    compile_runtime: Any = None
+    benchmark_step: Any = None
+
+    @property
+    def has_benchmark_step(self) -> bool:
+        """True when ``benchmark_step`` is set."""
+        return self.benchmark_step is not None
+
+
+class RunConfig:
+    """The older harness's ``RunConfig(**options)``: every option is accepted and reported ignored."""
+
+    def __init__(self, **options):
+        self.options = options
+
+    def __repr__(self) -> str:
+        return f"RunConfig({', '.join(f'{k}={v!r}' for k, v in self.options.items())})"
+
+
 class RunResult:
     """The reference result: ``passed``, ``error``, ``execution_time`` (s), ``work_dir``, ``bench``;
     ``program`` is the last pto Program run (statistics, task graph)."""
@@ -105,9 +136,10 @@ def _named(fn, label):
 
 
 def ratio_allclose(atol: float | None = None, rtol: float | None = None, max_error_ratio: float = 0.005,
-                   max_show: int = 10):
+                   max_show: int = 10, valid_rows: int | None = None):
     """At most ``round(max_error_ratio * numel)`` elements outside ``atol + rtol * |e|`` (the run's
-    tolerances when None); NaN/Inf in ``actual`` fail (golden-harness.md 4.2).
+    tolerances when None); NaN/Inf in ``actual`` fail (golden-harness.md 4.2). ``valid_rows``
+    (newer harness versions): compare only the first ``valid_rows`` rows of dim 0.
 
     Raises:
         ValueError: ``max_error_ratio`` outside [0, 1].
@@ -118,8 +150,36 @@ def ratio_allclose(atol: float | None = None, rtol: float | None = None, max_err
         raise ValueError(str(e)) from None
 
     def cmp(actual, expected, rtol=1e-5, atol=1e-5, **_):
+        if valid_rows is not None:
+            actual, expected = actual[:valid_rows], expected[:valid_rows]
         return inner(actual, expected, rtol_run=rtol, atol_run=atol)
-    return _named(cmp, inner.__name__)
+    label = inner.__name__ if valid_rows is None else inner.__name__[:-1] + f", valid_rows={valid_rows})"
+    return _named(cmp, label)
+
+
+def bf16_allclose_or_ulp(max_ulp: int = 1):
+    """BF16 comparator: ``torch.isclose`` at the run's tolerances, or raw BF16 encodings at most
+    ``max_ulp`` apart (finite values only).
+
+    Raises:
+        ValueError: a negative ``max_ulp``.
+    """
+    if max_ulp < 0:
+        raise ValueError(f"bf16_allclose_or_ulp: max_ulp must be non-negative, got {max_ulp}")
+
+    def cmp(actual, expected, rtol=1e-5, atol=1e-5, **_):
+        if actual.dtype != torch.bfloat16 or expected.dtype != torch.bfloat16:
+            return False, f"bf16_allclose_or_ulp needs BF16 tensors, got {actual.dtype} and {expected.dtype}"
+        af, ef = actual.float(), expected.float()
+        ulp = (actual.contiguous().view(torch.int16).int() - expected.contiguous().view(torch.int16).int()).abs()
+        ok = torch.isclose(af, ef, rtol=rtol, atol=atol) | (torch.isfinite(af) & torch.isfinite(ef) & (ulp <= max_ulp))
+        if bool(ok.all()):
+            return True, ""
+        bad = (~ok).reshape(-1).nonzero().reshape(-1)[:20].tolist()
+        return False, (f"{int((~ok).sum())}/{ok.numel()} elements beyond {max_ulp} ULP: " +
+                       ", ".join(f"[{i}] actual={float(af.reshape(-1)[i]):.6g} expected={float(ef.reshape(-1)[i]):.6g}"
+                                 for i in bad))
+    return _named(cmp, f"bf16_allclose_or_ulp(max_ulp={max_ulp})")
 
 
 def ratio_reldiff(diff_thd: float = 0.01, pct_thd: float = 0.05, max_diff_hd: float = math.inf, max_show: int = 10):
@@ -175,7 +235,9 @@ def error_distribution(diff_thds=(1e-3, 3e-3, 5e-3, 1e-2, 3e-2, 5e-2), quantiles
 def topk_pair_compare(vals_name: str, *, dim: int = -1, descending: bool = True, max_show: int = 10):
     """Index-output comparator paired with value output ``vals_name``: a position whose index
     differs from the golden passes iff the actual values are monotone there (a tie the
-    kernel broke differently; golden-harness.md 4.5)."""
+    kernel broke differently; golden-harness.md 4.5). Newer harness versions instead pass
+    when the paired values agree with the golden's once sorted (allclose at the run's
+    tolerances); either rule passing passes."""
     def cmp(actual, expected, actual_outputs=None, **_):
         vals = (actual_outputs or {}).get(vals_name)
         if vals is None:
@@ -201,6 +263,13 @@ def topk_pair_compare(vals_name: str, *, dim: int = -1, descending: bool = True,
                 bad.append((r, c))
         if not bad:
             return True, ""
+        exp_vals = (_.get("expected_outputs") or {}).get(vals_name)
+        if exp_vals is not None and exp_vals.shape == vals.shape:
+            # the newer harness's rule: the paired value sets agree once sorted
+            srt_a = torch.sort(vals.float(), dim=dim, descending=True).values
+            srt_e = torch.sort(exp_vals.float(), dim=dim, descending=True).values
+            if torch.allclose(srt_a, srt_e, rtol=_.get("rtol", 1e-5), atol=_.get("atol", 1e-5)):
+                return True, ""
         shown = "; ".join(f"row {r} pos {c}: idx {int(a[r, c])} vs {int(x[r, c])} score {float(v[r, c]):.6g}"
                           for r, c in bad[:max_show])
         return False, f"{len(bad)} index positions differ where the values are not tied: {shown}"
@@ -342,7 +411,7 @@ def run_jit(fn, specs, golden_fn=None, golden_data=None, compile_cfg=None, runti
         _log(f"  cache hit: {os.path.join(golden_data, 'in')}")
         values = {}
         for s in specs:
-            if isinstance(s, ScalarSpec):
+            if isinstance(s, _PtoScalarSpec):
                 v = torch.load(os.path.join(golden_data, "in", f"{s.name}.pt"), weights_only=True)
                 if not isinstance(v, torch.Tensor) or v.dim() != 0 or v.dtype != s.dtype:
                     return RunResult(False, f"golden_data scalar {s.name!r} must be a 0-dim {s.dtype} tensor",
@@ -355,12 +424,12 @@ def run_jit(fn, specs, golden_fn=None, golden_data=None, compile_cfg=None, runti
         golden = {s.name: torch.load(os.path.join(golden_data, "out", f"{s.name}.pt"), weights_only=True)
                   for s in outputs}
     else:
-        values = {s.name: (s.to_python() if isinstance(s, ScalarSpec) else s.create_tensor()) for s in specs}
+        values = {s.name: (s.to_python() if isinstance(s, _PtoScalarSpec) else s.create_tensor()) for s in specs}
         if work_dir is not None:
             d = os.path.join(work_dir, "data", "in")
             os.makedirs(d, exist_ok=True)
             for s in specs:
-                if isinstance(s, ScalarSpec):
+                if isinstance(s, _PtoScalarSpec):
                     torch.save(s.value.clone(), os.path.join(d, f"{s.name}.pt"))
                 elif not (s.is_output and s.init_value is None):
                     torch.save(values[s.name].clone(), os.path.join(d, f"{s.name}.pt"))
@@ -385,7 +454,8 @@ def run_jit(fn, specs, golden_fn=None, golden_data=None, compile_cfg=None, runti
     if golden_fn is None and golden_data is None:
         _log(f"PASS ({time.perf_counter() - t0:.2f}s, validation skipped: no golden_fn or golden_data)")
         return RunResult(True, None, time.perf_counter() - t0, work_dir, program=prog)
-    inputs = {s.name: values[s.name] for s in specs if not (isinstance(s, _PtoTensorSpec) and s.is_output)}
+    inputs = {s.name: (s.value if isinstance(s, _PtoScalarSpec) else values[s.name])
+              for s in specs if not (isinstance(s, _PtoTensorSpec) and s.is_output)}
     try:
         validate_golden({s.name: values[s.name] for s in outputs}, golden, rtol, atol, compare_fn, inputs)
     except AssertionError as e:
@@ -395,9 +465,21 @@ def run_jit(fn, specs, golden_fn=None, golden_data=None, compile_cfg=None, runti
     return RunResult(True, None, time.perf_counter() - t0, work_dir, program=prog)
 
 
-def run(program, specs, golden_fn=None, golden_data=None, compile_cfg=None, runtime_cfg=None, rtol: float = 1e-5,
-        atol: float = 1e-5, compare_fn=None, compile_only: bool = False, runtime_dir=None,
-        save_data: bool = False) -> RunResult:
-    """The reference ``run`` for a ``@pl.program`` class: the same as :func:`run_jit`."""
-    return run_jit(program, specs, golden_fn, golden_data, compile_cfg, runtime_cfg, rtol, atol, compare_fn,
+def run(program=None, specs=None, golden_fn=None, golden_data=None, compile_cfg=None, runtime_cfg=None,
+        rtol: float = 1e-5, atol: float = 1e-5, compare_fn=None, compile_only: bool = False, runtime_dir=None,
+        save_data: bool = False, fn=None, config=None) -> RunResult:
+    """The reference ``run`` for a ``@pl.program`` class (or, as other harness versions spell it,
+    ``run(fn=kernel, specs, ..., config=dict(...) | RunConfig(...))``): the same as :func:`run_jit`;
+    ``config`` options are reported and ignored like ``runtime_cfg``.
+
+    Raises:
+        pto.ConfigError: neither ``program`` nor ``fn``, or no ``specs``.
+    """
+    kernel = program if program is not None else fn
+    if kernel is None or specs is None:
+        raise ConfigError("golden.run: give the program (or fn=) and specs")
+    if config is not None:
+        extra = config.options if isinstance(config, RunConfig) else dict(config)
+        runtime_cfg = {**extra, **(runtime_cfg or {})}
+    return run_jit(kernel, specs, golden_fn, golden_data, compile_cfg, runtime_cfg, rtol, atol, compare_fn,
                    compile_only, runtime_dir, save_data)
