@@ -328,3 +328,13 @@ def test_cli_diff_seed_scopes(capsys):
     assert "DIFFERS" not in out and out.count("bit-identical") == 4
     assert "qr_proj_seed" in out and "kv_proj_seed" in out
     assert main(["diff", "qkv_proj_rope", "--preset", "tiny", "--mode", "decode"]) == 2  # one variant twice
+
+
+def test_fill_vs_seed_when_both_variants_fill():
+    g = TaskGraph()
+    _task(g, "use", [(1, 0, False)], buffers=[1])
+    both = _program(g, [_scratch(1, "acc", 4, 0, 0)])
+    rows = fill_vs_seed(both, both, TOY)
+    assert [(r.buffer, r.seed_task, r.seed_cost_us, r.cheaper) for r in rows] == [
+        ("acc", None, 0.0, "init_value in both")]
+    assert rows[0].fill_cost_us == 4.0

@@ -718,12 +718,13 @@ class FillVsSeed:
         fill_us: the fill's AICPU time; fill_cost_us: what it adds to the
             effective time of the init_value variant (effective time minus
             that of the same run with this one fill free).
-        seed_task: name of the seed task in the seed variant (None if no task
-            writes the buffer before any other access); seed_block_us: its
-            longest block; seed_cost_us: what it adds to the seed variant's
-            effective time (minus the same run with the task free: no
-            submission, dispatch or blocks).
-        cheaper: ``"seed task"``, ``"init_value"`` or ``"equal"``.
+        seed_task: name of the seed task in the seed variant (None if the seed
+            variant fills the allocation too, or no task writes it before any
+            other access); seed_block_us: its longest block; seed_cost_us: what
+            it adds to the seed variant's effective time (minus the same run
+            with the task free: no submission, dispatch or blocks).
+        cheaper: ``"seed task"``, ``"init_value"``, ``"equal"``, ``"init_value in
+            both"`` (nothing to compare) or ``"no seed task"``.
     """
 
     buffer: str
@@ -768,14 +769,16 @@ def fill_vs_seed(seed_program, init_program, machine="a2a3") -> list:
         if b.kind != "scratch" or b.init_value is None:
             continue
         fill_cost = base_init - simulate(init_program, m, free_fills={b.id}).effective_us
-        t = _seed_task(seed_program, b.name)
+        both = any(s.kind == "scratch" and s.name == b.name and s.init_value is not None
+                   for s in seed_program.buffers)
+        t = None if both else _seed_task(seed_program, b.name)
         if t is None:
             seed_cost, block = 0.0, 0.0
         else:
             seed_cost = base_seed - simulate(seed_program, m, free_tasks={t.id}).effective_us
             block = max((m.block_us(f, nb, cube) for p in _phases(t) for (_, f, nb, cube) in p), default=0.0)
         if t is None:
-            cheaper = "init_value"
+            cheaper = "init_value in both" if both else "no seed task"
         elif abs(fill_cost - seed_cost) < 1e-9:
             cheaper = "equal"
         else:
