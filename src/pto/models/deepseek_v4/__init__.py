@@ -22,3 +22,4 @@ from pto.models.deepseek_v4 import decode_attention_hca  # noqa: F401  (register
 from pto.models.deepseek_v4 import prefill_indexer  # noqa: F401  (registers "prefill_indexer")
 from pto.models.deepseek_v4 import decode_indexer  # noqa: F401  (registers "decode_indexer")
 from pto.models.deepseek_v4 import expert_routed  # noqa: F401  (registers "expert_routed")
+from pto.models.deepseek_v4 import prefill_attention_hca  # noqa: F401  (registers "prefill_attention_hca")
