@@ -134,8 +134,12 @@ class SparseAttnTiling:
         return self.sparse_pad // self.key_tile
 
 
-def sparse_attn_tiling(cfg: DeepSeekV4Config) -> SparseAttnTiling:
+def sparse_attn_tiling(cfg: DeepSeekV4Config, max_compressed: int | None = None) -> SparseAttnTiling:
     """Derive and validate the kernel's tile sizes (see :class:`SparseAttnTiling`).
+
+    ``max_compressed`` overrides the compressed candidates per token (default the reference's
+    ``min(index_topk, window + window // 2)``); ``index_topk`` attends every selected row (CSA
+    layers: 640 key columns at FLASH, 5 blocks).
 
     Raises:
         ConfigError: a window that is not a multiple of the key tile, heads per group not a
@@ -151,7 +155,7 @@ def sparse_attn_tiling(cfg: DeepSeekV4Config) -> SparseAttnTiling:
 
     need(kt > 0 and W % kt == 0, f"sliding_window={W} is not a multiple of the key tile {kt}")
     need(cfg.qk_rope_head_dim % 2 == 0, f"qk_rope_head_dim={cfg.qk_rope_head_dim} must be even")
-    max_cmp = max(1, min(cfg.index_topk, W + W // 2))
+    max_cmp = max(1, min(cfg.index_topk, W + W // 2)) if max_compressed is None else max(1, int(max_compressed))
     pad = -(-(W + max_cmp) // kt) * kt
     hpg = cfg.heads_per_group
     rht = min(ROPE_HEAD_TILE_MAX, hpg)
@@ -186,8 +190,9 @@ def _rope_index_rows(r: int):
 
 
 @functools.lru_cache(maxsize=None)
-def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
-    """Build the prefill sparse-attention DSL kernel for ``cfg`` (cached per config).
+def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | None = None) -> SimpleNamespace:
+    """Build the prefill sparse-attention DSL kernel for ``cfg`` (cached per config and
+    ``max_compressed``, see :func:`sparse_attn_tiling`).
 
     Tasks (v4flash-kernels.md B.4; ``NB = key_blocks``, ``KT = key_tile``, ``T`` dynamic):
 
@@ -232,7 +237,7 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
             ``CapacityError`` for ``T`` above the capacity (before any task) and
             ``BindError`` for a compressed slot past the table or on a negative page.
     """
-    tl = sparse_attn_tiling(cfg)
+    tl = sparse_attn_tiling(cfg, max_compressed)
     H, HD, R, N = cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim, cfg.nope_head_dim
     BS, P, CP, W, TOPK = cfg.block_size, cfg.ori_kv_block_num, cfg.cmp_kv_block_num, cfg.sliding_window, \
         cfg.index_topk
