@@ -15,6 +15,15 @@ K = V = the gathered 512-wide (``head_dim``) rows; one shared kv head for all qu
 tiles merge with ``alpha = exp(m - m_new)``, ``beta = exp(m_i - m_new)``; finally
 ``o = o / (l + exp(sink - m))``. A token with no valid key gets a zero row (never NaN).
 
+Two goldens of the tiling (``golden_attention_core(blocking=...)``): ``"packed"`` tiles the
+packed list of valid keys, as the reference golden does (B.4; the plain math, used for parity);
+``"columns"`` runs the kernel's fixed column blocks (window, then compressed) and is what the
+registered case compares against. They differ only for a token whose window is not full while
+compressed keys are visible (start_pos 0, ratio 4: tokens 3 .. window-2), where the BF16
+probabilities round against other block maxima: about 7e-4 relative L2 in the attention core,
+each order about 1e-3 from FP32 probabilities, but after the INT8 o-projection 22-30 % of
+``attn_out`` elements leave the tolerance, so only the kernel's order gives a sharp comparison.
+
 Compressed slots are *logical*: slot ``s`` lives on page ``cmp_block_table[s // block_size]``
 at row ``s % block_size`` (page size ``cfg.block_size``); a slot whose page index is past the
 table or whose table entry is negative is skipped, as in the reference golden. ``swa_indices``
@@ -585,21 +594,21 @@ def gather_key_rows(
 
 def _online_softmax_with_sink(
     qh: torch.Tensor,  # [H, d] fp32
-    keys: torch.Tensor,  # [n, d] fp32 (bf16 values)
+    tiles: list,  # of [n_i, d] fp32 (bf16 values) key tiles, in merge order
     sink: torch.Tensor,  # [H] fp32
     scale: float,
-    key_tile: int,
     bf16_probs: bool = True,
 ) -> torch.Tensor:  # [H, d] fp32
-    """Tiled online softmax with a sink column, FP32 exp, BF16 (or FP32) probabilities for PV."""
+    """Online softmax over the key ``tiles`` with a sink column: per tile FP32 scores, max and
+    exp, BF16 (or FP32) probabilities for PV, merged in order; no key at all gives zeros."""
     H, d = qh.shape
-    if keys.shape[0] == 0:
+    tiles = [kt for kt in tiles if kt.shape[0]]
+    if not tiles:
         return torch.zeros(H, d, dtype=torch.float32)
     m = torch.full((H,), -math.inf, dtype=torch.float32)
     l = torch.zeros(H, dtype=torch.float32)
     o = torch.zeros(H, d, dtype=torch.float32)
-    for k0 in range(0, keys.shape[0], key_tile):
-        kt = keys[k0:k0 + key_tile]
+    for kt in tiles:
         s = (qh @ kt.T) * scale  # [H, nt]
         m_i = s.amax(dim=-1)
         p = torch.exp(s - m_i[:, None])
@@ -611,6 +620,22 @@ def _online_softmax_with_sink(
         o = alpha[:, None] * o + beta[:, None] * o_i
         m = m_new
     return o / (l + torch.exp(sink - m))[:, None]
+
+
+def _key_tiles(swa_row, cmp_row, ori_flat, cmp_flat, cmp_block_table, block_size: int, tile: int,
+               blocking: str) -> list:
+    """One token's key tiles: ``"packed"`` tiles the list of valid keys (window, then
+    compressed) every ``tile`` rows, as the reference golden does (v4flash-kernels.md B.4);
+    ``"columns"`` keeps the kernel's fixed column blocks (window columns, then compressed
+    columns, ``tile`` index columns each) and drops the invalid keys inside each block."""
+    if blocking == "packed":
+        keys = gather_key_rows(swa_row, cmp_row, ori_flat, cmp_flat, cmp_block_table, block_size)
+        return [keys[k0:k0 + tile] for k0 in range(0, keys.shape[0], tile)]
+    none = cmp_row[:0]
+    return ([gather_key_rows(swa_row[c0:c0 + tile], none, ori_flat, cmp_flat, cmp_block_table, block_size)
+             for c0 in range(0, swa_row.shape[0], tile)]
+            + [gather_key_rows(swa_row[:0], cmp_row[c0:c0 + tile], ori_flat, cmp_flat, cmp_block_table, block_size)
+               for c0 in range(0, cmp_row.shape[0], tile)])
 
 
 def _check_core_args(fn, q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices,
@@ -660,12 +685,19 @@ def golden_attention_core(
     cmp_candidate_limit: int | None = None,
     out_bf16: bool = True,
     float32: bool = False,
+    blocking: str = "packed",
 ) -> torch.Tensor:  # [T, H, head_dim] bf16 (fp32 if not out_bf16 or float32)
     """Sparse attention with sink and inverse RoPE, before the o-projection (B.4 steps 1-6).
 
     Per active token: :func:`gather_key_rows`, scores ``q . k * cfg.softmax_scale`` in FP32,
-    online softmax over tiles of ``key_tile`` gathered rows with BF16-rounded probabilities
-    for PV (see the module docstring), sink in the denominator, then inverse interleaved RoPE
+    online softmax over tiles of keys with BF16-rounded probabilities for PV (see the module
+    docstring): ``blocking="packed"`` tiles the packed valid keys every ``key_tile`` rows (the
+    reference golden's order, B.4), ``"columns"`` runs the kernel's fixed column blocks
+    (``key_tile`` window columns per block, then ``key_tile`` compressed columns per block,
+    invalid keys dropped inside each block: the target-order emulation, since the BF16
+    rounding of the probabilities depends on the block maxima). The two agree exactly when
+    every block is full or the valid keys already fall into the same tiles (a full window).
+    Then the sink in the denominator, then inverse interleaved RoPE
     (``rope_interleaved(..., inverse=True)``: ``e' = e*cos + o*sin``, ``o' = o*cos - e*sin``)
     on the trailing ``qk_rope_head_dim`` channels with the token's own cos/sin row. The kernel
     stores the result BF16 (``o_packed``), hence ``out_bf16``. Rows ``t >= num_tokens`` are
@@ -689,13 +721,14 @@ def golden_attention_core(
         out_bf16: round to BF16 (RNE) as the kernel stores it; ``False`` keeps FP32.
         float32: parity mode: FP32 probabilities in the PV product (no BF16 rounding) and
             an FP32 result (implies ``out_bf16=False``).
+        blocking: ``"packed"`` (default) or ``"columns"``, see above.
 
     Returns:
         ``[T, H, head_dim]`` attention output after inverse RoPE.
 
     Raises:
-        BindError: wrong shapes / dtypes, ``num_tokens`` out of range, or an index outside
-            its cache.
+        BindError: wrong shapes / dtypes, ``num_tokens`` out of range, an index outside
+            its cache, or an unknown ``blocking``.
     """
     fn = "golden_attention_core"
     _check_core_args(fn, q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices,
@@ -705,16 +738,17 @@ def golden_attention_core(
     tile = attn_key_tile(cfg) if key_tile is None else int(key_tile)
     if tile <= 0:
         raise BindError(f"{fn}: key_tile must be positive, got {key_tile}")
+    if blocking not in ("packed", "columns"):
+        raise BindError(f"{fn}: blocking must be 'packed' or 'columns', got {blocking!r}")
     ori_flat = ori_kv.reshape(-1, hd).float()
     cmp_flat = cmp_kv.reshape(-1, hd).float()
     cmp_cols = cmp_indices if cmp_candidate_limit is None else cmp_indices[:, :cmp_candidate_limit]
     sink = attn_sink.float()
     out = torch.zeros(T, H, hd, dtype=torch.float32)
     for t in range(int(num_tokens)):
-        keys = gather_key_rows(swa_indices[t], cmp_cols[t], ori_flat, cmp_flat,
-                               cmp_block_table, cfg.block_size)
-        out[t] = _online_softmax_with_sink(q[t].float(), keys, sink, cfg.softmax_scale, tile,
-                                           bf16_probs=not float32)
+        tiles = _key_tiles(swa_indices[t], cmp_cols[t], ori_flat, cmp_flat, cmp_block_table, cfg.block_size,
+                           tile, blocking)
+        out[t] = _online_softmax_with_sink(q[t].float(), tiles, sink, cfg.softmax_scale, bf16_probs=not float32)
     nt = int(num_tokens)
     if nt:
         out[:nt, :, n:] = rope_interleaved(out[:nt, :, n:], rope_cos[:nt], rope_sin[:nt], inverse=True)
@@ -807,6 +841,7 @@ def golden_prefill_sparse_attn(
     key_tile: int | None = None,
     cmp_candidate_limit: int | None = None,
     float32: bool = False,
+    blocking: str = "packed",
 ) -> torch.Tensor:  # [T, D] bf16 (fp32 if not out_bf16 or float32)
     """Prefill sparse attention + grouped o-projection golden (v4flash-kernels.md B.4).
 
@@ -825,7 +860,7 @@ def golden_prefill_sparse_attn(
     o = golden_attention_core(q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices,
                               attn_sink, num_tokens, rope_cos, rope_sin, cfg, key_tile=key_tile,
                               cmp_candidate_limit=cmp_candidate_limit, out_bf16=True,
-                              float32=float32)
+                              float32=float32, blocking=blocking)
     out = golden_grouped_o_proj(o, wo_a, wo_b, wo_b_scale, cfg, weight_format=weight_format,
                                 out_bf16=out_bf16, float32=float32)
     out[int(num_tokens):] = 0
@@ -840,14 +875,22 @@ def make_sparse_attn_inputs(
     *,
     compress_ratio: int = 4,
     weight_format: str = "int8",
+    start_pos: int | None = None,
 ) -> dict[str, torch.Tensor | int]:
     """Seeded standalone fixture for :func:`golden_prefill_sparse_attn`.
 
-    Token ``t`` sits at position ``sliding_window + t`` (a full window behind it) with an
-    identity raw block table; ``swa_indices[t]`` holds that token's ``window`` keys
-    ``pos-window+1 .. pos`` as physical rows (every column valid). Compressed candidates:
-    ``n_cmp = 0`` for ratio 0, else ``min(index_topk, max(1, T // ratio))`` distinct random
-    logical slots below ``n_cmp * 2`` per token (rest -1), through the permuted table
+    Token ``t`` sits at position ``pos = start_pos + t`` with an identity raw block table.
+    ``start_pos=None`` (default) is ``sliding_window``: every token has a full window,
+    ``swa_indices[t]`` holds its ``window`` keys ``pos-window+1 .. pos`` as physical rows (every
+    column valid), and the compressed candidates are ``n_cmp = 0`` for ratio 0, else
+    ``min(index_topk, max(1, T // ratio))`` distinct random logical slots below ``n_cmp * 2``
+    per token (rest -1). An explicit ``start_pos`` gives the causal layout of a chunk that
+    starts there: ``valid = min(window, pos + 1)`` keys ``pos+1-valid .. pos`` in columns
+    ``0 .. valid-1`` (rest -1, as :func:`build_window_indices` of the SWA layer), and the
+    compressed entries visible at ``pos`` (``(pos + 1) // ratio`` of them, at most
+    ``index_topk``, a random subset in random order) in the leading columns; so with
+    ``start_pos=0`` and ratio 4, tokens 3 .. window-2 have a partial window and visible
+    compressed entries. Compressed slots go through the permuted table
     ``cmp_block_table[b] = (b * 5 + 1) % cmp_pages`` (5 is coprime with every pool size
     used). ``q``, ``ori_kv``, ``cmp_kv`` ~ N(0, 1) (the kernels see RMS-normed rows);
     ``attn_sink`` ~ U(-1, 1); ``wo_a`` / ``wo_b`` ~ U(-1, 1) * fan_in^-0.5, ``wo_b``
@@ -868,7 +911,7 @@ def make_sparse_attn_inputs(
     H, hd, bs, W = cfg.num_attention_heads, cfg.head_dim, cfg.block_size, cfg.sliding_window
     G, Lo, gin, D = cfg.o_groups, cfg.o_lora_rank, cfg.o_group_in, cfg.hidden_size
     pages, cpages = cfg.ori_kv_block_num, cfg.cmp_kv_block_num
-    if W + T > pages * bs:
+    if start_pos is None and W + T > pages * bs:
         raise BindError(f"{fn}: window {W} + T {T} positions exceed the raw pool ({pages * bs} rows)")
     gen = torch.Generator().manual_seed(seed)
     bf16 = torch.bfloat16
@@ -876,15 +919,31 @@ def make_sparse_attn_inputs(
     q[num_tokens:] = 0
     ori_kv = torch.randn(pages, bs, 1, hd, generator=gen)
     cmp_kv = torch.randn(cpages, bs, 1, hd, generator=gen)
-    pos = W + torch.arange(T)
-    swa = (pos[:, None] - W + 1 + torch.arange(W)[None, :]).to(torch.int32)  # identity table
-    n_cmp = 0 if compress_ratio == 0 else min(cfg.index_topk, max(1, T // compress_ratio))
-    if 2 * n_cmp > cpages * bs:
-        raise BindError(f"{fn}: {2 * n_cmp} compressed slots exceed the pool ({cpages * bs})")
     cmp_indices = torch.full((T, cfg.index_topk), -1, dtype=torch.int32)
-    for t in range(T):
-        if n_cmp:
-            cmp_indices[t, :n_cmp] = torch.randperm(2 * n_cmp, generator=gen)[:n_cmp].to(torch.int32)
+    if start_pos is None:
+        pos = W + torch.arange(T)
+        swa = (pos[:, None] - W + 1 + torch.arange(W)[None, :]).to(torch.int32)  # identity table
+        n_cmp = 0 if compress_ratio == 0 else min(cfg.index_topk, max(1, T // compress_ratio))
+        if 2 * n_cmp > cpages * bs:
+            raise BindError(f"{fn}: {2 * n_cmp} compressed slots exceed the pool ({cpages * bs})")
+        for t in range(T):
+            if n_cmp:
+                cmp_indices[t, :n_cmp] = torch.randperm(2 * n_cmp, generator=gen)[:n_cmp].to(torch.int32)
+    else:
+        if start_pos < 0 or start_pos + T > pages * bs:
+            raise BindError(f"{fn}: start_pos={start_pos} + T={T} positions outside the raw pool ({pages * bs} rows)")
+        pos = start_pos + torch.arange(T)
+        valid = torch.clamp(pos + 1, max=W)
+        col = torch.arange(W)[None, :]
+        swa = torch.where(col < valid[:, None], pos[:, None] + 1 - valid[:, None] + col, -1).to(torch.int32)
+        if compress_ratio and (start_pos + T) // compress_ratio > cpages * bs:
+            raise BindError(f"{fn}: {(start_pos + T) // compress_ratio} compressed slots exceed the pool "
+                            f"({cpages * bs})")
+        for t in range(T):
+            n_vis = 0 if compress_ratio == 0 else (int(pos[t]) + 1) // compress_ratio
+            n = min(cfg.index_topk, n_vis)
+            if n:
+                cmp_indices[t, :n] = torch.randperm(n_vis, generator=gen)[:n].to(torch.int32)
     cmp_block_table = ((torch.arange(cpages) * 5 + 1) % cpages).to(torch.int32)
     attn_sink = torch.rand(H, generator=gen) * 2 - 1
     wo_a = (torch.rand(G, Lo, gin, generator=gen) * 2 - 1) * gin ** -0.5
@@ -895,7 +954,7 @@ def make_sparse_attn_inputs(
         wo_b, wo_b_scale = wo_b_f.to(bf16), torch.ones(D, dtype=torch.float32)
     else:
         raise BindError(f"{fn}: weight_format must be 'int8' or 'bf16', got {weight_format!r}")
-    cos_tab, sin_tab = rope_tables(cfg, profile, max_pos=W + T)
+    cos_tab, sin_tab = rope_tables(cfg, profile, max_pos=int(pos[-1]) + 1)
     return {
         "q": q.to(bf16), "ori_kv": ori_kv.to(bf16), "swa_indices": swa,
         "cmp_kv": cmp_kv.to(bf16), "cmp_block_table": cmp_block_table, "cmp_indices": cmp_indices,
@@ -914,8 +973,10 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
 
     Mode ``"prefill"`` (``T = prefill_seq``, 128). Options: ``T``, ``num_tokens`` (default
     ``T``), ``compress_ratio`` (0, 4 or 128: how many compressed candidates the fixture gives
-    each token, default 4), ``seed`` (default 0). Inputs from :func:`make_sparse_attn_inputs`;
-    the golden is :func:`golden_prefill_sparse_attn` limited to the ``cmp_cols`` candidate
+    each token, default 4), ``start_pos`` (default: full windows; an int gives the causal
+    partial-window layout, see :func:`make_sparse_attn_inputs`), ``seed`` (default 0). Inputs
+    from :func:`make_sparse_attn_inputs`; the golden is :func:`golden_prefill_sparse_attn` with
+    the kernel's column blocking (``blocking="columns"``), limited to the ``cmp_cols`` candidate
     columns the kernel attends (all of them at tiny); ``attn_out`` compares with
     ``ratio_allclose`` at :data:`TOLERANCES`.
 
@@ -931,12 +992,14 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     T = int(opts.pop("T", cfg.prefill_seq))
     num_tokens = int(opts.pop("num_tokens", T))
     ratio = int(opts.pop("compress_ratio", 4))
+    start_pos = opts.pop("start_pos", None)
+    start_pos = None if start_pos is None else int(start_pos)
     seed = int(opts.pop("seed", 0))
     if opts:
         raise ConfigError(f"prefill_sparse_attn: unknown options {sorted(opts)}")
     check_token_capacity("prefill_sparse_attn", cfg, T)  # before any input is built
     k = prefill_sparse_attn_kernels(cfg)
-    d = make_sparse_attn_inputs(cfg, T, num_tokens, seed, compress_ratio=ratio)
+    d = make_sparse_attn_inputs(cfg, T, num_tokens, seed, compress_ratio=ratio, start_pos=start_pos)
     specs = []
     for name in _SPEC_ORDER:
         v = d[name]
@@ -946,7 +1009,8 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     limit = k.tiling.cmp_cols
 
     def golden(v: dict) -> None:
-        v["attn_out"] = golden_prefill_sparse_attn(*(v[n] for n in _SPEC_ORDER), cfg, cmp_candidate_limit=limit)
+        v["attn_out"] = golden_prefill_sparse_attn(*(v[n] for n in _SPEC_ORDER), cfg, cmp_candidate_limit=limit,
+                                                   blocking="columns")
 
     return CaseRun(fn=k.prefill_sparse_attn_test, specs=specs, golden=golden,
                    compare={"attn_out": ratio_allclose(*TOLERANCES["attn_out"])}, rtol=1e-3, atol=1e-3,
