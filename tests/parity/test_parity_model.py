@@ -109,3 +109,38 @@ def test_chunked_prefill_and_batch_give_the_same_tokens(ckpt_dir, prompt, hf_gre
     alone = generate(golden, [short], max_new_tokens=NEW, eos_token_id=None).tokens[0]
     both = generate(golden, [prompt, short], max_new_tokens=NEW, chunk=128, eos_token_id=None)
     assert both.tokens == [want, alone]
+
+
+# ---- the kernel path ---------------------------------------------------------------------------
+
+def _kernel_agreement(ckpt_dir, hf_model, ids: list[int]) -> tuple[float, float, list[int], list[int]]:
+    """Top-1 agreement and logits max abs error of the kernel model (int8) with transformers
+    fp32 over every prompt position and generated token (teacher-forced on pto's tokens);
+    also the greedy tokens of both."""
+    from pto.models.deepseek_v4.config import get_deployment
+    from pto.models.deepseek_v4.layer import KernelModel
+
+    km = KernelModel(open_checkpoint(ckpt_dir, "int8"), get_deployment("tiny"))
+    res = generate(km, [ids], max_new_tokens=NEW, eos_token_id=None, keep_logits=True)
+    ours = torch.cat([res.prompt_logits[0], torch.stack(res.step_logits[0][1:])])
+    with torch.no_grad():
+        ref = hf_model(input_ids=torch.tensor([ids + res.tokens[0][:-1]]), use_cache=False).logits[0]
+        hf_tokens = hf_model.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False,
+                                      eos_token_id=None)[0, len(ids):].tolist()
+    agree = float((ours.argmax(-1) == ref.argmax(-1)).float().mean())
+    return agree, float((ours - ref).abs().max()), res.tokens[0], hf_tokens
+
+
+def test_kernel_model_int8_top1_short(ckpt_dir, hf_model, prompt):
+    agree, err, ours, theirs = _kernel_agreement(ckpt_dir, hf_model, prompt[:100])
+    print(f"[parity] kernels (int8, SWA layers on kernels) vs transformers fp32, 100-token prompt: "
+          f"top-1 {agree:.4f}, logits max abs err {err:.3f}, tokens {ours} vs {theirs}")
+    assert agree >= 0.80
+
+
+@pytest.mark.slow
+def test_kernel_model_int8_top1_509(ckpt_dir, hf_model, prompt):
+    agree, err, ours, theirs = _kernel_agreement(ckpt_dir, hf_model, prompt)
+    print(f"[parity] kernels (int8, SWA layers on kernels) vs transformers fp32, 509-token prompt: "
+          f"top-1 {agree:.4f}, logits max abs err {err:.3f}, tokens {ours} vs {theirs}")
+    assert agree >= 0.80

@@ -1,0 +1,235 @@
+"""The model on the kernels: prefill and decode sublayers through the DSL kernels where they
+exist, the golden elsewhere, over the paged :class:`Cache` (DESIGN section 11; B.28-B.32).
+
+:class:`KernelModel` has the interface :func:`generate` drives (``new_state``, ``forward``
+for a prefill chunk, ``decode`` for one batched decode step, ``release_state``). Per layer
+and sublayer it runs a ``@pl.jit`` kernel program when one is available for that layer
+type and phase, and the matching :class:`GoldenModel` sublayer otherwise;
+:meth:`KernelModel.coverage` says which is which, and :attr:`KernelModel.stats` counts the
+kernel programs, tasks and wall time.
+
+Kernel sublayers in use (the kernels are W8A8: INT8 ``wq_b`` / ``wo_b`` with per-channel
+scales, BF16 activations and weights otherwise, so the kernel path needs
+``weight_format="int8"``):
+
+* sliding-window (ratio 0) attention: prefill ``prefill_attention_swa`` (hc_pre, RMSNorm,
+  q/kv + RoPE, cache write, window attention with sinks, grouped o-projection, hc_post)
+  and decode ``decode_attention_swa`` (the same over ``B`` requests).
+
+Golden fallbacks (FP32, the checkpoint's weight format): CSA / HCA attention, the MoE
+sublayer, embedding and the head. The golden state of a fallback layer is its own
+full-history cache (:class:`pto.models.deepseek_v4.model.LayerState`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from pto.errors import ConfigError
+from pto.models.deepseek_v4.cache import Cache, kernel_config
+from pto.models.deepseek_v4.config import DeploymentConfig
+from pto.models.deepseek_v4.model import GoldenModel, GoldenState
+from pto.models.deepseek_v4.prefill_sparse_attn import quantize_wo_b
+from pto.models.deepseek_v4.qkv_proj_rope import quantize_weight_per_column
+from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
+from pto.models.deepseek_v4.weights import Checkpoint
+from pto.runtime import RunConfig
+
+__all__ = ["KernelModel", "KernelState", "KernelStats"]
+
+_HEAP_BYTES = 256 << 20  # ring heap of one kernel program (tiny: < 10 MiB peak)
+
+
+@dataclass
+class KernelState:
+    """One request on the kernel path: its cache id, tokens seen, and the golden state of
+    the fallback layers."""
+
+    rid: int
+    golden: GoldenState
+    pos: int = 0
+
+
+@dataclass
+class KernelStats:
+    """Kernel programs run, their tasks and wall seconds, per kernel name."""
+
+    programs: dict[str, int] = field(default_factory=dict)
+    tasks: dict[str, int] = field(default_factory=dict)
+    wall_s: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, prog, wall: float) -> None:
+        """Record one program run of kernel ``name``."""
+        self.programs[name] = self.programs.get(name, 0) + 1
+        self.tasks[name] = self.tasks.get(name, 0) + prog.stats.tasks
+        self.wall_s[name] = self.wall_s.get(name, 0.0) + wall
+
+
+class KernelModel:
+    """DeepSeek-V4 over the DSL kernels with golden fallbacks (see the module docstring).
+
+    Args:
+        checkpoint: an opened checkpoint with ``weight_format="int8"``.
+        deployment: pools and context (default: the ``tiny``-like context of
+            :class:`GoldenModel`, pools from :class:`DeploymentConfig` defaults).
+        check: run every kernel program in check mode (sanitizer and race checker).
+
+    Raises:
+        ConfigError: a checkpoint not in the int8 format, or a config the kernels cannot tile.
+    """
+
+    def __init__(self, checkpoint: Checkpoint, deployment: DeploymentConfig | None = None,
+                 check: bool = False):
+        if checkpoint.weight_format != "int8":
+            raise ConfigError("KernelModel: the attention kernels are W8A8; open the checkpoint with "
+                              "weight_format='int8' (weight_format='bf16' runs the golden forward)")
+        self.golden = GoldenModel(checkpoint, deployment)
+        self.cfg, self.deployment = self.golden.cfg, self.golden.deployment
+        self.kcfg = kernel_config(self.cfg, self.deployment)
+        self.cache = Cache(self.cfg, self.deployment)
+        self.run_config = RunConfig(heap_bytes=_HEAP_BYTES, check=check)
+        bf16 = torch.bfloat16
+        self._rope = {p: tuple(t.to(bf16) for t in rope_tables(self.kcfg, p))
+                      for p in ("main", "compress")}
+        self._attn_w: dict[int, dict] = {}
+        self.stats = KernelStats()
+        from pto.models.deepseek_v4.prefill_attention_swa import prefill_attention_swa_kernels
+        from pto.models.deepseek_v4.decode_attention_swa import decode_attention_swa_kernels
+        self._swa_prefill = prefill_attention_swa_kernels(self.kcfg).prefill_attention_swa_test
+        self._swa_decode = decode_attention_swa_kernels(self.kcfg).decode_attention_swa_test
+
+    # ---- which sublayers run on kernels -----------------------------------------------------
+    def _attn_on_kernels(self, i: int) -> bool:
+        return self.cfg.compress_ratios[i] == 0
+
+    def coverage(self) -> list[dict[str, str]]:
+        """Per layer: ``{"type", "attn prefill", "attn decode", "ffn"}`` -> kernel name or
+        ``"golden"``."""
+        out = []
+        for i, ratio in enumerate(self.cfg.compress_ratios):
+            k = self._attn_on_kernels(i)
+            out.append({"type": self.cfg.layer_types[i],
+                        "attn prefill": "prefill_attention_swa" if k else "golden",
+                        "attn decode": "decode_attention_swa" if k else "golden",
+                        "ffn": "golden"})
+        return out
+
+    # ---- weights ----------------------------------------------------------------------------
+    def attn_weights(self, i: int) -> dict[str, torch.Tensor]:
+        """Kernel-layout attention inputs of layer ``i`` (v4flash-kernels.md A.3 / B.6):
+        BF16 ``[in, out]`` ``wq_a`` / ``wkv``, INT8 ``wq_b`` per output column and ``wo_b``
+        per output row with FP32 scales, ``wo_a [G, o_lora, (H/G)*d]`` BF16, BF16 norms,
+        FP32 HC parameters and sinks."""
+        if i not in self._attn_w:
+            ck, cfg, bf16 = self.golden.ckpt, self.cfg, torch.bfloat16
+            p = f"layers.{i}."
+            t = ck.tensor
+            wq_b, wq_b_scale = quantize_weight_per_column(t(p + "attn.wq_b.weight").T.contiguous())
+            wo_b, wo_b_scale = quantize_wo_b(t(p + "attn.wo_b.weight"))
+            self._attn_w[i] = {
+                "hc_attn_fn": t(p + "hc_attn_fn"), "hc_attn_scale": t(p + "hc_attn_scale"),
+                "hc_attn_base": t(p + "hc_attn_base"), "attn_norm_w": t(p + "attn_norm.weight").to(bf16),
+                "wq_a": t(p + "attn.wq_a.weight").T.contiguous().to(bf16), "wq_b": wq_b,
+                "wq_b_scale": wq_b_scale, "wkv": t(p + "attn.wkv.weight").T.contiguous().to(bf16),
+                "gamma_cq": t(p + "attn.q_norm.weight").to(bf16),
+                "gamma_ckv": t(p + "attn.norm.weight").to(bf16),
+                "attn_sink": t(p + "attn.attn_sink"),
+                "wo_a": t(p + "attn.wo_a.weight").reshape(cfg.o_groups, cfg.o_lora_rank, -1).to(bf16),
+                "wo_b": wo_b, "wo_b_scale": wo_b_scale,
+            }
+        return self._attn_w[i]
+
+    # ---- requests ---------------------------------------------------------------------------
+    def new_state(self) -> KernelState:
+        """A new request (cache pages for its compressor-state rings are taken now).
+
+        Raises:
+            CapacityError: the cache holds ``max_requests`` requests already.
+        """
+        return KernelState(self.cache.add_request(), self.golden.new_state())
+
+    def release_state(self, state: KernelState) -> None:
+        """Return the request's cache pages."""
+        if state.rid in self.cache.requests:
+            self.cache.release(state.rid)
+
+    def _run(self, name: str, entry, *args) -> None:
+        t0 = time.perf_counter()
+        prog = entry.run(*args, config=self.run_config)
+        self.stats.add(name, prog, time.perf_counter() - t0)
+
+    def _swa_args(self, i: int, X, table, slots, pos, x_out) -> list:
+        w = self.attn_weights(i)
+        cos, sin = self._rope[profile_for_ratio(0)]
+        return [X, w["hc_attn_fn"], w["hc_attn_scale"], w["hc_attn_base"], w["attn_norm_w"], w["wq_a"],
+                w["wq_b"], w["wq_b_scale"], w["wkv"], w["gamma_cq"], w["gamma_ckv"], cos, sin,
+                self.cache.layers[i]["kv"], table, slots, pos.to(torch.int32), w["attn_sink"], w["wo_a"],
+                w["wo_b"], w["wo_b_scale"], x_out]
+
+    # ---- forward ----------------------------------------------------------------------------
+    def forward(self, ids, state: KernelState) -> torch.Tensor:
+        """Prefill chunk: logits ``[S, V]`` FP32 of ``ids`` at positions ``state.pos ..``.
+
+        Raises:
+            BindError / CapacityError: bad ids, the context or a cache pool exhausted (before
+                any kernel runs).
+            CapacityError: more than the kernels' token capacity (128) in one chunk.
+        """
+        g = self.golden
+        ids = g.check_ids(ids, state.golden)
+        S = ids.numel()
+        self.cache.reserve(state.rid, S)
+        pos = torch.arange(state.pos, state.pos + S)
+        table = self.cache.block_table(state.rid)
+        slots = self.cache.slot_mapping(state.rid, pos)
+        X = g.embed(ids)
+        for i in range(self.cfg.num_hidden_layers):
+            if self._attn_on_kernels(i):
+                x_out = torch.empty_like(X)
+                self._run("prefill_attention_swa", self._swa_prefill,
+                          *self._swa_args(i, X, table, slots, pos, x_out), S)
+                X = x_out
+            else:
+                X = g.attn_sublayer(i, X, pos, state.golden.layers[i])
+            X = g.ffn_sublayer(i, X, ids)
+        self.cache.commit(state.rid, S)
+        state.pos += S
+        state.golden.pos += S
+        return g.logits(X)
+
+    __call__ = forward
+
+    def decode(self, tokens: list[int], states: list[KernelState]) -> torch.Tensor:
+        """One decode step of ``B`` requests, one token each; logits ``[B, V]`` FP32.
+
+        Raises:
+            BindError / CapacityError: as :meth:`forward`.
+        """
+        g = self.golden
+        ids = g.check_ids(tokens)
+        for t, st in zip(tokens, states):
+            g.check_ids([t], st.golden)
+        for st in states:
+            self.cache.reserve(st.rid, 1)
+        pos = torch.tensor([st.pos for st in states])
+        table = torch.stack([self.cache.block_table(st.rid) for st in states])
+        slots = torch.cat([self.cache.slot_mapping(st.rid, pos[b:b + 1]) for b, st in enumerate(states)])
+        X = g.embed(ids)
+        for i in range(self.cfg.num_hidden_layers):
+            if self._attn_on_kernels(i):
+                x_out = torch.empty_like(X)
+                self._run("decode_attention_swa", self._swa_decode,
+                          *self._swa_args(i, X, table, slots, pos, x_out))
+                X = x_out
+            else:
+                X = torch.cat([g.attn_sublayer(i, X[b:b + 1], pos[b:b + 1], st.golden.layers[i])
+                               for b, st in enumerate(states)])
+            X = g.ffn_sublayer(i, X, ids)
+        for st in states:
+            self.cache.commit(st.rid, 1)
+            st.pos += 1
+            st.golden.pos += 1
+        return g.logits(X)
