@@ -641,6 +641,9 @@ def assemble(dst, src, offsets, atomic=None):
         return tile_assemble(dst, src, offsets)
     if not isinstance(src, Tile):
         raise DslError(f"pl.assemble: source must be a tile, got {type(src).__name__}")
+    extra = src.data.dim() - dst.data.dim()
+    if extra > 0 and src.valid is None and all(s == 1 for s in src.shape[:extra]):
+        src = tile_reshape(src, src.shape[extra:])  # leading unit dims (a unit-batch matmul result)
     if len(offsets) != dst.data.dim() or src.data.dim() != dst.data.dim():
         raise DslError(f"pl.assemble: rank mismatch: {dst.name} rank {dst.data.dim()}, "
                        f"tile {list(src.shape)}, offsets {list(offsets)}{_where()}")

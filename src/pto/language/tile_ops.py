@@ -832,6 +832,13 @@ def matmul(a, b, out_dtype=None, a_trans: bool = False, b_trans: bool = False) -
     """
     a = _as_tile(a, "pl.matmul")
     b = _as_tile(b, "pl.matmul")
+    if {a.data.dim(), b.data.dim()} == {2, 3} and (a if a.data.dim() == 3 else b).shape[0] == 1:
+        # a rank-3 operand with a unit batch (pypto-lib's wo_a[g:g + 1, ...]) times a rank-2 one:
+        # the 2-D product, the unit batch dim kept
+        def unbatch(t):
+            return Tile(t.data[0], None if t.mask is None else t.mask[0]) if t.data.dim() == 3 else t
+        out = matmul(unbatch(a), unbatch(b), out_dtype, a_trans, b_trans)
+        return Tile(out.data.unsqueeze(0), None if out.mask is None else out.mask.unsqueeze(0))
     if a.data.dim() not in (2, 3) or b.data.dim() != a.data.dim():
         raise DslError(f"pl.matmul: operands must both be rank 2 ([M, K] @ [K, N]) or both rank 3 (batched), "
                        f"got {list(a.shape)} and {list(b.shape)}")
