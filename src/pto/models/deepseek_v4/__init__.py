@@ -23,3 +23,4 @@ from pto.models.deepseek_v4 import prefill_indexer  # noqa: F401  (registers "pr
 from pto.models.deepseek_v4 import decode_indexer  # noqa: F401  (registers "decode_indexer")
 from pto.models.deepseek_v4 import expert_routed  # noqa: F401  (registers "expert_routed")
 from pto.models.deepseek_v4 import prefill_attention_hca  # noqa: F401  (registers "prefill_attention_hca")
+from pto.models.deepseek_v4 import moe  # noqa: F401  (registers "moe")
