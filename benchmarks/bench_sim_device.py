@@ -55,6 +55,7 @@ class Figure:
         options, base: build options (``seed_scopes``) of the variant and of a delta's base.
         calibrated: this figure set a constant (not a check).
         note: how the estimate differs from what the device measured.
+        mode: kernel mode; build: further build options (the measured shape).
     """
 
     what: str
@@ -66,6 +67,8 @@ class Figure:
     base: dict = field(default_factory=dict)
     calibrated: bool = False
     note: str = ""
+    mode: str = "decode"
+    build: dict = field(default_factory=dict)
 
 
 _PR829 = "pypto-lib PR #829 (a2a3 card 6, HCA decode, PYPTO_BENCH=1, median of 100 rounds)"
@@ -100,6 +103,12 @@ FIGURES: list = [
            note="per-core GM bandwidth is the fair share of 1.6 TB/s; the weight-streaming matmuls reach less"),
     Figure("qkv_proj_rope q_head_rms_nope_rope avg exec", 19.13, "pypto-lib PR #648",
            ("qkv_proj_rope",), "task:qproj_dequant_rms_nope_rope", SEED),
+    Figure("prefill indexer, standalone, 128 tokens, start-pos 896 (before the PR)", 952.9,
+           "pypto-lib PR #834 (a2a3, 20 rounds)", ("prefill_indexer",), "effective", INIT,
+           mode="prefill", build={"T": 128, "start_pos": 896}),
+    Figure("prefill sparse attention, standalone, ratio 4, 128 tokens (before the PR)", 635.2,
+           "pypto-lib PR #834 (a2a3, median of 3 x 20-round means)", ("prefill_sparse_attn",), "effective",
+           mode="prefill", build={"T": 128, "compress_ratio": 4}),
     Figure("per-task AICPU overhead on a standalone hc_pre", 1.7, "pypto-lib PR #545 (a2a3)", (), "overhead",
            note="submit 0.874 (simpler) + dispatch 0.8 (pypto docs), neither fitted to this"),
 ]
@@ -131,12 +140,12 @@ def estimate(fig: Figure, preset: str, machine, cases: dict) -> tuple:
     """(estimate µs or None, kernel used or reason it is pending) for one figure."""
     if fig.measure == "overhead":
         return machine.submit_us + machine.dispatch_us, "AICPU constants"
-    kernel = next((k for k in fig.kernels if k in cases and "decode" in cases[k].modes), None)
+    kernel = next((k for k in fig.kernels if k in cases and fig.mode in cases[k].modes), None)
     if kernel is None:
         return None, f"pending: {' / '.join(fig.kernels)} not registered"
     case = cases[kernel]
-    opts = fig.options if (case.seed_variant or not fig.options) else {}
-    prog = run_case(case, preset, "decode", opts)
+    opts = {**fig.build, **(fig.options if case.seed_variant else {})}
+    prog = run_case(case, preset, fig.mode, opts)
     sim = simulate(prog, machine)
     if fig.measure.startswith(("task:", "span:")):
         kind, name = fig.measure.split(":", 1)
@@ -149,7 +158,7 @@ def estimate(fig: Figure, preset: str, machine, cases: dict) -> tuple:
     if fig.measure.startswith("delta:"):
         if not case.seed_variant:
             return None, f"pending: {kernel} has no seed variant"
-        base = simulate(run_case(case, preset, "decode", fig.base), machine)
+        base = simulate(run_case(case, preset, fig.mode, {**fig.build, **fig.base}), machine)
         return _window(sim, fig.measure[6:]) - _window(base, fig.measure[6:]), kernel
     return _window(sim, fig.measure), kernel
 
@@ -226,8 +235,8 @@ def _cells(r: dict) -> list:
 
 def markdown(table_rows: list, preset: str, machine) -> str:
     """The rows as a GitHub markdown table, notes as a list under it."""
-    lines = [f"Simulated `{machine.name}` ({machine.n_aic} AIC + {machine.n_aiv} AIV), preset `{preset}`, "
-             "decode T=8; ratio = estimate / device.", "",
+    lines = [f"Simulated `{machine.name}` ({machine.n_aic} AIC + {machine.n_aiv} AIV), preset `{preset}` "
+             "(decode T=8 unless the row says otherwise); ratio = estimate / device.", "",
              "| " + " | ".join(HEADERS) + " |",
              "|" + "|".join("---:" if h in ("our estimate µs", "device µs", "ratio") else "---" for h in HEADERS)
              + "|"]
