@@ -243,3 +243,24 @@ def test_run_jit_without_golden_reports_validation_skipped(capsys):
         r = G.run_jit(k, [G.TensorSpec("x", [2], torch.float32), G.TensorSpec("y", [2], torch.float32, is_output=True)])
     assert r.passed and "validation skipped" in capsys.readouterr().out
     assert G.run_jit(k, [], compile_only=True, runtime_dir="d").error == "runtime_dir is incompatible with compile_only"
+
+
+def test_matmul_acc_init_cond_store_window_and_unit_batch_matmul():
+    @pl.jit
+    def k(x: pl.Tensor[[16, 32], pl.BF16], w: pl.Tensor[[2, 8, 32], pl.BF16],
+          y: pl.Out[pl.Tensor[[16, 16], pl.FP32]], first: pl.Out[pl.Tensor[[2, 1], pl.FP32]]):
+        for g in pl.spmd(2, name_hint="proj"):
+            acc = pl.create_tile([1, 16, 8], pl.FP32)  # NaN in check mode: init_cond must not read it
+            for kb in pl.range(2):
+                acc = pl.matmul_acc(acc, x[:, kb * 16:(kb + 1) * 16], w[g:g + 1, :, kb * 16:(kb + 1) * 16],
+                                    b_trans=True, init_cond=(kb == 0))
+            pl.assemble(y, acc, [0, g * 8])  # the unit batch dim is dropped
+            pl.store(pl.reshape(acc, [16, 8]), [g, 0], first, shapes=[1, 1])  # the [0, 0] element only
+        return y
+
+    x, w = torch.randn(16, 32).bfloat16(), torch.randn(2, 8, 32).bfloat16()
+    y, first = torch.zeros(16, 16), torch.zeros(2, 1)
+    k.run(x, w, y, first, config=CHECK)
+    want = torch.cat([x.float() @ w[0].float().T, x.float() @ w[1].float().T], dim=1)
+    assert torch.allclose(y, want, atol=1e-4, rtol=1e-5)
+    assert torch.equal(first[:, 0], torch.stack([y[0, 0], y[0, 8]]))
