@@ -714,6 +714,9 @@ def _generate_args(p):
     p.add_argument("--weights", choices=("bf16", "int8"), default="bf16",
                    help="bf16: unquantised (default); int8: W8A8 quantised at load")
     p.add_argument("--chunk", type=int, default=128, help="prefill chunk in tokens (default 128)")
+    p.add_argument("--backend", choices=("auto", "golden", "kernels"), default="auto",
+                   help="golden: the FP32 golden forward; kernels: the DSL kernels (W8A8, int8 weights) "
+                        "with golden fallbacks; auto (default): kernels for --weights int8, else golden")
     p.add_argument("--max-context", type=int, default=None,
                    help="deployment context in tokens (default: the model's, at most 16384)")
     p.add_argument("--json", action="store_true", help="print one JSON object (tokens, timings)")
@@ -766,9 +769,22 @@ def cmd_generate(args) -> int:
                 raise ConfigError("--prompt needs the 'tokenizers' package (pip install tokenizers)") from None
             text = Tokenizer.from_file(str(tok_file))
             prompts = [text.encode(args.prompt).ids]
+        backend = args.backend if args.backend != "auto" else ("kernels" if args.weights == "int8" else "golden")
+        if backend == "kernels" and args.weights != "int8":
+            raise ConfigError("--backend kernels needs --weights int8 (the kernels are W8A8)")
+        if args.chunk > 128 and backend == "kernels":
+            raise ConfigError(f"--chunk {args.chunk}: the kernels take at most 128 tokens per prefill chunk")
         n = args.max_context or min(ckpt.config.max_position_embeddings, 16384)
-        dep = DeploymentConfig(max_context=n, rope_max_pos=n).validate(ckpt.config)
-        model = GoldenModel(ckpt, dep)
+        dep = DeploymentConfig(max_context=n, rope_max_pos=n)
+        if ckpt.config.hidden_size <= 1024:  # small models: the tiny preset's page geometry
+            from pto.models.deepseek_v4.config import get_deployment
+            dep = get_deployment("tiny").replace(max_context=n, rope_max_pos=n)
+        dep.validate(ckpt.config)
+        if backend == "kernels":
+            from pto.models.deepseek_v4.layer import KernelModel
+            model = KernelModel(ckpt, dep)
+        else:
+            model = GoldenModel(ckpt, dep)
         from pto.models.deepseek_v4.generate import check_prompts
         check_prompts(prompts, model.cfg, dep, args.max_new_tokens)
     except ConfigError:
@@ -791,7 +807,7 @@ def cmd_generate(args) -> int:
     wall = time.perf_counter() - t0
     out = {"tokens": res.tokens, "stop_reasons": res.stop_reasons,
            "prompt_tokens": [len(p) for p in prompts], "weights": args.weights,
-           "backend": "golden", "prefill_s": round(res.prefill_s, 6),
+           "backend": backend, "prefill_s": round(res.prefill_s, 6),
            "decode_ms_per_token": round(res.decode_ms_per_token, 3),
            "tokens_per_s": round(res.tokens_per_s, 3), "wall_s": round(wall, 6)}
     if text is not None:
@@ -806,7 +822,8 @@ def cmd_generate(args) -> int:
             con.print(f"text: {out['text'][r]}", highlight=False)
     con.print(f"prefill {1e3 * res.prefill_s:.1f} ms ({sum(out['prompt_tokens'])} tokens), decode "
               f"{res.decode_ms_per_token:.2f} ms/token, {res.tokens_per_s:.1f} tokens/s "
-              f"(weights {args.weights}, golden FP32 forward)", highlight=False)
+              f"(weights {args.weights}, {'DSL kernels with golden fallbacks' if backend == 'kernels' else 'golden FP32 forward'})",
+              highlight=False)
     return 0
 
 
@@ -887,7 +904,9 @@ def main(argv=None) -> int:
         if os.environ.get("PTO_DEBUG"):
             raise
         where = "" if isinstance(e, PtoError) else " (raised by the kernel or its inputs; PTO_DEBUG=1 for the traceback)"
-        print(f"error: {type(e).__name__}: {_first_line(e, 400)}{where}", file=sys.stderr)
+        notes = "; ".join(getattr(e, "__notes__", None) or ())  # e.g. the kernel, task and block it came from
+        print(f"error: {type(e).__name__}: {_first_line(e, 400)}{f' ({notes})' if notes else ''}{where}",
+              file=sys.stderr)
         return 1
 
 

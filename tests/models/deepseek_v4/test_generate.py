@@ -125,3 +125,19 @@ def test_cli_bad_checkpoint_exits_2(tmp_path, capsys):
     d = write_tiny_checkpoint(tmp_path / "t", seed=0)
     assert main(["checkpoint", "tiny", str(d)]) == 2
     assert "already holds" in capsys.readouterr().err
+
+
+def test_cli_generate_on_kernels(ckpt, capsys):
+    from pto.models.deepseek_v4.config import get_deployment
+    from pto.models.deepseek_v4.layer import KernelModel
+
+    assert main(["generate", str(ckpt), "--input-ids", "5 17 300", "--max-new-tokens", "3",
+                 "--weights", "int8", "--max-context", "64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    km = KernelModel(open_checkpoint(ckpt, "int8"), get_deployment("tiny").replace(max_context=64, rope_max_pos=64))
+    want = generate(km, [[5, 17, 300]], max_new_tokens=3)
+    assert out["backend"] == "kernels" and out["tokens"] == want.tokens
+    assert km.stats.programs == {"prefill_attention_swa": 2, "decode_attention_swa": 4}
+    assert not km.cache.requests  # generate released the request's pages
+    assert main(["generate", str(ckpt), "--input-ids", "5", "--backend", "kernels"]) == 2
+    assert "needs --weights int8" in capsys.readouterr().err
