@@ -24,3 +24,4 @@ from pto.models.deepseek_v4 import decode_indexer  # noqa: F401  (registers "dec
 from pto.models.deepseek_v4 import expert_routed  # noqa: F401  (registers "expert_routed")
 from pto.models.deepseek_v4 import prefill_attention_hca  # noqa: F401  (registers "prefill_attention_hca")
 from pto.models.deepseek_v4 import moe  # noqa: F401  (registers "moe")
+from pto.models.deepseek_v4 import hc_head  # noqa: F401  (registers "hc_head")
