@@ -14,10 +14,12 @@ scales, BF16 activations and weights otherwise, so the kernel path needs
 
 * sliding-window (ratio 0) attention: prefill ``prefill_attention_swa`` (hc_pre, RMSNorm,
   q/kv + RoPE, cache write, window attention with sinks, grouped o-projection, hc_post)
-  and decode ``decode_attention_swa`` (the same over ``B`` requests).
+  and decode ``decode_attention_swa`` (the same over ``B`` requests);
+* the MoE sublayer of every layer, prefill and decode: ``moe`` (hc_pre, gate with hash or
+  learned routing, shared + routed W8A8 SwiGLU experts, hc_post).
 
-Golden fallbacks (FP32, the checkpoint's weight format): CSA / HCA attention, the MoE
-sublayer, embedding and the head. The golden state of a fallback layer is its own
+Golden fallbacks (FP32, the checkpoint's weight format): CSA / HCA attention, embedding and
+the head. The golden state of a fallback layer is its own
 full-history cache (:class:`pto.models.deepseek_v4.model.LayerState`).
 """
 
@@ -98,8 +100,11 @@ class KernelModel:
         self.stats = KernelStats()
         from pto.models.deepseek_v4.prefill_attention_swa import prefill_attention_swa_kernels
         from pto.models.deepseek_v4.decode_attention_swa import decode_attention_swa_kernels
+        from pto.models.deepseek_v4.moe import moe_kernels
         self._swa_prefill = prefill_attention_swa_kernels(self.kcfg).prefill_attention_swa_test
         self._swa_decode = decode_attention_swa_kernels(self.kcfg).decode_attention_swa_test
+        self._moe = moe_kernels(self.kcfg).moe_test
+        self._ffn_w: dict[int, list] = {}
 
     # ---- which sublayers run on kernels -----------------------------------------------------
     def _attn_on_kernels(self, i: int) -> bool:
@@ -114,7 +119,7 @@ class KernelModel:
             out.append({"type": self.cfg.layer_types[i],
                         "attn prefill": "prefill_attention_swa" if k else "golden",
                         "attn decode": "decode_attention_swa" if k else "golden",
-                        "ffn": "golden"})
+                        "ffn": "moe"})
         return out
 
     # ---- weights ----------------------------------------------------------------------------
@@ -141,6 +146,42 @@ class KernelModel:
                 "wo_b": wo_b, "wo_b_scale": wo_b_scale,
             }
         return self._attn_w[i]
+
+    def ffn_weights(self, i: int) -> list[torch.Tensor]:
+        """Kernel-layout MoE inputs of layer ``i`` in ``moe.MOE_INPUTS`` order after
+        ``x_hc`` / ``input_ids`` (v4flash-kernels.md B.23): FP32 HC parameters, router weight
+        and bias (zeros on hash layers), INT32 ``tid2eid`` (a zero table on learned layers),
+        routed ``w1 / w3 [E, F, D]``, ``w2 [E, D, F]`` and shared ``w1 / w3 [F, D]``, ``w2
+        [D, F]`` as INT8 per output row with FP32 scales, BF16 ``ffn_norm``."""
+        if i not in self._ffn_w:
+            from pto.models.deepseek_v4.expert_shared import quantize_weight_per_row
+
+            t, cfg, p = self.golden.ckpt.tensor, self.cfg, f"layers.{i}."
+            E, K, V = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.vocab_size
+            hash_layer = i < cfg.num_hash_layers
+            routed = {}
+            for leaf in ("w1", "w3", "w2"):
+                q = [quantize_weight_per_row(t(f"{p}ffn.experts.{e}.{leaf}.weight")) for e in range(E)]
+                routed[leaf] = (torch.stack([c for c, _ in q]), torch.stack([s for _, s in q]))
+            shared = {leaf: quantize_weight_per_row(t(f"{p}ffn.shared_experts.{leaf}.weight"))
+                      for leaf in ("w1", "w3", "w2")}
+            self._ffn_w[i] = [
+                t(p + "hc_ffn_fn"), t(p + "hc_ffn_scale"), t(p + "hc_ffn_base"),
+                t(p + "ffn_norm.weight").to(torch.bfloat16), t(p + "ffn.gate.weight"),
+                torch.zeros(E) if hash_layer else t(p + "ffn.gate.bias"),
+                (t(p + "ffn.gate.tid2eid") if hash_layer else torch.zeros(V, K, dtype=torch.int64)).to(torch.int32),
+                None,  # input_ids
+                *routed["w1"], *routed["w3"], *routed["w2"], *shared["w1"], *shared["w3"], *shared["w2"],
+            ]
+        return self._ffn_w[i]
+
+    def _ffn(self, i: int, X: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """MoE sublayer of layer ``i`` through the ``moe`` kernel; ``[T, N, D]`` FP32."""
+        w = list(self.ffn_weights(i))
+        w[7] = ids.to(torch.int64)
+        x_next = torch.empty_like(X)
+        self._run("moe", self._moe, X, *w, x_next, i, X.shape[0])
+        return x_next
 
     # ---- requests ---------------------------------------------------------------------------
     def new_state(self) -> KernelState:
@@ -194,7 +235,7 @@ class KernelModel:
                 X = x_out
             else:
                 X = g.attn_sublayer(i, X, pos, state.golden.layers[i])
-            X = g.ffn_sublayer(i, X, ids)
+            X = self._ffn(i, X, ids)
         self.cache.commit(state.rid, S)
         state.pos += S
         state.golden.pos += S
@@ -227,7 +268,7 @@ class KernelModel:
             else:
                 X = torch.cat([g.attn_sublayer(i, X[b:b + 1], pos[b:b + 1], st.golden.layers[i])
                                for b, st in enumerate(states)])
-            X = g.ffn_sublayer(i, X, ids)
+            X = self._ffn(i, X, ids)
         for st in states:
             self.cache.commit(st.rid, 1)
             st.pos += 1
