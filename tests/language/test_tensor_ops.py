@@ -205,11 +205,12 @@ def test_scalar_write_and_read_errors():
                 pl.write(y, [0, 3], 1)
 
     a, b = torch.zeros(4, 3, dtype=torch.int32), torch.zeros(4, 3, dtype=torch.int32)
-    with pytest.raises(DslError, match=r"^pl.read: 1 indices for x of rank 2$"):
+    with pytest.raises(DslError, match=r"^kernel ranks, at .*test_tensor_ops.py:\d+: pl.read: 1 indices for x of rank 2$"):
         run(ranks, a, b, "read")
-    with pytest.raises(DslError, match=r"^pl.write: 1 indices for y of rank 2$"):
+    with pytest.raises(DslError, match=r"^kernel ranks, task 'w' \(#0\) block 0, at .*test_tensor_ops.py:\d+: "
+                                       r"pl.write: 1 indices for y of rank 2$"):
         run(ranks, a, b, "write")
-    with pytest.raises(DslError, match=r"^pl.write: index 3 out of bounds of dim 1 of y \(extent 3\) "
+    with pytest.raises(DslError, match=r"^kernel ranks: pl.write: index 3 out of bounds of dim 1 of y \(extent 3\) "
                                        r"\(task 'w' block 0 at .*test_tensor_ops.py:\d+\)$"):
         run(ranks, a, b, "oob")
 

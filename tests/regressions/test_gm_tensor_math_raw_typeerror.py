@@ -35,7 +35,7 @@ def test_operators_on_a_gm_tensor_in_orchestration(op, sym):
     def body(x, y):
         y[0:16, :] = op(x[0:16, :], 2.0)
 
-    with pytest.raises(DslError, match=rf"^x: {sym} on a GM tensor \[16, 128\]; {HINT}.* at .*test_gm_tensor_math"):
+    with pytest.raises(DslError, match=rf"^kernel k: x: {sym} on a GM tensor \[16, 128\]; {HINT}.* at .*test_gm_tensor_math"):
         _kernel(body, False)(torch.randn(64, 128), torch.zeros(64, 128))
 
 

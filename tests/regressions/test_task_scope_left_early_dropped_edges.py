@@ -15,6 +15,7 @@ import torch
 import pto
 import pto.language as pl
 from pto.errors import DslError, RaceError
+from pto.language._ctx import rel_path
 from pto.runtime import Program, RunConfig
 
 R, C = 64, 128
@@ -56,8 +57,8 @@ def test_break_in_spmd_loop_derives_edges_and_fails_at_the_next_task(check):
     prog, err = _execute(break_in_last_block, torch.randn(R, C), torch.zeros(R, C), check=check)
     assert isinstance(err, DslError)
     msg = str(err)
-    assert f"left task 'producer' (opened at {__file__}:" in msg
-    assert f"early at {__file__}:{_line_of('break')} in block 3, after 4 of 4 blocks had started" in msg
+    assert f"left task 'producer' (opened at {rel_path(__file__)}:" in msg
+    assert f"early at {rel_path(__file__)}:{_line_of('break')} in block 3, after 4 of 4 blocks had started" in msg
     # the task that was left early still has its edge (it read t, written by 'fill')
     names = [t.name for t in prog.graph]
     assert names == ["fill", "producer"]  # 'consumer' was refused
@@ -79,7 +80,7 @@ def test_return_inside_spmd_loop_fails_at_program_end_and_leaves_outputs_untouch
     prog, err = _execute(return_in_spmd_loop, torch.randn(R, C), y)
     assert isinstance(err, DslError)
     assert "left task 'half'" in str(err)
-    assert f"early at {__file__}:{_line_of('return')} in block 1, after 2 of 4 blocks had started" in str(err)
+    assert f"early at {rel_path(__file__)}:{_line_of('return')} in block 1, after 2 of 4 blocks had started" in str(err)
     assert torch.count_nonzero(y) == 0  # the caller's Out tensor is untouched
     assert len(prog.graph[0].blocks) == 2 and prog.graph[0].footprints
 
@@ -154,7 +155,7 @@ def decorator_body_raises(x: pl.Tensor[[R, C], pl.FP32], y: pl.Out[pl.Tensor[[R,
 def test_decorator_form_body_error_caught_by_the_kernel_fails_at_program_end():
     prog, err = _execute(decorator_body_raises, torch.randn(R, C), torch.zeros(R, C))
     assert isinstance(err, DslError)
-    assert f"early at {__file__}:{_line_of('deco')} in block 2, after 3 of 4 blocks had started" in str(err)
+    assert f"early at {rel_path(__file__)}:{_line_of('deco')} in block 2, after 3 of 4 blocks had started" in str(err)
     assert [blk.idx for blk in prog.graph[0].blocks] == [0, 1, 2]
 
 

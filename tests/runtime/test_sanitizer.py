@@ -24,6 +24,7 @@ import pto
 import pto.language as pl
 from pto.errors import DslError, UndefinedOutputError, UndefinedValueError
 from pto.language import tile_ops
+from pto.language._ctx import rel_path
 from pto.language.tile_ops import Tile
 from pto.language.typing import ScalarValue
 from pto.runtime import RunConfig, drop_init_values
@@ -38,7 +39,7 @@ def _site_of(fn, needle: str) -> str:
     lines, start = inspect.getsourcelines(fn)
     for i, line in enumerate(lines):
         if needle in line:
-            return f"{inspect.getsourcefile(fn)}:{start + i}"
+            return f"{rel_path(inspect.getsourcefile(fn))}:{start + i}"  # messages name paths relative to cwd
     raise AssertionError(f"{needle!r} not in {fn}")
 
 

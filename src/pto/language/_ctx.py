@@ -11,6 +11,7 @@ each seeing only its own program and block.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
@@ -46,10 +47,25 @@ def in_block() -> bool:
     return state.block is not None
 
 
+def rel_path(path: str) -> str:
+    """``path`` relative to the current directory when it lies below it, else unchanged
+    (error messages and origins name kernel source this way)."""
+    try:
+        cwd = os.getcwd()
+    except OSError:  # the directory was removed
+        return path
+    cwd += os.sep
+    return path[len(cwd):] if path.startswith(cwd) else path
+
+
+def frame_site(f) -> str:
+    """``file:line`` of frame ``f`` (path relative to the current directory; see :func:`rel_path`)."""
+    return f"{rel_path(f.f_code.co_filename)}:{f.f_lineno}"
+
+
 def caller_site(depth: int = 2) -> str:
     """``file:line`` of the frame ``depth`` levels up (for error messages and origins)."""
-    f = sys._getframe(depth)
-    return f"{f.f_code.co_filename}:{f.f_lineno}"
+    return frame_site(sys._getframe(depth))
 
 
 _IN_LANGUAGE: dict = {}  # source file name -> inside the pto.language package

@@ -48,7 +48,7 @@ def syncall(core_type: str = "mix", mode: str = "hard"):
         raise DslError("pl.system.syncall must be used inside an spmd block body")
     if st.syncalls is None:
         f = _ctx.user_frame()
-        site = f" at {f.f_code.co_filename}:{f.f_lineno}" if f is not None else ""
+        site = f" at {_ctx.frame_site(f)}" if f is not None else ""
         raise DslError(f"pl.system.syncall(){site} (task {blk.task.name!r} block {blk.idx}) is not a barrier here: "
                        "it only works as `yield pl.system.syncall()` inside a generator body run with the "
                        "decorator form `@pl.spmd(n)` over `def body(b): ...`, where every block runs up to the "

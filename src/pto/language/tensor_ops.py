@@ -346,7 +346,7 @@ class GMTensor:
 def _where() -> str:
     blk = _ctx.state.block
     f = _ctx.user_frame()
-    site = f" at {f.f_code.co_filename}:{f.f_lineno}" if f is not None else ""
+    site = f" at {_ctx.frame_site(f)}" if f is not None else ""
     if blk is not None:
         return f" (task {blk.task.name!r} block {blk.idx}{site})"
     return site
@@ -502,7 +502,7 @@ def _read_elem(t: GMTensor, idx):
         site = None
         if blk is None:
             f = _ctx.user_frame()
-            site = f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else None
+            site = _ctx.frame_site(f) if f is not None else None
         tag = buf.program.consume_scalar(tag, blk, site)
         return ScalarValue(value, False, f"{buf.name}{list(idx)}; {buf.program.describe_undefined(tag)}", tag)
     return value

@@ -154,7 +154,7 @@ class ScalarValue:
         if not self.defined:
             from pto.language import _ctx
             f = _ctx.user_frame()
-            site = f" at {f.f_code.co_filename}:{f.f_lineno}" if f is not None else ""
+            site = f" at {_ctx.frame_site(f)}" if f is not None else ""
             blk = _ctx.state.block
             where = f" (task {blk.task.name!r} block {blk.idx})" if blk is not None else ""
             raise UndefinedValueError(
@@ -258,6 +258,6 @@ def as_int(v, use: str) -> int:
             pass
     from pto.language import _ctx
     f = _ctx.user_frame()
-    site = f" at {f.f_code.co_filename}:{f.f_lineno}" if f is not None else ""
+    site = f" at {_ctx.frame_site(f)}" if f is not None else ""
     raise DslError(f"{use} must be an int, got {type(v).__name__} {v!r}{site} (pto never truncates; write "
                    f"int(...) or use // if that is meant)")

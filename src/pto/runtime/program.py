@@ -122,7 +122,7 @@ def _site(frame) -> str:
     if hit is None:
         if len(_SITES) > 100_000:
             _SITES.clear()
-        hit = _SITES[(id(code), frame.f_lasti)] = (code, f"{code.co_filename}:{frame.f_lineno}")
+        hit = _SITES[(id(code), frame.f_lasti)] = (code, _ctx.frame_site(frame))
     return hit[1]
 
 
@@ -231,6 +231,9 @@ class Program:
             self.result = self._map_back(ret)
             self._copy_back()
             ok = True
+        except Exception as e:
+            _name_context(self, e)
+            raise
         finally:
             _gc_resume()
             st.program, st.block, st.check = None, None, False
@@ -588,11 +591,56 @@ def _gc_resume() -> None:
 
 
 def _record_block_error(err: PtoError) -> None:
-    """``pto.errors`` hook: remember a PtoError created while a task block runs."""
+    """``pto.errors`` hook: remember a PtoError created while a task block runs (and, on the
+    error, that block, for :func:`_name_context`)."""
     st = _ctx.state
     blk = st.block
     if blk is not None and st.program is not None:
         st.program.block_errors.append((blk, err))
+        err._pto_block = blk
+
+
+def _name_context(prog: "Program", err: Exception) -> None:
+    """Make ``err``, leaving program ``prog``, name the kernel, the task and block it was raised
+    in (if any) and the kernel-source ``file:line``.
+
+    A PtoError gets the pieces its message lacks as a prefix (messages built by the runtime
+    that already name kernel, task and block are left alone); any other exception (raised by
+    kernel code, or by torch under it) keeps its type and message and gets the context as a
+    note (``add_note``; the CLI prints it). Done once per exception.
+    """
+    if getattr(err, "_pto_named", False):
+        return
+    err._pto_named = True
+    blk = getattr(err, "_pto_block", None)
+    if blk is not None and not (blk.task.id < len(prog.graph.tasks) and prog.graph.tasks[blk.task.id] is blk.task):
+        blk = None  # a block of another program
+    if blk is None and prog.cur_task is not None and prog.cur_task.blocks:
+        blk = prog.cur_task.blocks[-1]  # the task scope the exception left (see _end_task_early)
+    site = None
+    tb = err.__traceback__
+    while tb is not None:
+        if not _in_pto(tb.tb_frame):
+            site = f"{_ctx.rel_path(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    if isinstance(err, PtoError):
+        msg = str(err)
+        if f"kernel {prog.name}" in msg and "task " in msg and " block" in msg:
+            return
+        pieces = [] if f"kernel {prog.name}" in msg else [f"kernel {prog.name}"]
+        if blk is not None and not (f"task {blk.task.name!r}" in msg and f"block {blk.idx}" in msg):
+            pieces.append(f"task {blk.task.name!r} (#{blk.task.id}) block {blk.idx}")
+        if site is not None and site not in msg:
+            pieces.append(f"at {site}")
+        if pieces:
+            err.args = (f"{', '.join(pieces)}: {msg}",) + tuple(err.args[1:])
+        return
+    where = f"kernel {prog.name}"
+    if blk is not None:
+        where += f", task {blk.task.name!r} (#{blk.task.id}) block {blk.idx}"
+    if site is not None:
+        where += f", at {site}"
+    err.add_note(f"raised in {where}")
 
 
 def _caught_error(kernel: str, task: Task, caught: list) -> PtoError:
@@ -604,7 +652,7 @@ def _caught_error(kernel: str, task: Task, caught: list) -> PtoError:
     tb = err.__traceback__
     while tb is not None:
         if not _in_pto(tb.tb_frame):
-            site = f"{_rel(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+            site = f"{_ctx.rel_path(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
         tb = tb.tb_next
     more = f" ({len(caught) - 1} more in this task)" if len(caught) > 1 else ""
     msg = (f"kernel {kernel}: task {task.name!r} (#{task.id}, {task.site}) block {blk.idx}: "
@@ -619,12 +667,6 @@ def _caught_error(kernel: str, task: Task, caught: list) -> PtoError:
     return new
 
 
-def _rel(path: str) -> str:
-    """``path`` relative to the current directory when it lies below it (else as it is)."""
-    cwd = os.getcwd() + os.sep
-    return path[len(cwd):] if path.startswith(cwd) else path
-
-
 def _exit_site() -> str:
     """``file:line`` where a task scope is being left early: the innermost kernel-source frame
     of the exception leaving it (also when it closes the scope's generator), else the
@@ -636,20 +678,29 @@ def _exit_site() -> str:
     tb = getattr(exc, "__traceback__", None)
     while tb is not None:
         if not _in_pto(tb.tb_frame):
-            site = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+            site = f"{_ctx.rel_path(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
         tb = tb.tb_next
     if site is None:
         f = sys._getframe(1)
         while f is not None and _in_pto(f):
             f = f.f_back
-        site = f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "<unknown>"
+        site = _ctx.frame_site(f) if f is not None else "<unknown>"
     return site
 
 
+_PTO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../pto/
+_MODELS_DIR = _PTO_DIR + "models" + os.sep
+_IN_PTO: dict = {}  # source file name -> pto's own code
+
+
 def _in_pto(frame) -> bool:
-    """The frame runs pto's language or runtime code (not kernel source)."""
-    fname = frame.f_code.co_filename.replace("\\", "/")
-    return "/pto/language/" in fname or "/pto/runtime/" in fname
+    """The frame runs pto's own code (language, runtime, golden, compat, cli), not kernel source
+    (the kernels in pto/models count as kernel source)."""
+    fname = frame.f_code.co_filename
+    inside = _IN_PTO.get(fname)
+    if inside is None:
+        inside = _IN_PTO[fname] = fname.startswith(_PTO_DIR) and not fname.startswith(_MODELS_DIR)
+    return inside
 
 
 def _poison(data: torch.Tensor) -> None:
