@@ -37,7 +37,8 @@ import pto.language as pl
 from pto.errors import BindError, ConfigError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
-from pto.models.deepseek_v4.decode_metadata import (decode_block_tables, hca_cmp_cols, make_decode_metadata)
+from pto.models.deepseek_v4.decode_metadata import (HCA_RATIO, decode_block_tables, golden_decode_cmp_indices,
+                                                    hca_cmp_cols, make_decode_metadata)
 from pto.models.deepseek_v4.prefill_sparse_attn import (FP32_MAX, _invalid_bias, _rope_index_rows, attn_key_tile,
                                                         golden_grouped_o_proj, quantize_wo_b)
 from pto.models.deepseek_v4.qkv_proj_rope import INT8_SCALE_MAX, int8_row_amax, int8_row_codes, rope_interleaved
@@ -50,6 +51,8 @@ __all__ = [
     "decode_sparse_attn_kernels",
     "decode_sparse_attn_swa",
     "decode_sparse_attn_hca",
+    "decode_sparse_attn_csa",
+    "CSA_START_POS",
     "grouped_o_proj_tasks",
     "golden_decode_attention_core",
     "golden_decode_sparse_attn",
@@ -64,6 +67,9 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {"attn_out": (1e-4, 1 / 128,
 # Start positions of the registered decode fixtures, per preset (B.9 / B.13 hca_decode_start_set
 # at FLASH: long context, window boundary, first full window, second window boundary).
 DEFAULT_START_POS = {"flash": (8192, 127, 128, 255), "tiny": (300, 127, 1, 0)}
+# CSA fixtures: every visible entry must fit one request's share of the compressed pool
+# (cmp_kv_block_num / B pages): 1024 entries at FLASH, 32 at tiny
+CSA_START_POS = {"flash": (4090, 127, 6, 0), "tiny": (122, 60, 6, 0)}
 
 # ---- kernel ----
 BIAS_TOK_TILE = 16  # token rows per bias block
@@ -428,6 +434,21 @@ def decode_sparse_attn_hca(q: pl.Tensor, ori_kv: pl.Tensor, swa_indices: pl.Tens
     return decode_sparse_attn_kernels(cfg, hca_cmp_cols(cfg)).decode_sparse_attn(
         q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, rope_cos, rope_sin, wo_a, wo_b,
         wo_b_scale, attn_out)
+
+
+@pl.jit.inline
+def decode_sparse_attn_csa(q: pl.Tensor, ori_kv: pl.Tensor, swa_indices: pl.Tensor, cmp_kv: pl.Tensor,
+                           cmp_block_table: pl.Tensor, cmp_indices: pl.Tensor, attn_sink: pl.Tensor,
+                           rope_cos: pl.Tensor, rope_sin: pl.Tensor, wo_a: pl.Tensor, wo_b: pl.Tensor,
+                           wo_b_scale: pl.Tensor, attn_out: pl.Out[pl.Tensor], cfg):
+    """Stable inline signature ``decode_sparse_attn_csa(q, ori_kv, swa_indices, cmp_kv,
+    cmp_block_table, cmp_indices, attn_sink, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale,
+    attn_out, cfg) -> attn_out``: window + the indexer's ``index_topk`` selected rows (B.8;
+    ``cmp_indices [T, index_topk]`` with ``-1`` past the visible count, as the indexer writes
+    them), :func:`decode_sparse_attn_kernels` with ``n_cmp = index_topk``."""
+    return decode_sparse_attn_kernels(cfg, cfg.index_topk).decode_sparse_attn(
+        q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, rope_cos, rope_sin, wo_a, wo_b,
+        wo_b_scale, attn_out)
 # ---- end kernel ----
 
 
@@ -569,6 +590,7 @@ def make_decode_attn_inputs(
     *,
     n_cmp: int,
     reverse_tables: bool = False,
+    ratio: int = HCA_RATIO,
 ) -> dict:
     """Seeded fixture of the decode cores: ``B = len(start_pos)`` requests of ``S`` tokens.
 
@@ -608,7 +630,7 @@ def make_decode_attn_inputs(
          "wo_a": wo_a.to(bf16), "wo_b": wo_b, "wo_b_scale": wo_b_scale, "position_ids": meta["position_ids"]}
     if n_cmp:
         d.update(cmp_kv=cmp_kv.to(bf16), cmp_block_table=tables["cmp_block_table"],
-                 cmp_indices=meta["cmp_indices"][:, :n_cmp].contiguous())
+                 cmp_indices=golden_decode_cmp_indices(meta["position_ids"], n_cmp, ratio))  # first n_cmp visible
     return d
 
 
@@ -622,15 +644,17 @@ def _build(variant: str, preset: str, mode: str, **options) -> CaseRun:
     if mode != "decode":
         raise ConfigError(f"decode_sparse_attn_{variant}: unknown mode {mode!r}; modes: decode")
     opts = dict(options)
-    start = tuple(opts.pop("start_pos", DEFAULT_START_POS.get(preset, DEFAULT_START_POS["flash"])))
+    starts = CSA_START_POS if variant == "csa" else DEFAULT_START_POS
+    start = tuple(opts.pop("start_pos", starts.get(preset, starts["flash"])))
     S = int(opts.pop("S", cfg.decode_seq))
     seed = int(opts.pop("seed", 0))
     reverse = bool(opts.pop("reverse_tables", False))
     if opts:
         raise ConfigError(f"decode_sparse_attn_{variant}: unknown options {sorted(opts)}")
-    n_cmp = 0 if variant == "swa" else hca_cmp_cols(cfg)
+    n_cmp = {"swa": 0, "hca": hca_cmp_cols(cfg), "csa": cfg.index_topk}[variant]
     k = decode_sparse_attn_kernels(cfg, n_cmp)
-    d = make_decode_attn_inputs(cfg, start, S, seed, n_cmp=n_cmp, reverse_tables=reverse)
+    d = make_decode_attn_inputs(cfg, start, S, seed, n_cmp=n_cmp, reverse_tables=reverse,
+                                ratio=4 if variant == "csa" else HCA_RATIO)
     names = _SWA_ARGS if variant == "swa" else _HCA_ARGS
     specs = [TensorSpec(n, list(d[n].shape), d[n].dtype, d[n]) for n in names]
     T = d["q"].shape[0]
@@ -672,3 +696,18 @@ register(KernelCase("decode_sparse_attn_swa", build_case_swa, modes=("decode",),
                     description="decode sparse attention over the window + sink + grouped INT8 o-proj, B.5"))
 register(KernelCase("decode_sparse_attn_hca", build_case_hca, modes=("decode",),
                     description="decode sparse attention over window + compressed rows + sink + o-proj, B.7"))
+
+
+def build_case_csa(preset: str, mode: str, **options) -> CaseRun:
+    """Registry builder of ``decode_sparse_attn_csa`` (B.8): ``n_cmp = index_topk`` columns
+    holding each token's first visible entries (``k < (p + 1) // 4``); default start positions
+    :data:`CSA_START_POS`; options as :func:`build_case_swa`.
+
+    Raises:
+        ConfigError: unknown preset, mode or option. BindError: pools too small.
+    """
+    return _build("csa", preset, mode, **options)
+
+
+register(KernelCase("decode_sparse_attn_csa", build_case_csa, modes=("decode",),
+                    description="decode sparse attention over window + index_topk selected rows + sink + o-proj, B.8"))
