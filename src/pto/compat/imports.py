@@ -1,4 +1,6 @@
-"""Import aliases for running pypto scripts: ``pypto.language`` served by ``pto.language``,
+"""Import aliases for running pypto scripts: ``pypto.language`` served by ``pto.language``
+(``pl.Out`` is ``pl.PartialOut`` there: pypto leaves unwritten output elements with the
+caller's values, which the reference harness zero-fills and its goldens expect),
 the reference harness's ``golden`` package served by :mod:`pto.compat.golden`, and the
 script's own modules loaded with the ``with pl.spmd(n)`` body form rewritten
 (:mod:`pto.compat.transform`).
@@ -80,6 +82,11 @@ class _LanguageModule(types.ModuleType):
 
     def __getattr__(self, name):
         import pto.language as pl
+        if name == "Out":
+            # pypto's Out leaves unwritten elements with the caller's values (the reference
+            # harness's zeros, which its goldens expect): that is pto's PartialOut
+            self.Out = pl.PartialOut
+            return pl.PartialOut
         try:
             value = getattr(pl, name)
         except AttributeError:
