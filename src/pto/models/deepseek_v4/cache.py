@@ -126,6 +126,7 @@ class Cache:
         self.cfg, self.dep = cfg, dep
         d, dI = cfg.head_dim, cfg.index_head_dim
         bs = dep.block_size
+        self.ctx = -(-dep.max_context // bs) * bs  # table lengths cover whole pages (kernel_config)
         self.csa_ring = dep.prefill_seq // CSA_RATIO + 2
         self.hca_ring = 2 * HCA_RATIO // dep.hca_state_block_size
         self.pools = {
@@ -256,13 +257,14 @@ class Cache:
     # ---- tables and slot mappings ----------------------------------------------------------
     def block_table(self, rid: int, kind: str = "swa_kv") -> torch.Tensor:
         """INT32 block table of request ``rid`` for ``kind``: ``[max_blocks_per_seq]`` for
-        ``swa_kv``, ``[cmp_kv_block_num]`` for ``*_cmp``, ``[ceil(max_context / page)]`` ring
-        tables for ``*_state``; ``-1`` where no page is owned."""
+        ``swa_kv``, ``[cmp_kv_block_num]`` for ``*_cmp``, ``[ctx / page]`` ring tables for
+        ``*_state`` (``ctx`` = ``max_context`` rounded up to a page); ``-1`` where no page is
+        owned."""
         req = self._req(rid)
         dep = self.dep
         if kind.endswith("_state"):
             page = CSA_STATE_PAGE if kind == "csa_state" else dep.hca_state_block_size
-            n = -(-dep.max_context // page)
+            n = -(-self.ctx // page)
             ring = req.rings[kind]
             if kind == "csa_state":  # one window per page: logical page = window
                 return torch.tensor([ring[w % len(ring)] for w in range(n)], dtype=torch.int32)

@@ -101,24 +101,30 @@ class KernelModel:
         from pto.models.deepseek_v4.prefill_attention_swa import prefill_attention_swa_kernels
         from pto.models.deepseek_v4.decode_attention_swa import decode_attention_swa_kernels
         from pto.models.deepseek_v4.moe import moe_kernels
+        from pto.models.deepseek_v4.prefill_attention_hca import prefill_attention_hca_kernels
+        from pto.models.deepseek_v4.decode_attention_hca import decode_attention_hca_kernels
         self._swa_prefill = prefill_attention_swa_kernels(self.kcfg).prefill_attention_swa_test
         self._swa_decode = decode_attention_swa_kernels(self.kcfg).decode_attention_swa_test
+        self._hca_prefill = prefill_attention_hca_kernels(self.kcfg).prefill_attention_hca_test
+        self._hca_decode = decode_attention_hca_kernels(self.kcfg).decode_attention_hca_test
         self._moe = moe_kernels(self.kcfg).moe_test
         self._ffn_w: dict[int, list] = {}
 
     # ---- which sublayers run on kernels -----------------------------------------------------
+    _ATTN_KERNELS = {0: "swa", 128: "hca"}  # compress ratio -> attention kernel family
+
     def _attn_on_kernels(self, i: int) -> bool:
-        return self.cfg.compress_ratios[i] == 0
+        return self.cfg.compress_ratios[i] in self._ATTN_KERNELS
 
     def coverage(self) -> list[dict[str, str]]:
         """Per layer: ``{"type", "attn prefill", "attn decode", "ffn"}`` -> kernel name or
         ``"golden"``."""
         out = []
         for i, ratio in enumerate(self.cfg.compress_ratios):
-            k = self._attn_on_kernels(i)
+            fam = self._ATTN_KERNELS.get(ratio)
             out.append({"type": self.cfg.layer_types[i],
-                        "attn prefill": "prefill_attention_swa" if k else "golden",
-                        "attn decode": "decode_attention_swa" if k else "golden",
+                        "attn prefill": f"prefill_attention_{fam}" if fam else "golden",
+                        "attn decode": f"decode_attention_{fam}" if fam else "golden",
                         "ffn": "moe"})
         return out
 
@@ -145,6 +151,11 @@ class KernelModel:
                 "wo_a": t(p + "attn.wo_a.weight").reshape(cfg.o_groups, cfg.o_lora_rank, -1).to(bf16),
                 "wo_b": wo_b, "wo_b_scale": wo_b_scale,
             }
+            if cfg.compress_ratios[i]:  # compressor: [d, D] BF16 projections, FP32 ape, BF16 norm
+                c = p + "attn.compressor."
+                self._attn_w[i].update({
+                    "cmp_wkv": t(c + "wkv.weight").to(bf16), "cmp_wgate": t(c + "wgate.weight").to(bf16),
+                    "cmp_ape": t(c + "ape"), "cmp_norm_w": t(c + "norm.weight").to(bf16)})
         return self._attn_w[i]
 
     def ffn_weights(self, i: int) -> list[torch.Tensor]:
@@ -202,13 +213,30 @@ class KernelModel:
         prog = entry.run(*args, config=self.run_config)
         self.stats.add(name, prog, time.perf_counter() - t0)
 
-    def _swa_args(self, i: int, X, table, slots, pos, x_out) -> list:
-        w = self.attn_weights(i)
-        cos, sin = self._rope[profile_for_ratio(0)]
-        return [X, w["hc_attn_fn"], w["hc_attn_scale"], w["hc_attn_base"], w["attn_norm_w"], w["wq_a"],
-                w["wq_b"], w["wq_b_scale"], w["wkv"], w["gamma_cq"], w["gamma_ckv"], cos, sin,
-                self.cache.layers[i]["kv"], table, slots, pos.to(torch.int32), w["attn_sink"], w["wo_a"],
-                w["wo_b"], w["wo_b_scale"], x_out]
+    def _attn_args(self, i: int, X, rids: list[int], pos, x_out, prefill: bool) -> list:
+        """Arguments of the layer's prefill (one request, ``[n]`` tables) or decode
+        (``B = len(rids)`` requests, one token each, ``[B, n]`` tables) attention entry."""
+        w, c, ratio = self.attn_weights(i), self.cache, self.cfg.compress_ratios[i]
+        cos, sin = self._rope[profile_for_ratio(ratio)]
+
+        def table(kind):
+            t = [c.block_table(r, kind) for r in rids]
+            return t[0] if prefill else torch.stack(t)
+
+        def slots(kind):
+            if len(rids) == 1:
+                return c.slot_mapping(rids[0], pos, kind)
+            return torch.cat([c.slot_mapping(r, pos[b:b + 1], kind) for b, r in enumerate(rids)])
+
+        head = [X, w["hc_attn_fn"], w["hc_attn_scale"], w["hc_attn_base"], w["attn_norm_w"], w["wq_a"],
+                w["wq_b"], w["wq_b_scale"], w["wkv"], w["gamma_cq"], w["gamma_ckv"], cos, sin]
+        tail = [pos.to(torch.int32), w["attn_sink"], w["wo_a"], w["wo_b"], w["wo_b_scale"], x_out]
+        L = c.layers[i]
+        if ratio == 0:
+            return head + [L["kv"], table("swa_kv"), slots("swa_kv")] + tail
+        return head + [w["cmp_wkv"], w["cmp_wgate"], w["cmp_ape"], w["cmp_norm_w"], L["state"],
+                       table("hca_state"), L["kv"], table("swa_kv"), slots("swa_kv"), L["cmp_kv"],
+                       table("hca_cmp"), slots("hca_cmp"), slots("hca_state")] + tail
 
     # ---- forward ----------------------------------------------------------------------------
     def forward(self, ids, state: KernelState) -> torch.Tensor:
@@ -224,14 +252,13 @@ class KernelModel:
         S = ids.numel()
         self.cache.reserve(state.rid, S)
         pos = torch.arange(state.pos, state.pos + S)
-        table = self.cache.block_table(state.rid)
-        slots = self.cache.slot_mapping(state.rid, pos)
         X = g.embed(ids)
         for i in range(self.cfg.num_hidden_layers):
             if self._attn_on_kernels(i):
                 x_out = torch.empty_like(X)
-                self._run("prefill_attention_swa", self._swa_prefill,
-                          *self._swa_args(i, X, table, slots, pos, x_out), S)
+                fam = self._ATTN_KERNELS[self.cfg.compress_ratios[i]]
+                self._run(f"prefill_attention_{fam}", getattr(self, f"_{fam}_prefill"),
+                          *self._attn_args(i, X, [state.rid], pos, x_out, True), S)
                 X = x_out
             else:
                 X = g.attn_sublayer(i, X, pos, state.golden.layers[i])
@@ -256,14 +283,14 @@ class KernelModel:
         for st in states:
             self.cache.reserve(st.rid, 1)
         pos = torch.tensor([st.pos for st in states])
-        table = torch.stack([self.cache.block_table(st.rid) for st in states])
-        slots = torch.cat([self.cache.slot_mapping(st.rid, pos[b:b + 1]) for b, st in enumerate(states)])
         X = g.embed(ids)
+        rids = [st.rid for st in states]
         for i in range(self.cfg.num_hidden_layers):
             if self._attn_on_kernels(i):
                 x_out = torch.empty_like(X)
-                self._run("decode_attention_swa", self._swa_decode,
-                          *self._swa_args(i, X, table, slots, pos, x_out))
+                fam = self._ATTN_KERNELS[self.cfg.compress_ratios[i]]
+                self._run(f"decode_attention_{fam}", getattr(self, f"_{fam}_decode"),
+                          *self._attn_args(i, X, rids, pos, x_out, False))
                 X = x_out
             else:
                 X = torch.cat([g.attn_sublayer(i, X[b:b + 1], pos[b:b + 1], st.golden.layers[i])
