@@ -25,3 +25,5 @@ from pto.models.deepseek_v4 import expert_routed  # noqa: F401  (registers "expe
 from pto.models.deepseek_v4 import prefill_attention_hca  # noqa: F401  (registers "prefill_attention_hca")
 from pto.models.deepseek_v4 import moe  # noqa: F401  (registers "moe")
 from pto.models.deepseek_v4 import hc_head  # noqa: F401  (registers "hc_head")
+from pto.models.deepseek_v4 import prefill_attention_csa  # noqa: F401  (registers "prefill_attention_csa")
+from pto.models.deepseek_v4 import decode_attention_csa  # noqa: F401  (registers "decode_attention_csa")
