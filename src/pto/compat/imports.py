@@ -123,6 +123,17 @@ def _make_distributed() -> types.ModuleType:
     return dist
 
 
+def _make_golden(name: str) -> types.ModuleType:
+    """``golden`` (a package, so ``golden.validation`` etc. import) and its submodules: each a
+    view of :mod:`pto.compat.golden`'s public names."""
+    import pto.compat.golden as g
+    mod = types.ModuleType(name, g.__doc__)
+    mod.__dict__.update({k: getattr(g, k) for k in g.__all__})
+    if name == "golden":
+        mod.__path__ = []
+    return mod
+
+
 SERVED = ("pypto", "pypto.language", "pypto.language.distributed", "golden")
 """Module names the aliases serve."""
 
@@ -141,9 +152,8 @@ class _ServedLoader(importlib.abc.Loader):
             return _make_language()
         if n == "pypto.language.distributed":
             return _make_distributed()
-        if n == "golden":
-            import pto.compat.golden as g
-            return g
+        if n == "golden" or n.startswith("golden."):
+            return _make_golden(n)
         raise UnsupportedModuleError(f"{n}: not served by pto (only pypto.language and golden){_user_site(3)}")
 
     def exec_module(self, module):
@@ -174,11 +184,8 @@ class Aliases(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname in SERVED or fullname.startswith(("pypto.", "golden.")):
-            if fullname.startswith("golden."):
-                raise UnsupportedModuleError(f"{fullname}: pto serves the reference harness as one module "
-                                             f"`golden`; import its names from `golden`{_user_site(3)}")
             return importlib.machinery.ModuleSpec(fullname, _ServedLoader(fullname),
-                                                  is_package=fullname in ("pypto", "pypto.language"))
+                                                  is_package=fullname in ("pypto", "pypto.language", "golden"))
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
             return None
