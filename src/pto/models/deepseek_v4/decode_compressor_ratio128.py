@@ -72,9 +72,10 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
        K chunks of ``proj_k``), the projection of prefill_compressor_ratio128.
     2. ``decode_hca_c128_scatter_softmax_pool`` ``at``: per request, in token order: the
        state rows of its active tokens, then for a token that closes a window and has a
-       compressed destination, per ``pool_h``-channel tile: the window's 128 state rows
+       compressed destination: the window's 128 state rows
        through ``state_block_table[b]`` (zero rows on a negative entry), softmax over the 128
-       slots per channel, weighted sum into ``pooled`` row ``t``.
+       slots per channel (all channels in one tile), weighted sum into ``pooled`` row ``t``;
+       consecutive physical pages are copied as one run.
     3. ``decode_hca_c128_rmsnorm_rope_cache_write`` ``at``: RMSNorm times ``norm_w`` over the
        ``round_up(T, 8)`` pooled rows (rows of tokens that do not compress are left undefined
        and never stored: rows are independent), interleaved RoPE at ``p + 1 - 128``, then for
@@ -109,15 +110,11 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
     n_nope = d - r
     SP, CP, BS, MAXPOS = cfg.hca_state_block_num, cfg.cmp_kv_block_num, cfg.block_size, cfg.max_position_embeddings
     NST = MAXPOS // page
-    PN, PK, PH = tl.proj_n, tl.proj_k, tl.pool_h
+    PN, PK = tl.proj_n, tl.proj_k
     cap = token_capacity(cfg)
 
     def bind(msg: str) -> BindError:
         return BindError(f"kernel {_NAME}: {msg}")
-
-    def kv_gate_rows(wkv, wgate, c0, k0):  # [2*PN, PK] BF16: the block's wkv rows above its wgate rows
-        w_t = pl.assemble(pl.full([2 * PN, PK], pl.BF16, 0), wkv[c0:c0 + PN, k0:k0 + PK], [0, 0])
-        return pl.assemble(w_t, wgate[c0:c0 + PN, k0:k0 + PK], [PN, 0])
 
     def scan(t, s_req, position_ids, cmp_slot_mapping, state_slot_mapping, state_block_table):
         """Validate the step's metadata; returns ``[(tok, req, pos, state_slot)]`` of the
@@ -152,7 +149,7 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
 
     @pl.jit.inline
     def decode_compressor_ratio128(x: pl.Tensor[[T_DYN, D], pl.BF16],
-                                   kv: pl.InOut[pl.Tensor[[T_DYN, d], pl.FP32]],  # partial: PartialOut once pl has it
+                                   kv: pl.PartialOut[pl.Tensor[[T_DYN, d], pl.FP32]],
                                    compress_state: pl.InOut[pl.Tensor[[SP, page, 2 * d], pl.FP32]],
                                    state_block_table: pl.Tensor[[B_DYN, NST], pl.INT32],
                                    wkv: pl.Tensor[[d, D], pl.BF16],
@@ -182,13 +179,17 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
 
         for b in pl.spmd(d // PN, name_hint="decode_hca_c128_kv_score_proj", deps=[late_dep]):
             c0 = b * PN
-            xt = pl.slice(x, [t_mm, PK], [0, 0], valid_shape=[t, PK])
-            acc = pl.matmul(xt, kv_gate_rows(wkv, wgate, c0, 0), b_trans=True)  # [t_mm, 2*PN] FP32: kv | score
-            for kc in pl.range(1, D // PK):
+            acc_kv = acc_score = None
+            for kc in pl.range(D // PK):  # [t_mm, PN] FP32 tiles, K chunks of PK
                 xt = pl.slice(x, [t_mm, PK], [0, kc * PK], valid_shape=[t, PK])
-                acc = pl.matmul_acc(acc, xt, kv_gate_rows(wkv, wgate, c0, kc * PK), b_trans=True)
-            pl.assemble(kv_proj, pl.set_validshape(pl.slice(acc, [t_mm, PN], [0, 0]), t, PN), [0, c0])
-            pl.assemble(score_proj, pl.set_validshape(pl.slice(acc, [t_mm, PN], [0, PN]), t, PN), [0, c0])
+                w_kv, w_score = wkv[c0:c0 + PN, kc * PK:(kc + 1) * PK], wgate[c0:c0 + PN, kc * PK:(kc + 1) * PK]
+                if acc_kv is None:
+                    acc_kv, acc_score = pl.matmul(xt, w_kv, b_trans=True), pl.matmul(xt, w_score, b_trans=True)
+                else:
+                    acc_kv = pl.matmul_acc(acc_kv, xt, w_kv, b_trans=True)
+                    acc_score = pl.matmul_acc(acc_score, xt, w_score, b_trans=True)
+            pl.assemble(kv_proj, pl.set_validshape(acc_kv, t, PN), [0, c0])
+            pl.assemble(score_proj, pl.set_validshape(acc_score, t, PN), [0, c0])
 
         closing = []
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="decode_hca_c128_scatter_softmax_pool") as pool_tid:
@@ -200,19 +201,25 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
                         state_rows[slot:slot + 1, d:2 * d] = score_proj[tok:tok + 1, 0:d] + ape[p % M:p % M + 1, 0:d]
                 for tok, _, p, _ in [c for c in closing if c[1] == req]:
                     blk0 = (p + 1 - M) // page
-                    for h0 in range(0, d, PH):
-                        kv_w = pl.full([M, PH], pl.FP32, 0.0)
-                        score_w = pl.full([M, PH], pl.FP32, 0.0)
-                        for g in pl.range(tl.pages_per_window):
-                            phys = pl.read(state_block_table, [req, blk0 + g])
-                            if phys >= 0:  # a missing page contributes kv 0, score 0 (as prefill)
-                                row0 = phys * page
-                                kv_w = pl.assemble(kv_w, state_rows[row0:row0 + page, h0:h0 + PH], [g * page, 0])
-                                score_w = pl.assemble(score_w, state_rows[row0:row0 + page, d + h0:d + h0 + PH],
-                                                      [g * page, 0])
-                        e = pl.col_expand_expdif(score_w, pl.col_max(score_w))
-                        weights = pl.col_expand_div(e, pl.col_sum(e))  # softmax over the 128 slots, per channel
-                        pooled_kv[tok:tok + 1, h0:h0 + PH] = pl.col_sum(weights * kv_w)
+                    phys = [pl.read(state_block_table, [req, blk0 + g]) for g in range(tl.pages_per_window)]
+                    window = pl.full([M, 2 * d], pl.FP32, 0.0)
+                    g = 0
+                    while g < len(phys):  # runs of consecutive physical pages, one copy each
+                        if phys[g] < 0:  # a missing page contributes kv 0, score 0 (as prefill)
+                            g += 1
+                            continue
+                        g1 = g + 1
+                        while g1 < len(phys) and phys[g1] == phys[g] + (g1 - g):
+                            g1 += 1
+                        row0 = phys[g] * page
+                        window = pl.assemble(window, state_rows[row0:row0 + (g1 - g) * page, 0:2 * d], [g * page, 0])
+                        g = g1
+                    # deviation: all head_dim channels in one tile (B.9: 128-column head tiles); the
+                    # softmax is per channel, so the result is the same bit for bit
+                    kv_w, score_w = pl.slice(window, [M, d], [0, 0]), pl.slice(window, [M, d], [0, d])
+                    e = pl.col_expand_expdif(score_w, pl.col_max(score_w))
+                    weights = pl.col_expand_div(e, pl.col_sum(e))  # softmax over the 128 slots, per channel
+                    pooled_kv[tok:tok + 1, 0:d] = pl.col_sum(weights * kv_w)
 
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="decode_hca_c128_rmsnorm_rope_cache_write",
                    deps=[pool_tid]):
@@ -243,7 +250,7 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
 
     @pl.jit
     def decode_compressor_ratio128_test(x: pl.Tensor[[T_DYN, D], pl.BF16],
-                                        kv: pl.InOut[pl.Tensor[[T_DYN, d], pl.FP32]],  # partial: PartialOut once pl has it
+                                        kv: pl.PartialOut[pl.Tensor[[T_DYN, d], pl.FP32]],
                                         compress_state: pl.InOut[pl.Tensor[[SP, page, 2 * d], pl.FP32]],
                                         state_block_table: pl.Tensor[[B_DYN, NST], pl.INT32],
                                         wkv: pl.Tensor[[d, D], pl.BF16],
@@ -266,7 +273,7 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
 
 
 @pl.jit.inline
-def decode_compressor_ratio128(x: pl.Tensor, kv: pl.InOut[pl.Tensor], compress_state: pl.InOut[pl.Tensor],
+def decode_compressor_ratio128(x: pl.Tensor, kv: pl.PartialOut[pl.Tensor], compress_state: pl.InOut[pl.Tensor],
                                state_block_table: pl.Tensor, wkv: pl.Tensor, wgate: pl.Tensor, ape: pl.Tensor,
                                norm_w: pl.Tensor, cos_table: pl.Tensor, sin_table: pl.Tensor,
                                cmp_kv: pl.InOut[pl.Tensor], position_ids: pl.Tensor, cmp_slot_mapping: pl.Tensor,
