@@ -15,11 +15,16 @@ scales, BF16 activations and weights otherwise, so the kernel path needs
 * sliding-window (ratio 0) attention: prefill ``prefill_attention_swa`` (hc_pre, RMSNorm,
   q/kv + RoPE, cache write, window attention with sinks, grouped o-projection, hc_post)
   and decode ``decode_attention_swa`` (the same over ``B`` requests);
+* HCA (ratio 128) attention: ``prefill_attention_hca`` / ``decode_attention_hca`` (the
+  same plus the ratio-128 compressor into the paged state ring and compressed cache);
 * the MoE sublayer of every layer, prefill and decode: ``moe`` (hc_pre, gate with hash or
   learned routing, shared + routed W8A8 SwiGLU experts, hc_post).
 
-Golden fallbacks (FP32, the checkpoint's weight format): CSA / HCA attention, embedding and
-the head. The golden state of a fallback layer is its own
+* the embedding (``lookup_embedding``, BF16 table) and the final stream collapse
+  (``hc_head``, BF16 output).
+
+Golden fallbacks (FP32, the checkpoint's weight format): CSA attention, the final RMSNorm
+and the lm_head. The golden state of a fallback layer is its own
 full-history cache (:class:`pto.models.deepseek_v4.model.LayerState`).
 """
 
@@ -33,7 +38,7 @@ import torch
 from pto.errors import ConfigError
 from pto.models.deepseek_v4.cache import Cache, kernel_config
 from pto.models.deepseek_v4.config import DeploymentConfig
-from pto.models.deepseek_v4.model import GoldenModel, GoldenState
+from pto.models.deepseek_v4.model import GoldenModel, GoldenState, rms_norm
 from pto.models.deepseek_v4.prefill_sparse_attn import quantize_wo_b
 from pto.models.deepseek_v4.qkv_proj_rope import quantize_weight_per_column
 from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
@@ -108,6 +113,13 @@ class KernelModel:
         self._hca_prefill = prefill_attention_hca_kernels(self.kcfg).prefill_attention_hca_test
         self._hca_decode = decode_attention_hca_kernels(self.kcfg).decode_attention_hca_test
         self._moe = moe_kernels(self.kcfg).moe_test
+        from pto.models.deepseek_v4.hc_head import hc_head_kernels
+        from pto.models.deepseek_v4.lookup_embedding import lookup_embedding_kernels
+        self._embed = lookup_embedding_kernels(self.kcfg).lookup_embedding_test
+        self._hc_head = hc_head_kernels(self.kcfg).hc_head_test
+        glob = self.golden.ckpt.globals()
+        self._embed_w = glob["embed.weight"].to(bf16)
+        self._head_w = [glob["hc_head_fn"], glob["hc_head_scale"], glob["hc_head_base"]]
         self._ffn_w: dict[int, list] = {}
 
     # ---- which sublayers run on kernels -----------------------------------------------------
@@ -194,6 +206,19 @@ class KernelModel:
         self._run("moe", self._moe, X, *w, x_next, i, X.shape[0])
         return x_next
 
+    def _embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """``lookup_embedding``: ``[T]`` ids -> ``[T, hc_mult, D]`` FP32 streams (BF16 table)."""
+        x = torch.empty(ids.numel(), self.cfg.hc_mult, self.cfg.hidden_size)
+        self._run("lookup_embedding", self._embed, ids.to(torch.int64), self._embed_w, x)
+        return x
+
+    def _logits(self, X: torch.Tensor) -> torch.Tensor:
+        """``hc_head`` kernel (BF16 ``[T, D]``), then the golden final RMSNorm and lm_head."""
+        y = torch.empty(X.shape[0], self.cfg.hidden_size, dtype=torch.bfloat16)
+        self._run("hc_head", self._hc_head, X, *self._head_w, y)
+        g = self.golden
+        return rms_norm(y.float(), self.cfg.rms_norm_eps, g._glob["norm.weight"]) @ g._glob["head.weight"].T
+
     # ---- requests ---------------------------------------------------------------------------
     def new_state(self) -> KernelState:
         """A new request (cache pages for its compressor-state rings are taken now).
@@ -252,7 +277,7 @@ class KernelModel:
         S = ids.numel()
         self.cache.reserve(state.rid, S)
         pos = torch.arange(state.pos, state.pos + S)
-        X = g.embed(ids)
+        X = self._embed_ids(ids)
         for i in range(self.cfg.num_hidden_layers):
             if self._attn_on_kernels(i):
                 x_out = torch.empty_like(X)
@@ -266,7 +291,7 @@ class KernelModel:
         self.cache.commit(state.rid, S)
         state.pos += S
         state.golden.pos += S
-        return g.logits(X)
+        return self._logits(X)
 
     __call__ = forward
 
@@ -283,7 +308,7 @@ class KernelModel:
         for st in states:
             self.cache.reserve(st.rid, 1)
         pos = torch.tensor([st.pos for st in states])
-        X = g.embed(ids)
+        X = self._embed_ids(ids)
         rids = [st.rid for st in states]
         for i in range(self.cfg.num_hidden_layers):
             if self._attn_on_kernels(i):
@@ -300,4 +325,4 @@ class KernelModel:
             self.cache.commit(st.rid, 1)
             st.pos += 1
             st.golden.pos += 1
-        return g.logits(X)
+        return self._logits(X)

@@ -48,13 +48,16 @@ from pto.models.deepseek_v4.qkv_proj_rope import (golden_qkv_proj_rope, quantize
 from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
 from pto.models.deepseek_v4.weights import Checkpoint, QuantWeight
 
-__all__ = ["GoldenModel", "GoldenState", "LayerState"]
+__all__ = ["GoldenModel", "GoldenState", "LayerState", "linear", "rms_norm"]
 
 
-def _rms(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm over the last axis in FP32 (dsv4-math.md 2); weighted if ``weight`` is given."""
     y = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps)
     return y if weight is None else y * weight
+
+
+_rms = rms_norm
 
 
 def linear(x: torch.Tensor, w) -> torch.Tensor:
