@@ -29,6 +29,7 @@ accept, naming the op and the offending operand.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 
 import torch
@@ -393,24 +394,40 @@ def recip(x, high_precision: bool = False) -> Tile:
 
 # ---- constants -------------------------------------------------------------
 
+def _tile_shape(op: str, shape, what: str) -> list:
+    """``shape`` as a list of non-negative ints (DslError naming ``op`` otherwise; ``what``
+    names one dim in the message of a dim that is not an int)."""
+    if not isinstance(shape, (list, tuple)):
+        raise DslError(f"{op}: shape must be a list of dims, got {type(shape).__name__} {shape!r}")
+    dims = [as_int(s, what) for s in shape]
+    if any(d < 0 for d in dims):
+        raise DslError(f"{op}: negative dim in shape {dims}")
+    return dims
+
+
 def full(shape, dtype, value) -> Tile:
     """A tile of ``shape`` filled with ``value`` (an int for integer dtypes).
 
     Raises:
-        DslError: a fractional value on an integer dtype, an integer value out of the
-            dtype's range, or a non-integral dim.
+        DslError: a shape that is not a list of non-negative ints, a value that is not a
+            number (a string, a tile), a fractional value on an integer dtype, or an integer
+            value out of the dtype's range.
     """
     dt = as_dtype(dtype)
     tag = 0
     if isinstance(value, ScalarValue):  # an undefined value fills an undefined tile (no error yet)
         tag = 0 if value.defined else value.oid
         value = value.value
+    if not isinstance(value, numbers.Number):  # ints (bool too), floats, numpy scalars
+        what = "a tile (use the tile itself, or pl.row_expand / pl.col_expand)" if isinstance(value, Tile) else \
+            f"{type(value).__name__} {value!r}"
+        raise DslError(f"pl.full: value must be a number, got {what}")
+    shape = _tile_shape("pl.full", shape, "a tile dim")
     if dt.is_int and isinstance(value, (int, float)) and not isinstance(value, bool):
         if isinstance(value, float) and not value.is_integer():
             raise DslError(f"pl.full: float value {value} for integer dtype {dt}")
         if not dt.min <= value <= dt.max:
             raise DslError(f"pl.full: value {value} out of range of {dt} [{dt.min}, {dt.max}]")
-    shape = [as_int(s, "a tile dim") for s in shape]
     _count()
     mask = torch.full(shape, tag, dtype=torch.int32) if tag else None
     return Tile(torch.full(shape, value, dtype=dt.torch), mask)
@@ -422,10 +439,13 @@ def arange(start, shape, dtype=INT32, descending: bool = False) -> Tile:
     Leading dims must be 1 (reference dsl-api.md section 7). Dtypes INT16, INT32, UINT32.
 
     Raises:
-        DslError: leading dims other than 1, or a non-integer dtype.
+        DslError: a shape that is not a non-empty list of non-negative ints, leading dims
+            other than 1, or a non-integer dtype.
     """
     dt = as_dtype(dtype)
-    shape = [as_int(s, "an arange dim") for s in shape]
+    shape = _tile_shape("pl.arange", shape, "an arange dim")
+    if not shape:
+        raise DslError("pl.arange: shape must have at least one dim ([1, N] or [N])")
     if any(s != 1 for s in shape[:-1]):
         raise DslError(f"pl.arange: leading dims must be 1, got shape {shape}")
     if not dt.is_int:

@@ -243,14 +243,21 @@ def as_int(v, use: str) -> int:
     ScalarValue holding an int); never truncates.
 
     Raises:
-        DslError: a float (even an integral one), a bool or a non-number, naming ``use``
-            and the kernel source line.
+        DslError: a float (even an integral one), a bool, a ``pl.dynamic`` dim (pointing to
+            ``pl.tensor.dim``) or a non-number, naming ``use`` and the kernel source line.
         UndefinedValueError: an undefined ScalarValue (check mode).
     """
     if type(v) is int:
         return v
     if isinstance(v, ScalarValue):
         v = v._need(use)
+    if isinstance(v, DynVar):
+        from pto.language import _ctx
+        f = _ctx.user_frame()
+        site = f" at {_ctx.frame_site(f)}" if f is not None else ""
+        raise DslError(f"{use} is the symbolic dim pl.dynamic({v.name!r}){site}, which has no value outside an "
+                       f"annotation; use its runtime extent: pl.tensor.dim(x, axis) of a parameter x annotated "
+                       f"with {v.name} (e.g. {v.name.lower()} = pl.tensor.dim(x, 0))")
     if not isinstance(v, bool):
         try:
             return operator.index(v)
