@@ -29,7 +29,7 @@ INT32 codes straight to INT8 (:func:`int8_codes`; same values); the
 top-k is ``K`` rounds of "row max, lowest column holding it, mask it" on the whole
 ``[tokens, E]`` tile (the DSL has no ``sort32`` / ``mrgsort`` yet; the selected list is the
 prefix of a stable descending sort, i.e. ties go to the lowest expert id, as the reference
-golden's stable argsort); the comparisons it needs are spelled with ``ceil`` casts
+golden's stable argsort); the comparisons it needs are spelled as saturating products
 (:func:`positive_step`), not compare ops; the reference's softplus (``relu(x) +
 log(1 + exp(-|x|))`` above -10, ``exp(x)`` below) loses up to 1e-3 relative near -10 in
 FP32, so ``log1p`` uses Goldberg's correction instead (same values up to rounding).
@@ -58,6 +58,7 @@ ROUTE_NORM_EPS = 1e-20  # renormalisation floor of the routing weights (transfor
 # u - 1 >= 3e-7 keeps Goldberg's quotient exact enough (the reference switches at -10)
 SOFTPLUS_FLOOR_X = -15.0
 FP32_MAX = 3.4028234663852886e38
+STEP_SCALE = 2.0 ** 126  # positive_step: (2^126)^2 * 2^-149 = 2^103 > 1
 
 # Compare functions (v4flash-kernels.md B.20 / C.2): x_norm_i8 codes within +-1 on 0.1 % of
 # elements, indices as per-row sets, weights per row as sorted values; rest 1e-3.
@@ -82,9 +83,11 @@ def int8_codes(x, s):
 
 
 def positive_step(x):
-    """``1.0`` where the FP32 tile ``x`` is ``> 0``, else ``0.0`` (same shape): the ``ceil``
-    cast of ``min(max(x, 0), 1)`` to INT32 and back (exact; no compare op needed)."""
-    return pl.cast(pl.cast(pl.minimum(pl.maximum(x, 0.0), 1.0), pl.INT32, mode="ceil"), pl.FP32, mode="none")
+    """``1.0`` where the FP32 tile ``x`` is ``> 0``, else ``0.0`` (same shape; ``+inf`` gives 1,
+    NaN stays NaN): ``min(max(x, 0) * 2^126 * 2^126, 1)``. The two scalings take even the
+    smallest subnormal (1.4e-45) past 1 and keep 0 at 0, so the result is exact without a
+    compare op or a cast."""
+    return pl.minimum(pl.maximum(x, 0.0) * STEP_SCALE * STEP_SCALE, 1.0)
 
 
 def stable_sqrt_softplus(z):

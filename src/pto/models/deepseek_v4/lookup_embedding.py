@@ -135,24 +135,21 @@ def golden_lookup_embedding(
 
 def make_embedding_inputs(cfg: DeepSeekV4Config, T: int, seed: int) -> dict[str, torch.Tensor]:
     """Seeded fixture: ``input_ids [T]`` INT64 uniform in ``[0, V)`` with ``0`` and ``V - 1``
-    at the first two positions (when ``T >= 2``), and a BF16 table ``embed [V, D]`` whose
-    entries are a cheap deterministic pattern ``((v * 131 + d * 7 + seed) % 251 - 125) / 64``
-    (exact in BF16; distinct rows, so a wrong row shows; built without a 2-GiB FP32 draw at
-    FLASH size).
+    at the first two positions (when ``T >= 2``), and a BF16 table ``embed [V, D]``:
+    :func:`lm_head.pattern_table` with scale 1/64 (exact in BF16, rows distinct within 4099
+    consecutive ids, cheap to build at FLASH size).
 
     Raises:
         BindError: ``T`` not positive.
     """
     if T <= 0:
         raise BindError(f"make_embedding_inputs: T must be positive, got {T}")
+    from pto.models.deepseek_v4.lm_head import pattern_table
     V, D = cfg.vocab_size, cfg.hidden_size
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, V, (T,), generator=gen, dtype=torch.int64)
     ids[:2] = torch.tensor([0, V - 1])[:T]
-    v = torch.arange(V, dtype=torch.int32).unsqueeze(1) * 131
-    d = torch.arange(D, dtype=torch.int32).unsqueeze(0) * 7
-    embed = ((v + d + seed) % 251 - 125).to(torch.bfloat16) / 64
-    return {"input_ids": ids, "embed": embed}
+    return {"input_ids": ids, "embed": pattern_table(V, D, seed, 1 / 64)}
 
 
 # ---- registration ----
