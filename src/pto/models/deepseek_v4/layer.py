@@ -28,26 +28,188 @@ and the lm_head. The golden state of a fallback layer is its own
 full-history cache (:class:`pto.models.deepseek_v4.model.LayerState`).
 """
 
-from __future__ import annotations
-
+import functools
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 
+import pto.language as pl
+
 from pto.errors import ConfigError
 from pto.models.deepseek_v4.cache import Cache, kernel_config
-from pto.models.deepseek_v4.config import DeploymentConfig
+from pto.models.deepseek_v4.config import DeepSeekV4Config, DeploymentConfig
+from pto.models.deepseek_v4.decode_attention_hca import decode_attention_hca_kernels
+from pto.models.deepseek_v4.decode_attention_swa import decode_attention_swa_kernels
+from pto.models.deepseek_v4.hc_head import hc_head_kernels
+from pto.models.deepseek_v4.lookup_embedding import lookup_embedding_kernels
+from pto.models.deepseek_v4.moe import moe_kernels
+from pto.models.deepseek_v4.prefill_attention_hca import prefill_attention_hca_kernels
+from pto.models.deepseek_v4.prefill_attention_swa import prefill_attention_swa_kernels
 from pto.models.deepseek_v4.model import GoldenModel, GoldenState, rms_norm
 from pto.models.deepseek_v4.prefill_sparse_attn import quantize_wo_b
 from pto.models.deepseek_v4.qkv_proj_rope import quantize_weight_per_column
 from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
+from pto.models.deepseek_v4.tiling import token_capacity
 from pto.models.deepseek_v4.weights import Checkpoint
 from pto.runtime import RunConfig
 
-__all__ = ["KernelModel", "KernelState", "KernelStats"]
+__all__ = ["KernelModel", "KernelState", "KernelStats", "layer_kernels"]
 
 _HEAP_BYTES = 256 << 20  # ring heap of one kernel program (tiny: < 10 MiB peak)
+
+
+# ---- kernel ----
+@functools.lru_cache(maxsize=None)
+def layer_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
+    """The ``@pl.jit`` layer programs of ``cfg`` (cached per config): one program per layer,
+    the attention block of the layer's type then the MoE block (v4flash-kernels.md B.28-B.29).
+
+    ``prefill_layer_swa`` / ``prefill_layer_hca``: one request, ``T`` token rows of which the
+    first ``num_tokens`` are active; arguments are those of ``prefill_attention_swa`` /
+    ``prefill_attention_hca`` (without their ``x_out`` / ``num_tokens``), then ``moe``'s
+    (without ``x_hc``), then ``x_out [T, hc_mult, D] FP32`` (Out), ``layer_id`` and
+    ``num_tokens``. ``decode_layer_swa`` / ``decode_layer_hca``: the decode attention block
+    over ``B`` requests of one token (``[B, n]`` tables), then ``moe`` over the ``T = B`` rows
+    (all active); no ``num_tokens``. The attention writes the layer's residual streams to the
+    scratch ``x_mid [T, hc_mult, D] FP32`` that the MoE block reads.
+
+    Returns:
+        namespace with the four entries.
+
+    Raises:
+        ConfigError: a composed kernel cannot tile ``cfg``; at run time the composed kernels'
+            errors.
+    """
+    D, HC = cfg.hidden_size, cfg.hc_mult
+    cap = token_capacity(cfg)
+    prefill_swa = prefill_attention_swa_kernels(cfg).prefill_attention_swa
+    prefill_hca = prefill_attention_hca_kernels(cfg).prefill_attention_hca
+    decode_swa = decode_attention_swa_kernels(cfg).decode_attention_swa
+    decode_hca = decode_attention_hca_kernels(cfg).decode_attention_hca
+    moe = moe_kernels(cfg).moe
+
+    @pl.jit
+    def prefill_layer_swa(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor,
+                          hc_attn_base: pl.Tensor, attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor,
+                          wq_b_scale: pl.Tensor, wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor,
+                          freqs_cos: pl.Tensor, freqs_sin: pl.Tensor, kv_cache: pl.InOut[pl.Tensor],
+                          block_table: pl.Tensor, ori_slot_mapping: pl.Tensor, position_ids: pl.Tensor,
+                          attn_sink: pl.Tensor, wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor,
+                          hc_ffn_fn: pl.Tensor, hc_ffn_scale: pl.Tensor, hc_ffn_base: pl.Tensor,
+                          norm_w: pl.Tensor, gate_w: pl.Tensor, gate_bias: pl.Tensor, tid2eid: pl.Tensor,
+                          input_ids: pl.Tensor, w1: pl.Tensor, w1_scale: pl.Tensor, w3: pl.Tensor,
+                          w3_scale: pl.Tensor, w2: pl.Tensor, w2_scale: pl.Tensor, sh_w1: pl.Tensor,
+                          sh_w1_scale: pl.Tensor, sh_w3: pl.Tensor, sh_w3_scale: pl.Tensor, sh_w2: pl.Tensor,
+                          sh_w2_scale: pl.Tensor,
+                          x_out: pl.Out[pl.Tensor],
+                          layer_id: pl.Scalar[pl.INT32],
+                          num_tokens: pl.Scalar[pl.INT32]):
+        """Prefill layer (SWA attention, then MoE); returns ``x_out``."""
+        t = pl.tensor.dim(x_hc, 0)
+        x_mid = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name="x_mid")
+        prefill_swa(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
+                    gamma_cq, gamma_ckv, freqs_cos, freqs_sin, kv_cache, block_table, ori_slot_mapping,
+                    position_ids, attn_sink, wo_a, wo_b, wo_b_scale, x_mid, num_tokens)
+        moe(x_mid, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, w1,
+            w1_scale, w3, w3_scale, w2, w2_scale, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale,
+            x_out, layer_id, num_tokens)
+        return x_out
+
+    @pl.jit
+    def prefill_layer_hca(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor,
+                          hc_attn_base: pl.Tensor, attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor,
+                          wq_b_scale: pl.Tensor, wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor,
+                          freqs_cos: pl.Tensor, freqs_sin: pl.Tensor, cmp_wkv: pl.Tensor, cmp_wgate: pl.Tensor,
+                          cmp_ape: pl.Tensor, cmp_norm_w: pl.Tensor, compress_state: pl.InOut[pl.Tensor],
+                          state_block_table: pl.Tensor, kv_cache: pl.InOut[pl.Tensor], block_table: pl.Tensor,
+                          ori_slot_mapping: pl.Tensor, cmp_kv: pl.InOut[pl.Tensor], cmp_block_table: pl.Tensor,
+                          cmp_slot_mapping: pl.Tensor, state_slot_mapping: pl.Tensor, position_ids: pl.Tensor,
+                          attn_sink: pl.Tensor, wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor,
+                          hc_ffn_fn: pl.Tensor, hc_ffn_scale: pl.Tensor, hc_ffn_base: pl.Tensor,
+                          norm_w: pl.Tensor, gate_w: pl.Tensor, gate_bias: pl.Tensor, tid2eid: pl.Tensor,
+                          input_ids: pl.Tensor, w1: pl.Tensor, w1_scale: pl.Tensor, w3: pl.Tensor,
+                          w3_scale: pl.Tensor, w2: pl.Tensor, w2_scale: pl.Tensor, sh_w1: pl.Tensor,
+                          sh_w1_scale: pl.Tensor, sh_w3: pl.Tensor, sh_w3_scale: pl.Tensor, sh_w2: pl.Tensor,
+                          sh_w2_scale: pl.Tensor,
+                          x_out: pl.Out[pl.Tensor],
+                          layer_id: pl.Scalar[pl.INT32],
+                          num_tokens: pl.Scalar[pl.INT32]):
+        """Prefill layer (HCA attention, then MoE); returns ``x_out``."""
+        t = pl.tensor.dim(x_hc, 0)
+        x_mid = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name="x_mid")
+        prefill_hca(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
+                    gamma_cq, gamma_ckv, freqs_cos, freqs_sin, cmp_wkv, cmp_wgate, cmp_ape, cmp_norm_w,
+                    compress_state, state_block_table, kv_cache, block_table, ori_slot_mapping, cmp_kv,
+                    cmp_block_table, cmp_slot_mapping, state_slot_mapping, position_ids, attn_sink, wo_a, wo_b,
+                    wo_b_scale, x_mid, num_tokens)
+        moe(x_mid, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, w1,
+            w1_scale, w3, w3_scale, w2, w2_scale, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale,
+            x_out, layer_id, num_tokens)
+        return x_out
+
+    @pl.jit
+    def decode_layer_swa(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor,
+                         hc_attn_base: pl.Tensor, attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor,
+                         wq_b_scale: pl.Tensor, wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor,
+                         freqs_cos: pl.Tensor, freqs_sin: pl.Tensor, kv_cache: pl.InOut[pl.Tensor],
+                         block_table: pl.Tensor, ori_slot_mapping: pl.Tensor, position_ids: pl.Tensor,
+                         attn_sink: pl.Tensor, wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor,
+                         hc_ffn_fn: pl.Tensor, hc_ffn_scale: pl.Tensor, hc_ffn_base: pl.Tensor,
+                         norm_w: pl.Tensor, gate_w: pl.Tensor, gate_bias: pl.Tensor, tid2eid: pl.Tensor,
+                         input_ids: pl.Tensor, w1: pl.Tensor, w1_scale: pl.Tensor, w3: pl.Tensor,
+                         w3_scale: pl.Tensor, w2: pl.Tensor, w2_scale: pl.Tensor, sh_w1: pl.Tensor,
+                         sh_w1_scale: pl.Tensor, sh_w3: pl.Tensor, sh_w3_scale: pl.Tensor, sh_w2: pl.Tensor,
+                         sh_w2_scale: pl.Tensor,
+                         x_out: pl.Out[pl.Tensor],
+                         layer_id: pl.Scalar[pl.INT32]):
+        """Decode layer (SWA attention, then MoE); returns ``x_out``."""
+        t = pl.tensor.dim(x_hc, 0)
+        num_tokens = t
+        x_mid = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name="x_mid")
+        decode_swa(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
+                   gamma_cq, gamma_ckv, freqs_cos, freqs_sin, kv_cache, block_table, ori_slot_mapping,
+                   position_ids, attn_sink, wo_a, wo_b, wo_b_scale, x_mid)
+        moe(x_mid, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, w1,
+            w1_scale, w3, w3_scale, w2, w2_scale, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale,
+            x_out, layer_id, num_tokens)
+        return x_out
+
+    @pl.jit
+    def decode_layer_hca(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor,
+                         hc_attn_base: pl.Tensor, attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor,
+                         wq_b_scale: pl.Tensor, wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor,
+                         freqs_cos: pl.Tensor, freqs_sin: pl.Tensor, cmp_wkv: pl.Tensor, cmp_wgate: pl.Tensor,
+                         cmp_ape: pl.Tensor, cmp_norm_w: pl.Tensor, compress_state: pl.InOut[pl.Tensor],
+                         state_block_table: pl.Tensor, kv_cache: pl.InOut[pl.Tensor], block_table: pl.Tensor,
+                         ori_slot_mapping: pl.Tensor, cmp_kv: pl.InOut[pl.Tensor], cmp_block_table: pl.Tensor,
+                         cmp_slot_mapping: pl.Tensor, state_slot_mapping: pl.Tensor, position_ids: pl.Tensor,
+                         attn_sink: pl.Tensor, wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor,
+                         hc_ffn_fn: pl.Tensor, hc_ffn_scale: pl.Tensor, hc_ffn_base: pl.Tensor,
+                         norm_w: pl.Tensor, gate_w: pl.Tensor, gate_bias: pl.Tensor, tid2eid: pl.Tensor,
+                         input_ids: pl.Tensor, w1: pl.Tensor, w1_scale: pl.Tensor, w3: pl.Tensor,
+                         w3_scale: pl.Tensor, w2: pl.Tensor, w2_scale: pl.Tensor, sh_w1: pl.Tensor,
+                         sh_w1_scale: pl.Tensor, sh_w3: pl.Tensor, sh_w3_scale: pl.Tensor, sh_w2: pl.Tensor,
+                         sh_w2_scale: pl.Tensor,
+                         x_out: pl.Out[pl.Tensor],
+                         layer_id: pl.Scalar[pl.INT32]):
+        """Decode layer (HCA attention, then MoE); returns ``x_out``."""
+        t = pl.tensor.dim(x_hc, 0)
+        num_tokens = t
+        x_mid = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name="x_mid")
+        decode_hca(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
+                   gamma_cq, gamma_ckv, freqs_cos, freqs_sin, cmp_wkv, cmp_wgate, cmp_ape, cmp_norm_w,
+                   compress_state, state_block_table, kv_cache, block_table, ori_slot_mapping, cmp_kv,
+                   cmp_block_table, cmp_slot_mapping, state_slot_mapping, position_ids, attn_sink, wo_a, wo_b,
+                   wo_b_scale, x_mid)
+        moe(x_mid, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, w1,
+            w1_scale, w3, w3_scale, w2, w2_scale, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale,
+            x_out, layer_id, num_tokens)
+        return x_out
+    return SimpleNamespace(prefill_layer_swa=prefill_layer_swa, prefill_layer_hca=prefill_layer_hca,
+                           decode_layer_swa=decode_layer_swa, decode_layer_hca=decode_layer_hca)
+# ---- end kernel ----
 
 
 @dataclass
@@ -103,18 +265,8 @@ class KernelModel:
                       for p in ("main", "compress")}
         self._attn_w: dict[int, dict] = {}
         self.stats = KernelStats()
-        from pto.models.deepseek_v4.prefill_attention_swa import prefill_attention_swa_kernels
-        from pto.models.deepseek_v4.decode_attention_swa import decode_attention_swa_kernels
-        from pto.models.deepseek_v4.moe import moe_kernels
-        from pto.models.deepseek_v4.prefill_attention_hca import prefill_attention_hca_kernels
-        from pto.models.deepseek_v4.decode_attention_hca import decode_attention_hca_kernels
-        self._swa_prefill = prefill_attention_swa_kernels(self.kcfg).prefill_attention_swa_test
-        self._swa_decode = decode_attention_swa_kernels(self.kcfg).decode_attention_swa_test
-        self._hca_prefill = prefill_attention_hca_kernels(self.kcfg).prefill_attention_hca_test
-        self._hca_decode = decode_attention_hca_kernels(self.kcfg).decode_attention_hca_test
+        self._layers = layer_kernels(self.kcfg)
         self._moe = moe_kernels(self.kcfg).moe_test
-        from pto.models.deepseek_v4.hc_head import hc_head_kernels
-        from pto.models.deepseek_v4.lookup_embedding import lookup_embedding_kernels
         self._embed = lookup_embedding_kernels(self.kcfg).lookup_embedding_test
         self._hc_head = hc_head_kernels(self.kcfg).hc_head_test
         glob = self.golden.ckpt.globals()
@@ -198,12 +350,16 @@ class KernelModel:
             ]
         return self._ffn_w[i]
 
-    def _ffn(self, i: int, X: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """MoE sublayer of layer ``i`` through the ``moe`` kernel; ``[T, N, D]`` FP32."""
+    def _ffn_args(self, i: int, ids: torch.Tensor) -> list:
+        """``moe``'s tensor arguments after ``x_hc`` (the token ids filled in)."""
         w = list(self.ffn_weights(i))
         w[7] = ids.to(torch.int64)
+        return w
+
+    def _ffn(self, i: int, X: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """MoE sublayer of layer ``i`` through the ``moe`` kernel alone; ``[T, N, D]`` FP32."""
         x_next = torch.empty_like(X)
-        self._run("moe", self._moe, X, *w, x_next, i, X.shape[0])
+        self._run("moe", self._moe, X, *self._ffn_args(i, ids), x_next, i, X.shape[0])
         return x_next
 
     def _embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
@@ -238,7 +394,7 @@ class KernelModel:
         prog = entry.run(*args, config=self.run_config)
         self.stats.add(name, prog, time.perf_counter() - t0)
 
-    def _attn_args(self, i: int, X, rids: list[int], pos, x_out, prefill: bool) -> list:
+    def _attn_args(self, i: int, X, rids: list[int], pos, prefill: bool) -> list:
         """Arguments of the layer's prefill (one request, ``[n]`` tables) or decode
         (``B = len(rids)`` requests, one token each, ``[B, n]`` tables) attention entry."""
         w, c, ratio = self.attn_weights(i), self.cache, self.cfg.compress_ratios[i]
@@ -255,7 +411,7 @@ class KernelModel:
 
         head = [X, w["hc_attn_fn"], w["hc_attn_scale"], w["hc_attn_base"], w["attn_norm_w"], w["wq_a"],
                 w["wq_b"], w["wq_b_scale"], w["wkv"], w["gamma_cq"], w["gamma_ckv"], cos, sin]
-        tail = [pos.to(torch.int32), w["attn_sink"], w["wo_a"], w["wo_b"], w["wo_b_scale"], x_out]
+        tail = [pos.to(torch.int32), w["attn_sink"], w["wo_a"], w["wo_b"], w["wo_b_scale"]]
         L = c.layers[i]
         if ratio == 0:
             return head + [L["kv"], table("swa_kv"), slots("swa_kv")] + tail
@@ -281,13 +437,12 @@ class KernelModel:
         for i in range(self.cfg.num_hidden_layers):
             if self._attn_on_kernels(i):
                 x_out = torch.empty_like(X)
-                fam = self._ATTN_KERNELS[self.cfg.compress_ratios[i]]
-                self._run(f"prefill_attention_{fam}", getattr(self, f"_{fam}_prefill"),
-                          *self._attn_args(i, X, [state.rid], pos, x_out, True), S)
+                name = f"prefill_layer_{self._ATTN_KERNELS[self.cfg.compress_ratios[i]]}"
+                self._run(name, getattr(self._layers, name), *self._attn_args(i, X, [state.rid], pos, True),
+                          *self._ffn_args(i, ids), x_out, i, S)
                 X = x_out
             else:
-                X = g.attn_sublayer(i, X, pos, state.golden.layers[i])
-            X = self._ffn(i, X, ids)
+                X = self._ffn(i, g.attn_sublayer(i, X, pos, state.golden.layers[i]), ids)
         self.cache.commit(state.rid, S)
         state.pos += S
         state.golden.pos += S
@@ -313,14 +468,14 @@ class KernelModel:
         for i in range(self.cfg.num_hidden_layers):
             if self._attn_on_kernels(i):
                 x_out = torch.empty_like(X)
-                fam = self._ATTN_KERNELS[self.cfg.compress_ratios[i]]
-                self._run(f"decode_attention_{fam}", getattr(self, f"_{fam}_decode"),
-                          *self._attn_args(i, X, rids, pos, x_out, False))
+                name = f"decode_layer_{self._ATTN_KERNELS[self.cfg.compress_ratios[i]]}"
+                self._run(name, getattr(self._layers, name), *self._attn_args(i, X, rids, pos, False),
+                          *self._ffn_args(i, ids), x_out, i)
                 X = x_out
             else:
                 X = torch.cat([g.attn_sublayer(i, X[b:b + 1], pos[b:b + 1], st.golden.layers[i])
                                for b, st in enumerate(states)])
-            X = self._ffn(i, X, ids)
+                X = self._ffn(i, X, ids)
         for st in states:
             self.cache.commit(st.rid, 1)
             st.pos += 1
