@@ -140,7 +140,7 @@ def test_cli_generate_on_kernels(ckpt, capsys):
     # 3 steps (1 prefill + 2 decode): one layer program per SWA / HCA layer (attention + MoE),
     # the MoE alone on the 2 CSA layers (their attention is golden)
     assert km.stats.programs == {"lookup_embedding": 3, "prefill_layer_swa": 2, "decode_layer_swa": 4,
-                                 "prefill_layer_hca": 2, "decode_layer_hca": 4, "moe": 6, "hc_head": 3}
+                                 "prefill_layer_hca": 2, "decode_layer_hca": 4, "moe": 6, "final_logits": 3}
     assert not km.cache.requests  # generate released the request's pages
     assert main(["generate", str(ckpt), "--input-ids", "5", "--backend", "kernels"]) == 2
     assert "needs --weights int8" in capsys.readouterr().err

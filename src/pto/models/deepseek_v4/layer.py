@@ -20,11 +20,10 @@ scales, BF16 activations and weights otherwise, so the kernel path needs
 * the MoE sublayer of every layer, prefill and decode: ``moe`` (hc_pre, gate with hash or
   learned routing, shared + routed W8A8 SwiGLU experts, hc_post).
 
-* the embedding (``lookup_embedding``, BF16 table) and the final stream collapse
-  (``hc_head``, BF16 output).
+* the embedding (``lookup_embedding``, BF16 table) and the head (``final_logits``:
+  hc_head, final RMSNorm, lm_head with BF16 weights, FP32 logits).
 
-Golden fallbacks (FP32, the checkpoint's weight format): CSA attention, the final RMSNorm
-and the lm_head. The golden state of a fallback layer is its own
+Golden fallback (FP32, the checkpoint's weight format): CSA attention. The golden state of a fallback layer is its own
 full-history cache (:class:`pto.models.deepseek_v4.model.LayerState`).
 """
 
@@ -42,12 +41,12 @@ from pto.models.deepseek_v4.cache import Cache, kernel_config
 from pto.models.deepseek_v4.config import DeepSeekV4Config, DeploymentConfig
 from pto.models.deepseek_v4.decode_attention_hca import decode_attention_hca_kernels
 from pto.models.deepseek_v4.decode_attention_swa import decode_attention_swa_kernels
-from pto.models.deepseek_v4.hc_head import hc_head_kernels
+from pto.models.deepseek_v4.lm_head import lm_head_kernels
 from pto.models.deepseek_v4.lookup_embedding import lookup_embedding_kernels
 from pto.models.deepseek_v4.moe import moe_kernels
 from pto.models.deepseek_v4.prefill_attention_hca import prefill_attention_hca_kernels
 from pto.models.deepseek_v4.prefill_attention_swa import prefill_attention_swa_kernels
-from pto.models.deepseek_v4.model import GoldenModel, GoldenState, rms_norm
+from pto.models.deepseek_v4.model import GoldenModel, GoldenState
 from pto.models.deepseek_v4.prefill_sparse_attn import quantize_wo_b
 from pto.models.deepseek_v4.qkv_proj_rope import quantize_weight_per_column
 from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
@@ -268,10 +267,11 @@ class KernelModel:
         self._layers = layer_kernels(self.kcfg)
         self._moe = moe_kernels(self.kcfg).moe_test
         self._embed = lookup_embedding_kernels(self.kcfg).lookup_embedding_test
-        self._hc_head = hc_head_kernels(self.kcfg).hc_head_test
+        self._final_logits = lm_head_kernels(self.kcfg).final_logits_test
         glob = self.golden.ckpt.globals()
         self._embed_w = glob["embed.weight"].to(bf16)
-        self._head_w = [glob["hc_head_fn"], glob["hc_head_scale"], glob["hc_head_base"]]
+        self._head_w = [glob["hc_head_fn"], glob["hc_head_scale"], glob["hc_head_base"],
+                        glob["norm.weight"].to(bf16), glob["head.weight"].to(bf16)]
         self._ffn_w: dict[int, list] = {}
 
     # ---- which sublayers run on kernels -----------------------------------------------------
@@ -369,11 +369,10 @@ class KernelModel:
         return x
 
     def _logits(self, X: torch.Tensor) -> torch.Tensor:
-        """``hc_head`` kernel (BF16 ``[T, D]``), then the golden final RMSNorm and lm_head."""
-        y = torch.empty(X.shape[0], self.cfg.hidden_size, dtype=torch.bfloat16)
-        self._run("hc_head", self._hc_head, X, *self._head_w, y)
-        g = self.golden
-        return rms_norm(y.float(), self.cfg.rms_norm_eps, g._glob["norm.weight"]) @ g._glob["head.weight"].T
+        """``final_logits``: hc_head -> RMSNorm -> lm_head (BF16 weights); ``[T, V]`` FP32."""
+        logits = torch.empty(X.shape[0], self.cfg.vocab_size)
+        self._run("final_logits", self._final_logits, X, *self._head_w, logits)
+        return logits
 
     # ---- requests ---------------------------------------------------------------------------
     def new_state(self) -> KernelState:
