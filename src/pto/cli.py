@@ -413,13 +413,14 @@ def cmd_demo(args) -> int:
         table.add_column(col, justify=just)
     failures = []
     t_start = time.perf_counter()
+    from pto.models.deepseek_v4.config import capped_preset
     for case in cases:
         for mode in case.modes:
-            preset = args.preset
+            preset = capped_preset(args.preset, case.max_preset) if case.group == "model" else args.preset
             label = mode
             try:
                 cr = case.build(preset, mode)
-                label = _mode_label(mode, preset, cr.label)
+                label = _mode_label(mode, preset, cr.label) + (f" ({preset} preset)" if preset != args.preset else "")
                 res = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, rtol=cr.rtol, atol=cr.atol,
                               check=args.check)
             except Exception as e:  # noqa: BLE001 - one failing kernel must not hide the others

@@ -42,6 +42,8 @@ class KernelCase:
         modes: the modes ``build`` accepts (``"decode"``, ``"prefill"``, ...).
         seed_variant: True when ``seed_scopes=True`` is supported.
         description: one line for tables.
+        max_preset: the largest model preset ``pto demo`` and the kernel benchmarks run the
+            case at (a larger ``--preset`` falls back to it); None: no cap.
     """
 
     name: str
@@ -50,6 +52,7 @@ class KernelCase:
     seed_variant: bool = False
     description: str = ""
     group: str = "model"
+    max_preset: str | None = None
 
 
 REGISTRY: dict[str, KernelCase] = {}

@@ -104,3 +104,14 @@ def test_moe_demo(mode):
     _, res = _run(mode, preset="demo")
     _, seeded = _run(mode, preset="demo", seed_scopes=True)
     assert torch.equal(res.actual["x_next"], seeded.actual["x_next"])
+
+
+def test_moe_kernels_are_capped_at_the_demo_preset_for_the_demo_and_benchmarks():
+    from pto.golden import get_case
+    from pto.models.deepseek_v4.config import capped_preset
+
+    for name in ("moe", "expert_routed"):
+        assert get_case(name).max_preset == "demo"
+    assert get_case("gate").max_preset is None and get_case("lm_head").max_preset is None
+    assert [capped_preset(p, "demo") for p in ("tiny", "demo", "flash", "pro")] == ["tiny", "demo", "demo", "demo"]
+    assert capped_preset("flash", None) == "flash"

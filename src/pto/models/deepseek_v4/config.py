@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pto.errors import ConfigError
 
 __all__ = ["RopeScaling", "DeepSeekV4Config", "DeploymentConfig", "PRESETS", "DEPLOYMENTS",
-           "get_config", "get_deployment", "LAYER_TYPE_OF_RATIO"]
+           "get_config", "get_deployment", "LAYER_TYPE_OF_RATIO", "PRESET_SIZE_ORDER", "capped_preset"]
 
 # HF ``layer_types`` entry of each compress ratio (transformers configuration_deepseek_v4).
 LAYER_TYPE_OF_RATIO = {0: "sliding_attention", 4: "compressed_sparse_attention",
@@ -443,6 +443,25 @@ def get_config(name: str) -> DeepSeekV4Config:
         return PRESETS[name]
     except KeyError:
         raise ConfigError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}") from None
+
+
+# Presets from the smallest to the largest model (for ``capped_preset``).
+PRESET_SIZE_ORDER = ("tiny", "demo", "flash", "pro")
+
+
+def capped_preset(preset: str, max_preset: str | None) -> str:
+    """``preset``, or ``max_preset`` when that is smaller (:data:`PRESET_SIZE_ORDER`): the preset
+    the demo and the benchmarks run a ``KernelCase`` with ``max_preset`` at (e.g. the MoE
+    kernels, whose 256 FLASH experts are 6 GiB of INT8 weights, run at ``demo``).
+
+    Raises:
+        ConfigError: an unknown preset name.
+    """
+    get_config(preset)
+    if max_preset is None:
+        return preset
+    get_config(max_preset)
+    return min(preset, max_preset, key=PRESET_SIZE_ORDER.index)
 
 
 @dataclass(frozen=True)

@@ -324,4 +324,5 @@ def build_expert_routed(preset: str = "tiny", mode: str = "prefill", *, T: int |
 
 
 register(KernelCase("expert_routed", build_expert_routed, modes=("decode", "prefill"),
+                    max_preset="demo",
                     description="routed experts, one rank: dispatch by expert, W8A8 SwiGLU, combine (B.21)"))

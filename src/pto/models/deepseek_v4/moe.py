@@ -274,4 +274,5 @@ def build_moe(preset: str = "tiny", mode: str = "prefill", *, T: int | None = No
 
 
 register(KernelCase("moe", build_moe, modes=("decode", "prefill"), seed_variant=True,
+                    max_preset="demo",
                     description="MoE FFN sub-block, one rank: hc_pre, gate, shared + routed experts, hc_post (B.23)"))
