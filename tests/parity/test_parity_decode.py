@@ -1,0 +1,176 @@
+"""Parity of the SWA and HCA decode goldens with transformers running with its cache.
+
+transformers (``past_key_values``, a ``DynamicCache`` of sliding / HCA layers) prefills the
+first :data:`PREFILL` = 380 tokens of the tiny checkpoint's sequence, then decodes 8 tokens one
+at a time (positions 380..387), so the HCA window 256..383 closes inside the decode, at
+position 383 (dsv4-math.md 5: the entry is emitted once its window is complete, rotated at
+its start 256). Forward hooks record, per layer and step, the attention input streams
+(``attn_hc`` input), the ``self_attn`` output and the stream after hc_post (``ffn_hc``
+input), and for HCA layers the compressor's running entry list.
+
+On the pto side the same layer runs as a serving stack would: one golden prefill of the 380
+tokens (``golden_prefill_attention_swa`` / ``_hca``) into paged FP32 caches (raw kv pool,
+compressor state ring, compressed pool), then 8 ``golden_decode_attention_swa`` / ``_hca``
+steps (B = 1, S = 1) that read and update those caches. Each step is fed HF's input streams
+of that step, so layers are compared one at a time. Compared per step: ``attn_out`` and
+``x_out``; for HCA layers also the compressed row the decode writes at position 383.
+
+Numerics: ``weight_format="bf16"`` (unquantised) and ``float32=True`` (no BF16 rounding);
+FP32 on both sides, summation orders differ (HF dense masked logits, the golden gathered
+keys in tiles). Bounds atol = rtol = 1e-4 as test_parity_swa.
+"""
+
+import pytest
+import torch
+
+from pto.models.deepseek_v4.decode_attention_hca import golden_decode_attention_hca
+from pto.models.deepseek_v4.decode_attention_swa import golden_decode_attention_swa
+from pto.models.deepseek_v4.decode_metadata import decode_positions, page_rows
+from pto.models.deepseek_v4.prefill_attention_hca import golden_prefill_attention_hca
+from pto.models.deepseek_v4.prefill_attention_swa import golden_prefill_attention_swa
+from pto.models.deepseek_v4.rope import rope_tables
+
+ATOL = 1e-4
+RTOL = 1e-4
+PREFILL = 380
+STEPS = 8
+M = 128
+
+
+@pytest.fixture(scope="module")
+def hf_decode(hf_run):
+    """HF prefill of PREFILL tokens with a cache, then STEPS single-token decode steps;
+    returns ``{module name: [capture per call]}`` (call 0 = the prefill, call k = step k)."""
+    model, ids = hf_run.model, hf_run.input_ids[:, :PREFILL + STEPS]
+    calls: dict[str, list] = {}
+    wanted = []
+    for L in range(hf_run.cfg.num_hidden_layers):
+        p = f"model.layers.{L}"
+        wanted += [f"{p}.attn_hc", f"{p}.self_attn", f"{p}.ffn_hc", f"{p}.self_attn.compressor"]
+    mods = dict(model.named_modules())
+    handles = []
+    for name in wanted:
+        if name not in mods:
+            continue
+
+        def hook(mod, args, kwargs, output, _name=name):
+            calls.setdefault(_name, []).append((tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a
+                                                      for a in args),
+                                                output[0].detach().clone()))
+
+        handles.append(mods[name].register_forward_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids[:, :PREFILL], use_cache=True)
+            cache = out.past_key_values
+            for k in range(STEPS):
+                out = model(input_ids=ids[:, PREFILL + k:PREFILL + k + 1], past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+    finally:
+        for h in handles:
+            h.remove()
+    return calls
+
+
+def _layer_inputs(hf_run, layer: int, profile: str) -> dict:
+    """Weights of ``layer`` in golden layout (as ParityRun.swa_inputs) with FP32 caches and
+    identity page tables sized for PREFILL + STEPS tokens."""
+    cfg = hf_run.cfg
+    a = f"model.layers.{layer}.self_attn"
+    q = hf_run.qkv_args(layer)
+    hc = hf_run.hc_args(layer, "attn")
+    G, Lo = cfg.o_groups, cfg.o_lora_rank
+    cos, sin = rope_tables(cfg, profile, max_pos=PREFILL + STEPS)
+    blk = torch.arange(cfg.max_blocks_per_seq)
+    return {
+        "hc_attn_fn": hc["hc_fn"], "hc_attn_scale": hc["hc_scale"], "hc_attn_base": hc["hc_base"],
+        "attn_norm_w": hf_run.param(f"model.layers.{layer}.input_layernorm.weight"),
+        "wq_a": q["wq_a"], "wq_b": q["wq_b"], "wq_b_scale": None, "wkv": q["wkv"],
+        "gamma_cq": q["gamma_cq"], "gamma_ckv": q["gamma_ckv"], "freqs_cos": cos, "freqs_sin": sin,
+        "kv_cache": torch.zeros(cfg.ori_kv_block_num, cfg.block_size, 1, cfg.head_dim),
+        "block_table": torch.where(blk < cfg.ori_kv_block_num, blk, -1).to(torch.int32),
+        "attn_sink": hf_run.param(f"{a}.sinks"),
+        "wo_a": hf_run.param(f"{a}.o_a_proj.weight").view(G, Lo, -1),
+        "wo_b": hf_run.param(f"{a}.o_b_proj.weight"), "wo_b_scale": None,
+    }
+
+
+def _hf_step(hf_decode, layer: int, k: int):
+    """(x_hc [S, hc, D], attn_out [S, D], stream after hc_post [S, hc, D]) of call ``k``."""
+    p = f"model.layers.{layer}"
+    x_hc = hf_decode[f"{p}.attn_hc"][k][0][0][0]
+    return x_hc, hf_decode[f"{p}.self_attn"][k][1][0], hf_decode[f"{p}.ffn_hc"][k][0][0][0]
+
+
+@pytest.mark.parametrize("layer", [0, 1], ids=["L0", "L1"])
+def test_swa_decode_with_cache_matches_transformers(hf_run, hf_decode, layer):
+    cfg = hf_run.cfg
+    d = _layer_inputs(hf_run, layer, "main")
+    x_hc, _, _ = _hf_step(hf_decode, layer, 0)
+    pos = torch.arange(PREFILL)
+    d.update(x_hc=x_hc, ori_slot_mapping=pos.to(torch.int64), position_ids=pos.to(torch.int32), num_tokens=PREFILL)
+    cache, _ = golden_prefill_attention_swa(d, cfg, weight_format="bf16", float32=True)
+    table = d["block_table"][None, :]
+    for k in range(1, STEPS + 1):
+        x_hc, attn_hf, stream_hf = _hf_step(hf_decode, layer, k)
+        p = decode_positions([PREFILL + k - 1], 1)
+        step = dict(d, x_hc=x_hc, kv_cache=cache, block_table=table, position_ids=p,
+                    ori_slot_mapping=page_rows(p, table, cfg.block_size, cfg.ori_kv_block_num))
+        cache, x_out, mids = golden_decode_attention_swa(step, cfg, weight_format="bf16", float32=True,
+                                                         return_intermediates=True)
+        assert int((mids["swa_indices"] >= 0).sum()) == cfg.sliding_window  # a full window, self included
+        hf_run.compare(f"swa L{layer} decode step {k} attn_out", mids["attn_out"], attn_hf, atol=ATOL, rtol=RTOL)
+        hf_run.compare(f"swa L{layer} decode step {k} x_out", x_out, stream_hf, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("layer", [3, 5], ids=["L3", "L5"])
+def test_hca_decode_with_cache_matches_transformers(hf_run, hf_decode, layer):
+    cfg = hf_run.cfg
+    c = f"model.layers.{layer}.self_attn.compressor"
+    d = _layer_inputs(hf_run, layer, "compress")
+    page, spages, cpages = cfg.hca_state_block_size, cfg.hca_state_block_num, cfg.cmp_kv_block_num
+    d.update(cmp_wkv=hf_run.param(f"{c}.kv_proj.weight"), cmp_wgate=hf_run.param(f"{c}.gate_proj.weight"),
+             cmp_ape=hf_run.param(f"{c}.position_bias"), cmp_norm_w=hf_run.param(f"{c}.kv_norm.weight"),
+             compress_state=torch.zeros(spages, page, 2 * cfg.head_dim),
+             cmp_kv=torch.zeros(cpages, cfg.block_size, 1, cfg.head_dim))
+    state_table = (torch.arange(cfg.max_position_embeddings // page) % spages).to(torch.int32)
+    cmp_table = torch.arange(cpages, dtype=torch.int32)
+
+    def slots(pos):
+        closes = (pos + 1) % M == 0
+        cmp_slot = torch.where(closes, pos // M, -1).to(torch.int64)  # entry w at flat row w
+        return cmp_slot, (state_table.long()[pos // page] * page + pos % page)
+
+    x_hc, _, _ = _hf_step(hf_decode, layer, 0)
+    pos = torch.arange(PREFILL)
+    cmp_slot, state_slot = slots(pos)
+    d.update(x_hc=x_hc, ori_slot_mapping=pos.to(torch.int64), position_ids=pos.to(torch.int32), num_tokens=PREFILL,
+             state_block_table=state_table, cmp_block_table=cmp_table, cmp_slot_mapping=cmp_slot,
+             state_slot_mapping=state_slot)
+    cache, cmp_kv, state, _ = golden_prefill_attention_hca(d, cfg, weight_format="bf16", float32=True)
+    assert int(cmp_kv.reshape(-1, cfg.head_dim).abs().sum(dim=1).gt(0).sum()) == PREFILL // M  # entries 0, 1
+    tables = {n: d[n][None, :] for n in ("block_table", "state_block_table", "cmp_block_table")}
+    for k in range(1, STEPS + 1):
+        x_hc, attn_hf, stream_hf = _hf_step(hf_decode, layer, k)
+        p = decode_positions([PREFILL + k - 1], 1)
+        cmp_slot, state_slot = slots(p.long())
+        step = dict(d, **tables, x_hc=x_hc, kv_cache=cache, cmp_kv=cmp_kv, compress_state=state, position_ids=p,
+                    ori_slot_mapping=page_rows(p, tables["block_table"], cfg.block_size, cfg.ori_kv_block_num),
+                    cmp_slot_mapping=cmp_slot, state_slot_mapping=state_slot)
+        cache, new_cmp, state, x_out, mids = golden_decode_attention_hca(step, cfg, weight_format="bf16",
+                                                                         float32=True, return_intermediates=True)
+        written = (new_cmp != cmp_kv).any(dim=-1).flatten().nonzero().flatten().tolist()
+        cmp_kv = new_cmp
+        entries_hf = hf_decode[c][k][1][0, 0]  # [T, d] every entry emitted so far
+        assert written == ([2] if int(p) == 383 else [])  # the closing step writes exactly entry 2
+        assert entries_hf.shape[0] == (int(p) + 1) // M
+        assert int((mids["cmp_indices"] >= 0).sum()) == entries_hf.shape[0]
+        if written:
+            hf_run.compare(f"hca L{layer} decode compressed row 2 (pos 383)",
+                           cmp_kv.reshape(-1, cfg.head_dim)[2], entries_hf[2], atol=ATOL, rtol=RTOL)
+        hf_run.compare(f"hca L{layer} decode step {k} attn_out", mids["attn_out"], attn_hf, atol=ATOL, rtol=RTOL)
+        hf_run.compare(f"hca L{layer} decode step {k} x_out", x_out, stream_hf, atol=ATOL, rtol=RTOL)
+    # the compressed rows matter: zeroing them moves the last step far outside the tolerance
+    no_cmp = dict(step, cmp_kv=torch.zeros_like(step["cmp_kv"]))
+    *_, mids0 = golden_decode_attention_hca(no_cmp, cfg, weight_format="bf16", float32=True, return_intermediates=True)
+    assert (mids0["attn_out"] - attn_hf).abs().max() > 100 * ATOL
