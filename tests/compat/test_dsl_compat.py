@@ -264,3 +264,30 @@ def test_matmul_acc_init_cond_store_window_and_unit_batch_matmul():
     want = torch.cat([x.float() @ w[0].float().T, x.float() @ w[1].float().T], dim=1)
     assert torch.allclose(y, want, atol=1e-4, rtol=1e-5)
     assert torch.equal(first[:, 0], torch.stack([y[0, 0], y[0, 8]]))
+
+
+SYNCALL_SRC = '''
+@pl.jit
+def k(x: pl.Tensor[[4, 8], pl.FP32], y: pl.Out[pl.Tensor[[4, 8], pl.FP32]], last: list):
+    scratch = pl.create_tensor([4, 8], dtype=pl.FP32)
+    with pl.spmd(4, name_hint="two_phase", sync_start=True) as tid:
+        b = pl.tile.get_block_idx()
+        scratch[b:b + 1, :] = pl.mul(x[b:b + 1, :], 2.0)
+        pl.system.syncall()
+        nb = (b + 1) % 4
+        y[b:b + 1, :] = scratch[nb:nb + 1, :]
+        seen = b
+    for c in pl.spmd(2, name_hint="for_form"):
+        pl.system.syncall()
+    last.append((tid, seen))
+    return y
+'''
+
+
+def test_syncall_in_a_with_spmd_body_is_a_barrier_across_blocks():
+    k = _exec(SYNCALL_SRC, "k")
+    x, y, last = torch.randn(4, 8), torch.zeros(4, 8), []
+    prog = k.run(x, y, last, config=CHECK)
+    assert torch.equal(y, torch.roll(x * 2, -1, 0))  # each block read the row its neighbour wrote
+    assert last == [(prog.graph.tasks[0].id, 3)]  # a body-assigned name read after the task (nonlocal)
+    assert prog.stats.tasks == 2

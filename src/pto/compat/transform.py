@@ -14,6 +14,11 @@ Every new node carries the line and column of the ``with`` statement, and the
 body keeps its own, so tracebacks and pto's error sites still name the user's
 file and line. A ``break`` or ``continue`` directly in such a body (it would
 bind to the new loop instead of the enclosing one) is a DslError naming the line.
+
+A body (of the ``with`` form or of ``for b in pl.spmd(n)``) that calls
+``pl.system.syncall()`` becomes a generator function whose barriers are
+``yield pl.system.syncall()``, run by the decorator form ``pl.spmd(...)(body)``:
+every block runs up to a barrier before any block goes past it.
 """
 
 from __future__ import annotations
@@ -60,16 +65,104 @@ class _LoopExits(ast.NodeVisitor):
     visit_Continue = visit_Break
 
 
+def _is_syncall(node) -> bool:
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "syncall")
+
+
+def _walk_local(nodes):
+    """Every node below ``nodes``, not descending into nested functions, lambdas or classes."""
+    stack = list(nodes)
+    while stack:
+        n = stack.pop()
+        yield n
+        for child in ast.iter_child_nodes(n):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                stack.append(child)
+
+
+class _Yields(ast.NodeTransformer):
+    """``pl.system.syncall(...)`` statements become ``yield pl.system.syncall(...)``."""
+
+    def visit_Expr(self, node):
+        if _is_syncall(node):
+            return ast.copy_location(ast.Expr(ast.copy_location(ast.Yield(node.value), node)), node)
+        return node
+
+    def visit_FunctionDef(self, node):
+        return node
+
+    visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = visit_FunctionDef
+
+
 class _SpmdWith(ast.NodeTransformer):
     def __init__(self, filename: str):
         self.filename = filename
         self.count = 0
+        self.funcs: list = []  # enclosing function definitions, innermost last
+
+    def visit_FunctionDef(self, node):
+        self.funcs.append(node)
+        try:
+            self.generic_visit(node)
+        finally:
+            self.funcs.pop()
+        return node
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_For(self, node: ast.For):
+        self.generic_visit(node)
+        if (_is_spmd_call(node.iter) and isinstance(node.target, ast.Name) and not node.orelse
+                and any(_is_syncall(n) for n in _walk_local(node.body))):
+            return self._phased(node, node.iter, node.target.id, None, "for")
+        return node
+
+    def _phased(self, node, call, var, as_target, form):
+        """A body with ``pl.system.syncall()`` barriers: a generator function run in phases by the
+        decorator form ``pl.spmd(...)(body)``; names the body assigns that the enclosing
+        function also uses become ``nonlocal`` (pre-bound to None when only read there)."""
+        self.count += 1
+        handle = f"_pto_spmd_{node.lineno}_{self.count}"
+        loc = dict(lineno=node.lineno, col_offset=node.col_offset, end_lineno=node.lineno,
+                   end_col_offset=node.col_offset)
+        body = [_Yields().visit(stmt) for stmt in node.body]
+        assigned = {n.id for n in _walk_local(body) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        assigned.discard(var)
+        shared, prebind = [], []
+        if self.funcs:
+            fn = self.funcs[-1]
+            outside = [n for n in _walk_local(fn.body) if n is not node]
+            inner = set(map(id, _walk_local([node])))
+            used = {n.id for n in outside if isinstance(n, ast.Name) and id(n) not in inner}
+            bound = {n.id for n in outside if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+                     and id(n) not in inner}
+            bound |= {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
+            shared = sorted(assigned & (used | bound))
+            prebind = [name for name in shared if name not in bound]
+        decl = [ast.Nonlocal(names=shared, **loc)] if shared else []
+        fdef = ast.FunctionDef(name=handle + "_body", args=ast.arguments(
+            posonlyargs=[], args=[ast.arg(arg=var, **loc)], kwonlyargs=[], kw_defaults=[], defaults=[]),
+            body=decl + body, decorator_list=[], returns=None, type_params=[], **loc)
+        out = [ast.Assign(targets=[ast.Name(n, ast.Store(), **loc)], value=ast.Constant(None, **loc), **loc)
+               for n in prebind]
+        out += [fdef,
+                ast.Assign(targets=[ast.Name(handle, ast.Store(), **loc)], value=call, **loc),
+                ast.Expr(ast.Call(ast.Name(handle, ast.Load(), **loc), [ast.Name(handle + "_body", ast.Load(), **loc)],
+                                  [], **loc), **loc)]
+        if as_target is not None:
+            out.append(ast.Assign(targets=[as_target],
+                                  value=ast.Attribute(ast.Name(handle, ast.Load(), **loc), "tid", ast.Load(), **loc),
+                                  **loc))
+        return out
 
     def visit_With(self, node: ast.With):
         self.generic_visit(node)
         if len(node.items) != 1 or not _is_spmd_call(node.items[0].context_expr):
             return node
         item = node.items[0]
+        if any(_is_syncall(n) for n in _walk_local(node.body)):
+            return self._phased(node, item.context_expr, f"_pto_spmd_{node.lineno}_blk", item.optional_vars, "with")
         finder = _LoopExits()
         for stmt in node.body:
             finder.visit(stmt)
