@@ -116,3 +116,25 @@ def test_flash(name):
     res = _case(name, preset="flash")
     tl = decode_sparse_attn_kernels(get_config("flash"), 0 if name.endswith("swa") else 128).tiling
     assert tl.key_blocks == (1 if name.endswith("swa") else 2)  # B.5 / B.7 SPARSE_BLOCKS
+
+
+def test_generic_core_with_top_k_like_compressed_columns():
+    """The core the CSA variant uses: n_cmp = index_topk columns of arbitrary (non-monotone,
+    repeated-page, partly -1) compressed slots per token; kernel == golden == float64."""
+    cfg, n_cmp = TINY, TINY.index_topk
+    d = make_decode_attn_inputs(cfg, (300, 0, 127, 64), 2, seed=12, n_cmp=hca_cmp_cols(cfg))
+    gen = torch.Generator().manual_seed(13)
+    picks = torch.full((8, n_cmp), -1, dtype=torch.int32)
+    for t, n in enumerate([16, 9, 0, 3, 16, 1, 5, 12]):
+        picks[t, :n] = torch.randperm(2 * cfg.block_size, generator=gen)[:n].to(torch.int32)  # slots of 2 pages
+    ct = d["cmp_block_table"].clone()
+    ct[:, 1] = ct[:, 0].flip(0)  # logical page 1 of each request: another request's page 0
+    d.update(cmp_indices=picks, cmp_block_table=ct)
+    k = decode_sparse_attn_kernels(cfg, n_cmp)
+    assert k.tiling.key_blocks == 2  # 64 window + 16 compressed columns, padded to 128
+    out = torch.zeros(8, cfg.hidden_size, dtype=torch.bfloat16)
+    k.decode_sparse_attn_test.run(*[d[n] for n in HCA], out, config=pto.RunConfig(check=True))
+    want = golden_decode_sparse_attn(*[d[n] for n in HCA], cfg)
+    assert (out.float() - want.float()).abs().max() <= 2 ** -6
+    core = golden_decode_attention_core(*[d[n] for n in HCA[:9]], cfg, float32=True)
+    assert (core.double() - _reference_core(d, cfg, n_cmp)).abs().max() < 1e-5
