@@ -499,11 +499,15 @@ class Program:
                f"task scope); a task scope must run all its blocks to the end: keep break and return out of it "
                f"and handle exceptions inside the block body")
         cause = None
+        n_groups = len(self.races.groups) if self.races is not None else 0
         try:
             self.end_task(task, True)  # derive edges, race-check the footprints that were recorded
+            if self.races is not None:
+                cause = self.races.report(n_groups)  # the races of this task's blocks
         except PtoError as e:
             cause = e
-            msg += f"; the blocks that ran also fail the check: {e}"
+        if cause is not None:
+            msg += f"; the blocks that ran also fail the check: {cause}"
         self.cur_task = task
         if self.left_early is None:
             self.left_early, self._left_early_cause = msg, cause

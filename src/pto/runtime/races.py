@@ -20,10 +20,14 @@ history of a buffer drops entries that a later plain write of a descendant
 (or of the same task) covers: any later access that conflicts with a dropped
 entry conflicts with that write too, so no race goes unreported.
 
-A race raises :class:`pto.RaceError` naming both tasks (name, id, source
-line), both blocks, the kinds of access, the buffer and the overlapping box
-in the buffer's root 2-D coordinates (rows = prod(shape[:-1]), cols =
-shape[-1]).
+Every race of a run is reported, not only the first: the checker records
+them as tasks close and the program raises one :class:`pto.RaceError` at its
+end (see :meth:`RaceChecker.report`). Races are grouped by (task pair, buffer)
+for inter-task races and (task, buffer) for races inside a task; each group
+names both tasks (name, id, source line), both blocks of its first overlap,
+the kinds of access, the buffer and the overlapping box in the buffer's root
+2-D coordinates (rows = prod(shape[:-1]), cols = shape[-1]), and how many more
+overlaps it holds.
 """
 
 from __future__ import annotations
@@ -80,17 +84,52 @@ def _fix(t1, t2, buf) -> str:
     return f"{edge}, or a direction that lets the runtime derive it)"
 
 
+MAX_GROUPS = 20  # race groups described in full in one report; the rest are counted
+
+
 class RaceChecker:
-    """Per-program race checker; ``check_task`` runs as each task closes.
+    """Per-program race checker; ``check_task`` runs as each task closes and records the
+    races it finds; :meth:`report` gives the RaceError of all of them.
 
     Args:
         program: the running ``pto.runtime.Program`` (its graph and name).
+
+    Attributes:
+        groups: ``{key: [message of the first overlap, further overlaps]}`` in the order
+            found; key ``("inter", earlier task id, task id, buffer id)`` or
+            ``("intra", task id, buffer id)``.
     """
 
     def __init__(self, program):
         self.program = program
         self.anc: list[int] = []  # ancestor bitset per task id
         self.history: dict[int, RowIndex] = {}  # buffer id -> accesses (box, task id, kind), by rows
+        self.groups: dict = {}
+
+    @property
+    def count(self) -> int:
+        """Races found so far (overlapping access pairs, over all groups)."""
+        return sum(1 + g[1] for g in self.groups.values())
+
+    def report(self, start: int = 0) -> RaceError | None:
+        """A RaceError describing the race groups found from group ``start`` on (None if none):
+        the first group's message on the first line, then one line per further group (up to
+        ``MAX_GROUPS``), each with the number of further overlaps it holds."""
+        groups = list(self.groups.values())[start:]
+        if not groups:
+            return None
+        n = sum(1 + g[1] for g in groups)
+
+        def line(g):
+            return g[0] + (f" [and {g[1]} more overlap(s) of these accesses]" if g[1] else "")
+        if len(groups) == 1:
+            return RaceError(line(groups[0]))
+        text = [f"{line(groups[0])} [{n} races in {len(groups)} places in all; every place below]"]
+        text += [f"- {line(g)}" for g in groups[1:MAX_GROUPS]]
+        if len(groups) > MAX_GROUPS:
+            text.append(f"- ... and {len(groups) - MAX_GROUPS} more places "
+                        f"({sum(1 + g[1] for g in groups[MAX_GROUPS:])} races)")
+        return RaceError("\n  ".join(text))
 
     def _ancestors(self, task) -> int:
         a = 0
@@ -104,11 +143,8 @@ class RaceChecker:
         self.anc.append(self._ancestors(task))
 
     def check_task(self, task) -> None:
-        """Check ``task`` against itself and every earlier task.
-
-        Raises:
-            RaceError: naming both tasks, blocks, the buffer and the box.
-        """
+        """Check ``task`` against itself and every earlier task; races found are recorded
+        in :attr:`groups` (the program raises them at its end)."""
         self._intra(task)
         anc = self._ancestors(task)
         self.anc.append(anc)
@@ -123,7 +159,13 @@ class RaceChecker:
                 for box, kind in accesses:
                     for hbox, htid, hkind in hist.overlapping(box):
                         if not (anc >> htid) & 1 and _conflict(kind, hkind):
-                            self._report(self.program.graph[htid], task, buf, hbox, box, hkind, kind)
+                            key = ("inter", htid, tid, buf.id)
+                            g = self.groups.get(key)
+                            if g is None:
+                                self.groups[key] = [self._report(self.program.graph[htid], task, buf, hbox, box,
+                                                                 hkind, kind), 0]
+                            else:
+                                g[1] += 1
             elif hist is None:
                 hist = history[buf.id] = RowIndex()
             for box, kind in accesses:
@@ -164,6 +206,7 @@ class RaceChecker:
                 continue
             items.sort(key=lambda x: x[0][0])
             n = len(items)
+            key = ("intra", task.id, buf.id)
             for i in range(n):
                 bi, bli, phi, ki = items[i]
                 r1 = bi[1]
@@ -172,15 +215,19 @@ class RaceChecker:
                     if bj[0] >= r1:
                         break
                     if blj != bli and phj == phi and _conflict(ki, kj) and _ov(bi, bj):
+                        g = self.groups.get(key)
+                        if g is not None:
+                            g[1] += 1
+                            continue
                         lo, hi = (bli, ki), (blj, kj)
                         if blj < bli:
                             lo, hi = hi, lo
-                        raise RaceError(
+                        self.groups[key] = [(
                             f"kernel {self.program.name}: blocks {lo[0]} and {hi[0]} of task {task.name!r} "
                             f"(#{task.id}, {task.site}) race on buffer {_buf_text(buf)}: block {lo[0]} "
                             f"{KIND_NAMES[lo[1]]} and block {hi[0]} {KIND_NAMES[hi[1]]} overlap in "
                             f"{_box_text(_isect(bi, bj))}; the blocks of one task run in any order "
-                            "(make their boxes disjoint, use atomic add, or order them with a syncall)")
+                            "(make their boxes disjoint, use atomic add, or order them with a syncall)"), 0]
 
     # ---- reporting -------------------------------------------------------------
     @staticmethod
@@ -198,9 +245,10 @@ class RaceChecker:
                             return b1.idx, b2.idx, _isect(x1, bx2)
         return "?", "?", box
 
-    def _report(self, t1, t2, buf, box1, box2, k1, k2):
+    def _report(self, t1, t2, buf, box1, box2, k1, k2) -> str:
+        """The message of an inter-task race (the first overlap of its group)."""
         b1, b2, box = self._block_pair(t1, t2, buf, k1, k2, _isect(box1, box2))
-        raise RaceError(
+        return (
             f"kernel {self.program.name}: task {t1.name!r} (#{t1.id}, {t1.site}) block {b1} "
             f"{KIND_NAMES[k1]} and task {t2.name!r} (#{t2.id}, {t2.site}) block {b2} {KIND_NAMES[k2]} "
             f"overlap on buffer {_buf_text(buf)} in {_box_text(box)} with no path between the two tasks in "

@@ -40,7 +40,7 @@ import torch
 from pto.errors import UndefinedOutputError
 from pto.language.typing import INOUT, OUT
 
-__all__ = ["TAINT_BASE", "Sanitizer", "Consumer", "check_outputs", "undefined_box", "drop_init_values",
+__all__ = ["TAINT_BASE", "Sanitizer", "Consumer", "check_outputs", "output_problems", "undefined_box", "drop_init_values",
            "active_drop_init"]
 
 TAINT_BASE = 1 << 24  # tags below are raw allocation ids; at or above, taint-table entries
@@ -234,22 +234,50 @@ def _writers(program, buf, box) -> list[str]:
 
 
 def check_outputs(program) -> None:
-    """Every element of every Out/InOut argument that the program wrote must be defined,
-    and every element of a ``pl.Out`` argument must have been written.
+    """End of a check-mode run: raise every race and every output problem found.
 
-    Elements of an Out argument still tagged with the argument's own raw id
-    were never written: an error for ``pl.Out``, allowed for ``pl.PartialOut``
-    (the caller's values stay there).
+    Every element of every Out/InOut argument that the program wrote must be defined,
+    and every element of a ``pl.Out`` argument must have been written. Elements of an
+    Out argument still tagged with the argument's own raw id were never written: an
+    error for ``pl.Out``, allowed for ``pl.PartialOut`` (the caller's values stay there).
 
     Raises:
-        UndefinedOutputError: naming the output, the bounding box of its
-            undefined elements, the origin allocation (name, shape, dtype,
-            file:line), the first task (and block) that consumed it
-            undefined, and the tasks that wrote the box; further origins
-            are listed by name. For a ``pl.Out`` with unwritten elements:
-            the output, their count and bounding box.
+        RaceError: the races the race checker recorded (all of them, grouped; see
+            ``RaceChecker.report``), followed by the output problems if there are any.
+        UndefinedOutputError: one section per output problem (all outputs, not only the
+            first), the first on top: the output, the bounding box of its undefined
+            elements, the origin allocation (name, shape, dtype, file:line), the first
+            task (and block) that consumed it undefined, and the tasks that wrote the box;
+            further origins are listed by name. For a ``pl.Out`` with unwritten
+            elements: the output, their count and bounding box.
     """
+    problems = output_problems(program)
+    races = program.races.report() if program.races is not None else None
+    if races is not None:
+        if problems:
+            races.args = (f"{races}\n  and {len(problems)} output problem(s):\n  - "
+                          + "\n  - ".join(p.replace("\n  ", "\n      ") for p in problems),)
+        raise races
+    if problems:
+        raise UndefinedOutputError(_join(problems, "output problems"))
+
+
+def _join(messages: list, what: str) -> str:
+    """One message of several: the first (its first line tagged with the count), then the
+    others as indented ``- `` items."""
+    if len(messages) == 1:
+        return messages[0]
+    head, sep, rest = messages[0].partition("\n")
+    text = f"{head} [{len(messages)} {what} in all; every one below]{sep}{rest}"
+    return text + "".join("\n  - " + m.replace("\n  ", "\n      ") for m in messages[1:])
+
+
+def output_problems(program) -> list:
+    """The messages of the output problems of a check-mode run, in argument order: per
+    Out/InOut argument, its undefined written elements (grouped by origin allocation) and,
+    for a ``pl.Out``, the elements the program never wrote (see :func:`check_outputs`)."""
     san = program.sanitizer
+    problems = []
     for p, _caller, g in program.args:
         buf = g.buf
         if buf.direction not in (OUT, INOUT) or buf.shadow is None:
@@ -258,35 +286,43 @@ def check_outputs(program) -> None:
         if not bool(sh.any()):  # the common case: everything written and defined
             continue
         bad = sh != 0
+        unwritten = None
         if buf.direction == OUT:
             unwritten = sh == buf.id
             bad &= ~unwritten
-            if not buf.partial and bool(unwritten.any()):
-                raise UndefinedOutputError(_unwritten_text(program, p.name, buf, unwritten))
-        if not bool(bad.any()):
-            continue
-        tags = torch.unique(sh[bad]).tolist()
-        per_origin: dict[int, list] = {}
-        for tag in tags:
-            ob, cons = san.origin(int(tag))
-            per_origin.setdefault(ob.id, [ob, []])[1].append(cons)
-        ob, conses = per_origin[min(per_origin)]
-        known = [c for c in conses if c is not None]
-        first = min(known, key=Consumer.key) if known else None
-        box = undefined_box(bad)
-        lines = [f"kernel {program.name}: output {p.name!r} {list(buf.shape)} has {int(bad.sum())} undefined "
-                 f"written element(s) in box {_box_text(box)}",
-                 f"origin: {_describe_buffer(ob)}"]
-        if first is not None:
-            lines.append(f"first consumed undefined by {first}")
-        writers = _writers(program, buf, box)
-        if writers:
-            lines.append(f"written to {p.name!r} by task(s) {', '.join(writers[:4])}"
-                         f"{' ...' if len(writers) > 4 else ''}")
-        if len(per_origin) > 1:
-            others = [repr(v[0].name) for k, v in sorted(per_origin.items()) if k != ob.id]
-            lines.append(f"other undefined origins: {', '.join(others)}")
-        raise UndefinedOutputError("\n  ".join(lines))
+            if buf.partial or not bool(unwritten.any()):
+                unwritten = None
+        if bool(bad.any()):
+            problems.append(_undefined_text(program, san, p.name, buf, sh, bad))
+        if unwritten is not None:
+            problems.append(_unwritten_text(program, p.name, buf, unwritten))
+    return problems
+
+
+def _undefined_text(program, san, name: str, buf, sh: torch.Tensor, bad: torch.Tensor) -> str:
+    """The message for the undefined written elements ``bad`` of output ``name``."""
+    tags = torch.unique(sh[bad]).tolist()
+    per_origin: dict[int, list] = {}
+    for tag in tags:
+        ob, cons = san.origin(int(tag))
+        per_origin.setdefault(ob.id, [ob, []])[1].append(cons)
+    ob, conses = per_origin[min(per_origin)]
+    known = [c for c in conses if c is not None]
+    first = min(known, key=Consumer.key) if known else None
+    box = undefined_box(bad)
+    lines = [f"kernel {program.name}: output {name!r} {list(buf.shape)} has {int(bad.sum())} undefined "
+             f"written element(s) in box {_box_text(box)}",
+             f"origin: {_describe_buffer(ob)}"]
+    if first is not None:
+        lines.append(f"first consumed undefined by {first}")
+    writers = _writers(program, buf, box)
+    if writers:
+        lines.append(f"written to {name!r} by task(s) {', '.join(writers[:4])}"
+                     f"{' ...' if len(writers) > 4 else ''}")
+    if len(per_origin) > 1:
+        others = [repr(v[0].name) for k, v in sorted(per_origin.items()) if k != ob.id]
+        lines.append(f"other undefined origins: {', '.join(others)}")
+    return "\n  ".join(lines)
 
 
 def _unwritten_text(program, name: str, buf, unwritten: torch.Tensor) -> str:
