@@ -22,9 +22,9 @@ from pto.language.tile_ops import (CAST_MODES, PadValue, Tile, abs, add, arange,
                                    row_min, row_sum, rsqrt, set_validshape, sqrt, sub, transpose)
 from pto.language.tile_ops import MaskPattern, cmp, mrgsort, select, sort32
 from pto.language.typing import DynVar, InOut, Out, PartialOut, Scalar, ScalarValue, Tensor, dynamic
-from pto.language.compat_ops import (Array, FunctionType, SplitMode, array, concat, const, create_l1, create_tile,
-                                     function, gather_row, move, prefetch, program, split, split_aiv,
-                                     transpose_view)
+from pto.language.compat_ops import (Array, FunctionType, KernelType, SplitMode, SyncAllMode, array, concat, const,
+                                     create_l1, create_tile, function, gather_row, move, prefetch, program, split,
+                                     split_aiv, transpose_view)
 
 tensor = _NS(dim=_dim, read=read, write=write, slice=slice, reshape=reshape, assemble=assemble)
 tile = _NS(get_block_idx=system.get_block_idx, full=full, load=load, store=store, write=write, read=read,

@@ -41,7 +41,7 @@ from pto.language.typing import ScalarValue, as_int
 
 __all__ = ["mode", "create_tile", "create_l1", "Array", "array", "concat", "SplitMode", "split_aiv", "split",
            "prefetch", "gather_row", "cast_scalar", "written_in", "bind_dynamic", "FunctionType", "function",
-           "program", "ProgramClass", "ProgramFunction", "HostFunction", "const", "move", "transpose_view"]
+           "program", "ProgramClass", "ProgramFunction", "HostFunction", "const", "move", "transpose_view", "KernelType", "SyncAllMode"]
 
 
 class _Mode:
@@ -519,3 +519,20 @@ def transpose_view(x) -> Tile:
         raise DslError(f"pl.tile.transpose_view: needs a rank-2 tile, got {list(x.shape)}")
     valid = None if x.valid is None else (x.valid[1], x.valid[0])
     return Tile(x.data.t().contiguous(), None if x.mask is None else x.mask.t().contiguous(), valid)
+
+
+class KernelType:
+    """Core types of ``pl.system.syncall(core_type=...)`` (which cores a barrier waits for; on the
+    CPU every block of the task takes part)."""
+
+    AIC = "aic"
+    AIV = "aiv"
+    MIX = "mix"
+
+
+class SyncAllMode:
+    """``pl.system.syncall(mode=...)``: the FFTS hard barrier or the GM-polling soft one (the same
+    barrier on the CPU)."""
+
+    HARD = "hard"
+    SOFT = "soft"
