@@ -1,0 +1,147 @@
+"""Generation side by side: pto (golden forward, kernel path) and transformers eager.
+
+One tiny checkpoint written by ``pto checkpoint tiny`` (seed 0), one prompt of ``--prompt``
+random tokens (default 509), ``--new`` greedy tokens (default 8). Each engine runs in its own
+spawned process (so peak RSS is its own), one warm-up generate then ``--repeat`` timed ones;
+the best run is reported (the machine is shared):
+
+* ``transformers``: ``DeepseekV4ForCausalLM.from_pretrained(dtype=float32, eager attention and
+  experts)``, ``generate(do_sample=False)``; prefill = the first forward over the prompt,
+  decode = the rest (timed with a forward pre-hook);
+* ``pto golden``: :class:`GoldenModel`, ``--weights bf16`` (the FP32 parity forward);
+* ``pto kernels``: :class:`KernelModel` (``int8``), the DSL kernels through the CPU runtime,
+  with the per-kernel wall split (where the time goes: runtime vs the kernels' tile math is
+  in ``benchmarks/bench_overhead.py``).
+
+Columns: prefill wall (ms), decode ms per token, tokens/s, peak RSS (MiB), and each pto
+engine's ratios to transformers (wall = prefill + decode). Target of issue 15: the kernel
+path within 3x of transformers' wall.
+
+    python benchmarks/bench_generate.py [--prompt 509] [--new 8] [--repeat 2] [--chunk 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import resource
+import tempfile
+import time
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+
+def _hf(ckpt: str, ids: list[int], new: int, repeat: int) -> dict:
+    from transformers import DeepseekV4ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    model = DeepseekV4ForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager",
+                                                  experts_implementation="eager").eval()
+    marks: list[float] = []
+    model.register_forward_pre_hook(lambda *_: marks.append(time.perf_counter()))
+    best = None
+    for _ in range(repeat + 1):
+        marks.clear()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, eos_token_id=None)
+        end = time.perf_counter()
+        prefill = marks[1] - t0 if len(marks) > 1 else end - t0
+        run = {"prefill_s": prefill, "decode_s": end - t0 - prefill, "steps": new - 1,
+               "tokens": out[0, len(ids):].tolist()}
+        if best is None or run["prefill_s"] + run["decode_s"] < best["prefill_s"] + best["decode_s"]:
+            best = run
+    return best
+
+
+def _pto(ckpt: str, ids: list[int], new: int, repeat: int, engine: str, chunk: int) -> dict:
+    from pto.models.deepseek_v4.config import get_deployment
+    from pto.models.deepseek_v4.generate import generate
+    from pto.models.deepseek_v4.layer import KernelModel
+    from pto.models.deepseek_v4.model import GoldenModel
+    from pto.models.deepseek_v4.weights import open_checkpoint
+
+    dep = get_deployment("tiny")
+    if engine == "kernels":
+        model = KernelModel(open_checkpoint(ckpt, "int8"), dep)
+    else:
+        model = GoldenModel(open_checkpoint(ckpt, "bf16"), dep)
+    best = None
+    for k in range(repeat + 1):
+        if engine == "kernels" and k == 1:
+            model.stats.__init__()  # count the timed runs only
+        res = generate(model, [ids], max_new_tokens=new, chunk=chunk, eos_token_id=None)
+        run = {"prefill_s": res.prefill_s, "decode_s": res.decode_s, "steps": res.decode_steps,
+               "tokens": res.tokens[0]}
+        if best is None or run["prefill_s"] + run["decode_s"] < best["prefill_s"] + best["decode_s"]:
+            best = run
+    if engine == "kernels":
+        n = max(repeat, 1)
+        best["split"] = {k: v / n for k, v in sorted(model.stats.wall_s.items(), key=lambda kv: -kv[1])}
+    return best
+
+
+def _worker(engine: str, ckpt: str, ids: list[int], new: int, repeat: int, chunk: int, q) -> None:
+    torch.set_num_threads(1)
+    run = _hf(ckpt, ids, new, repeat) if engine == "transformers" else _pto(ckpt, ids, new, repeat, engine, chunk)
+    run["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    q.put(run)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompt", type=int, default=509)
+    ap.add_argument("--new", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--chunk", type=int, default=128)
+    ap.add_argument("--engines", default="transformers,golden,kernels")
+    args = ap.parse_args()
+
+    from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
+
+    ids = torch.randint(0, 512, (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist()
+    ctx = mp.get_context("spawn")
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="pto_bench_gen_") as tmp:
+        ckpt = str(write_tiny_checkpoint(f"{tmp}/tiny", seed=0))
+        for engine in args.engines.split(","):
+            q = ctx.Queue()
+            p = ctx.Process(target=_worker, args=(engine, ckpt, ids, args.new, args.repeat, args.chunk, q))
+            p.start()
+            results[engine] = q.get()
+            p.join()
+
+    con = Console(width=140)
+    table = Table(title=f"generate: tiny checkpoint, {args.prompt}-token prompt, {args.new} new tokens, "
+                        f"1 thread, best of {args.repeat}")
+    for col in ("engine", "prefill ms", "decode ms/token", "tokens/s", "peak RSS MiB", "wall / HF",
+                "prefill / HF", "decode / HF", "tokens = HF"):
+        table.add_column(col, justify="left" if col == "engine" else "right")
+    ref = results.get("transformers")
+    for engine, r in results.items():
+        wall = r["prefill_s"] + r["decode_s"]
+        dec = 1e3 * r["decode_s"] / max(r["steps"], 1)
+        cells = [engine, f"{1e3 * r['prefill_s']:.0f}", f"{dec:.1f}", f"{args.new / wall:.1f}", f"{r['rss_mib']:.0f}"]
+        if ref is not None:
+            ref_wall = ref["prefill_s"] + ref["decode_s"]
+            ref_dec = ref["decode_s"] / max(ref["steps"], 1)
+            cells += [f"{wall / ref_wall:.2f}x", f"{r['prefill_s'] / ref['prefill_s']:.2f}x",
+                      f"{(r['decode_s'] / max(r['steps'], 1)) / ref_dec:.2f}x",
+                      "yes" if r["tokens"] == ref["tokens"] else f"no ({r['tokens']})"]
+        else:
+            cells += ["-"] * 4
+        table.add_row(*cells)
+    con.print(table)
+    split = results.get("kernels", {}).get("split")
+    if split:
+        total = sum(split.values())
+        con.print("kernel path, wall per program kind (one generate): " + ", ".join(
+            f"{k} {1e3 * v:.0f} ms ({100 * v / total:.0f}%)" for k, v in split.items()), highlight=False)
+
+
+if __name__ == "__main__":
+    main()
