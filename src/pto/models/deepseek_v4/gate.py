@@ -50,7 +50,7 @@ from pto.models.deepseek_v4.qkv_proj_rope import INT8_SCALE_MAX, int8_row_amax, 
 from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_num_tokens, expect_tensor, mode_tokens, need,
                                            round_up, token_capacity, token_tile)
 
-__all__ = ["TOLERANCES", "ROUTE_NORM_EPS", "SOFTPLUS_FLOOR_X", "int8_codes", "positive_step", "stable_sqrt_softplus",
+__all__ = ["TOLERANCES", "ROUTE_NORM_EPS", "SOFTPLUS_FLOOR_X", "STEP_SCALE", "int8_codes", "positive_step", "stable_sqrt_softplus",
            "gate_kernels", "gate", "golden_gate", "make_gate_inputs", "row_sorted", "build_gate"]
 
 ROUTE_NORM_EPS = 1e-20  # renormalisation floor of the routing weights (transformers routers)

@@ -7,8 +7,8 @@ to the first maximal index):
 
 Kernel (:func:`greedy_sample`): one task ``greedy_argmax`` of token-tile blocks; per block
 ``m = row_max(logits)``, then the lowest column holding ``m`` is ``row_min(col + V *
-step(m - logit))`` (:func:`gate.positive_step`: exact, no compare op), written one id per
-row. Every row needs one finite logit; ``-inf`` entries are fine (an all ``-inf`` or a NaN
+step(m - logit))`` (the saturating product of :func:`gate.positive_step`: exact, no compare
+op), written one id per row. Every row needs one finite logit; ``-inf`` entries are fine (an all ``-inf`` or a NaN
 row gives an unspecified id). No reference
 kernel (pypto-lib samples on the host).
 """
@@ -22,7 +22,7 @@ import pto.language as pl
 from pto.errors import BindError, ConfigError
 from pto.golden import CaseRun, KernelCase, TensorSpec, exact, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
-from pto.models.deepseek_v4.gate import positive_step
+from pto.models.deepseek_v4.gate import STEP_SCALE
 from pto.models.deepseek_v4.tiling import mode_tokens, need
 
 __all__ = ["SAMPLE_T_TILE", "greedy_sample_kernels", "greedy_sample", "golden_greedy_sample", "build_greedy_sample"]
@@ -55,8 +55,9 @@ def greedy_sample_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
             rows = min(ST, t - t0)
             v = pl.slice(logits, [rows, V], [t0, 0])
             col = pl.cast(pl.arange(0, [1, V], pl.INT32), pl.FP32)
-            below = positive_step(pl.neg(pl.row_expand_sub(v, pl.row_max(v))))  # 0 at the maxima
-            ids = pl.cast(pl.row_min(pl.col_expand_add(below * float(V), col)), pl.INT64, mode="rint")
+            # V where the logit is below the row max, 0 at the maxima (v - max <= 0; see positive_step)
+            below = pl.minimum(pl.row_expand_sub(v, pl.row_max(v)) * -STEP_SCALE * STEP_SCALE, float(V))
+            ids = pl.cast(pl.row_min(pl.col_expand_add(below, col)), pl.INT64, mode="rint")
             for i in pl.range(rows):
                 pl.write(next_ids, [t0 + i], pl.read(ids, [i, 0]))
         return task.tid
