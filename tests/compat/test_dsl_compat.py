@@ -291,3 +291,18 @@ def test_syncall_in_a_with_spmd_body_is_a_barrier_across_blocks():
     assert torch.equal(y, torch.roll(x * 2, -1, 0))  # each block read the row its neighbour wrote
     assert last == [(prog.graph.tasks[0].id, 3)]  # a body-assigned name read after the task (nonlocal)
     assert prog.stats.tasks == 2
+
+
+def test_get_block_num_kernel_type_and_sync_mode():
+    @pl.jit
+    def k(y: pl.Out[pl.Tensor[[3], pl.INT32]]):
+        for b in pl.spmd(3, name_hint="n"):
+            pl.write(y, [b], pl.tile.get_block_num() * 10 + b)
+        return y
+
+    y = torch.zeros(3, dtype=torch.int32)
+    k.run(y, config=CHECK)
+    assert y.tolist() == [30, 31, 32]
+    assert (pl.KernelType.MIX, pl.SyncAllMode.SOFT) == ("mix", "soft")
+    with pytest.raises(DslError, match="outside a task block"):
+        pl.tile.get_block_num()

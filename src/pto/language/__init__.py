@@ -25,11 +25,12 @@ from pto.language.typing import DynVar, InOut, Out, PartialOut, Scalar, ScalarVa
 from pto.language.compat_ops import (Array, FunctionType, KernelType, SplitMode, SyncAllMode, array, concat, const,
                                      create_l1, create_tile, function, gather_row, move, prefetch, program, split,
                                      split_aiv, transpose_view)
+from pto.language.compat_ops import get_block_num as _get_block_num
 
 tensor = _NS(dim=_dim, read=read, write=write, slice=slice, reshape=reshape, assemble=assemble)
 tile = _NS(get_block_idx=system.get_block_idx, full=full, load=load, store=store, write=write, read=read,
            MaskPattern=MaskPattern, create=create_tile, slice=slice, gather_row=gather_row, concat=concat,
-           transpose_view=transpose_view, move=move)
+           transpose_view=transpose_view, move=move, get_block_num=_get_block_num)
 
 
 class MemorySpace:

@@ -41,7 +41,8 @@ from pto.language.typing import ScalarValue, as_int
 
 __all__ = ["mode", "create_tile", "create_l1", "Array", "array", "concat", "SplitMode", "split_aiv", "split",
            "prefetch", "gather_row", "cast_scalar", "written_in", "bind_dynamic", "FunctionType", "function",
-           "program", "ProgramClass", "ProgramFunction", "HostFunction", "const", "move", "transpose_view", "KernelType", "SyncAllMode"]
+           "program", "ProgramClass", "ProgramFunction", "HostFunction", "const", "move", "transpose_view", "KernelType", "SyncAllMode",
+           "get_block_num"]
 
 
 class _Mode:
@@ -536,3 +537,15 @@ class SyncAllMode:
 
     HARD = "hard"
     SOFT = "soft"
+
+
+def get_block_num() -> int:
+    """``pl.tile.get_block_num()``: the number of blocks of the running task (1 for ``pl.at``).
+
+    Raises:
+        DslError: outside a task block.
+    """
+    blk = _ctx.state.block
+    if blk is None:
+        raise DslError(f"pl.tile.get_block_num() used outside a task block{_site()}")
+    return blk.task.n_blocks
