@@ -138,3 +138,21 @@ def test_flash_matches_golden(case, mode):
     cr = get_case(case).build("flash", mode)
     res = run_jit(cr.fn, cr.specs, cr.golden, compare_fn=cr.compare, check=False)
     assert res.passed, res
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_stable_inline_wrappers_equal_the_block_entry(mode):
+    """``prefill_attention_csa`` / ``decode_attention_csa`` (the signatures a layer composes)
+    run the same program as the block entry, bit for bit."""
+    import pto.language as pl
+    from pto.models.deepseek_v4.decode_attention_csa import decode_attention_csa, make_decode_csa_inputs
+    from pto.models.deepseek_v4.prefill_attention_csa import prefill_attention_csa
+    d = make_prefill_csa_inputs(TINY, 12, 5, 12, 0) if mode == "prefill" else make_decode_csa_inputs(TINY)
+    want = run(d, mode, check=False)
+    wrapper = prefill_attention_csa if mode == "prefill" else decode_attention_csa
+    args = [d[n].clone() for n in CSA_ARGS]
+    x_out = torch.zeros(d["x_hc"].shape)
+    pl.jit.entry(wrapper, name=f"{mode}_attention_csa_wrapper")(*args, x_out, d["num_tokens"], TINY)
+    assert torch.equal(x_out, want["x_out"])
+    for k in CSA_OUTPUTS[:-1]:
+        assert torch.equal(args[CSA_ARGS.index(k)], want[k]), k

@@ -12,151 +12,41 @@ instead of ``[B, S]`` tensors (the same values, row-major); the reference's extr
 ``kv [B, S, d]`` test output is not produced (the compressed cache row is the result).
 """
 
-import functools
-
 import torch
 
-import pto.language as pl
 from pto.errors import ConfigError
 from pto.golden import CaseRun, KernelCase, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 from pto.models.deepseek_v4.prefill_compressor_ratio4 import (
     CSA_RATIO,
-    CSA_STATE_PAGE,
     TOLERANCES,
-    _check_cache,
-    golden_ratio4_compress,
-    ratio4_cache_write,
-    ratio4_compress_tasks,
+    compressor_ratio4_entry,
+    compressor_ratio4_inline,
+    golden_prefill_compressor_ratio4,
     ratio4_fixture,
     ratio4_specs,
-    ratio4_tiling,
 )
 
 __all__ = ["decode_compressor_ratio4", "decode_compressor_ratio4_entry", "golden_decode_compressor_ratio4",
            "decode_start_positions", "make_decode_compressor_ratio4_inputs", "build_decode_compressor_ratio4"]
 
 # ---- kernel ----
-T_DYN = pl.dynamic("T")
-B_DYN = pl.dynamic("B")
-STATE_PAGES_DYN = pl.dynamic("STATE_PAGES")
-STATE_TABLE_DYN = pl.dynamic("STATE_TABLE_LEN")
-ROPE_ROWS_DYN = pl.dynamic("ROPE_ROWS")
-CMP_PAGES_DYN = pl.dynamic("CMP_PAGES")
-D_DYN = pl.dynamic("D")
+decode_compressor_ratio4 = compressor_ratio4_inline("decode")  # the shared body; table [B, L]
 
 
-@pl.jit.inline
-def decode_compressor_ratio4(
-    x: pl.Tensor[[T_DYN, D_DYN], pl.BF16],
-    compress_state: pl.InOut[pl.Tensor],
-    state_block_table: pl.Tensor[[B_DYN, STATE_TABLE_DYN], pl.INT32],
-    wkv: pl.Tensor,
-    wgate: pl.Tensor,
-    ape: pl.Tensor,
-    norm_w: pl.Tensor,
-    cos_table: pl.Tensor,
-    sin_table: pl.Tensor,
-    cmp_kv: pl.InOut[pl.Tensor],
-    position_ids: pl.Tensor[[T_DYN], pl.INT32],
-    num_tokens: pl.Scalar[pl.INT32],
-    cmp_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
-    state_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
-    cfg,
-    max_cmp_writes=None,
-    seed_scopes=False,
-):
-    """CSA main KV compressor over one decode step of ``B`` requests (B.10, generalised).
-
-    Shapes as :func:`prefill_compressor_ratio4` except ``state_block_table [B, L]`` (one row per
-    request; ``T`` a multiple of ``B``). ``num_tokens < T`` leaves the tail tokens inactive.
-
-    Returns:
-        ``(cmp_kv, compress_state)``.
-
-    Raises:
-        ConfigError, BindError, CapacityError: see
-        :func:`prefill_compressor_ratio4.ratio4_compress_tasks`.
-    """
-    tl = ratio4_tiling(cfg, cfg.head_dim, max_cmp_writes)
-    _check_cache("decode_compressor_ratio4", cmp_kv, cfg, cfg.head_dim)
-    normed, dst_map, n_writes = ratio4_compress_tasks(
-        x, compress_state, state_block_table, wkv, wgate, ape, norm_w, cos_table, sin_table, position_ids,
-        num_tokens, cmp_slot_mapping, state_slot_mapping, cmp_kv.shape[0] * cmp_kv.shape[1], cfg, tl, "decode_c4",
-        seed_scopes)
-    ratio4_cache_write(normed, dst_map, n_writes, cmp_kv, cfg.head_dim, "decode_c4")
-    return cmp_kv, compress_state
-
-
-@functools.lru_cache(maxsize=None)
 def decode_compressor_ratio4_entry(cfg: DeepSeekV4Config, max_cmp_writes: int | None = None,
                                    seed_scopes: bool = False):
-    """The ``@pl.jit`` test entry ``decode_compressor_ratio4_test`` for ``cfg`` (parameters of
-    :func:`decode_compressor_ratio4`, model dims static); returns ``(cmp_kv, compress_state)``.
-
-    Raises:
-        ConfigError: ``cfg`` cannot be tiled.
-    """
-    tl = ratio4_tiling(cfg, cfg.head_dim, max_cmp_writes)
-    D, d, r, bs = cfg.hidden_size, cfg.head_dim, cfg.qk_rope_head_dim, cfg.block_size
-
-    @pl.jit
-    def decode_compressor_ratio4_test(
-        x: pl.Tensor[[T_DYN, D], pl.BF16],
-        compress_state: pl.InOut[pl.Tensor[[STATE_PAGES_DYN, CSA_STATE_PAGE, 4 * d], pl.FP32]],
-        state_block_table: pl.Tensor[[B_DYN, STATE_TABLE_DYN], pl.INT32],
-        wkv: pl.Tensor[[2 * d, D], pl.BF16],
-        wgate: pl.Tensor[[2 * d, D], pl.BF16],
-        ape: pl.Tensor[[CSA_RATIO, 2 * d], pl.FP32],
-        norm_w: pl.Tensor[[d], pl.BF16],
-        cos_table: pl.Tensor[[ROPE_ROWS_DYN, r], pl.BF16],
-        sin_table: pl.Tensor[[ROPE_ROWS_DYN, r], pl.BF16],
-        cmp_kv: pl.InOut[pl.Tensor[[CMP_PAGES_DYN, bs, 1, d], pl.BF16]],
-        position_ids: pl.Tensor[[T_DYN], pl.INT32],
-        num_tokens: pl.Scalar[pl.INT32],
-        cmp_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
-        state_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
-    ):
-        return decode_compressor_ratio4(x, compress_state, state_block_table, wkv, wgate, ape, norm_w, cos_table,
-                                        sin_table, cmp_kv, position_ids, num_tokens, cmp_slot_mapping,
-                                        state_slot_mapping, cfg, tl.max_cmp_writes, seed_scopes)
-
-    return decode_compressor_ratio4_test
+    """The ``@pl.jit`` test entry ``decode_compressor_ratio4_test``
+    (:func:`prefill_compressor_ratio4.compressor_ratio4_entry` of mode ``decode``)."""
+    return compressor_ratio4_entry(cfg, "decode", max_cmp_writes, seed_scopes)
 # ---- end kernel ----
 
 
-def golden_decode_compressor_ratio4(
-    x: torch.Tensor,  # [B*S, D] bf16
-    compress_state: torch.Tensor,  # [pages, 4, 4*head_dim] fp32
-    state_block_table: torch.Tensor,  # [B, L] int32
-    wkv: torch.Tensor,  # [2*head_dim, D] bf16
-    wgate: torch.Tensor,  # [2*head_dim, D] bf16
-    ape: torch.Tensor,  # [4, 2*head_dim] fp32
-    norm_w: torch.Tensor,  # [head_dim] bf16
-    cos_table: torch.Tensor,  # [P, r] bf16
-    sin_table: torch.Tensor,  # [P, r] bf16
-    cmp_kv: torch.Tensor,  # [cmp_pages, block_size, 1, head_dim]
-    position_ids: torch.Tensor,  # [B*S] int32
-    num_tokens: int,
-    cmp_slot_mapping: torch.Tensor,  # [B*S] int64
-    state_slot_mapping: torch.Tensor,  # [B*S] int64
-    cfg: DeepSeekV4Config,
-    weight_format: str = "bf16",
-    float32: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:  # (cmp_kv, compress_state)
-    """Decode CSA compressor golden: the prefill golden's math with one table row per request
-    (dsv4-math.md 6.1). ``weight_format`` / ``float32`` as in
-    :func:`prefill_compressor_ratio4.golden_prefill_compressor_ratio4`.
-
-    Raises:
-        BindError: see :func:`prefill_compressor_ratio4.golden_ratio4_compress`.
-    """
-    entries, dst, state_out = golden_ratio4_compress(
-        x, compress_state, state_block_table, wkv, wgate, ape, norm_w, cos_table, sin_table, position_ids,
-        num_tokens, cmp_slot_mapping, state_slot_mapping, cfg, "golden_decode_compressor_ratio4", float32)
-    cmp_out = cmp_kv.clone()
-    cmp_out.view(-1, cmp_kv.shape[-1])[dst] = entries.to(cmp_out.dtype)
-    return cmp_out, state_out
+def golden_decode_compressor_ratio4(*args, **kwargs):
+    """Decode CSA compressor golden: :func:`prefill_compressor_ratio4.golden_prefill_compressor_ratio4`
+    (same arguments, ``state_block_table [B, L]``, request-major tokens; it handles both table
+    shapes). Returns ``(cmp_kv, compress_state)``."""
+    return golden_prefill_compressor_ratio4(*args, **kwargs)
 
 
 def decode_start_positions(cfg: DeepSeekV4Config, B: int) -> list[int]:

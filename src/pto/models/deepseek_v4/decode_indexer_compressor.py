@@ -7,126 +7,33 @@ Hadamard and INT8 key-cache finalize of :mod:`prefill_indexer_compressor`; tasks
 ``kv [B, S, c]`` test output; flat ``[T]`` token metadata.
 """
 
-import functools
-
-import pto.language as pl
 from pto.errors import ConfigError
 from pto.golden import CaseRun, KernelCase, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 from pto.models.deepseek_v4.decode_compressor_ratio4 import decode_start_positions
-from pto.models.deepseek_v4.prefill_compressor_ratio4 import (
-    CSA_RATIO,
-    CSA_STATE_PAGE,
-    ratio4_compress_tasks,
-    ratio4_fixture,
-    ratio4_specs,
-    ratio4_tiling,
-)
+from pto.models.deepseek_v4.prefill_compressor_ratio4 import ratio4_fixture, ratio4_specs
 from pto.models.deepseek_v4.prefill_indexer_compressor import (
     _ARG_ORDER,
     _OUTPUTS,
     TOLERANCES,
-    _check_idx_cache,
     golden_prefill_indexer_compressor,
     indexer_cache_inputs,
-    indexer_cache_write,
+    indexer_compressor_entry,
+    indexer_compressor_inline,
 )
 
 __all__ = ["decode_indexer_compressor", "decode_indexer_compressor_entry", "golden_decode_indexer_compressor",
            "make_decode_indexer_compressor_inputs", "build_decode_indexer_compressor"]
 
 # ---- kernel ----
-T_DYN = pl.dynamic("T")
-D_DYN = pl.dynamic("D")
-B_DYN = pl.dynamic("B")
-STATE_PAGES_DYN = pl.dynamic("STATE_PAGES")
-STATE_TABLE_DYN = pl.dynamic("STATE_TABLE_LEN")
-ROPE_ROWS_DYN = pl.dynamic("ROPE_ROWS")
-IDX_PAGES_DYN = pl.dynamic("IDX_PAGES")
+decode_indexer_compressor = indexer_compressor_inline("decode")  # the shared body; table [B, L]
 
 
-@pl.jit.inline
-def decode_indexer_compressor(
-    x: pl.Tensor[[T_DYN, D_DYN], pl.BF16],
-    compress_state: pl.InOut[pl.Tensor],
-    state_block_table: pl.Tensor[[B_DYN, STATE_TABLE_DYN], pl.INT32],
-    wkv: pl.Tensor,
-    wgate: pl.Tensor,
-    ape: pl.Tensor,
-    norm_w: pl.Tensor,
-    cos_table: pl.Tensor,
-    sin_table: pl.Tensor,
-    hadamard: pl.Tensor,
-    idx_kv_cache: pl.InOut[pl.Tensor],
-    idx_kv_scale: pl.InOut[pl.Tensor],
-    position_ids: pl.Tensor[[T_DYN], pl.INT32],
-    num_tokens: pl.Scalar[pl.INT32],
-    idx_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
-    state_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
-    cfg,
-    max_cmp_writes=None,
-    seed_scopes=False,
-):
-    """Indexer key compressor over one decode step (B.11, generalised): shapes as
-    :func:`prefill_indexer_compressor.prefill_indexer_compressor` with ``state_block_table
-    [B, L]``.
-
-    Returns:
-        ``(idx_kv_cache, idx_kv_scale, compress_state)``.
-
-    Raises:
-        ConfigError, BindError, CapacityError: see
-        :func:`prefill_compressor_ratio4.ratio4_compress_tasks`.
-    """
-    c = cfg.index_head_dim
-    tl = ratio4_tiling(cfg, c, max_cmp_writes)
-    _check_idx_cache("decode_indexer_compressor", idx_kv_cache, idx_kv_scale, cfg)
-    normed, dst_map, n_writes = ratio4_compress_tasks(
-        x, compress_state, state_block_table, wkv, wgate, ape, norm_w, cos_table, sin_table, position_ids,
-        num_tokens, idx_slot_mapping, state_slot_mapping, idx_kv_cache.shape[0] * idx_kv_cache.shape[1], cfg, tl,
-        "decode_idx_c4", seed_scopes)
-    indexer_cache_write(normed, dst_map, n_writes, hadamard, idx_kv_cache, idx_kv_scale, c, tl.pad_capacity,
-                        "decode_idx_c4")
-    return idx_kv_cache, idx_kv_scale, compress_state
-
-
-@functools.lru_cache(maxsize=None)
 def decode_indexer_compressor_entry(cfg: DeepSeekV4Config, max_cmp_writes: int | None = None,
                                     seed_scopes: bool = False):
-    """The ``@pl.jit`` test entry ``decode_indexer_compressor_test`` (parameters of
-    :func:`decode_indexer_compressor`, model dims static).
-
-    Raises:
-        ConfigError: ``cfg`` cannot be tiled.
-    """
-    c = cfg.index_head_dim
-    tl = ratio4_tiling(cfg, c, max_cmp_writes)
-    D, r, bs = cfg.hidden_size, cfg.qk_rope_head_dim, cfg.block_size
-
-    @pl.jit
-    def decode_indexer_compressor_test(
-        x: pl.Tensor[[T_DYN, D], pl.BF16],
-        compress_state: pl.InOut[pl.Tensor[[STATE_PAGES_DYN, CSA_STATE_PAGE, 4 * c], pl.FP32]],
-        state_block_table: pl.Tensor[[B_DYN, STATE_TABLE_DYN], pl.INT32],
-        wkv: pl.Tensor[[2 * c, D], pl.BF16],
-        wgate: pl.Tensor[[2 * c, D], pl.BF16],
-        ape: pl.Tensor[[CSA_RATIO, 2 * c], pl.FP32],
-        norm_w: pl.Tensor[[c], pl.BF16],
-        cos_table: pl.Tensor[[ROPE_ROWS_DYN, r], pl.BF16],
-        sin_table: pl.Tensor[[ROPE_ROWS_DYN, r], pl.BF16],
-        hadamard: pl.Tensor[[c, c], pl.BF16],
-        idx_kv_cache: pl.InOut[pl.Tensor[[IDX_PAGES_DYN, bs, 1, c], pl.INT8]],
-        idx_kv_scale: pl.InOut[pl.Tensor[[IDX_PAGES_DYN, bs, 1, 1], pl.FP32]],
-        position_ids: pl.Tensor[[T_DYN], pl.INT32],
-        num_tokens: pl.Scalar[pl.INT32],
-        idx_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
-        state_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
-    ):
-        return decode_indexer_compressor(x, compress_state, state_block_table, wkv, wgate, ape, norm_w, cos_table,
-                                         sin_table, hadamard, idx_kv_cache, idx_kv_scale, position_ids, num_tokens,
-                                         idx_slot_mapping, state_slot_mapping, cfg, tl.max_cmp_writes, seed_scopes)
-
-    return decode_indexer_compressor_test
+    """The ``@pl.jit`` test entry ``decode_indexer_compressor_test``
+    (:func:`prefill_indexer_compressor.indexer_compressor_entry` of mode ``decode``)."""
+    return indexer_compressor_entry(cfg, "decode", max_cmp_writes, seed_scopes)
 # ---- end kernel ----
 
 

@@ -52,7 +52,7 @@ from pto.models.deepseek_v4.rms_norm import golden_rms_norm, rms_norm
 from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
 from pto.models.deepseek_v4.tiling import check_num_tokens, token_capacity
 
-__all__ = ["TOLERANCES", "CSA_ARGS", "CSA_OUTPUTS", "csa_block_kernels", "prefill_attention_csa", "golden_csa_block",
+__all__ = ["TOLERANCES", "CSA_ARGS", "CSA_OUTPUTS", "csa_block_kernels", "attention_csa_inline", "prefill_attention_csa", "golden_csa_block",
            "golden_prefill_attention_csa", "csa_block_inputs", "make_prefill_csa_inputs", "csa_case",
            "build_prefill_attention_csa"]
 
@@ -203,34 +203,45 @@ def csa_block_kernels(cfg: DeepSeekV4Config, mode: str, seed_scopes: bool = Fals
     return SimpleNamespace(csa_block=csa_block, entry=entry, mode=mode, seed_scopes=seed_scopes)
 
 
-@pl.jit.inline
-def prefill_attention_csa(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor, hc_attn_base: pl.Tensor,
-                          attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor, wq_b_scale: pl.Tensor,
-                          wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor, freqs_cos: pl.Tensor,
-                          freqs_sin: pl.Tensor, kv_cache: pl.InOut[pl.Tensor], block_table: pl.Tensor,
-                          ori_slot_mapping: pl.Tensor, position_ids: pl.Tensor, attn_sink: pl.Tensor,
-                          wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor, cmp_wkv: pl.Tensor,
-                          cmp_wgate: pl.Tensor, cmp_ape: pl.Tensor, cmp_norm_w: pl.Tensor,
-                          compress_state: pl.InOut[pl.Tensor], state_block_table: pl.Tensor,
-                          cmp_kv: pl.InOut[pl.Tensor], cmp_block_table: pl.Tensor, cmp_slot_mapping: pl.Tensor,
-                          state_slot_mapping: pl.Tensor, idx_wkv: pl.Tensor, idx_wgate: pl.Tensor,
-                          idx_ape: pl.Tensor, idx_norm_w: pl.Tensor, idx_compress_state: pl.InOut[pl.Tensor],
-                          idx_state_block_table: pl.Tensor, idx_state_slot_mapping: pl.Tensor, hadamard: pl.Tensor,
-                          idx_kv_cache: pl.InOut[pl.Tensor], idx_kv_scale: pl.InOut[pl.Tensor],
-                          idx_block_table: pl.Tensor, idx_slot_mapping: pl.Tensor, idx_wq_b: pl.Tensor,
-                          idx_wq_b_scale: pl.Tensor, idx_weights_proj: pl.Tensor, x_out: pl.Out[pl.Tensor],
-                          num_tokens: pl.Scalar[pl.INT32], cfg, seed_scopes: bool = False):
-    """Stable inline signature ``prefill_attention_csa(<CSA_ARGS>, x_out, num_tokens, cfg,
-    seed_scopes=False) -> (kv_cache, cmp_kv, compress_state, idx_kv_cache, idx_kv_scale,
-    idx_compress_state, x_out)``: the prefill body of :func:`csa_block_kernels` (shapes,
-    variants and errors there)."""
-    return csa_block_kernels(cfg, "prefill", seed_scopes).csa_block(
-        x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq, gamma_ckv,
-        freqs_cos, freqs_sin, kv_cache, block_table, ori_slot_mapping, position_ids, attn_sink, wo_a, wo_b,
-        wo_b_scale, cmp_wkv, cmp_wgate, cmp_ape, cmp_norm_w, compress_state, state_block_table, cmp_kv,
-        cmp_block_table, cmp_slot_mapping, state_slot_mapping, idx_wkv, idx_wgate, idx_ape, idx_norm_w,
-        idx_compress_state, idx_state_block_table, idx_state_slot_mapping, hadamard, idx_kv_cache, idx_kv_scale,
-        idx_block_table, idx_slot_mapping, idx_wq_b, idx_wq_b_scale, idx_weights_proj, x_out, num_tokens)
+def attention_csa_inline(mode: str):
+    """The stable ``@pl.jit.inline`` CSA sub-block of ``mode`` (``prefill_attention_csa`` /
+    ``decode_attention_csa``), forwarding to the body of :func:`csa_block_kernels`."""
+
+    @pl.jit.inline
+    def attention_csa(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor, hc_attn_base: pl.Tensor,
+                      attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor, wq_b_scale: pl.Tensor,
+                      wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor, freqs_cos: pl.Tensor,
+                      freqs_sin: pl.Tensor, kv_cache: pl.InOut[pl.Tensor], block_table: pl.Tensor,
+                      ori_slot_mapping: pl.Tensor, position_ids: pl.Tensor, attn_sink: pl.Tensor,
+                      wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor, cmp_wkv: pl.Tensor,
+                      cmp_wgate: pl.Tensor, cmp_ape: pl.Tensor, cmp_norm_w: pl.Tensor,
+                      compress_state: pl.InOut[pl.Tensor], state_block_table: pl.Tensor,
+                      cmp_kv: pl.InOut[pl.Tensor], cmp_block_table: pl.Tensor, cmp_slot_mapping: pl.Tensor,
+                      state_slot_mapping: pl.Tensor, idx_wkv: pl.Tensor, idx_wgate: pl.Tensor,
+                      idx_ape: pl.Tensor, idx_norm_w: pl.Tensor, idx_compress_state: pl.InOut[pl.Tensor],
+                      idx_state_block_table: pl.Tensor, idx_state_slot_mapping: pl.Tensor, hadamard: pl.Tensor,
+                      idx_kv_cache: pl.InOut[pl.Tensor], idx_kv_scale: pl.InOut[pl.Tensor],
+                      idx_block_table: pl.Tensor, idx_slot_mapping: pl.Tensor, idx_wq_b: pl.Tensor,
+                      idx_wq_b_scale: pl.Tensor, idx_weights_proj: pl.Tensor, x_out: pl.Out[pl.Tensor],
+                      num_tokens: pl.Scalar[pl.INT32], cfg, seed_scopes: bool = False):
+        """Stable inline signature ``<mode>_attention_csa(<CSA_ARGS>, x_out, num_tokens, cfg,
+        seed_scopes=False) -> (kv_cache, cmp_kv, compress_state, idx_kv_cache, idx_kv_scale,
+        idx_compress_state, x_out)``: the body of :func:`csa_block_kernels` (prefill: one
+        request, tables ``[n]``; decode: tables ``[B, n]``, ``num_tokens == T``; shapes,
+        variants and errors there)."""
+        return csa_block_kernels(cfg, mode, seed_scopes).csa_block(
+            x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv, gamma_cq,
+            gamma_ckv, freqs_cos, freqs_sin, kv_cache, block_table, ori_slot_mapping, position_ids, attn_sink, wo_a,
+            wo_b, wo_b_scale, cmp_wkv, cmp_wgate, cmp_ape, cmp_norm_w, compress_state, state_block_table, cmp_kv,
+            cmp_block_table, cmp_slot_mapping, state_slot_mapping, idx_wkv, idx_wgate, idx_ape, idx_norm_w,
+            idx_compress_state, idx_state_block_table, idx_state_slot_mapping, hadamard, idx_kv_cache, idx_kv_scale,
+            idx_block_table, idx_slot_mapping, idx_wq_b, idx_wq_b_scale, idx_weights_proj, x_out, num_tokens)
+
+    attention_csa.__name__ = attention_csa.__qualname__ = f"{mode}_attention_csa"
+    return attention_csa
+
+
+prefill_attention_csa = attention_csa_inline("prefill")
 # ---- end kernel ----
 
 

@@ -66,7 +66,8 @@ from pto.models.deepseek_v4.tiling import MATMUL_M_TILE, round_up, token_capacit
 
 __all__ = [
     "CSA_RATIO", "CSA_STATE_PAGE", "CSA_STATE_PAGES", "TOLERANCES", "Ratio4Tiling", "ratio4_tiling",
-    "ratio4_compress_tasks", "rope_rotate_rows", "prefill_compressor_ratio4", "prefill_compressor_ratio4_entry",
+    "ratio4_compress_tasks", "rope_rotate_rows", "compressor_ratio4_inline", "compressor_ratio4_entry",
+    "prefill_compressor_ratio4", "prefill_compressor_ratio4_entry",
     "ratio4_state_rows", "golden_ratio4_pool", "golden_prefill_compressor_ratio4", "ratio4_fixture",
     "make_prefill_compressor_ratio4_inputs", "ratio4_specs", "build_prefill_compressor_ratio4",
 ]
@@ -387,76 +388,97 @@ def ratio4_cache_write(normed_kv_pad, write_dst_map, n_writes: int, cmp_kv, widt
                 cmp_rows[dst:dst + 1, 0:width] = pl.cast(normed_kv_pad[i:i + 1, 0:width], pl.BF16, mode="rint")
 
 
-@pl.jit.inline
-def prefill_compressor_ratio4(
-    x: pl.Tensor[[T_DYN, D_DYN], pl.BF16],
-    compress_state: pl.InOut[pl.Tensor],
-    state_block_table: pl.Tensor[[STATE_TABLE_DYN], pl.INT32],
-    wkv: pl.Tensor,
-    wgate: pl.Tensor,
-    ape: pl.Tensor,
-    norm_w: pl.Tensor,
-    cos_table: pl.Tensor,
-    sin_table: pl.Tensor,
-    cmp_kv: pl.InOut[pl.Tensor],
-    position_ids: pl.Tensor[[T_DYN], pl.INT32],
-    num_tokens: pl.Scalar[pl.INT32],
-    cmp_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
-    state_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
-    cfg,
-    max_cmp_writes=None,
-    seed_scopes=False,
-):
-    """CSA main KV compressor over one prefill chunk (v4flash-kernels.md B.15, generalised).
-
-    Shapes (``d = head_dim``): compress_state ``[pages, 4, 4d]`` FP32 (kv a | kv b | score a |
-    score b); state_block_table ``[L]`` INT32 (one request); wkv / wgate ``[2d, D]`` BF16; ape
-    ``[4, 2d]`` FP32; norm_w ``[d]`` BF16; cos / sin ``[P, qk_rope_head_dim]`` BF16 compress
-    tables; cmp_kv ``[cmp_pages, block_size, 1, d]`` BF16. Any ``T >= 1``, any start position.
-    Math, tasks and contract: module docstring (:func:`golden_prefill_compressor_ratio4` is the
-    contract).
-
-    Returns:
-        ``(cmp_kv, compress_state)``.
-
-    Raises:
-        ConfigError, BindError, CapacityError: see :func:`ratio4_compress_tasks`.
-    """
-    tl = ratio4_tiling(cfg, cfg.head_dim, max_cmp_writes)
-    table2 = pl.reshape(state_block_table, [1, pl.tensor.dim(state_block_table, 0)])
-    _check_cache("prefill_compressor_ratio4", cmp_kv, cfg, cfg.head_dim)
-    normed, dst_map, n_writes = ratio4_compress_tasks(
-        x, compress_state, table2, wkv, wgate, ape, norm_w, cos_table, sin_table, position_ids, num_tokens,
-        cmp_slot_mapping, state_slot_mapping, cmp_kv.shape[0] * cmp_kv.shape[1], cfg, tl, "prefill_c4",
-        seed_scopes)
-    ratio4_cache_write(normed, dst_map, n_writes, cmp_kv, cfg.head_dim, "prefill_c4")
-    return cmp_kv, compress_state
-
-
 def _check_cache(kernel: str, cache, cfg, width: int) -> None:
     want = [cache.shape[0], cfg.block_size, 1, width]
     if list(cache.shape) != want:
         raise _bind(kernel, f"compressed cache is {list(cache.shape)}, config {cfg.name!r} needs {want}")
 
 
+def _table_dims(mode: str) -> list:
+    """Block-table dims of a mode: prefill one request ``[L]``, decode ``[B, L]``."""
+    if mode not in ("prefill", "decode"):
+        raise ConfigError(f"ratio-4 compressor: unknown mode {mode!r}; modes: prefill, decode")
+    return [STATE_TABLE_DYN] if mode == "prefill" else [B_DYN, STATE_TABLE_DYN]
+
+
+def compressor_ratio4_inline(mode: str):
+    """The ``@pl.jit.inline`` main CSA compressor of ``mode`` (``prefill_compressor_ratio4`` /
+    ``decode_compressor_ratio4``): one body, the table shape and task prefix per mode."""
+    name, prefix = f"{mode}_compressor_ratio4", f"{mode}_c4"
+
+    @pl.jit.inline
+    def compressor_ratio4(
+        x: pl.Tensor[[T_DYN, D_DYN], pl.BF16],
+        compress_state: pl.InOut[pl.Tensor],
+        state_block_table: pl.Tensor[_table_dims(mode), pl.INT32],
+        wkv: pl.Tensor,
+        wgate: pl.Tensor,
+        ape: pl.Tensor,
+        norm_w: pl.Tensor,
+        cos_table: pl.Tensor,
+        sin_table: pl.Tensor,
+        cmp_kv: pl.InOut[pl.Tensor],
+        position_ids: pl.Tensor[[T_DYN], pl.INT32],
+        num_tokens: pl.Scalar[pl.INT32],
+        cmp_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
+        state_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
+        cfg,
+        max_cmp_writes=None,
+        seed_scopes=False,
+    ):
+        """CSA main KV compressor over one call (v4flash-kernels.md B.15 prefill / B.10 decode,
+        generalised).
+
+        Shapes (``d = head_dim``): compress_state ``[pages, 4, 4d]`` FP32 (kv a | kv b | score a
+        | score b); state_block_table ``[L]`` INT32 (prefill: one request) or ``[B, L]`` (decode:
+        one row per request, ``T`` a multiple of ``B``); wkv / wgate ``[2d, D]`` BF16; ape
+        ``[4, 2d]`` FP32; norm_w ``[d]`` BF16; cos / sin ``[P, qk_rope_head_dim]`` BF16
+        compress tables; cmp_kv ``[cmp_pages, block_size, 1, d]`` BF16. Any ``T >= 1``, any
+        start positions. Math, tasks and contract: module docstring
+        (:func:`golden_prefill_compressor_ratio4` is the contract).
+
+        Returns:
+            ``(cmp_kv, compress_state)``.
+
+        Raises:
+            ConfigError, BindError, CapacityError: see :func:`ratio4_compress_tasks`.
+        """
+        tl = ratio4_tiling(cfg, cfg.head_dim, max_cmp_writes)
+        table2 = pl.reshape(state_block_table, [1, pl.tensor.dim(state_block_table, 0)]) if mode == "prefill" \
+            else state_block_table
+        _check_cache(name, cmp_kv, cfg, cfg.head_dim)
+        normed, dst_map, n_writes = ratio4_compress_tasks(
+            x, compress_state, table2, wkv, wgate, ape, norm_w, cos_table, sin_table, position_ids, num_tokens,
+            cmp_slot_mapping, state_slot_mapping, cmp_kv.shape[0] * cmp_kv.shape[1], cfg, tl, prefix, seed_scopes)
+        ratio4_cache_write(normed, dst_map, n_writes, cmp_kv, cfg.head_dim, prefix)
+        return cmp_kv, compress_state
+
+    compressor_ratio4.__name__ = compressor_ratio4.__qualname__ = name
+    return compressor_ratio4
+
+
+prefill_compressor_ratio4 = compressor_ratio4_inline("prefill")
+
+
 @functools.lru_cache(maxsize=None)
-def prefill_compressor_ratio4_entry(cfg: DeepSeekV4Config, max_cmp_writes: int | None = None,
-                                    seed_scopes: bool = False):
-    """The ``@pl.jit`` test entry ``prefill_compressor_ratio4_test`` for ``cfg``: parameters as
-    :func:`prefill_compressor_ratio4` with the model dims static; returns ``(cmp_kv,
+def compressor_ratio4_entry(cfg: DeepSeekV4Config, mode: str, max_cmp_writes: int | None = None,
+                            seed_scopes: bool = False):
+    """The ``@pl.jit`` test entry ``<mode>_compressor_ratio4_test`` for ``cfg``: parameters as
+    :func:`compressor_ratio4_inline` with the model dims static; returns ``(cmp_kv,
     compress_state)``.
 
     Raises:
-        ConfigError: ``cfg`` cannot be tiled.
+        ConfigError: ``cfg`` cannot be tiled, or an unknown mode.
     """
     tl = ratio4_tiling(cfg, cfg.head_dim, max_cmp_writes)
     D, d, r, bs = cfg.hidden_size, cfg.head_dim, cfg.qk_rope_head_dim, cfg.block_size
+    body = compressor_ratio4_inline(mode)
 
     @pl.jit
-    def prefill_compressor_ratio4_test(
+    def compressor_ratio4_test(
         x: pl.Tensor[[T_DYN, D], pl.BF16],
         compress_state: pl.InOut[pl.Tensor[[STATE_PAGES_DYN, CSA_STATE_PAGE, 4 * d], pl.FP32]],
-        state_block_table: pl.Tensor[[STATE_TABLE_DYN], pl.INT32],
+        state_block_table: pl.Tensor[_table_dims(mode), pl.INT32],
         wkv: pl.Tensor[[2 * d, D], pl.BF16],
         wgate: pl.Tensor[[2 * d, D], pl.BF16],
         ape: pl.Tensor[[CSA_RATIO, 2 * d], pl.FP32],
@@ -469,11 +491,18 @@ def prefill_compressor_ratio4_entry(cfg: DeepSeekV4Config, max_cmp_writes: int |
         cmp_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
         state_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
     ):
-        return prefill_compressor_ratio4(x, compress_state, state_block_table, wkv, wgate, ape, norm_w, cos_table,
-                                         sin_table, cmp_kv, position_ids, num_tokens, cmp_slot_mapping,
-                                         state_slot_mapping, cfg, tl.max_cmp_writes, seed_scopes)
+        return body(x, compress_state, state_block_table, wkv, wgate, ape, norm_w, cos_table, sin_table, cmp_kv,
+                    position_ids, num_tokens, cmp_slot_mapping, state_slot_mapping, cfg, tl.max_cmp_writes,
+                    seed_scopes)
 
-    return prefill_compressor_ratio4_test
+    compressor_ratio4_test.__name__ = compressor_ratio4_test.__qualname__ = f"{mode}_compressor_ratio4_test"
+    return compressor_ratio4_test
+
+
+def prefill_compressor_ratio4_entry(cfg: DeepSeekV4Config, max_cmp_writes: int | None = None,
+                                    seed_scopes: bool = False):
+    """:func:`compressor_ratio4_entry` of mode ``prefill``."""
+    return compressor_ratio4_entry(cfg, "prefill", max_cmp_writes, seed_scopes)
 # ---- end kernel ----
 
 

@@ -57,8 +57,8 @@ from pto.models.deepseek_v4.qkv_proj_rope import (int8_quantize_rows, quantize_p
 from pto.models.deepseek_v4.rope import rope_tables
 from pto.models.deepseek_v4.tiling import MATMUL_M_TILE, round_up, token_capacity
 
-__all__ = ["FP32_MAX", "indexer_sort_width", "indexer_score_capacity", "indexer_topk_tasks", "prefill_indexer",
-           "prefill_indexer_entry", "golden_indexer_query", "golden_indexer_scores", "golden_indexer_topk",
+__all__ = ["FP32_MAX", "indexer_sort_width", "indexer_score_capacity", "indexer_topk_tasks", "indexer_inline",
+           "indexer_entry", "prefill_indexer", "prefill_indexer_entry", "golden_indexer_query", "golden_indexer_scores", "golden_indexer_topk",
            "golden_prefill_indexer", "make_indexer_inputs", "topk_set_compare", "build_prefill_indexer"]
 
 FP32_MAX = float(torch.finfo(torch.float32).max)
@@ -261,51 +261,76 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
     return cmp_topk_indices
 
 
-@pl.jit.inline
-def prefill_indexer(
-    x: pl.Tensor[[T_DYN, D_DYN], pl.BF16],
-    qr: pl.Tensor,
-    qr_scale: pl.Tensor,
-    wq_b: pl.Tensor,
-    wq_b_scale: pl.Tensor,
-    weights_proj: pl.Tensor,
-    cos_table: pl.Tensor,
-    sin_table: pl.Tensor,
-    hadamard: pl.Tensor,
-    idx_kv_cache: pl.Tensor,
-    idx_kv_scale: pl.Tensor,
-    idx_block_table: pl.Tensor[[IDX_TABLE_DYN], pl.INT32],
-    position_ids: pl.Tensor[[T_DYN], pl.INT32],
-    num_tokens: pl.Scalar[pl.INT32],
-    cmp_topk_indices: pl.Out[pl.Tensor],
-    cfg,
-    seed_scopes=False,
-):
-    """Lightning indexer over one prefill chunk (v4flash-kernels.md B.17, generalised): shapes
-    as :func:`indexer_topk_tasks` with ``idx_block_table [n]`` (one request). Every row of
-    ``cmp_topk_indices [T, index_topk]`` is written (``-1`` rows for inactive tokens).
+def _idx_table_dims(mode: str) -> list:
+    """Key-page table dims of a mode: prefill one request ``[n]``, decode ``[B, n]``."""
+    if mode not in ("prefill", "decode"):
+        raise ConfigError(f"indexer: unknown mode {mode!r}; modes: prefill, decode")
+    return [IDX_TABLE_DYN] if mode == "prefill" else [B_DYN, IDX_TABLE_DYN]
 
-    Returns:
-        ``cmp_topk_indices``.
 
-    Raises:
-        BindError, CapacityError: see :func:`indexer_topk_tasks`.
-    """
-    table2 = pl.reshape(idx_block_table, [1, pl.tensor.dim(idx_block_table, 0)])
-    return indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_table, sin_table, hadamard,
-                              idx_kv_cache, idx_kv_scale, table2, position_ids, num_tokens, cmp_topk_indices, cfg,
-                              "prefill_idx", seed_scopes)
+def indexer_inline(mode: str):
+    """The ``@pl.jit.inline`` lightning indexer of ``mode`` (``prefill_indexer`` /
+    ``decode_indexer``): one body, the table shape and task prefix per mode."""
+    prefix = f"{mode}_idx"
+
+    @pl.jit.inline
+    def indexer(
+        x: pl.Tensor[[T_DYN, D_DYN], pl.BF16],
+        qr: pl.Tensor,
+        qr_scale: pl.Tensor,
+        wq_b: pl.Tensor,
+        wq_b_scale: pl.Tensor,
+        weights_proj: pl.Tensor,
+        cos_table: pl.Tensor,
+        sin_table: pl.Tensor,
+        hadamard: pl.Tensor,
+        idx_kv_cache: pl.Tensor,
+        idx_kv_scale: pl.Tensor,
+        idx_block_table: pl.Tensor[_idx_table_dims(mode), pl.INT32],
+        position_ids: pl.Tensor[[T_DYN], pl.INT32],
+        num_tokens: pl.Scalar[pl.INT32],
+        cmp_topk_indices: pl.Out[pl.Tensor],
+        cfg,
+        seed_scopes=False,
+    ):
+        """Lightning indexer over one call (v4flash-kernels.md B.17 prefill / B.12 decode,
+        generalised): shapes as :func:`indexer_topk_tasks` with ``idx_block_table [n]``
+        (prefill, one request) or ``[B, n]`` (decode). Every row of ``cmp_topk_indices [T,
+        index_topk]`` is written (``-1`` rows for inactive tokens).
+
+        Returns:
+            ``cmp_topk_indices``.
+
+        Raises:
+            BindError, CapacityError: see :func:`indexer_topk_tasks`.
+        """
+        table2 = pl.reshape(idx_block_table, [1, pl.tensor.dim(idx_block_table, 0)]) if mode == "prefill" \
+            else idx_block_table
+        return indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_table, sin_table, hadamard,
+                                  idx_kv_cache, idx_kv_scale, table2, position_ids, num_tokens, cmp_topk_indices,
+                                  cfg, prefix, seed_scopes)
+
+    indexer.__name__ = indexer.__qualname__ = f"{mode}_indexer"
+    return indexer
+
+
+prefill_indexer = indexer_inline("prefill")
 
 
 @functools.lru_cache(maxsize=None)
-def prefill_indexer_entry(cfg: DeepSeekV4Config, seed_scopes: bool = False):
-    """The ``@pl.jit`` test entry ``prefill_indexer_test`` (parameters of
-    :func:`prefill_indexer`, model dims static); returns ``cmp_topk_indices``."""
+def indexer_entry(cfg: DeepSeekV4Config, mode: str, seed_scopes: bool = False):
+    """The ``@pl.jit`` test entry ``<mode>_indexer_test`` (parameters of
+    :func:`indexer_inline`, model dims static); returns ``cmp_topk_indices``.
+
+    Raises:
+        ConfigError: an unknown mode.
+    """
     D, Lq, HI, c, r, K, bs = (cfg.hidden_size, cfg.q_lora_rank, cfg.index_n_heads, cfg.index_head_dim,
                               cfg.qk_rope_head_dim, cfg.index_topk, cfg.block_size)
+    body = indexer_inline(mode)
 
     @pl.jit
-    def prefill_indexer_test(
+    def indexer_test(
         x: pl.Tensor[[T_DYN, D], pl.BF16],
         qr: pl.Tensor[[T_DYN, Lq], pl.INT8],
         qr_scale: pl.Tensor[[T_DYN, 1], pl.FP32],
@@ -317,16 +342,21 @@ def prefill_indexer_entry(cfg: DeepSeekV4Config, seed_scopes: bool = False):
         hadamard: pl.Tensor[[c, c], pl.BF16],
         idx_kv_cache: pl.Tensor[[IDX_PAGES_DYN, bs, 1, c], pl.INT8],
         idx_kv_scale: pl.Tensor[[IDX_PAGES_DYN, bs, 1, 1], pl.FP32],
-        idx_block_table: pl.Tensor[[IDX_TABLE_DYN], pl.INT32],
+        idx_block_table: pl.Tensor[_idx_table_dims(mode), pl.INT32],
         position_ids: pl.Tensor[[T_DYN], pl.INT32],
         num_tokens: pl.Scalar[pl.INT32],
         cmp_topk_indices: pl.Out[pl.Tensor[[T_DYN, K], pl.INT32]],
     ):
-        return prefill_indexer(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_table, sin_table, hadamard,
-                               idx_kv_cache, idx_kv_scale, idx_block_table, position_ids, num_tokens,
-                               cmp_topk_indices, cfg, seed_scopes)
+        return body(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_table, sin_table, hadamard, idx_kv_cache,
+                    idx_kv_scale, idx_block_table, position_ids, num_tokens, cmp_topk_indices, cfg, seed_scopes)
 
-    return prefill_indexer_test
+    indexer_test.__name__ = indexer_test.__qualname__ = f"{mode}_indexer_test"
+    return indexer_test
+
+
+def prefill_indexer_entry(cfg: DeepSeekV4Config, seed_scopes: bool = False):
+    """:func:`indexer_entry` of mode ``prefill``."""
+    return indexer_entry(cfg, "prefill", seed_scopes)
 # ---- end kernel ----
 
 

@@ -33,6 +33,7 @@ from pto.models.deepseek_v4.prefill_compressor_ratio4 import (
     CSA_RATIO,
     CSA_STATE_PAGE,
     CSA_STATE_PAGES,
+    _table_dims,
     golden_ratio4_compress,
     ratio4_compress_tasks,
     ratio4_fixture,
@@ -41,8 +42,8 @@ from pto.models.deepseek_v4.prefill_compressor_ratio4 import (
 )
 from pto.models.deepseek_v4.qkv_proj_rope import int8_quantize_rows, quantize_per_row_int8
 
-__all__ = ["TOLERANCES", "IDX_KV_BLOCK_NUM", "indexer_cache_write", "prefill_indexer_compressor",
-           "prefill_indexer_compressor_entry", "golden_indexer_keys", "golden_prefill_indexer_compressor",
+__all__ = ["TOLERANCES", "IDX_KV_BLOCK_NUM", "indexer_cache_write", "indexer_compressor_inline",
+           "indexer_compressor_entry", "prefill_indexer_compressor", "prefill_indexer_compressor_entry", "golden_indexer_keys", "golden_prefill_indexer_compressor",
            "random_hadamard", "indexer_cache_inputs", "make_prefill_indexer_compressor_inputs",
            "build_prefill_indexer_compressor"]
 
@@ -59,7 +60,6 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {
 T_DYN = pl.dynamic("T")
 D_DYN = pl.dynamic("D")
 STATE_PAGES_DYN = pl.dynamic("STATE_PAGES")
-STATE_TABLE_DYN = pl.dynamic("STATE_TABLE_LEN")
 ROPE_ROWS_DYN = pl.dynamic("ROPE_ROWS")
 IDX_PAGES_DYN = pl.dynamic("IDX_PAGES")
 
@@ -98,75 +98,90 @@ def _check_idx_cache(kernel: str, cache, scale, cfg) -> None:
                         f"must be {want} / {want[:3] + [1]}")
 
 
-@pl.jit.inline
-def prefill_indexer_compressor(
-    x: pl.Tensor[[T_DYN, D_DYN], pl.BF16],
-    compress_state: pl.InOut[pl.Tensor],
-    state_block_table: pl.Tensor[[STATE_TABLE_DYN], pl.INT32],
-    wkv: pl.Tensor,
-    wgate: pl.Tensor,
-    ape: pl.Tensor,
-    norm_w: pl.Tensor,
-    cos_table: pl.Tensor,
-    sin_table: pl.Tensor,
-    hadamard: pl.Tensor,
-    idx_kv_cache: pl.InOut[pl.Tensor],
-    idx_kv_scale: pl.InOut[pl.Tensor],
-    position_ids: pl.Tensor[[T_DYN], pl.INT32],
-    num_tokens: pl.Scalar[pl.INT32],
-    idx_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
-    state_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
-    cfg,
-    max_cmp_writes=None,
-    seed_scopes=False,
-):
-    """Indexer key compressor over one prefill chunk (v4flash-kernels.md B.16, generalised).
+def indexer_compressor_inline(mode: str):
+    """The ``@pl.jit.inline`` indexer key compressor of ``mode`` (``prefill_indexer_compressor``
+    / ``decode_indexer_compressor``): one body, the table shape and task prefix per mode."""
+    name, prefix = f"{mode}_indexer_compressor", f"{mode}_idx_c4"
 
-    Shapes (``c = index_head_dim``): compress_state ``[pages, 4, 4c]`` FP32; state_block_table
-    ``[L]`` INT32; wkv / wgate ``[2c, D]`` BF16; ape ``[4, 2c]`` FP32; norm_w ``[c]`` BF16;
-    cos / sin ``[P, r]`` BF16 compress tables; hadamard ``[c, c]`` BF16; idx_kv_cache
-    ``[pages, block_size, 1, c]`` INT8; idx_kv_scale ``[pages, block_size, 1, 1]`` FP32;
-    idx_slot_mapping: flat key-cache row of a closing token (``-1`` = none).
+    @pl.jit.inline
+    def indexer_compressor(
+        x: pl.Tensor[[T_DYN, D_DYN], pl.BF16],
+        compress_state: pl.InOut[pl.Tensor],
+        state_block_table: pl.Tensor[_table_dims(mode), pl.INT32],
+        wkv: pl.Tensor,
+        wgate: pl.Tensor,
+        ape: pl.Tensor,
+        norm_w: pl.Tensor,
+        cos_table: pl.Tensor,
+        sin_table: pl.Tensor,
+        hadamard: pl.Tensor,
+        idx_kv_cache: pl.InOut[pl.Tensor],
+        idx_kv_scale: pl.InOut[pl.Tensor],
+        position_ids: pl.Tensor[[T_DYN], pl.INT32],
+        num_tokens: pl.Scalar[pl.INT32],
+        idx_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
+        state_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
+        cfg,
+        max_cmp_writes=None,
+        seed_scopes=False,
+    ):
+        """Indexer key compressor over one call (v4flash-kernels.md B.16 prefill / B.11 decode,
+        generalised).
 
-    Returns:
-        ``(idx_kv_cache, idx_kv_scale, compress_state)``.
+        Shapes (``c = index_head_dim``): compress_state ``[pages, 4, 4c]`` FP32;
+        state_block_table ``[L]`` INT32 (prefill) or ``[B, L]`` (decode); wkv / wgate ``[2c, D]``
+        BF16; ape ``[4, 2c]`` FP32; norm_w ``[c]`` BF16; cos / sin ``[P, r]`` BF16 compress
+        tables; hadamard ``[c, c]`` BF16; idx_kv_cache ``[pages, block_size, 1, c]`` INT8;
+        idx_kv_scale ``[pages, block_size, 1, 1]`` FP32; idx_slot_mapping: flat key-cache row of
+        a closing token (``-1`` = none).
 
-    Raises:
-        ConfigError, BindError, CapacityError: see
-        :func:`prefill_compressor_ratio4.ratio4_compress_tasks`; BindError for cache shapes.
-    """
-    c = cfg.index_head_dim
-    tl = ratio4_tiling(cfg, c, max_cmp_writes)
-    _check_idx_cache("prefill_indexer_compressor", idx_kv_cache, idx_kv_scale, cfg)
-    table2 = pl.reshape(state_block_table, [1, pl.tensor.dim(state_block_table, 0)])
-    normed, dst_map, n_writes = ratio4_compress_tasks(
-        x, compress_state, table2, wkv, wgate, ape, norm_w, cos_table, sin_table, position_ids, num_tokens,
-        idx_slot_mapping, state_slot_mapping, idx_kv_cache.shape[0] * idx_kv_cache.shape[1], cfg, tl,
-        "prefill_idx_c4", seed_scopes)
-    indexer_cache_write(normed, dst_map, n_writes, hadamard, idx_kv_cache, idx_kv_scale, c, tl.pad_capacity,
-                        "prefill_idx_c4")
-    return idx_kv_cache, idx_kv_scale, compress_state
+        Returns:
+            ``(idx_kv_cache, idx_kv_scale, compress_state)``.
+
+        Raises:
+            ConfigError, BindError, CapacityError: see
+            :func:`prefill_compressor_ratio4.ratio4_compress_tasks`; BindError for cache shapes.
+        """
+        c = cfg.index_head_dim
+        tl = ratio4_tiling(cfg, c, max_cmp_writes)
+        _check_idx_cache(name, idx_kv_cache, idx_kv_scale, cfg)
+        table2 = pl.reshape(state_block_table, [1, pl.tensor.dim(state_block_table, 0)]) if mode == "prefill" \
+            else state_block_table
+        normed, dst_map, n_writes = ratio4_compress_tasks(
+            x, compress_state, table2, wkv, wgate, ape, norm_w, cos_table, sin_table, position_ids, num_tokens,
+            idx_slot_mapping, state_slot_mapping, idx_kv_cache.shape[0] * idx_kv_cache.shape[1], cfg, tl, prefix,
+            seed_scopes)
+        indexer_cache_write(normed, dst_map, n_writes, hadamard, idx_kv_cache, idx_kv_scale, c, tl.pad_capacity,
+                            prefix)
+        return idx_kv_cache, idx_kv_scale, compress_state
+
+    indexer_compressor.__name__ = indexer_compressor.__qualname__ = name
+    return indexer_compressor
+
+
+prefill_indexer_compressor = indexer_compressor_inline("prefill")
 
 
 @functools.lru_cache(maxsize=None)
-def prefill_indexer_compressor_entry(cfg: DeepSeekV4Config, max_cmp_writes: int | None = None,
-                                     seed_scopes: bool = False):
-    """The ``@pl.jit`` test entry ``prefill_indexer_compressor_test`` (parameters of
-    :func:`prefill_indexer_compressor`, model dims static); returns ``(idx_kv_cache,
+def indexer_compressor_entry(cfg: DeepSeekV4Config, mode: str, max_cmp_writes: int | None = None,
+                             seed_scopes: bool = False):
+    """The ``@pl.jit`` test entry ``<mode>_indexer_compressor_test`` (parameters of
+    :func:`indexer_compressor_inline`, model dims static); returns ``(idx_kv_cache,
     idx_kv_scale, compress_state)``.
 
     Raises:
-        ConfigError: ``cfg`` cannot be tiled.
+        ConfigError: ``cfg`` cannot be tiled, or an unknown mode.
     """
     c = cfg.index_head_dim
     tl = ratio4_tiling(cfg, c, max_cmp_writes)
     D, r, bs = cfg.hidden_size, cfg.qk_rope_head_dim, cfg.block_size
+    body = indexer_compressor_inline(mode)
 
     @pl.jit
-    def prefill_indexer_compressor_test(
+    def indexer_compressor_test(
         x: pl.Tensor[[T_DYN, D], pl.BF16],
         compress_state: pl.InOut[pl.Tensor[[STATE_PAGES_DYN, CSA_STATE_PAGE, 4 * c], pl.FP32]],
-        state_block_table: pl.Tensor[[STATE_TABLE_DYN], pl.INT32],
+        state_block_table: pl.Tensor[_table_dims(mode), pl.INT32],
         wkv: pl.Tensor[[2 * c, D], pl.BF16],
         wgate: pl.Tensor[[2 * c, D], pl.BF16],
         ape: pl.Tensor[[CSA_RATIO, 2 * c], pl.FP32],
@@ -181,11 +196,18 @@ def prefill_indexer_compressor_entry(cfg: DeepSeekV4Config, max_cmp_writes: int 
         idx_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
         state_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
     ):
-        return prefill_indexer_compressor(x, compress_state, state_block_table, wkv, wgate, ape, norm_w, cos_table,
-                                          sin_table, hadamard, idx_kv_cache, idx_kv_scale, position_ids, num_tokens,
-                                          idx_slot_mapping, state_slot_mapping, cfg, tl.max_cmp_writes, seed_scopes)
+        return body(x, compress_state, state_block_table, wkv, wgate, ape, norm_w, cos_table, sin_table, hadamard,
+                    idx_kv_cache, idx_kv_scale, position_ids, num_tokens, idx_slot_mapping, state_slot_mapping, cfg,
+                    tl.max_cmp_writes, seed_scopes)
 
-    return prefill_indexer_compressor_test
+    indexer_compressor_test.__name__ = indexer_compressor_test.__qualname__ = f"{mode}_indexer_compressor_test"
+    return indexer_compressor_test
+
+
+def prefill_indexer_compressor_entry(cfg: DeepSeekV4Config, max_cmp_writes: int | None = None,
+                                     seed_scopes: bool = False):
+    """:func:`indexer_compressor_entry` of mode ``prefill``."""
+    return indexer_compressor_entry(cfg, "prefill", max_cmp_writes, seed_scopes)
 # ---- end kernel ----
 
 
