@@ -454,7 +454,8 @@ def cmd_run(args) -> int:
 def _check_args(p):
     add_target_args(p)
     p.add_argument("--drop-init", action="append", default=[], metavar="ALLOCATION",
-                   help="mutation test: ignore the init_value of this allocation (pto.runtime.drop_init_values)")
+                   help="mutation test: ignore the init_value of this allocation (pto.runtime.drop_init_values); "
+                        "'all': drop each init_value of the run in turn and print a table of what caught it")
 
 
 @command("check", "run a kernel in check mode against its golden; print PASS or the error", _check_args)
@@ -463,6 +464,8 @@ def cmd_check(args) -> int:
     ``--drop-init NAME`` runs it with that allocation's init_value dropped
     (``RunConfig.drop_init``: a name that drops nothing is a ConfigError)."""
     target = _target_from_args(args)
+    if "all" in args.drop_init:
+        return _drop_init_all(target, args.drop_init)
     drop = tuple(args.drop_init)
     title = target.title
     if args.drop_init:
@@ -489,6 +492,56 @@ def cmd_check(args) -> int:
         return 1
     con.print(f"PASS {title}: no undefined outputs, no races ({prog.stats.tasks} tasks; no golden)",
               highlight=False, markup=False)
+    return 0
+
+
+def _drop_init_all(target: Target, names: list) -> int:
+    """``pto check KERNEL --drop-init all``: a passing check-mode run, then one run per
+    allocation with an init_value, with it dropped; a table of what caught each (exit 1 when
+    the baseline run fails)."""
+    from pto.golden.mutation import drop_init_sweep
+    from pto.runtime.sanitizer import short_site
+    if names != ["all"]:
+        raise ConfigError(f"--drop-init all drops every init_value in turn; it takes no other names (got {names})")
+    if target.program is not None:
+        raise ConfigError(f"{target.name} returned a Program that was already run; --drop-init all needs a kernel "
+                          f"it can run again (a registry kernel, a KernelCase or a @pl.jit function)")
+    cr = target.case_run
+    if cr is not None:
+        def run(cfg):
+            return run_jit(cr.fn, cr.specs, cr.golden, cr.compare, rtol=cr.rtol, atol=cr.atol, check=True,
+                           config=cfg)
+    else:
+        def run(cfg):
+            return target.fn.run(*[a.clone() for a in target.args], config=cfg)
+    con = console()
+    title = target.title
+    try:
+        base = run(RunConfig(check=True))
+    except PtoError as e:
+        con.print(f"FAIL {title}: {type(e).__name__}: {e}", highlight=False, markup=False)
+        return 1
+    if not isinstance(base, Program):
+        if not base.passed:
+            con.print(f"FAIL {title}: {base.error}", highlight=False, markup=False)
+            return 1
+        base = base.program
+    rows = drop_init_sweep(run, base)
+    table = Table(title=f"{title}: each init_value dropped in turn (check mode{', golden' if cr else ''})")
+    for col in ("allocation", "site", "init", "caught", "by"):
+        table.add_column(col, no_wrap=True)
+    prefix = f"kernel {base.name}: "
+    for r in rows:
+        table.add_row(r.name if r.count == 1 else f"{r.name} (x{r.count})", short_site(r.site), repr(r.init_value),
+                      "[green]yes[/green]" if r.caught else "[yellow]no[/yellow]", r.by or "-")
+    con.print(table)
+    for r in rows:
+        if r.caught:
+            detail = r.detail[len(prefix):] if r.detail.startswith(prefix) else r.detail
+            con.print(f"  {r.name}: {detail}", highlight=False, markup=False)
+    n_caught = sum(r.caught for r in rows)
+    con.print(f"{n_caught} of {len(rows)} init_value(s) load-bearing (dropping them is caught); "
+              f"{len(rows) - n_caught} not caught", highlight=False, markup=False)
     return 0
 
 

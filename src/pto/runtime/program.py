@@ -246,6 +246,17 @@ class Program:
                 self.result = None
         return self
 
+    def allocations(self) -> list[Buffer]:
+        """The scratch allocations of the run (``pl.create_tensor``), in allocation order.
+
+        Each is a Buffer record: ``name`` (``name=`` or the assignment target; the name
+        ``RunConfig(drop_init=...)`` takes), ``site`` (``file:line``), ``shape``, ``dtype``
+        (torch), ``nbytes``, ``init_value`` (None without one, and for one dropped by the
+        mutation hook, which sets ``init_dropped``), ``scope`` (heap scope depth) and
+        ``freed``. An allocation inside a loop appears once per iteration.
+        """
+        return [b for b in self.buffers if b.kind == "scratch"]
+
     def _check_drop_init(self) -> None:
         """ConfigError if a ``RunConfig.drop_init`` name dropped nothing in this run (no allocation
         of that name with an ``init_value``): a typo would make the mutation test pass vacuously.
