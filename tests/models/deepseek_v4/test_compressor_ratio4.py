@@ -238,3 +238,15 @@ def test_flash_matches_golden(mode):
     cr = get_case(f"{mode}_compressor_ratio4").build("flash", mode)
     res = run_jit(cr.fn, cr.specs, cr.golden, compare_fn=cr.compare, check=False)
     assert res.passed, res
+
+
+def test_decode_inactive_request_rows_are_skipped():
+    """A request marked inactive by decode_metadata (position -1, slots -1) writes nothing."""
+    d = {k: v for k, v in make_decode_compressor_ratio4_inputs(TINY).items() if k in ARGS}
+    for k in ("position_ids", "cmp_slot_mapping", "state_slot_mapping"):
+        d[k] = d[k].clone()
+        d[k][4:6] = -1  # request 2 (start 6, which would close window 1)
+    cmp_k, state_k, _ = run_decode(TINY, d)
+    cmp_g, state_g = golden_decode_compressor_ratio4(**d, cfg=TINY)
+    assert len(written_rows(d["cmp_kv"], cmp_k)) == 2
+    assert CMP["cmp_kv"](cmp_k, cmp_g)[0] and CMP["compress_state"](state_k, state_g)[0]

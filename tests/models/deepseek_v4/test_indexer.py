@@ -149,3 +149,13 @@ def test_flash_matches_golden(case, mode):
     cr = get_case(case).build("flash", mode)
     res = run_jit(cr.fn, cr.specs, cr.golden, compare_fn=cr.compare, check=False)
     assert res.passed, res
+
+
+def test_score_wide_init_value_is_needed():
+    """Mutation test: without its allocation-time fill the unscored (invisible) columns of the
+    score row reach the sort undefined and the selections come out undefined."""
+    d = inputs([0], 24)
+    entry = prefill_indexer_entry(TINY)
+    args = [d[k].clone() if isinstance(d[k], torch.Tensor) else d[k] for k in ARGS]
+    with pytest.raises(pto.UndefinedOutputError, match="cmp_topk_indices"):
+        entry.run(*args, config=pto.RunConfig(check=True, drop_init=("score_wide",)))

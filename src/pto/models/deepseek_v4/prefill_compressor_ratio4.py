@@ -394,11 +394,12 @@ def _check_cache(kernel: str, cache, cfg, width: int) -> None:
         raise _bind(kernel, f"compressed cache is {list(cache.shape)}, config {cfg.name!r} needs {want}")
 
 
-def _table_dims(mode: str) -> list:
-    """Block-table dims of a mode: prefill one request ``[L]``, decode ``[B, L]``."""
+def _table_dims(mode: str, length=STATE_TABLE_DYN) -> list:
+    """Block-table dims of a mode: prefill one request ``[L]``, decode ``[B, L]`` (``L`` the
+    dynamic dim ``length``)."""
     if mode not in ("prefill", "decode"):
-        raise ConfigError(f"ratio-4 compressor: unknown mode {mode!r}; modes: prefill, decode")
-    return [STATE_TABLE_DYN] if mode == "prefill" else [B_DYN, STATE_TABLE_DYN]
+        raise ConfigError(f"CSA kernels: unknown mode {mode!r}; modes: prefill, decode")
+    return [length] if mode == "prefill" else [B_DYN, length]
 
 
 def compressor_ratio4_inline(mode: str):

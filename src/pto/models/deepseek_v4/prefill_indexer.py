@@ -51,7 +51,7 @@ import pto.language as pl
 from pto.errors import BindError, CapacityError, ConfigError
 from pto.golden import CaseRun, KernelCase, ScalarSpec, TensorSpec, exact, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
-from pto.models.deepseek_v4.prefill_compressor_ratio4 import CSA_RATIO, rope_rotate_rows
+from pto.models.deepseek_v4.prefill_compressor_ratio4 import CSA_RATIO, _table_dims, rope_rotate_rows
 from pto.models.deepseek_v4.qkv_proj_rope import (int8_quantize_rows, quantize_per_row_int8,
                                                   quantize_weight_per_column, rope_interleaved)
 from pto.models.deepseek_v4.rope import rope_tables
@@ -89,7 +89,6 @@ def indexer_score_capacity(cfg: DeepSeekV4Config) -> int:
 
 # ---- kernel ----
 T_DYN = pl.dynamic("T")
-B_DYN = pl.dynamic("B")
 ROPE_ROWS_DYN = pl.dynamic("ROPE_ROWS")
 IDX_PAGES_DYN = pl.dynamic("IDX_PAGES")
 IDX_TABLE_DYN = pl.dynamic("IDX_TABLE_LEN")
@@ -261,13 +260,6 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
     return cmp_topk_indices
 
 
-def _idx_table_dims(mode: str) -> list:
-    """Key-page table dims of a mode: prefill one request ``[n]``, decode ``[B, n]``."""
-    if mode not in ("prefill", "decode"):
-        raise ConfigError(f"indexer: unknown mode {mode!r}; modes: prefill, decode")
-    return [IDX_TABLE_DYN] if mode == "prefill" else [B_DYN, IDX_TABLE_DYN]
-
-
 def indexer_inline(mode: str):
     """The ``@pl.jit.inline`` lightning indexer of ``mode`` (``prefill_indexer`` /
     ``decode_indexer``): one body, the table shape and task prefix per mode."""
@@ -286,7 +278,7 @@ def indexer_inline(mode: str):
         hadamard: pl.Tensor,
         idx_kv_cache: pl.Tensor,
         idx_kv_scale: pl.Tensor,
-        idx_block_table: pl.Tensor[_idx_table_dims(mode), pl.INT32],
+        idx_block_table: pl.Tensor[_table_dims(mode, IDX_TABLE_DYN), pl.INT32],
         position_ids: pl.Tensor[[T_DYN], pl.INT32],
         num_tokens: pl.Scalar[pl.INT32],
         cmp_topk_indices: pl.Out[pl.Tensor],
@@ -342,7 +334,7 @@ def indexer_entry(cfg: DeepSeekV4Config, mode: str, seed_scopes: bool = False):
         hadamard: pl.Tensor[[c, c], pl.BF16],
         idx_kv_cache: pl.Tensor[[IDX_PAGES_DYN, bs, 1, c], pl.INT8],
         idx_kv_scale: pl.Tensor[[IDX_PAGES_DYN, bs, 1, 1], pl.FP32],
-        idx_block_table: pl.Tensor[_idx_table_dims(mode), pl.INT32],
+        idx_block_table: pl.Tensor[_table_dims(mode, IDX_TABLE_DYN), pl.INT32],
         position_ids: pl.Tensor[[T_DYN], pl.INT32],
         num_tokens: pl.Scalar[pl.INT32],
         cmp_topk_indices: pl.Out[pl.Tensor[[T_DYN, K], pl.INT32]],
