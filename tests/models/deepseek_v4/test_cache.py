@@ -16,12 +16,13 @@ def cache():
 
 def test_layout(cache):
     cfg = get_config("tiny")
-    assert [sorted(t) for t in cache.layers] == [["kv"], ["kv"], ["cmp_kv", "idx_kv", "idx_state", "kv", "state"],
-                                                 ["cmp_kv", "kv", "state"]] + [
-        ["cmp_kv", "idx_kv", "idx_state", "kv", "state"], ["cmp_kv", "kv", "state"]]
+    csa = ["cmp_kv", "idx_kv", "idx_kv_scale", "idx_state", "kv", "state"]
+    assert [sorted(t) for t in cache.layers] == [["kv"], ["kv"], csa, ["cmp_kv", "kv", "state"], csa,
+                                                 ["cmp_kv", "kv", "state"]]
     assert cache.layers[0]["kv"].shape == (64, 16, 1, 128) and cache.layers[0]["kv"].dtype == torch.bfloat16
     assert cache.layers[2]["state"].shape == (136, 4, 512) and cache.layers[3]["state"].shape == (132, 8, 256)
     assert cache.layers[2]["idx_kv"].shape == (64, 16, 1, cfg.index_head_dim)
+    assert cache.layers[2]["idx_kv"].dtype == torch.int8 and cache.layers[2]["idx_kv_scale"].shape == (64, 16, 1, 1)
 
 
 def test_tables_and_slots(cache):

@@ -137,10 +137,12 @@ def test_cli_generate_on_kernels(ckpt, capsys):
     km = KernelModel(open_checkpoint(ckpt, "int8"), get_deployment("tiny").replace(max_context=64, rope_max_pos=64))
     want = generate(km, [[5, 17, 300]], max_new_tokens=3)
     assert out["backend"] == "kernels" and out["tokens"] == want.tokens
-    # 3 steps (1 prefill + 2 decode): one layer program per SWA / HCA layer (attention + MoE),
-    # the MoE alone on the 2 CSA layers (their attention is golden)
-    assert km.stats.programs == {"lookup_embedding": 3, "prefill_layer_swa": 2, "decode_layer_swa": 4,
-                                 "prefill_layer_hca": 2, "decode_layer_hca": 4, "moe": 6, "final_logits": 3}
+    # 3 steps (1 prefill + 2 decode): one layer program per layer (attention + MoE), 2 layers per type
+    assert km.stats.programs == {"lookup_embedding": 3, "prefill_layer_swa": 2, "prefill_layer_csa": 2,
+                                 "prefill_layer_hca": 2, "decode_layer_swa": 4, "decode_layer_csa": 4,
+                                 "decode_layer_hca": 4, "final_logits": 3}
+    assert {c["attn prefill"] for c in km.coverage()} == {"prefill_attention_swa", "prefill_attention_csa",
+                                                          "prefill_attention_hca"}
     assert not km.cache.requests  # generate released the request's pages
     assert main(["generate", str(ckpt), "--input-ids", "5", "--backend", "kernels"]) == 2
     assert "needs --weights int8" in capsys.readouterr().err

@@ -13,8 +13,10 @@ kind           pool (pages x rows)    per-layer tensor    logical page of positi
 ``swa_kv``     ori_kv_block_num x     ``[P, bs, 1, d]``   ``p // bs``; pages wholly before the
                block_size             BF16, every layer   window of the next token are returned
 ``csa_cmp``    cmp_kv_block_num x bs  ``[CP, bs, 1, d]``  entry ``p // 4``, page ``entry // bs``
-                                      (+ indexer keys     (CSA layers)
-                                      ``[CP, bs, 1, dI]``)
+                                      (+ INT8 indexer     (CSA layers)
+                                      keys ``[CP, bs, 1,
+                                      dI]`` and their
+                                      FP32 row scales)
 ``hca_cmp``    cmp_kv_block_num x bs  ``[CP, bs, 1, d]``  entry ``p // 128`` (HCA layers)
 ``csa_state``  csa_state_block_num    ``[SP, 4, 4d]`` FP32 a ring of ``prefill_seq // 4 + 2``
                x 4                    (+ indexer          pages per request: window ``p // 4``
@@ -114,7 +116,8 @@ class Cache:
 
     Attributes:
         layers: per layer, a dict of tensors: ``kv`` (all layers), ``cmp_kv`` (CSA / HCA),
-            ``state`` (CSA / HCA compressor state), ``idx_kv`` and ``idx_state`` (CSA).
+            ``state`` (CSA / HCA compressor state), ``idx_kv`` (INT8), ``idx_kv_scale`` and
+            ``idx_state`` (CSA).
         pools: kind -> :class:`PagePool`.
 
     Raises:
@@ -149,7 +152,8 @@ class Cache:
                 t["cmp_kv"] = torch.zeros(dep.cmp_kv_block_num, bs, 1, d, dtype=dtype)
             if ratio == CSA_RATIO:
                 t["state"] = torch.zeros(dep.csa_state_block_num, CSA_STATE_PAGE, 4 * d)
-                t["idx_kv"] = torch.zeros(dep.cmp_kv_block_num, bs, 1, dI, dtype=dtype)
+                t["idx_kv"] = torch.zeros(dep.cmp_kv_block_num, bs, 1, dI, dtype=torch.int8)
+                t["idx_kv_scale"] = torch.zeros(dep.cmp_kv_block_num, bs, 1, 1)
                 t["idx_state"] = torch.zeros(dep.csa_state_block_num, CSA_STATE_PAGE, 4 * dI)
             elif ratio == HCA_RATIO:
                 t["state"] = torch.zeros(dep.hca_state_block_num, dep.hca_state_block_size, 2 * d)

@@ -15,6 +15,10 @@ scales, BF16 activations and weights otherwise, so the kernel path needs
 * sliding-window (ratio 0) attention: prefill ``prefill_attention_swa`` (hc_pre, RMSNorm,
   q/kv + RoPE, cache write, window attention with sinks, grouped o-projection, hc_post)
   and decode ``decode_attention_swa`` (the same over ``B`` requests);
+* CSA (ratio 4) attention: ``prefill_attention_csa`` / ``decode_attention_csa`` (the
+  ratio-4 overlapping compressor, the indexer compressor into INT8 keys rotated by an
+  orthonormal Hadamard, the lightning-indexer top-k, sparse attention over window +
+  selected entries);
 * HCA (ratio 128) attention: ``prefill_attention_hca`` / ``decode_attention_hca`` (the
   same plus the ratio-128 compressor into the paged state ring and compressed cache);
 * the MoE sublayer of every layer, prefill and decode: ``moe`` (hc_pre, gate with hash or
@@ -23,7 +27,8 @@ scales, BF16 activations and weights otherwise, so the kernel path needs
 * the embedding (``lookup_embedding``, BF16 table) and the head (``final_logits``:
   hc_head, final RMSNorm, lm_head with BF16 weights, FP32 logits).
 
-Golden fallback (FP32, the checkpoint's weight format): CSA attention. The golden state of a fallback layer is its own
+Golden fallback: none for the tiny and FLASH schedules (every layer type has kernels); the
+golden sublayers are still used for a layer type without an entry in ``_ATTN_KERNELS``. The golden state of a fallback layer is its own
 full-history cache (:class:`pto.models.deepseek_v4.model.LayerState`).
 """
 
@@ -44,6 +49,7 @@ from pto.models.deepseek_v4.decode_attention_swa import decode_attention_swa_ker
 from pto.models.deepseek_v4.lm_head import lm_head_kernels
 from pto.models.deepseek_v4.lookup_embedding import lookup_embedding_kernels
 from pto.models.deepseek_v4.moe import moe_kernels
+from pto.models.deepseek_v4.prefill_attention_csa import csa_block_kernels
 from pto.models.deepseek_v4.prefill_attention_hca import prefill_attention_hca_kernels
 from pto.models.deepseek_v4.prefill_attention_swa import prefill_attention_swa_kernels
 from pto.models.deepseek_v4.model import GoldenModel, GoldenState
@@ -65,13 +71,13 @@ def layer_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     """The ``@pl.jit`` layer programs of ``cfg`` (cached per config): one program per layer,
     the attention block of the layer's type then the MoE block (v4flash-kernels.md B.28-B.29).
 
-    ``prefill_layer_swa`` / ``prefill_layer_hca``: one request, ``T`` token rows of which the
-    first ``num_tokens`` are active; arguments are those of ``prefill_attention_swa`` /
-    ``prefill_attention_hca`` (without their ``x_out`` / ``num_tokens``), then ``moe``'s
-    (without ``x_hc``), then ``x_out [T, hc_mult, D] FP32`` (Out), ``layer_id`` and
-    ``num_tokens``. ``decode_layer_swa`` / ``decode_layer_hca``: the decode attention block
-    over ``B`` requests of one token (``[B, n]`` tables), then ``moe`` over the ``T = B`` rows
-    (all active); no ``num_tokens``. The attention writes the layer's residual streams to the
+    ``prefill_layer_{swa,csa,hca}``: one request, ``T`` token rows of which the first
+    ``num_tokens`` are active; arguments are those of ``prefill_attention_swa`` /
+    ``prefill_attention_csa`` (``CSA_ARGS``) / ``prefill_attention_hca`` (without their
+    ``x_out`` / ``num_tokens``), then ``moe``'s (without ``x_hc``), then ``x_out [T, hc_mult,
+    D] FP32`` (Out), ``layer_id`` and ``num_tokens``. ``decode_layer_{swa,csa,hca}``: the
+    decode attention block over ``B`` requests of one token (``[B, n]`` tables), then ``moe``
+    over the ``T = B`` rows (all active); no ``num_tokens``. The attention writes the layer's residual streams to the
     scratch ``x_mid [T, hc_mult, D] FP32`` that the MoE block reads.
 
     Returns:
@@ -87,6 +93,8 @@ def layer_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     prefill_hca = prefill_attention_hca_kernels(cfg).prefill_attention_hca
     decode_swa = decode_attention_swa_kernels(cfg).decode_attention_swa
     decode_hca = decode_attention_hca_kernels(cfg).decode_attention_hca
+    prefill_csa = csa_block_kernels(cfg, "prefill").csa_block
+    decode_csa = csa_block_kernels(cfg, "decode").csa_block
     moe = moe_kernels(cfg).moe
 
     @pl.jit
@@ -111,6 +119,47 @@ def layer_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
         prefill_swa(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
                     gamma_cq, gamma_ckv, freqs_cos, freqs_sin, kv_cache, block_table, ori_slot_mapping,
                     position_ids, attn_sink, wo_a, wo_b, wo_b_scale, x_mid, num_tokens)
+        moe(x_mid, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, w1,
+            w1_scale, w3, w3_scale, w2, w2_scale, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale,
+            x_out, layer_id, num_tokens)
+        return x_out
+
+    @pl.jit
+    def prefill_layer_csa(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor,
+                          hc_attn_base: pl.Tensor, attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor,
+                          wq_b_scale: pl.Tensor, wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor,
+                          freqs_cos: pl.Tensor, freqs_sin: pl.Tensor, kv_cache: pl.InOut[pl.Tensor],
+                          block_table: pl.Tensor, ori_slot_mapping: pl.Tensor, position_ids: pl.Tensor,
+                          attn_sink: pl.Tensor, wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor,
+                          cmp_wkv: pl.Tensor, cmp_wgate: pl.Tensor, cmp_ape: pl.Tensor, cmp_norm_w: pl.Tensor,
+                          compress_state: pl.InOut[pl.Tensor], state_block_table: pl.Tensor,
+                          cmp_kv: pl.InOut[pl.Tensor], cmp_block_table: pl.Tensor, cmp_slot_mapping: pl.Tensor,
+                          state_slot_mapping: pl.Tensor, idx_wkv: pl.Tensor, idx_wgate: pl.Tensor,
+                          idx_ape: pl.Tensor, idx_norm_w: pl.Tensor, idx_compress_state: pl.InOut[pl.Tensor],
+                          idx_state_block_table: pl.Tensor, idx_state_slot_mapping: pl.Tensor,
+                          hadamard: pl.Tensor, idx_kv_cache: pl.InOut[pl.Tensor],
+                          idx_kv_scale: pl.InOut[pl.Tensor], idx_block_table: pl.Tensor,
+                          idx_slot_mapping: pl.Tensor, idx_wq_b: pl.Tensor, idx_wq_b_scale: pl.Tensor,
+                          idx_weights_proj: pl.Tensor, hc_ffn_fn: pl.Tensor, hc_ffn_scale: pl.Tensor,
+                          hc_ffn_base: pl.Tensor, norm_w: pl.Tensor, gate_w: pl.Tensor, gate_bias: pl.Tensor,
+                          tid2eid: pl.Tensor, input_ids: pl.Tensor, w1: pl.Tensor, w1_scale: pl.Tensor,
+                          w3: pl.Tensor, w3_scale: pl.Tensor, w2: pl.Tensor, w2_scale: pl.Tensor,
+                          sh_w1: pl.Tensor, sh_w1_scale: pl.Tensor, sh_w3: pl.Tensor, sh_w3_scale: pl.Tensor,
+                          sh_w2: pl.Tensor, sh_w2_scale: pl.Tensor,
+                          x_out: pl.Out[pl.Tensor],
+                          layer_id: pl.Scalar[pl.INT32],
+                          num_tokens: pl.Scalar[pl.INT32]):
+        """Prefill layer (CSA attention, then MoE); returns ``x_out``."""
+        t = pl.tensor.dim(x_hc, 0)
+        x_mid = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name="x_mid")
+        prefill_csa(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
+                    gamma_cq, gamma_ckv, freqs_cos, freqs_sin, kv_cache, block_table, ori_slot_mapping,
+                    position_ids, attn_sink, wo_a, wo_b, wo_b_scale, cmp_wkv, cmp_wgate, cmp_ape, cmp_norm_w,
+                    compress_state, state_block_table, cmp_kv, cmp_block_table, cmp_slot_mapping,
+                    state_slot_mapping, idx_wkv, idx_wgate, idx_ape, idx_norm_w, idx_compress_state,
+                    idx_state_block_table, idx_state_slot_mapping, hadamard, idx_kv_cache, idx_kv_scale,
+                    idx_block_table, idx_slot_mapping, idx_wq_b, idx_wq_b_scale, idx_weights_proj, x_mid,
+                    num_tokens)
         moe(x_mid, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, w1,
             w1_scale, w3, w3_scale, w2, w2_scale, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale,
             x_out, layer_id, num_tokens)
@@ -176,6 +225,47 @@ def layer_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
         return x_out
 
     @pl.jit
+    def decode_layer_csa(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor,
+                         hc_attn_base: pl.Tensor, attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor,
+                         wq_b_scale: pl.Tensor, wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor,
+                         freqs_cos: pl.Tensor, freqs_sin: pl.Tensor, kv_cache: pl.InOut[pl.Tensor],
+                         block_table: pl.Tensor, ori_slot_mapping: pl.Tensor, position_ids: pl.Tensor,
+                         attn_sink: pl.Tensor, wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor,
+                         cmp_wkv: pl.Tensor, cmp_wgate: pl.Tensor, cmp_ape: pl.Tensor, cmp_norm_w: pl.Tensor,
+                         compress_state: pl.InOut[pl.Tensor], state_block_table: pl.Tensor,
+                         cmp_kv: pl.InOut[pl.Tensor], cmp_block_table: pl.Tensor, cmp_slot_mapping: pl.Tensor,
+                         state_slot_mapping: pl.Tensor, idx_wkv: pl.Tensor, idx_wgate: pl.Tensor,
+                         idx_ape: pl.Tensor, idx_norm_w: pl.Tensor, idx_compress_state: pl.InOut[pl.Tensor],
+                         idx_state_block_table: pl.Tensor, idx_state_slot_mapping: pl.Tensor,
+                         hadamard: pl.Tensor, idx_kv_cache: pl.InOut[pl.Tensor],
+                         idx_kv_scale: pl.InOut[pl.Tensor], idx_block_table: pl.Tensor,
+                         idx_slot_mapping: pl.Tensor, idx_wq_b: pl.Tensor, idx_wq_b_scale: pl.Tensor,
+                         idx_weights_proj: pl.Tensor, hc_ffn_fn: pl.Tensor, hc_ffn_scale: pl.Tensor,
+                         hc_ffn_base: pl.Tensor, norm_w: pl.Tensor, gate_w: pl.Tensor, gate_bias: pl.Tensor,
+                         tid2eid: pl.Tensor, input_ids: pl.Tensor, w1: pl.Tensor, w1_scale: pl.Tensor,
+                         w3: pl.Tensor, w3_scale: pl.Tensor, w2: pl.Tensor, w2_scale: pl.Tensor,
+                         sh_w1: pl.Tensor, sh_w1_scale: pl.Tensor, sh_w3: pl.Tensor, sh_w3_scale: pl.Tensor,
+                         sh_w2: pl.Tensor, sh_w2_scale: pl.Tensor,
+                         x_out: pl.Out[pl.Tensor],
+                         layer_id: pl.Scalar[pl.INT32]):
+        """Decode layer (CSA attention, then MoE); returns ``x_out``."""
+        t = pl.tensor.dim(x_hc, 0)
+        num_tokens = t
+        x_mid = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name="x_mid")
+        decode_csa(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
+                   gamma_cq, gamma_ckv, freqs_cos, freqs_sin, kv_cache, block_table, ori_slot_mapping,
+                   position_ids, attn_sink, wo_a, wo_b, wo_b_scale, cmp_wkv, cmp_wgate, cmp_ape, cmp_norm_w,
+                   compress_state, state_block_table, cmp_kv, cmp_block_table, cmp_slot_mapping,
+                   state_slot_mapping, idx_wkv, idx_wgate, idx_ape, idx_norm_w, idx_compress_state,
+                   idx_state_block_table, idx_state_slot_mapping, hadamard, idx_kv_cache, idx_kv_scale,
+                   idx_block_table, idx_slot_mapping, idx_wq_b, idx_wq_b_scale, idx_weights_proj, x_mid,
+                   num_tokens)
+        moe(x_mid, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, w1,
+            w1_scale, w3, w3_scale, w2, w2_scale, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale,
+            x_out, layer_id, num_tokens)
+        return x_out
+
+    @pl.jit
     def decode_layer_hca(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor,
                          hc_attn_base: pl.Tensor, attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor,
                          wq_b_scale: pl.Tensor, wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor,
@@ -206,9 +296,29 @@ def layer_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
             w1_scale, w3, w3_scale, w2, w2_scale, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale,
             x_out, layer_id, num_tokens)
         return x_out
-    return SimpleNamespace(prefill_layer_swa=prefill_layer_swa, prefill_layer_hca=prefill_layer_hca,
-                           decode_layer_swa=decode_layer_swa, decode_layer_hca=decode_layer_hca)
+    return SimpleNamespace(prefill_layer_swa=prefill_layer_swa, prefill_layer_csa=prefill_layer_csa,
+                           prefill_layer_hca=prefill_layer_hca, decode_layer_swa=decode_layer_swa,
+                           decode_layer_csa=decode_layer_csa, decode_layer_hca=decode_layer_hca)
 # ---- end kernel ----
+
+
+def orthonormal_hadamard(n: int) -> torch.Tensor:
+    """``[n, n]`` FP32 Sylvester Hadamard matrix divided by ``sqrt(n)`` (``n`` a power of two).
+
+    The indexer rotates its queries and keys by one orthonormal matrix before the INT8
+    quantisation (v4flash-kernels.md B.11 / B.17); an orthonormal rotation of both leaves
+    every dot product unchanged, so the result matches transformers (which has none) up to
+    the quantisation (dsv4-math.md 6.3).
+
+    Raises:
+        ConfigError: ``n`` not a power of two.
+    """
+    if n < 1 or n & (n - 1):
+        raise ConfigError(f"orthonormal_hadamard: n={n} is not a power of two")
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / n ** 0.5
 
 
 @dataclass
@@ -275,7 +385,7 @@ class KernelModel:
         self._ffn_w: dict[int, list] = {}
 
     # ---- which sublayers run on kernels -----------------------------------------------------
-    _ATTN_KERNELS = {0: "swa", 128: "hca"}  # compress ratio -> attention kernel family
+    _ATTN_KERNELS = {0: "swa", 4: "csa", 128: "hca"}  # compress ratio -> attention kernel family
 
     def _attn_on_kernels(self, i: int) -> bool:
         return self.cfg.compress_ratios[i] in self._ATTN_KERNELS
@@ -315,11 +425,21 @@ class KernelModel:
                 "wo_a": t(p + "attn.wo_a.weight").reshape(cfg.o_groups, cfg.o_lora_rank, -1).to(bf16),
                 "wo_b": wo_b, "wo_b_scale": wo_b_scale,
             }
-            if cfg.compress_ratios[i]:  # compressor: [d, D] BF16 projections, FP32 ape, BF16 norm
+            if cfg.compress_ratios[i]:  # compressor: [c*d, D] BF16 projections, FP32 ape, BF16 norm
                 c = p + "attn.compressor."
                 self._attn_w[i].update({
                     "cmp_wkv": t(c + "wkv.weight").to(bf16), "cmp_wgate": t(c + "wgate.weight").to(bf16),
                     "cmp_ape": t(c + "ape"), "cmp_norm_w": t(c + "norm.weight").to(bf16)})
+            if cfg.compress_ratios[i] == 4:  # the indexer: its compressor, INT8 wq_b, [D, HI] weights
+                x = p + "attn.indexer."
+                idx_wq_b, idx_wq_b_scale = quantize_weight_per_column(t(x + "wq_b.weight").T.contiguous())
+                self._attn_w[i].update({
+                    "idx_wkv": t(x + "compressor.wkv.weight").to(bf16),
+                    "idx_wgate": t(x + "compressor.wgate.weight").to(bf16),
+                    "idx_ape": t(x + "compressor.ape"), "idx_norm_w": t(x + "compressor.norm.weight").to(bf16),
+                    "hadamard": orthonormal_hadamard(cfg.index_head_dim).to(bf16),
+                    "idx_wq_b": idx_wq_b, "idx_wq_b_scale": idx_wq_b_scale,
+                    "idx_weights_proj": t(x + "weights_proj.weight").T.contiguous().to(bf16)})
         return self._attn_w[i]
 
     def ffn_weights(self, i: int) -> list[torch.Tensor]:
@@ -414,6 +534,13 @@ class KernelModel:
         L = c.layers[i]
         if ratio == 0:
             return head + [L["kv"], table("swa_kv"), slots("swa_kv")] + tail
+        if ratio == 4:  # CSA_ARGS order; the indexer keys share the compressed entries' table
+            return head + [L["kv"], table("swa_kv"), slots("swa_kv")] + tail + [
+                w["cmp_wkv"], w["cmp_wgate"], w["cmp_ape"], w["cmp_norm_w"], L["state"], table("csa_state"),
+                L["cmp_kv"], table("csa_cmp"), slots("csa_cmp"), slots("csa_state"),
+                w["idx_wkv"], w["idx_wgate"], w["idx_ape"], w["idx_norm_w"], L["idx_state"], table("csa_state"),
+                slots("csa_state"), w["hadamard"], L["idx_kv"], L["idx_kv_scale"], table("csa_cmp"),
+                slots("csa_cmp"), w["idx_wq_b"], w["idx_wq_b_scale"], w["idx_weights_proj"]]
         return head + [w["cmp_wkv"], w["cmp_wgate"], w["cmp_ape"], w["cmp_norm_w"], L["state"],
                        table("hca_state"), L["kv"], table("swa_kv"), slots("swa_kv"), L["cmp_kv"],
                        table("hca_cmp"), slots("hca_cmp"), slots("hca_state")] + tail
