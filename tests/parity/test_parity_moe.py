@@ -24,7 +24,6 @@ of its own INT8 golden.
 import pytest
 import torch
 
-from pto.golden import run_jit
 from pto.models.deepseek_v4.expert_shared import quantize_weight_per_row
 from pto.models.deepseek_v4.lm_head import golden_final_logits
 from pto.models.deepseek_v4.lookup_embedding import golden_lookup_embedding

@@ -39,7 +39,7 @@ from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.gate import int8_codes
 from pto.models.deepseek_v4.qkv_proj_rope import (INT8_SCALE_MAX, int8_row_amax, quantize_per_row_int8,
                                                   quantize_weight_per_column)
-from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_seed_capacity, expect_tensor, mode_tokens, need,
+from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_seed_capacity, mode_tokens, need,
                                            round_up, token_capacity, token_tile)
 
 __all__ = ["TOLERANCES", "SH_T_TILE", "SH_D_TILE", "quantize_weight_per_row", "swiglu_int8_rows",

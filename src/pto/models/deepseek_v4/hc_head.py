@@ -32,7 +32,7 @@ from pto.errors import BindError, ConfigError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.hc_pre import HC_K_CHUNK
-from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_seed_capacity, expect_tensor, mode_tokens, need,
+from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_seed_capacity, mode_tokens, need,
                                            round_up, token_capacity, token_tile)
 
 __all__ = ["TOLERANCES", "HC_HEAD_SCALE_REF", "HC_HEAD_BASE_REF", "hc_head_kernels", "hc_head", "golden_hc_head",

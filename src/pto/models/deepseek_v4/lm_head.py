@@ -27,11 +27,12 @@ from pto.errors import BindError, ConfigError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.hc_head import golden_hc_head, hc_head_kernels
+from pto.models.deepseek_v4.lookup_embedding import pattern_table
 from pto.models.deepseek_v4.rms_norm import golden_rms_norm, rms_norm
-from pto.models.deepseek_v4.tiling import MATMUL_M_TILE, expect_tensor, mode_tokens, need, round_up, token_capacity
+from pto.models.deepseek_v4.tiling import MATMUL_M_TILE, mode_tokens, need, round_up, token_capacity
 
 __all__ = ["TOLERANCES", "LM_V_TILE", "lm_head_kernels", "lm_head", "golden_lm_head", "golden_final_logits",
-           "pattern_table", "make_lm_head_weight", "build_lm_head"]
+           "make_lm_head_weight", "build_lm_head"]
 
 # Default allclose rtol = atol = 1e-3 (v4flash-kernels.md B.24 / C.2): every element.
 TOLERANCES: dict[str, tuple[float, float, float]] = {"logits": (1e-3, 1e-3, 0.0)}
@@ -146,18 +147,6 @@ def golden_final_logits(x_hc, hc_fn, hc_scale, hc_base, norm_w, weight, cfg: Dee
     """
     y = golden_hc_head(x_hc, hc_fn, hc_scale, hc_base, cfg, float32=float32)
     return golden_lm_head(golden_rms_norm(y, norm_w, cfg.rms_norm_eps, out_bf16=not float32), weight)
-
-
-def pattern_table(rows: int, cols: int, seed: int, scale: float) -> torch.Tensor:
-    """``[rows, cols]`` BF16 table ``((r % P) * 131 + c * 7 + seed) % 251 - 125) * scale`` with
-    ``P = 4099`` (prime): exact in BF16 for power-of-two ``scale``, rows distinct within any
-    4099 consecutive ids, built by repeating one ``[P, cols]`` block (no 2-GiB FP32 random draw
-    or integer temporaries at FLASH's 129280 x 4096)."""
-    P = 4099
-    r = torch.arange(min(rows, P), dtype=torch.int32).unsqueeze(1) * 131
-    c = torch.arange(cols, dtype=torch.int32).unsqueeze(0) * 7
-    block = (((r + c + seed) % 251 - 125).to(torch.float32) * scale).to(torch.bfloat16)
-    return block.repeat(-(-rows // block.shape[0]), 1)[:rows].contiguous()
 
 
 def make_lm_head_weight(cfg: DeepSeekV4Config, seed: int) -> torch.Tensor:

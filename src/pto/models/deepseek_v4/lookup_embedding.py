@@ -27,8 +27,8 @@ from pto.golden import CaseRun, KernelCase, TensorSpec, exact, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.tiling import mode_tokens, need, token_tile
 
-__all__ = ["EMB_T_TILE", "lookup_embedding_kernels", "lookup_embedding", "golden_lookup_embedding",
-           "make_embedding_inputs", "build_lookup_embedding"]
+__all__ = ["EMB_T_TILE", "check_token_ids", "lookup_embedding_kernels", "lookup_embedding",
+           "golden_lookup_embedding", "pattern_table", "make_embedding_inputs", "build_lookup_embedding"]
 
 EMB_T_TILE = 32  # tokens per embedding_lookup block [no reference kernel]
 
@@ -133,10 +133,22 @@ def golden_lookup_embedding(
     return rows.unsqueeze(1).expand(-1, hc_mult, -1).contiguous()
 
 
+def pattern_table(rows: int, cols: int, seed: int, scale: float) -> torch.Tensor:
+    """``[rows, cols]`` BF16 table ``((r % P) * 131 + c * 7 + seed) % 251 - 125) * scale`` with
+    ``P = 4099`` (prime): exact in BF16 for power-of-two ``scale``, rows distinct within any
+    4099 consecutive ids, built by repeating one ``[P, cols]`` block (no 2-GiB FP32 random draw
+    or integer temporaries at FLASH's 129280 x 4096)."""
+    P = 4099
+    r = torch.arange(min(rows, P), dtype=torch.int32).unsqueeze(1) * 131
+    c = torch.arange(cols, dtype=torch.int32).unsqueeze(0) * 7
+    block = (((r + c + seed) % 251 - 125).to(torch.float32) * scale).to(torch.bfloat16)
+    return block.repeat(-(-rows // block.shape[0]), 1)[:rows].contiguous()
+
+
 def make_embedding_inputs(cfg: DeepSeekV4Config, T: int, seed: int) -> dict[str, torch.Tensor]:
     """Seeded fixture: ``input_ids [T]`` INT64 uniform in ``[0, V)`` with ``0`` and ``V - 1``
     at the first two positions (when ``T >= 2``), and a BF16 table ``embed [V, D]``:
-    :func:`lm_head.pattern_table` with scale 1/64 (exact in BF16, rows distinct within 4099
+    :func:`pattern_table` with scale 1/64 (exact in BF16, rows distinct within 4099
     consecutive ids, cheap to build at FLASH size).
 
     Raises:
@@ -144,7 +156,6 @@ def make_embedding_inputs(cfg: DeepSeekV4Config, T: int, seed: int) -> dict[str,
     """
     if T <= 0:
         raise BindError(f"make_embedding_inputs: T must be positive, got {T}")
-    from pto.models.deepseek_v4.lm_head import pattern_table
     V, D = cfg.vocab_size, cfg.hidden_size
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, V, (T,), generator=gen, dtype=torch.int64)

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import torch
 
 import pto.language as pl
-from pto.errors import BindError, ConfigError
+from pto.errors import BindError
 from pto.golden import CaseRun, KernelCase, ScalarSpec, TensorSpec, register, valid_ratio_reldiff
 from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.expert_routed import expert_routed_kernels, golden_expert_routed, make_routed_inputs
