@@ -6,7 +6,6 @@ reference written from dsv4-math.md 4 (sink in the denominator, inverse RoPE); i
 under a permutation of the physical pages; FLASH as slow.
 """
 
-import math
 
 import pytest
 import torch

@@ -28,9 +28,10 @@ from types import SimpleNamespace
 import torch
 
 import pto.language as pl
-from pto.errors import BindError, ConfigError
+from pto.errors import BindError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, ratio_reldiff, register
-from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
+from pto.models.deepseek_v4.attention_front import attention_front, golden_attention_front
+from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.decode_attention_swa import (SWA_ARGS, golden_decode_cache_write,
                                                          golden_decode_rope_rows, make_decode_swa_inputs)
 from pto.models.deepseek_v4.decode_compressor_ratio128 import (decode_compressor_ratio128_kernels,
@@ -38,12 +39,9 @@ from pto.models.deepseek_v4.decode_compressor_ratio128 import (decode_compressor
                                                                make_decode_compressor_inputs)
 from pto.models.deepseek_v4.decode_metadata import (decode_metadata_kernels, golden_decode_cmp_indices,
                                                     golden_decode_window_indices, hca_cmp_cols)
-from pto.models.deepseek_v4.decode_sparse_attn import (DEFAULT_START_POS, decode_sparse_attn_kernels,
+from pto.models.deepseek_v4.decode_sparse_attn import (decode_case_options, decode_sparse_attn_kernels,
                                                        golden_decode_sparse_attn)
 from pto.models.deepseek_v4.hc_post import golden_hc_post, hc_post_kernels
-from pto.models.deepseek_v4.hc_pre import golden_hc_pre, hc_pre
-from pto.models.deepseek_v4.qkv_proj_rope import golden_qkv_proj_rope, qkv_proj_rope
-from pto.models.deepseek_v4.rms_norm import golden_rms_norm, rms_norm
 from pto.models.deepseek_v4.tiling import token_capacity
 
 __all__ = [
@@ -78,8 +76,8 @@ B_DYN = pl.dynamic("B")
 def decode_attention_hca_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleNamespace:
     """Build the ratio-128 decode attention sub-layer for ``cfg`` (cached per config / variant).
 
-    Composition (B.13): ``hc_pre`` -> ``decode_rope_rows`` -> ``rms_norm`` -> ``late_dep`` ->
-    ``qkv_proj_rope(..., late_dep)`` -> ``decode_cache_write`` ->
+    Composition (B.13): ``attention_front`` (``hc_pre`` -> ``rms_norm`` -> ``late_dep`` ->
+    ``decode_rope_rows`` -> ``qkv_proj_rope(..., late_dep)``) -> ``decode_cache_write`` ->
     ``decode_compressor_ratio128(x_normed, ..., late_dep)`` (its FP32 ``kv`` rows go to
     scratch) -> ``decode_window_indices`` -> ``decode_cmp_indices`` ->
     ``decode_sparse_attn_hca`` -> ``hc_post``.
@@ -148,35 +146,24 @@ def decode_attention_hca_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fals
         """Ratio-128 decode attention sub-layer (B.13); returns ``(kv_cache, cmp_kv,
         compress_state, x_out)``."""
         t = pl.tensor.dim(x_hc, 0)
-        x_mixed = pl.create_tensor([t, D], pl.BF16, capacity=cap)
-        post = pl.create_tensor([t, HC], pl.FP32, capacity=cap)
-        comb = pl.create_tensor([t, HC * HC], pl.FP32, capacity=cap)
-        x_normed = pl.create_tensor([t, D], pl.BF16, capacity=cap)
-        rope_cos_t = pl.create_tensor([t, R], pl.BF16, capacity=cap)
-        rope_sin_t = pl.create_tensor([t, R], pl.BF16, capacity=cap)
-        q = pl.create_tensor([t, H, HD], pl.BF16, capacity=cap)
-        kv = pl.create_tensor([t, HD], pl.BF16, capacity=cap)
-        qr = pl.create_tensor([t, LQ], pl.INT8, capacity=cap)
-        qr_scale = pl.create_tensor([t, 1], pl.FP32, capacity=cap)
+        f = attention_front(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
+                            gamma_cq, gamma_ckv,
+                            lambda cos_t, sin_t: meta.decode_rope_rows(freqs_cos, freqs_sin, position_ids, cos_t,
+                                                                       sin_t),
+                            cfg, seed_scopes)
         cmp_kv_rows = pl.create_tensor([t, HD], pl.FP32, capacity=cap)  # compressor's FP32 rows, unused here
         swa_indices = pl.create_tensor([t, W], pl.INT32, capacity=cap)
         cmp_indices = pl.create_tensor([t, NC], pl.INT32, capacity=cap)
         attn_out = pl.create_tensor([t, D], pl.BF16, capacity=cap)
-
-        hc_pre(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, x_mixed, post, comb, cfg, seed_scopes)
-        meta.decode_rope_rows(freqs_cos, freqs_sin, position_ids, rope_cos_t, rope_sin_t)
-        rms_tid = rms_norm(x_mixed, attn_norm_w, x_normed, cfg)
-        late_dep = pl.system.task_dummy(deps=[rms_tid])
-        qkv_proj_rope(x_normed, wq_a, wq_b, wq_b_scale, wkv, rope_cos_t, rope_sin_t, gamma_cq, gamma_ckv,
-                      q, kv, qr, qr_scale, late_dep, cfg, seed_scopes)
-        meta.decode_cache_write(kv, ori_slot_mapping, kv_cache)
-        compressor(x_normed, cmp_kv_rows, compress_state, state_block_table, cmp_wkv, cmp_wgate, cmp_ape, cmp_norm_w,
-                   freqs_cos, freqs_sin, cmp_kv, position_ids, cmp_slot_mapping, state_slot_mapping, late_dep)
+        meta.decode_cache_write(f.kv, ori_slot_mapping, kv_cache)
+        compressor(f.x_normed, cmp_kv_rows, compress_state, state_block_table, cmp_wkv, cmp_wgate, cmp_ape,
+                   cmp_norm_w, freqs_cos, freqs_sin, cmp_kv, position_ids, cmp_slot_mapping, state_slot_mapping,
+                   f.late_dep)
         meta.decode_window_indices(position_ids, block_table, swa_indices)
         meta.decode_cmp_indices(position_ids, cmp_indices)
-        attn(q, kv_cache, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, rope_cos_t, rope_sin_t,
+        attn(f.q, kv_cache, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, f.rope_cos_t, f.rope_sin_t,
              wo_a, wo_b, wo_b_scale, attn_out)
-        post_mix(attn_out, x_hc, post, comb, x_out)
+        post_mix(attn_out, x_hc, f.post, f.comb, x_out)
         return kv_cache, cmp_kv, compress_state, x_out
 
     decode_attention_hca_test = pl.jit.entry(decode_attention_hca, name="decode_attention_hca_test")
@@ -219,8 +206,8 @@ def golden_decode_attention_hca(
     return_intermediates: bool = False,
 ):
     """Golden of the ratio-128 decode attention block (v4flash-kernels.md B.13), over whole
-    tensors: ``golden_hc_pre`` -> ``golden_rms_norm`` -> ``golden_decode_rope_rows`` ->
-    ``golden_qkv_proj_rope`` -> ``golden_decode_cache_write`` ->
+    tensors: ``golden_decode_rope_rows`` -> ``golden_attention_front`` (hc_pre, RMSNorm, q / kv)
+    -> ``golden_decode_cache_write`` ->
     ``golden_decode_compressor_ratio128`` (on ``x_normed``; FP32 throughout, the compressor
     has no BF16 mode) -> window and compressed indices -> ``golden_decode_sparse_attn`` ->
     ``golden_hc_post``.
@@ -243,13 +230,10 @@ def golden_decode_attention_hca(
     missing = [k for k in HCA_ARGS if k not in inputs]
     if missing:
         raise BindError(f"golden_decode_attention_hca: inputs missing {missing}")
-    i, bf16 = inputs, not float32
-    x_mixed, post, comb = golden_hc_pre(i["x_hc"], i["hc_attn_fn"], i["hc_attn_scale"], i["hc_attn_base"], cfg,
-                                        out_bf16=bf16)
-    x_normed = golden_rms_norm(x_mixed, i["attn_norm_w"], cfg.rms_norm_eps, out_bf16=bf16)
+    i = inputs
     rope_cos, rope_sin = golden_decode_rope_rows(i["freqs_cos"], i["freqs_sin"], i["position_ids"])
-    q, kv, _, _ = golden_qkv_proj_rope(x_normed, i["wq_a"], i["wq_b"], i["wq_b_scale"], i["wkv"], rope_cos, rope_sin,
-                                       i["gamma_cq"], i["gamma_ckv"], cfg, weight_format=weight_format, out_bf16=bf16)
+    f = golden_attention_front(i, rope_cos, rope_sin, cfg, weight_format=weight_format, float32=float32)
+    x_normed, q, kv = f["x_normed"], f["q"], f["kv"]
     kv_cache = golden_decode_cache_write(i["kv_cache"], kv, i["ori_slot_mapping"])
     T = x_normed.shape[0]
     cmp_rows, cmp_kv, state = golden_decode_compressor_ratio128(
@@ -261,7 +245,7 @@ def golden_decode_attention_hca(
     attn_out = golden_decode_sparse_attn(q, kv_cache, swa_indices, cmp_kv, i["cmp_block_table"], cmp_indices,
                                          i["attn_sink"], rope_cos, rope_sin, i["wo_a"], i["wo_b"], i["wo_b_scale"],
                                          cfg, weight_format=weight_format, float32=float32)
-    x_out = golden_hc_post(attn_out, i["x_hc"], post, comb)
+    x_out = golden_hc_post(attn_out, i["x_hc"], f["post"], f["comb"])
     if not return_intermediates:
         return kv_cache, cmp_kv, state, x_out
     return kv_cache, cmp_kv, state, x_out, {"x_normed": x_normed, "q": q, "kv": kv, "swa_indices": swa_indices,
@@ -307,17 +291,8 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     Raises:
         ConfigError: unknown preset, mode or option. BindError: pools too small.
     """
-    cfg = get_config(preset)
-    if mode != "decode":
-        raise ConfigError(f"decode_attention_hca: unknown mode {mode!r}; modes: decode")
-    opts = dict(options)
-    start = tuple(opts.pop("start_pos", DEFAULT_START_POS.get(preset, DEFAULT_START_POS["flash"])))
-    S = int(opts.pop("S", cfg.decode_seq))
-    seed = int(opts.pop("seed", 0))
-    reverse = bool(opts.pop("reverse_tables", False))
-    seed_scopes = bool(opts.pop("seed_scopes", False))
-    if opts:
-        raise ConfigError(f"decode_attention_hca: unknown options {sorted(opts)}")
+    o = decode_case_options("decode_attention_hca", preset, mode, options, flags=("seed_scopes",))
+    cfg, start, S, seed, reverse, seed_scopes = o.cfg, o.start_pos, o.S, o.seed, o.reverse_tables, o.seed_scopes
     k = decode_attention_hca_kernels(cfg, seed_scopes)
     d = make_decode_hca_inputs(cfg, start, S, seed, reverse_tables=reverse)
     outs = ("kv_cache", "cmp_kv", "compress_state")

@@ -26,18 +26,16 @@ from types import SimpleNamespace
 import torch
 
 import pto.language as pl
-from pto.errors import BindError, ConfigError
+from pto.errors import BindError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, ratio_reldiff, register
-from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
+from pto.models.deepseek_v4.attention_front import attention_front, golden_attention_front
+from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.decode_metadata import (decode_block_tables, decode_metadata_kernels,
                                                     golden_decode_window_indices, make_decode_metadata)
-from pto.models.deepseek_v4.decode_sparse_attn import (DEFAULT_START_POS, decode_sparse_attn_kernels,
+from pto.models.deepseek_v4.decode_sparse_attn import (decode_case_options, decode_sparse_attn_kernels,
                                                        golden_decode_sparse_attn)
 from pto.models.deepseek_v4.hc_post import golden_hc_post, hc_post_kernels
-from pto.models.deepseek_v4.hc_pre import golden_hc_pre, hc_pre
 from pto.models.deepseek_v4.prefill_attention_swa import make_swa_inputs
-from pto.models.deepseek_v4.qkv_proj_rope import golden_qkv_proj_rope, qkv_proj_rope
-from pto.models.deepseek_v4.rms_norm import golden_rms_norm, rms_norm
 from pto.models.deepseek_v4.rope import rope_tables
 from pto.models.deepseek_v4.tiling import token_capacity
 
@@ -69,8 +67,8 @@ B_DYN = pl.dynamic("B")
 def decode_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleNamespace:
     """Build the ratio-0 decode attention sub-layer for ``cfg`` (cached per config).
 
-    Composition (B.6): ``hc_pre`` -> ``decode_rope_rows`` -> ``rms_norm`` -> ``late_dep =
-    task_dummy(deps=[rms_tid])`` -> ``qkv_proj_rope(..., late_dep)`` -> ``decode_cache_write``
+    Composition (B.6): ``attention_front`` (``hc_pre`` -> ``rms_norm`` -> ``late_dep`` ->
+    ``decode_rope_rows`` -> ``qkv_proj_rope(..., late_dep)``) -> ``decode_cache_write``
     -> ``decode_window_indices`` -> ``decode_sparse_attn_swa`` -> ``hc_post``. The block's own
     scratch is uninitialised (as B.6); ``seed_scopes=True`` passes the seed variant to hc_pre
     and qkv_proj_rope (split-K targets zero-filled by tasks instead of at allocation).
@@ -126,29 +124,17 @@ def decode_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fals
                              x_out: pl.Out[pl.Tensor[[T_DYN, HC, D], pl.FP32]]):
         """Ratio-0 decode attention sub-layer (B.6); returns ``(kv_cache, x_out)``."""
         t = pl.tensor.dim(x_hc, 0)
-        x_mixed = pl.create_tensor([t, D], pl.BF16, capacity=cap)
-        post = pl.create_tensor([t, HC], pl.FP32, capacity=cap)
-        comb = pl.create_tensor([t, HC * HC], pl.FP32, capacity=cap)
-        x_normed = pl.create_tensor([t, D], pl.BF16, capacity=cap)
-        rope_cos_t = pl.create_tensor([t, R], pl.BF16, capacity=cap)
-        rope_sin_t = pl.create_tensor([t, R], pl.BF16, capacity=cap)
-        q = pl.create_tensor([t, H, HD], pl.BF16, capacity=cap)
-        kv = pl.create_tensor([t, HD], pl.BF16, capacity=cap)
-        qr = pl.create_tensor([t, LQ], pl.INT8, capacity=cap)
-        qr_scale = pl.create_tensor([t, 1], pl.FP32, capacity=cap)
+        f = attention_front(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
+                            gamma_cq, gamma_ckv,
+                            lambda cos_t, sin_t: meta.decode_rope_rows(freqs_cos, freqs_sin, position_ids, cos_t,
+                                                                       sin_t),
+                            cfg, seed_scopes)
         swa_indices = pl.create_tensor([t, W], pl.INT32, capacity=cap)
         attn_out = pl.create_tensor([t, D], pl.BF16, capacity=cap)
-
-        hc_pre(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, x_mixed, post, comb, cfg, seed_scopes)
-        meta.decode_rope_rows(freqs_cos, freqs_sin, position_ids, rope_cos_t, rope_sin_t)
-        rms_tid = rms_norm(x_mixed, attn_norm_w, x_normed, cfg)
-        late_dep = pl.system.task_dummy(deps=[rms_tid])
-        qkv_proj_rope(x_normed, wq_a, wq_b, wq_b_scale, wkv, rope_cos_t, rope_sin_t, gamma_cq, gamma_ckv,
-                      q, kv, qr, qr_scale, late_dep, cfg, seed_scopes)
-        meta.decode_cache_write(kv, ori_slot_mapping, kv_cache)
+        meta.decode_cache_write(f.kv, ori_slot_mapping, kv_cache)
         meta.decode_window_indices(position_ids, block_table, swa_indices)
-        attn(q, kv_cache, swa_indices, attn_sink, rope_cos_t, rope_sin_t, wo_a, wo_b, wo_b_scale, attn_out)
-        post_mix(attn_out, x_hc, post, comb, x_out)
+        attn(f.q, kv_cache, swa_indices, attn_sink, f.rope_cos_t, f.rope_sin_t, wo_a, wo_b, wo_b_scale, attn_out)
+        post_mix(attn_out, x_hc, f.post, f.comb, x_out)
         return kv_cache, x_out
 
     decode_attention_swa_test = pl.jit.entry(decode_attention_swa, name="decode_attention_swa_test")
@@ -233,8 +219,8 @@ def golden_decode_attention_swa(
 ):
     """Golden of the ratio-0 decode attention block (v4flash-kernels.md B.6).
 
-    ``golden_hc_pre`` -> ``golden_rms_norm`` -> :func:`golden_decode_rope_rows` ->
-    ``golden_qkv_proj_rope`` -> :func:`golden_decode_cache_write` ->
+    :func:`golden_decode_rope_rows` -> ``attention_front.golden_attention_front`` (hc_pre,
+    RMSNorm, q / kv) -> :func:`golden_decode_cache_write` ->
     ``decode_metadata.golden_decode_window_indices`` -> ``golden_decode_sparse_attn`` (window
     only) -> ``golden_hc_post``, over whole tensors.
 
@@ -257,23 +243,20 @@ def golden_decode_attention_swa(
     missing = [k for k in SWA_ARGS if k not in inputs]
     if missing:
         raise BindError(f"golden_decode_attention_swa: inputs missing {missing}")
-    i, bf16 = inputs, not float32
-    x_mixed, post, comb = golden_hc_pre(i["x_hc"], i["hc_attn_fn"], i["hc_attn_scale"], i["hc_attn_base"], cfg,
-                                        out_bf16=bf16)
-    x_normed = golden_rms_norm(x_mixed, i["attn_norm_w"], cfg.rms_norm_eps, out_bf16=bf16)
+    i = inputs
     rope_cos, rope_sin = golden_decode_rope_rows(i["freqs_cos"], i["freqs_sin"], i["position_ids"])
-    q, kv, _, _ = golden_qkv_proj_rope(x_normed, i["wq_a"], i["wq_b"], i["wq_b_scale"], i["wkv"], rope_cos, rope_sin,
-                                       i["gamma_cq"], i["gamma_ckv"], cfg, weight_format=weight_format, out_bf16=bf16)
+    f = golden_attention_front(i, rope_cos, rope_sin, cfg, weight_format=weight_format, float32=float32)
+    q, kv = f["q"], f["kv"]
     kv_cache = golden_decode_cache_write(i["kv_cache"], kv, i["ori_slot_mapping"])
     swa_indices = golden_decode_window_indices(i["position_ids"], i["block_table"], cfg)
     attn_out = golden_decode_sparse_attn(q, kv_cache, swa_indices, None, None, None, i["attn_sink"], rope_cos,
                                          rope_sin, i["wo_a"], i["wo_b"], i["wo_b_scale"], cfg,
                                          weight_format=weight_format, float32=float32)
-    x_out = golden_hc_post(attn_out, i["x_hc"], post, comb)
+    x_out = golden_hc_post(attn_out, i["x_hc"], f["post"], f["comb"])
     if not return_intermediates:
         return kv_cache, x_out
-    return kv_cache, x_out, {"x_mixed": x_mixed, "post": post, "comb": comb, "x_normed": x_normed,
-                             "rope_cos": rope_cos, "rope_sin": rope_sin, "q": q, "kv": kv,
+    return kv_cache, x_out, {"x_mixed": f["x_mixed"], "post": f["post"], "comb": f["comb"],
+                             "x_normed": f["x_normed"], "rope_cos": rope_cos, "rope_sin": rope_sin, "q": q, "kv": kv,
                              "swa_indices": swa_indices, "attn_out": attn_out}
 
 
@@ -338,17 +321,8 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     Raises:
         ConfigError: unknown preset, mode or option. BindError: pools too small.
     """
-    cfg = get_config(preset)
-    if mode != "decode":
-        raise ConfigError(f"decode_attention_swa: unknown mode {mode!r}; modes: decode")
-    opts = dict(options)
-    start = tuple(opts.pop("start_pos", DEFAULT_START_POS.get(preset, DEFAULT_START_POS["flash"])))
-    S = int(opts.pop("S", cfg.decode_seq))
-    seed = int(opts.pop("seed", 0))
-    reverse = bool(opts.pop("reverse_tables", False))
-    seed_scopes = bool(opts.pop("seed_scopes", False))
-    if opts:
-        raise ConfigError(f"decode_attention_swa: unknown options {sorted(opts)}")
+    o = decode_case_options("decode_attention_swa", preset, mode, options, flags=("seed_scopes",))
+    cfg, start, S, seed, reverse, seed_scopes = o.cfg, o.start_pos, o.S, o.seed, o.reverse_tables, o.seed_scopes
     k = decode_attention_swa_kernels(cfg, seed_scopes)
     d = make_decode_swa_inputs(cfg, start, S, seed, reverse_tables=reverse)
     specs = [TensorSpec(n, list(d[n].shape), d[n].dtype, d[n], is_output=(n == "kv_cache")) for n in SWA_ARGS]

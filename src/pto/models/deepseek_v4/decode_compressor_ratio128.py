@@ -26,11 +26,11 @@ from types import SimpleNamespace
 import torch
 
 import pto.language as pl
-from pto.errors import BindError, ConfigError
+from pto.errors import BindError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
-from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
+from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.decode_metadata import HCA_RATIO, decode_block_tables, make_decode_metadata
-from pto.models.deepseek_v4.decode_sparse_attn import DEFAULT_START_POS
+from pto.models.deepseek_v4.decode_sparse_attn import decode_case_options
 from pto.models.deepseek_v4.prefill_compressor_ratio128 import compressor_tiling, hca_state_rows
 from pto.models.deepseek_v4.qkv_proj_rope import rope_interleaved
 from pto.models.deepseek_v4.rope import rope_tables
@@ -425,16 +425,8 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     Raises:
         ConfigError: unknown preset, mode or option. BindError: pools too small.
     """
-    cfg = get_config(preset)
-    if mode != "decode":
-        raise ConfigError(f"{_NAME}: unknown mode {mode!r}; modes: decode")
-    opts = dict(options)
-    start = tuple(opts.pop("start_pos", DEFAULT_START_POS.get(preset, DEFAULT_START_POS["flash"])))
-    S = int(opts.pop("S", cfg.decode_seq))
-    seed = int(opts.pop("seed", 0))
-    reverse = bool(opts.pop("reverse_tables", False))
-    if opts:
-        raise ConfigError(f"{_NAME}: unknown options {sorted(opts)}")
+    o = decode_case_options(_NAME, preset, mode, options)
+    cfg, start, S, seed, reverse = o.cfg, o.start_pos, o.S, o.seed, o.reverse_tables
     k = decode_compressor_ratio128_kernels(cfg)
     d = make_decode_compressor_inputs(cfg, start, S, seed, reverse_tables=reverse)
     outs = ("kv", "compress_state", "cmp_kv")

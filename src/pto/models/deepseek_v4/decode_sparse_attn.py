@@ -59,6 +59,7 @@ __all__ = [
     "make_decode_attn_inputs",
     "TOLERANCES",
     "DEFAULT_START_POS",
+    "decode_case_options",
 ]
 
 # v4flash-kernels.md B.5 / B.7 / C.2: attn_out ratio_allclose(1e-4, 1/128), run rtol=atol=1e-3.
@@ -639,18 +640,41 @@ _HCA_ARGS = ("q", "ori_kv", "swa_indices", "cmp_kv", "cmp_block_table", "cmp_ind
              "rope_sin", "wo_a", "wo_b", "wo_b_scale")
 
 
-def _build(variant: str, preset: str, mode: str, **options) -> CaseRun:
+def decode_case_options(kernel: str, preset: str, mode: str, options: dict, *, starts: dict | None = None,
+                        flags: tuple = ()) -> SimpleNamespace:
+    """The options every decode ``KernelCase`` builder takes, parsed and checked.
+
+    ``start_pos`` (per request, ``< 0`` inactive; default ``starts[preset]`` or
+    ``starts["flash"]``, ``starts`` defaulting to :data:`DEFAULT_START_POS`), ``S`` (default
+    ``cfg.decode_seq``), ``seed`` (0), ``reverse_tables`` (False) and every boolean option
+    named in ``flags`` (False).
+
+    Returns:
+        namespace ``cfg, start_pos (tuple), S, seed, reverse_tables`` plus one attribute per flag.
+
+    Raises:
+        ConfigError: unknown preset, a mode other than ``"decode"``, or an unknown option,
+            naming ``kernel``.
+    """
     cfg = get_config(preset)
     if mode != "decode":
-        raise ConfigError(f"decode_sparse_attn_{variant}: unknown mode {mode!r}; modes: decode")
+        raise ConfigError(f"{kernel}: unknown mode {mode!r}; modes: decode")
     opts = dict(options)
-    starts = CSA_START_POS if variant == "csa" else DEFAULT_START_POS
-    start = tuple(opts.pop("start_pos", starts.get(preset, starts["flash"])))
-    S = int(opts.pop("S", cfg.decode_seq))
-    seed = int(opts.pop("seed", 0))
-    reverse = bool(opts.pop("reverse_tables", False))
+    starts = DEFAULT_START_POS if starts is None else starts
+    out = SimpleNamespace(cfg=cfg, start_pos=tuple(opts.pop("start_pos", starts.get(preset, starts["flash"]))),
+                          S=int(opts.pop("S", cfg.decode_seq)), seed=int(opts.pop("seed", 0)),
+                          reverse_tables=bool(opts.pop("reverse_tables", False)))
+    for flag in flags:
+        setattr(out, flag, bool(opts.pop(flag, False)))
     if opts:
-        raise ConfigError(f"decode_sparse_attn_{variant}: unknown options {sorted(opts)}")
+        raise ConfigError(f"{kernel}: unknown options {sorted(opts)}")
+    return out
+
+
+def _build(variant: str, preset: str, mode: str, **options) -> CaseRun:
+    o = decode_case_options(f"decode_sparse_attn_{variant}", preset, mode, options,
+                            starts=CSA_START_POS if variant == "csa" else DEFAULT_START_POS)
+    cfg, start, S, seed, reverse = o.cfg, o.start_pos, o.S, o.seed, o.reverse_tables
     n_cmp = {"swa": 0, "hca": hca_cmp_cols(cfg), "csa": cfg.index_topk}[variant]
     k = decode_sparse_attn_kernels(cfg, n_cmp)
     d = make_decode_attn_inputs(cfg, start, S, seed, n_cmp=n_cmp, reverse_tables=reverse,

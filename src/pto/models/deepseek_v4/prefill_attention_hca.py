@@ -32,18 +32,17 @@ import pto.language as pl
 from pto.errors import BindError, ConfigError
 from pto.golden import (CaseRun, KernelCase, ScalarSpec, TensorSpec, ratio_allclose, register,
                         valid_ratio_reldiff)
+from pto.models.deepseek_v4.attention_front import attention_front, golden_attention_front
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 from pto.models.deepseek_v4.decode_metadata import HCA_RATIO
 from pto.models.deepseek_v4.hc_post import golden_hc_post_prefill, hc_post_kernels
-from pto.models.deepseek_v4.hc_pre import golden_hc_pre, hc_pre
 from pto.models.deepseek_v4.prefill_attention_swa import (build_window_indices, make_swa_inputs,
                                                           permuted_block_table, prefill_attention_swa_kernels)
 from pto.models.deepseek_v4.prefill_compressor_ratio128 import (golden_prefill_compressor_ratio128,
                                                                 make_compressor_inputs, prefill_compressor_ratio128)
 from pto.models.deepseek_v4.prefill_sparse_attn import (golden_prefill_sparse_attn, prefill_sparse_attn_kernels,
                                                         sparse_attn_tiling)
-from pto.models.deepseek_v4.qkv_proj_rope import golden_qkv_proj_rope, materialize_rope_rows, qkv_proj_rope
-from pto.models.deepseek_v4.rms_norm import golden_rms_norm, rms_norm
+from pto.models.deepseek_v4.qkv_proj_rope import materialize_rope_rows
 from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
 from pto.models.deepseek_v4.tiling import check_num_tokens, token_capacity
 
@@ -80,8 +79,8 @@ T_DYN = pl.dynamic("T")
 def prefill_attention_hca_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleNamespace:
     """Build the ratio-128 prefill attention sub-layer for ``cfg`` (cached per config / variant).
 
-    Composition (B.18; ``T`` dynamic, ``num_tokens`` active rows): ``hc_pre`` -> ``rms_norm``
-    -> ``late_dep`` -> ``materialize_rope_rows`` -> ``qkv_proj_rope`` ->
+    Composition (B.18; ``T`` dynamic, ``num_tokens`` active rows): ``attention_front``
+    (``hc_pre`` -> ``rms_norm`` -> ``late_dep`` -> ``materialize_rope_rows`` -> ``qkv_proj_rope``) ->
     ``prefill_swa_cache_write`` -> ``prefill_compressor_ratio128(x_normed, ...)`` ->
     ``prefill_swa_window_indices`` -> ``prefill_hca_cmp_indices`` (``at``: row ``t <
     num_tokens`` holds ``0 .. (pos+1)//128 - 1``, the rest ``-1``) -> ``prefill_sparse_attn``
@@ -157,28 +156,16 @@ def prefill_attention_hca_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
         compress_state, x_out)``."""
         t = pl.tensor.dim(x_hc, 0)
         active = check_num_tokens("prefill_attention_hca", num_tokens, t)
-        x_mixed = pl.create_tensor([t, D], pl.BF16, capacity=cap)
-        post = pl.create_tensor([t, HC], pl.FP32, capacity=cap)
-        comb = pl.create_tensor([t, HC * HC], pl.FP32, capacity=cap)
-        x_normed = pl.create_tensor([t, D], pl.BF16, capacity=cap)
-        rope_cos_t = pl.create_tensor([t, R], pl.BF16, capacity=cap)
-        rope_sin_t = pl.create_tensor([t, R], pl.BF16, capacity=cap)
-        q = pl.create_tensor([t, H, HD], pl.BF16, capacity=cap)
-        kv = pl.create_tensor([t, HD], pl.BF16, capacity=cap)
-        qr = pl.create_tensor([t, LQ], pl.INT8, capacity=cap)
-        qr_scale = pl.create_tensor([t, 1], pl.FP32, capacity=cap)
+        f = attention_front(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
+                            gamma_cq, gamma_ckv,
+                            lambda cos_t, sin_t: materialize_rope_rows(freqs_cos, freqs_sin, position_ids, num_tokens,
+                                                                       cos_t, sin_t),
+                            cfg, seed_scopes)
         swa_indices = pl.create_tensor([t, W], pl.INT32, capacity=cap)
         cmp_indices = pl.create_tensor([t, TOPK], pl.INT32, capacity=cap)
         attn_out = pl.create_tensor([t, D], pl.BF16, capacity=cap)
-
-        hc_pre(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, x_mixed, post, comb, cfg, seed_scopes)
-        rms_tid = rms_norm(x_mixed, attn_norm_w, x_normed, cfg)
-        late_dep = pl.system.task_dummy(deps=[rms_tid])
-        materialize_rope_rows(freqs_cos, freqs_sin, position_ids, num_tokens, rope_cos_t, rope_sin_t)
-        qkv_proj_rope(x_normed, wq_a, wq_b, wq_b_scale, wkv, rope_cos_t, rope_sin_t, gamma_cq, gamma_ckv,
-                      q, kv, qr, qr_scale, late_dep, cfg, seed_scopes)
-        swa.swa_cache_write(kv, ori_slot_mapping, num_tokens, kv_cache)
-        prefill_compressor_ratio128(x_normed, compress_state, state_block_table, cmp_wkv, cmp_wgate, cmp_ape,
+        swa.swa_cache_write(f.kv, ori_slot_mapping, num_tokens, kv_cache)
+        prefill_compressor_ratio128(f.x_normed, compress_state, state_block_table, cmp_wkv, cmp_wgate, cmp_ape,
                                     cmp_norm_w, freqs_cos, freqs_sin, cmp_kv, position_ids, num_tokens,
                                     cmp_slot_mapping, state_slot_mapping, cfg, None, seed_scopes)
         swa.swa_window_indices(position_ids, block_table, num_tokens, swa_indices)
@@ -193,9 +180,9 @@ def prefill_attention_hca_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
                     if n_vis > 0:
                         row = pl.assemble(row, pl.arange(0, [1, n_vis], dtype=pl.INT32), [0, 0])
                 pl.assemble(cmp_indices, row, [tok, 0])
-        attn(q, kv_cache, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, num_tokens, rope_cos_t,
-             rope_sin_t, wo_a, wo_b, wo_b_scale, attn_out)
-        hc_post_prefill(attn_out, x_hc, post, comb, x_out, num_tokens)
+        attn(f.q, kv_cache, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, num_tokens, f.rope_cos_t,
+             f.rope_sin_t, wo_a, wo_b, wo_b_scale, attn_out)
+        hc_post_prefill(attn_out, x_hc, f.post, f.comb, x_out, num_tokens)
         return kv_cache, cmp_kv, compress_state, x_out
 
     prefill_attention_hca_test = pl.jit.entry(prefill_attention_hca, name="prefill_attention_hca_test")
@@ -260,8 +247,8 @@ def golden_prefill_attention_hca(
     return_intermediates: bool = False,
 ):
     """Golden of the ratio-128 prefill attention block (v4flash-kernels.md B.18): the
-    sub-goldens in kernel order (module docstring) -- ``golden_hc_pre``, ``golden_rms_norm``,
-    ``golden_materialize_rope_rows``, ``golden_qkv_proj_rope``, the cache scatter,
+    sub-goldens in kernel order (module docstring) -- ``golden_materialize_rope_rows``,
+    ``golden_attention_front`` (hc_pre, RMSNorm, q / kv), the cache scatter,
     ``golden_prefill_compressor_ratio128`` on ``x_normed``, ``build_window_indices``,
     :func:`golden_prefill_cmp_indices`, ``golden_prefill_sparse_attn`` (limited to the
     ``cmp_cols`` the core attends), ``golden_hc_post_prefill``.
@@ -283,17 +270,14 @@ def golden_prefill_attention_hca(
     missing = [k for k in PREFILL_HCA_ARGS + ("num_tokens",) if k not in inputs]
     if missing:
         raise BindError(f"golden_prefill_attention_hca: inputs missing {missing}")
-    i, bf16 = inputs, not float32
+    i = inputs
     nt = int(i["num_tokens"])
     T = i["x_hc"].shape[0]
-    x_mixed, post, comb = golden_hc_pre(i["x_hc"], i["hc_attn_fn"], i["hc_attn_scale"], i["hc_attn_base"], cfg,
-                                        out_bf16=bf16)
-    x_normed = golden_rms_norm(x_mixed, i["attn_norm_w"], cfg.rms_norm_eps, out_bf16=bf16)
     zeros = torch.zeros(T, cfg.qk_rope_head_dim, dtype=i["freqs_cos"].dtype)
     rope_cos, rope_sin = golden_materialize_rope_rows(i["freqs_cos"], i["freqs_sin"], i["position_ids"], nt, zeros,
                                                       zeros)
-    q, kv, _, _ = golden_qkv_proj_rope(x_normed, i["wq_a"], i["wq_b"], i["wq_b_scale"], i["wkv"], rope_cos, rope_sin,
-                                       i["gamma_cq"], i["gamma_ckv"], cfg, weight_format=weight_format, out_bf16=bf16)
+    f = golden_attention_front(i, rope_cos, rope_sin, cfg, weight_format=weight_format, float32=float32)
+    x_normed, q, kv, post, comb = f["x_normed"], f["q"], f["kv"], f["post"], f["comb"]
     kv_cache = i["kv_cache"].clone()
     flat = kv_cache.view(-1, cfg.head_dim)
     slots = i["ori_slot_mapping"][:nt].long()
