@@ -31,6 +31,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+import pto.models.deepseek_v4  # noqa: F401 - fills the kernel registry
 from pto.golden import ScalarSpec, all_cases
 from pto.runtime import RunConfig
 from pto.runtime import races as _races

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 import pto
+import pto.models.deepseek_v4  # noqa: F401 - fills the kernel registry
 from pto.golden import ScalarSpec, all_cases, load_examples
 from pto.runtime.simulate import get_machine, simulate
 

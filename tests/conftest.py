@@ -12,3 +12,5 @@ if str(_SRC) not in sys.path:
     sys.path.insert(0, str(_SRC))
 
 torch.set_num_threads(1)
+
+import pto.models.deepseek_v4  # noqa: E402,F401 - fills the kernel registry (the golden layer does not import it)

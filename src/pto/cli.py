@@ -108,6 +108,14 @@ def parse_options(items) -> dict:
 _BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 
 
+def load_kernels() -> None:
+    """Fill the kernel registry: the model kernels (``pto.models.deepseek_v4`` registers
+    each on import) and the examples (:func:`pto.golden.load_examples`). The golden layer
+    never imports the model layer; the CLI does it here."""
+    importlib.import_module("pto.models.deepseek_v4")
+    load_examples()
+
+
 def _check_preset(preset: str) -> None:
     from pto.models.deepseek_v4.config import PRESETS
     if preset not in PRESETS:
@@ -241,7 +249,7 @@ def resolve_target(spec: str, preset: str | None, mode: str | None, options: dic
     """
     dims, scalars = dims or {}, scalars or {}
     if ":" not in spec:
-        load_examples()
+        load_kernels()
         _reject_ignored(spec, "a registered kernel case", dim=dims, scalar=scalars)
         return _case_target(get_case(spec), preset or DEFAULT_PRESET, mode, options)
     obj = _load_attr(spec)
@@ -395,7 +403,7 @@ def cmd_demo(args) -> int:
     """Every registered case (model kernels at ``--preset`` in each mode, and the
     examples) through ``run_jit``; a table; exit 1 when anything fails."""
     _check_preset(args.preset)
-    load_examples()
+    load_kernels()
     cases = all_cases(args.group)
     if args.only:
         unknown = sorted(set(args.only) - {c.name for c in cases})
