@@ -35,9 +35,9 @@ import torch
 import pto.language as pl
 from pto.errors import BindError, ConfigError
 from pto.golden import CaseRun, KernelCase, ScalarSpec, TensorSpec, ratio_allclose, register, valid_ratio_reldiff
+from pto.models.deepseek_v4.attention_front import attention_front, golden_attention_front
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 from pto.models.deepseek_v4.hc_post import golden_hc_post, golden_hc_post_prefill, hc_post_kernels
-from pto.models.deepseek_v4.hc_pre import golden_hc_pre, hc_pre
 from pto.models.deepseek_v4.prefill_attention_swa import (build_window_indices, make_swa_inputs,
                                                           prefill_attention_swa_kernels)
 from pto.models.deepseek_v4.prefill_compressor_ratio4 import (_check_cache, golden_ratio4_compress,
@@ -47,8 +47,7 @@ from pto.models.deepseek_v4.prefill_indexer import golden_prefill_indexer, index
 from pto.models.deepseek_v4.prefill_indexer_compressor import (golden_prefill_indexer_compressor,
                                                                indexer_cache_inputs, indexer_cache_write)
 from pto.models.deepseek_v4.prefill_sparse_attn import golden_prefill_sparse_attn, prefill_sparse_attn_kernels
-from pto.models.deepseek_v4.qkv_proj_rope import golden_qkv_proj_rope, materialize_rope_rows, qkv_proj_rope
-from pto.models.deepseek_v4.rms_norm import golden_rms_norm, rms_norm
+from pto.models.deepseek_v4.qkv_proj_rope import materialize_rope_rows
 from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
 from pto.models.deepseek_v4.tiling import check_num_tokens, token_capacity
 
@@ -104,8 +103,8 @@ def csa_block_kernels(cfg: DeepSeekV4Config, mode: str, seed_scopes: bool = Fals
     """
     if mode not in ("prefill", "decode"):
         raise ConfigError(f"csa attention block: unknown mode {mode!r}; modes: prefill, decode")
-    D, HC, H, HD, R = cfg.hidden_size, cfg.hc_mult, cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim
-    LQ, W, K = cfg.q_lora_rank, cfg.sliding_window, cfg.index_topk
+    D, HC, HD = cfg.hidden_size, cfg.hc_mult, cfg.head_dim
+    W, K = cfg.sliding_window, cfg.index_topk
     cap = token_capacity(cfg)
     tl_main = ratio4_tiling(cfg, HD)
     tl_idx = ratio4_tiling(cfg, cfg.index_head_dim)
@@ -144,29 +143,19 @@ def csa_block_kernels(cfg: DeepSeekV4Config, mode: str, seed_scopes: bool = Fals
         if mode == "decode" and int(num_tokens) != t:
             raise BindError(f"decode_attention_csa: num_tokens={int(num_tokens)} must be T={t} (an inactive "
                             "request is marked by position -1)")
-        x_mixed = pl.create_tensor([t, D], pl.BF16, capacity=cap)
-        post = pl.create_tensor([t, HC], pl.FP32, capacity=cap)
-        comb = pl.create_tensor([t, HC * HC], pl.FP32, capacity=cap)
-        x_normed = pl.create_tensor([t, D], pl.BF16, capacity=cap)
-        rope_cos_t = pl.create_tensor([t, R], pl.BF16, capacity=cap)
-        rope_sin_t = pl.create_tensor([t, R], pl.BF16, capacity=cap)
-        q = pl.create_tensor([t, H, HD], pl.BF16, capacity=cap)
-        kv = pl.create_tensor([t, HD], pl.BF16, capacity=cap)
-        qr = pl.create_tensor([t, LQ], pl.INT8, capacity=cap)
-        qr_scale = pl.create_tensor([t, 1], pl.FP32, capacity=cap)
+        if mode == "prefill":
+            def rope_rows(cos_t, sin_t):
+                materialize_rope_rows(freqs_cos, freqs_sin, position_ids, num_tokens, cos_t, sin_t)
+        else:
+            def rope_rows(cos_t, sin_t):
+                meta.decode_rope_rows(freqs_cos, freqs_sin, position_ids, cos_t, sin_t)
+        f = attention_front(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
+                            gamma_cq, gamma_ckv, rope_rows, cfg, seed_scopes)
+        post, comb, x_normed, rope_cos_t, rope_sin_t = f.post, f.comb, f.x_normed, f.rope_cos_t, f.rope_sin_t
+        q, kv, qr, qr_scale = f.q, f.kv, f.qr, f.qr_scale
         swa_indices = pl.create_tensor([t, W], pl.INT32, capacity=cap)
         cmp_topk = pl.create_tensor([t, K], pl.INT32, capacity=cap)
         attn_out = pl.create_tensor([t, D], pl.BF16, capacity=cap)
-
-        hc_pre(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, x_mixed, post, comb, cfg, seed_scopes)
-        rms_tid = rms_norm(x_mixed, attn_norm_w, x_normed, cfg)
-        late_dep = pl.system.task_dummy(deps=[rms_tid])
-        if mode == "prefill":
-            materialize_rope_rows(freqs_cos, freqs_sin, position_ids, num_tokens, rope_cos_t, rope_sin_t)
-        else:
-            meta.decode_rope_rows(freqs_cos, freqs_sin, position_ids, rope_cos_t, rope_sin_t)
-        qkv_proj_rope(x_normed, wq_a, wq_b, wq_b_scale, wkv, rope_cos_t, rope_sin_t, gamma_cq, gamma_ckv,
-                      q, kv, qr, qr_scale, late_dep, cfg, seed_scopes)
         if mode == "prefill":
             swa.swa_cache_write(kv, ori_slot_mapping, num_tokens, kv_cache)
             swa.swa_window_indices(position_ids, block_table, num_tokens, swa_indices)
@@ -248,8 +237,8 @@ prefill_attention_csa = attention_csa_inline("prefill")
 def golden_csa_block(inputs: dict, cfg: DeepSeekV4Config, mode: str, *, weight_format: str = "int8",
                      float32: bool = False, return_intermediates: bool = False):
     """Golden of the CSA attention block (module docstring), whole tensors, in the kernel's
-    order: ``golden_hc_pre`` -> ``golden_rms_norm`` -> rope rows -> ``golden_qkv_proj_rope``
-    -> raw-cache scatter -> window indices -> ``golden_ratio4_compress`` (main) ->
+    order: rope rows -> ``golden_attention_front`` (hc_pre, RMSNorm, q / kv / qr) -> raw-cache
+    scatter -> window indices -> ``golden_ratio4_compress`` (main) ->
     ``golden_prefill_indexer_compressor`` -> ``golden_prefill_indexer`` -> the mode's sparse
     attention golden (every selected row) -> ``golden_hc_post(_prefill)``.
 
@@ -275,9 +264,6 @@ def golden_csa_block(inputs: dict, cfg: DeepSeekV4Config, mode: str, *, weight_f
     i, bf16 = inputs, not float32
     nt = int(i["num_tokens"])
     T = i["x_hc"].shape[0]
-    x_mixed, post, comb = golden_hc_pre(i["x_hc"], i["hc_attn_fn"], i["hc_attn_scale"], i["hc_attn_base"], cfg,
-                                        out_bf16=bf16)
-    x_normed = golden_rms_norm(x_mixed, i["attn_norm_w"], cfg.rms_norm_eps, out_bf16=bf16)
     pos = i["position_ids"]
     if mode == "prefill":
         zeros = torch.zeros(T, cfg.qk_rope_head_dim, dtype=i["freqs_cos"].dtype)
@@ -285,9 +271,9 @@ def golden_csa_block(inputs: dict, cfg: DeepSeekV4Config, mode: str, *, weight_f
     else:
         from pto.models.deepseek_v4.decode_attention_swa import golden_decode_rope_rows
         rope_cos, rope_sin = golden_decode_rope_rows(i["freqs_cos"], i["freqs_sin"], pos)
-    q, kv, qr, qr_scale = golden_qkv_proj_rope(x_normed, i["wq_a"], i["wq_b"], i["wq_b_scale"], i["wkv"], rope_cos,
-                                               rope_sin, i["gamma_cq"], i["gamma_ckv"], cfg,
-                                               weight_format=weight_format, out_bf16=bf16)
+    front = golden_attention_front(i, rope_cos, rope_sin, cfg, weight_format=weight_format, float32=float32)
+    post, comb, x_normed, q, kv, qr, qr_scale = (front[k] for k in ("post", "comb", "x_normed", "q", "kv", "qr",
+                                                                    "qr_scale"))
     kv_cache = i["kv_cache"].clone()
     flat = kv_cache.view(-1, cfg.head_dim)
     slots = i["ori_slot_mapping"][:nt].long()

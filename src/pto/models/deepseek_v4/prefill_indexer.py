@@ -42,14 +42,12 @@ the finished key cache); cos / sin come from the full tables by position; ``x`` 
 """
 
 import functools
-import math
-from types import SimpleNamespace
 
 import torch
 
 import pto.language as pl
 from pto.errors import BindError, CapacityError, ConfigError
-from pto.golden import CaseRun, KernelCase, ScalarSpec, TensorSpec, exact, register
+from pto.golden import CaseRun, KernelCase, ScalarSpec, TensorSpec, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 from pto.models.deepseek_v4.prefill_compressor_ratio4 import CSA_RATIO, _table_dims, rope_rotate_rows
 from pto.models.deepseek_v4.qkv_proj_rope import (int8_quantize_rows, quantize_per_row_int8,
