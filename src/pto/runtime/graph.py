@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pto.runtime.deps import derive_kinds
+
 __all__ = ["Footprint", "Block", "Task", "TaskGraph", "KIND_NAMES"]
 
 KIND_NAMES = ("read", "write", "atomic_add")
@@ -155,6 +157,8 @@ class TaskGraph:
 
     def __init__(self):
         self.tasks: list[Task] = []
+        # {task id: {pred id: set of derived edge kinds}}, replayed on first use (deps.derive_kinds)
+        self.dep_kinds: dict | None = None
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -173,6 +177,28 @@ class TaskGraph:
     def edges(self) -> set[tuple[int, int]]:
         """All edges ``(pred, succ)``."""
         return {(p, t.id) for t in self.tasks for p in t.preds}
+
+    def edge_kinds(self) -> dict[tuple[int, int], tuple[str, ...]]:
+        """Why each edge ``(pred, succ)`` exists: a sorted tuple of kinds out of
+        ``"RAW"``, ``"WAW"``, ``"atomic"`` (atomic add against a plain access; see
+        :class:`pto.runtime.deps.DepTracker`), ``"explicit"`` (named in ``deps=``) and
+        ``"join"`` (into or out of a ``task_dummy`` join node). The derived kinds come from a
+        replay of the derivation on first call (:func:`pto.runtime.deps.derive_kinds`)."""
+        if self.dep_kinds is None:
+            self.dep_kinds = derive_kinds(self.tasks)
+        rec = self.dep_kinds
+        tasks = self.tasks
+        out = {}
+        for t in tasks:
+            derived = rec.get(t.id, {})
+            for p in t.preds:
+                ks = set(derived.get(p, ()))
+                if p in t.explicit:
+                    ks.add("explicit")
+                if t.kind == "dummy" or tasks[p].kind == "dummy":
+                    ks.add("join")
+                out[(p, t.id)] = tuple(sorted(ks))
+        return out
 
     def named_edges(self) -> set[tuple[str, str]]:
         """Edges as ``(pred name, succ name)`` pairs (for tests and tables)."""
