@@ -18,6 +18,12 @@ of that step, so layers are compared one at a time. Compared per step: ``attn_ou
 Numerics: ``weight_format="bf16"`` (unquantised) and ``float32=True`` (no BF16 rounding);
 FP32 on both sides, summation orders differ (HF dense masked logits, the golden gathered
 keys in tiles). Bounds atol = rtol = 1e-4 as test_parity_swa.
+
+A last test runs the DSL kernels themselves the same way (prefill chunks of 128, 128 and 124
+tokens, then the 8 decode steps, BF16 caches, W8A8 q-b / o-b) and bounds their distance to
+transformers by quantisation noise: relative RMS of the stream after hc_post <= 1% and of the
+attention's share of it (``post * attn_out``) <= 3% (measured 0.15-0.30% and 1.0-1.6%); the
+HCA row written at 383 within 2% (measured 0.5%).
 """
 
 import pytest
@@ -174,3 +180,98 @@ def test_hca_decode_with_cache_matches_transformers(hf_run, hf_decode, layer):
     no_cmp = dict(step, cmp_kv=torch.zeros_like(step["cmp_kv"]))
     *_, mids0 = golden_decode_attention_hca(no_cmp, cfg, weight_format="bf16", float32=True, return_intermediates=True)
     assert (mids0["attn_out"] - attn_hf).abs().max() > 100 * ATOL
+
+
+KERNEL_REL_RMS = 1e-2  # x_out, as test_parity_swa's kernel-numerics bound
+KERNEL_SHARE_REL_RMS = 3e-2  # post * attn_out alone (test_parity_swa: attn_out 2e-2 at prefill)
+
+
+def _kernel_inputs(d: dict) -> dict:
+    """FP32 parity inputs cast the way the kernels take them: BF16 weights, tables, norms and
+    caches, W8A8 q-b / o-b (v4flash-kernels.md section 0); FP32 hc parameters, sink, ape, state."""
+    from pto.models.deepseek_v4.prefill_sparse_attn import quantize_wo_b
+    from pto.models.deepseek_v4.qkv_proj_rope import quantize_weight_per_column
+    bf16 = torch.bfloat16
+    e = dict(d)
+    for k in ("wq_a", "wkv", "attn_norm_w", "gamma_cq", "gamma_ckv", "wo_a", "freqs_cos", "freqs_sin", "kv_cache",
+              "cmp_wkv", "cmp_wgate", "cmp_norm_w", "cmp_kv"):
+        if k in e:
+            e[k] = d[k].to(bf16)
+    e["wq_b"], e["wq_b_scale"] = quantize_weight_per_column(d["wq_b"])
+    e["wo_b"], e["wo_b_scale"] = quantize_wo_b(d["wo_b"])
+    return e
+
+
+@pytest.mark.parametrize("layer", [1, 3], ids=["L1-swa", "L3-hca"])
+def test_dsl_kernels_prefill_chunks_then_decode_within_quantisation_noise(hf_run, hf_decode, layer):
+    """The DSL kernels as a serving stack runs them: three prefill chunks (128, 128, 124 tokens)
+    then 8 decode steps on paged BF16 caches, W8A8; every decode step's stream after hc_post
+    within 1% relative RMS of transformers (and the HCA row written at 383 within 2%)."""
+    import pto
+    from pto.models.deepseek_v4.hc_post import golden_hc_post
+    from pto.models.deepseek_v4.hc_pre import golden_hc_pre
+    from pto.models.deepseek_v4.decode_attention_hca import HCA_ARGS, decode_attention_hca_kernels
+    from pto.models.deepseek_v4.decode_attention_swa import SWA_ARGS, decode_attention_swa_kernels
+    from pto.models.deepseek_v4.prefill_attention_hca import PREFILL_HCA_ARGS, prefill_attention_hca_kernels
+    from pto.models.deepseek_v4.prefill_attention_swa import prefill_attention_swa_kernels
+
+    cfg, hca = hf_run.cfg, layer == 3
+    d = _layer_inputs(hf_run, layer, "compress" if hca else "main")
+    d["freqs_cos"], d["freqs_sin"] = rope_tables(cfg, "compress" if hca else "main")  # the kernels take full tables
+    page, spages, cpages = cfg.hca_state_block_size, cfg.hca_state_block_num, cfg.cmp_kv_block_num
+    state_table = (torch.arange(cfg.max_position_embeddings // page) % spages).to(torch.int32)
+    if hca:
+        c = f"model.layers.{layer}.self_attn.compressor"
+        d.update(cmp_wkv=hf_run.param(f"{c}.kv_proj.weight"), cmp_wgate=hf_run.param(f"{c}.gate_proj.weight"),
+                 cmp_ape=hf_run.param(f"{c}.position_bias"), cmp_norm_w=hf_run.param(f"{c}.kv_norm.weight"),
+                 compress_state=torch.zeros(spages, page, 2 * cfg.head_dim),
+                 cmp_kv=torch.zeros(cpages, cfg.block_size, 1, cfg.head_dim),
+                 state_block_table=state_table, cmp_block_table=torch.arange(cpages, dtype=torch.int32))
+    d = _kernel_inputs(d)
+    mutable = ("kv_cache", "cmp_kv", "compress_state") if hca else ("kv_cache",)
+    state = {n: d[n].clone() for n in mutable}
+    run_cfg = pto.RunConfig(check=False)
+
+    def slots(pos):
+        return {"ori_slot_mapping": pos.long(), "position_ids": pos.to(torch.int32),
+                "cmp_slot_mapping": torch.where((pos + 1) % M == 0, pos // M, -1).long(),
+                "state_slot_mapping": state_table.long()[pos // page] * page + pos % page}
+
+    x_all = _hf_step(hf_decode, layer, 0)[0]
+    for lo in (0, 128, 256):  # prefill chunks of at most 128 tokens (the kernels' token capacity)
+        hi = min(lo + 128, PREFILL)
+        step = dict(d, **state, **slots(torch.arange(lo, hi)), x_hc=x_all[lo:hi].contiguous())
+        x_out = torch.zeros_like(step["x_hc"])
+        if hca:
+            prefill_attention_hca_kernels(cfg).prefill_attention_hca_test.run(
+                *[step[n] for n in PREFILL_HCA_ARGS], x_out, hi - lo, config=run_cfg)
+        else:
+            prefill_attention_swa_kernels(cfg).prefill_attention_swa_test.run(
+                *[step[n] for n in SWA_ARGS], x_out, hi - lo, config=run_cfg)
+    tables = {n: d[n][None, :] for n in ("block_table", "state_block_table", "cmp_block_table") if n in d}
+    for k in range(1, STEPS + 1):
+        x_hc, _, stream_hf = _hf_step(hf_decode, layer, k)
+        step = dict(d, **state, **tables, **slots(torch.tensor([PREFILL + k - 1])), x_hc=x_hc.contiguous())
+        x_out = torch.zeros_like(x_hc)
+        if hca:
+            decode_attention_hca_kernels(cfg).decode_attention_hca_test.run(*[step[n] for n in HCA_ARGS], x_out,
+                                                                            config=run_cfg)
+        else:
+            decode_attention_swa_kernels(cfg).decode_attention_swa_test.run(*[step[n] for n in SWA_ARGS], x_out,
+                                                                            config=run_cfg)
+        w = stream_hf.double()
+        rel_rms = float((x_out.double() - w).norm() / w.norm())
+        # the attention's own share of the stream: minus the residual mix sum_i comb[i, j] X_i
+        _, post, comb = golden_hc_pre(x_hc, d["hc_attn_fn"], d["hc_attn_scale"], d["hc_attn_base"], cfg,
+                                      out_bf16=False)
+        mix = golden_hc_post(torch.zeros(x_hc.shape[0], cfg.hidden_size), x_hc, post, comb).double()
+        share = float(((x_out.double() - mix) - (w - mix)).norm() / (w - mix).norm())
+        print(f"[parity] L{layer} DSL kernels decode step {k} x_out: rel_rms={rel_rms:.3e} "
+              f"(tol {KERNEL_REL_RMS:g}), attention share rel_rms={share:.3e} (tol {KERNEL_SHARE_REL_RMS:g})")
+        assert rel_rms <= KERNEL_REL_RMS and share <= KERNEL_SHARE_REL_RMS
+    if hca:
+        row = state["cmp_kv"].reshape(-1, cfg.head_dim)[2].double()
+        want = hf_decode[f"model.layers.{layer}.self_attn.compressor"][STEPS][1][0, 0, 2].double()
+        rel = float((row - want).norm() / want.norm())
+        print(f"[parity] L{layer} DSL kernels compressed row 2 (pos 383): rel_rms={rel:.3e}")
+        assert rel <= 2e-2
