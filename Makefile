@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(VENV)/bin/pto demo
 	@set -e; d=$$(mktemp -d); trap 'rm -rf "$$d"' EXIT; \
 	$(VENV)/bin/pto checkpoint tiny "$$d/tiny" --seed 0; \
-	$(VENV)/bin/pto generate "$$d/tiny" --input-ids "5 17 300 42 7 99" --max-new-tokens 8
+	$(VENV)/bin/pto generate "$$d/tiny" --input-ids "5 17 300 42 7 99" --max-new-tokens 8 --weights int8
 
 test: $(TSTAMP)
 	$(PY) -m pytest -q

@@ -62,3 +62,42 @@ def test_orthonormal_hadamard():
     h = orthonormal_hadamard(8)
     assert torch.allclose(h @ h.T, torch.eye(8), atol=1e-6)
     assert set((h * 8 ** 0.5).round().flatten().tolist()) == {-1.0, 1.0}
+
+
+def _caches(model):
+    return [{k: v.clone() for k, v in layer.items()} for layer in model.cache.layers]
+
+
+@pytest.mark.parametrize("n, chunks, short", [
+    (24, (24, 10), 9),
+    pytest.param(150, (128, 100), 23, marks=pytest.mark.slow),
+])
+def test_kernel_path_chunks_resume_and_batches(tmp_path, n, chunks, short):
+    """Prefill in chunks of two sizes (prefill-then-resume) gives the same logits, tokens and
+    caches bit for bit; a batch of two prompts of different lengths gives each its own tokens."""
+    from pto.models.deepseek_v4.generate import generate
+
+    d = write_tiny_checkpoint(tmp_path / "tiny", seed=9)
+    dep = get_deployment("tiny").replace(max_context=256, rope_max_pos=256)
+    ids = torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(9)).tolist()
+    runs = {}
+    window = torch.arange(max(0, len(ids) - 64), len(ids))  # the raw rows the next token can still see
+    for chunk in chunks:
+        km = KernelModel(open_checkpoint(d, "int8"), dep)
+        st = km.new_state()
+        logits = torch.cat([km.forward(ids[c:c + chunk], st) for c in range(0, len(ids), chunk)])
+        raw = [km.cache.kv_rows(i, st.rid, window) for i in range(6)]
+        runs[chunk] = (logits, raw, _caches(km))
+    (la, ra, ca), (lb, rb, cb) = runs[chunks[0]], runs[chunks[1]]
+    assert torch.equal(la, lb)
+    assert all(torch.equal(a, b) for a, b in zip(ra, rb))
+    # compressed entries, indexer keys and compressor states sit on the same pages either way
+    # (raw pages are returned as the window moves, so their physical places may differ)
+    for a, b in zip(ca, cb):
+        assert all(torch.equal(a[k], b[k]) for k in a if k != "kv")
+    km = KernelModel(open_checkpoint(d, "int8"), dep)
+    alone = generate(km, [ids], max_new_tokens=2, chunk=chunks[0], eos_token_id=None)
+    one = generate(km, [ids[:short]], max_new_tokens=2, eos_token_id=None)
+    both = generate(km, [ids, ids[:short]], max_new_tokens=2, chunk=chunks[0], eos_token_id=None)
+    assert both.tokens == [alone.tokens[0], one.tokens[0]]
+    assert not km.cache.requests
