@@ -132,10 +132,22 @@ def test_float32_golden_mode_stays_close_to_the_int8_golden():
     assert (x8 - x32).abs().max() < 0.05 * x32.abs().max()
 
 
+def test_prefill_block_attends_every_selected_row_at_flash():
+    """The CSA prefill core has index_topk compressed columns (no 256-candidate cap, B.4)."""
+    from pto.models.deepseek_v4.prefill_sparse_attn import sparse_attn_tiling
+    flash = get_config("flash")
+    tl = sparse_attn_tiling(flash, flash.index_topk)
+    assert (tl.cmp_cols, tl.sparse_pad, tl.key_blocks) == (512, 640, 5)
+    assert sparse_attn_tiling(flash).cmp_cols == 256  # the reference's cap stays the SWA / HCA default
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case, mode", [("prefill_attention_csa", "prefill"), ("decode_attention_csa", "decode")])
-def test_flash_matches_golden(case, mode):
-    cr = get_case(case).build("flash", mode)
+@pytest.mark.parametrize("case, mode, opts", [("prefill_attention_csa", "prefill", {}),
+                                              ("prefill_attention_csa", "prefill", {"start_pos": 2048}),
+                                              ("decode_attention_csa", "decode", {})])
+def test_flash_matches_golden(case, mode, opts):
+    """FLASH; ``start_pos=2048``: 512..544 visible entries, all 512 selected rows attended."""
+    cr = get_case(case).build("flash", mode, **opts)
     res = run_jit(cr.fn, cr.specs, cr.golden, compare_fn=cr.compare, check=False)
     assert res.passed, res
 
