@@ -146,3 +146,30 @@ def test_cli_generate_on_kernels(ckpt, capsys):
     assert not km.cache.requests  # generate released the request's pages
     assert main(["generate", str(ckpt), "--input-ids", "5", "--backend", "kernels"]) == 2
     assert "needs --weights int8" in capsys.readouterr().err
+
+
+def test_fp8_layout_checkpoint_generates(tmp_path):
+    """The published FP8 / FP4 layout loads converted and runs the same model as its FP32 source
+    up to the FP8 / FP4 rounding of its weights."""
+    hf = GoldenModel(open_checkpoint(write_tiny_checkpoint(tmp_path / "hf", seed=4)))
+    fp8 = GoldenModel(open_checkpoint(write_tiny_checkpoint(tmp_path / "fp8", seed=4, layout="fp8")))
+    ids = list(range(10, 40))
+    a, b = hf(ids), fp8(ids)
+    agree = float((a.argmax(-1) == b.argmax(-1)).float().mean())
+    assert agree >= 0.8, agree
+    assert 0 < float((a - b).abs().max()) < 0.5 * float(a.abs().max())
+
+
+def test_cli_prompt_uses_the_tokenizer(tmp_path, capsys):
+    tokenizers = pytest.importorskip("tokenizers")
+    d = write_tiny_checkpoint(tmp_path / "t", seed=3)
+    vocab = {f"w{i}": i for i in range(512) if i not in (300, 17)}
+    vocab["hello"], vocab["world"] = 300, 17
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(d / "tokenizer.json"))
+    assert main(["generate", str(d), "--prompt", "hello world", "--max-new-tokens", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    want = generate(GoldenModel(open_checkpoint(d)), [[300, 17]], max_new_tokens=3)
+    assert out["tokens"] == want.tokens and out["prompt_tokens"] == [2]
+    assert out["text"] == [tok.decode(want.tokens[0])]
