@@ -14,13 +14,44 @@ import torch
 from pto.errors import ConfigError
 
 __all__ = ["allclose", "ratio_allclose", "ratio_reldiff", "exact", "valid_ratio_reldiff", "error_stats",
-           "default_compare"]
+           "default_compare", "margin_of"]
 
 
-def _named(fn, label):
+def _named(fn, label, margin=None):
     fn.__name__ = label
     fn.__qualname__ = label
+    if margin is not None:
+        fn.margin = margin
     return fn
+
+
+def _margin(metric: str, error: float, tolerance: float) -> dict:
+    """``{"metric", "error", "tolerance", "margin"}``: margin = error / tolerance (<= 1 passes;
+    0 / 0 is 0, anything else over 0 is inf)."""
+    m = error / tolerance if tolerance > 0 else (0.0 if error == 0 else math.inf)
+    return {"metric": metric, "error": error, "tolerance": tolerance, "margin": m}
+
+
+def margin_of(cmp, actual: torch.Tensor, expected: torch.Tensor, **context) -> dict | None:
+    """How close an output is to failing, as its compare function defines it: a dict with
+    ``metric`` (what error and tolerance measure), ``error``, ``tolerance`` and ``margin``
+    (error / tolerance: at most 1 passes; for the ratio compares the count limit is rounded,
+    so a margin a little above 1 can still pass), or None for a compare function without a
+    ``margin`` attribute (a user's own). ``context`` as for the compare call
+    (``rtol_run``, ``atol_run``)."""
+    fn = getattr(cmp, "margin", None)
+    if fn is None or actual.shape != expected.shape:
+        return None
+    return fn(actual, expected, **context)
+
+
+def _outside_fraction(actual, expected, at, rt) -> float:
+    a, e, illegal = _flat_fp32(actual, expected)
+    if illegal:
+        return math.inf
+    if a.numel() == 0:
+        return 0.0
+    return float(((a - e).abs() > at + rt * e.abs()).sum()) / a.numel()
 
 
 def error_stats(actual: torch.Tensor, expected: torch.Tensor) -> dict:
@@ -80,7 +111,18 @@ def allclose(atol: float = 1e-5, rtol: float = 1e-5):
         bad = ~((a - e).abs() <= atol + rtol * e.abs())
         return False, (f"Mismatched elements: {int(bad.sum())}/{a.numel()} (atol={atol}, rtol={rtol}); first: "
                        f"{_first_bad(bad, a, e, tuple(actual.shape), 20)}")
-    return _named(cmp, f"allclose(atol={atol}, rtol={rtol})")
+    def margin(actual, expected, **_):
+        a = actual.to(torch.float64).reshape(-1)
+        e = expected.to(torch.float64).reshape(-1)
+        if a.numel() == 0:
+            return _margin("max |a-e| / (atol + rtol*|e|)", 0.0, float(atol))
+        if not bool(torch.isfinite(a).all()):
+            return _margin("max |a-e| / (atol + rtol*|e|)", math.inf, float(atol))
+        d, tol = (a - e).abs(), atol + rtol * e.abs()
+        i = int(torch.argmax(d / tol.clamp_min(1e-300)))
+        return {"metric": "max |a-e| / (atol + rtol*|e|)", "error": float(d[i]), "tolerance": float(tol[i]),
+                "margin": float(d[i] / tol[i]) if tol[i] > 0 else (0.0 if d[i] == 0 else math.inf)}
+    return _named(cmp, f"allclose(atol={atol}, rtol={rtol})", margin)
 
 
 def ratio_allclose(atol: float | None = None, rtol: float | None = None, max_error_ratio: float = 0.005,
@@ -111,7 +153,12 @@ def ratio_allclose(atol: float | None = None, rtol: float | None = None, max_err
         return False, (f"{nbad}/{a.numel()} elements outside tolerance (ratio {nbad / a.numel():.4g} > "
                        f"{max_error_ratio}, threshold {limit}); atol={at} rtol={rt}; max abs diff "
                        f"{float(diff[i]):.6g} at flat {i}; first: {_first_bad(bad, a, e, tuple(actual.shape), max_show)}")
-    return _named(cmp, f"ratio_allclose(atol={atol}, rtol={rtol}, max_error_ratio={max_error_ratio})")
+    def margin(actual, expected, rtol_run=1e-5, atol_run=1e-5, **_):
+        at = atol if atol is not None else atol_run
+        rt = rtol if rtol is not None else rtol_run
+        return _margin("fraction outside atol + rtol*|e| / max_error_ratio",
+                       _outside_fraction(actual, expected, at, rt), max_error_ratio)
+    return _named(cmp, f"ratio_allclose(atol={atol}, rtol={rtol}, max_error_ratio={max_error_ratio})", margin)
 
 
 def ratio_reldiff(diff_thd: float = 0.01, pct_thd: float = 0.05, max_diff_hd: float = math.inf, max_show: int = 10):
@@ -146,7 +193,16 @@ def ratio_reldiff(diff_thd: float = 0.01, pct_thd: float = 0.05, max_diff_hd: fl
         if worst >= max_diff_hd:
             why.append(f"worst rdiff {worst:.6g} >= {max_diff_hd}")
         return False, "; ".join(why) + f"; first: {_first_bad(bad, a, e, tuple(actual.shape), max_show)}"
-    return _named(cmp, f"ratio_reldiff(diff_thd={diff_thd}, pct_thd={pct_thd}, max_diff_hd={max_diff_hd})")
+    def margin(actual, expected, **_):
+        a, e, illegal = _flat_fp32(actual, expected)
+        if illegal or a.numel() == 0:
+            return _margin(f"fraction with rdiff > {diff_thd} / pct_thd", math.inf if illegal else 0.0, pct_thd)
+        ad = (a - e).abs()
+        b = torch.maximum(torch.maximum(a.abs(), e.abs()), torch.tensor(2.0 ** -14 / diff_thd)) + 1e-9
+        rd = torch.where(ad < diff_thd, ad, ad / b)
+        return _margin(f"fraction with rdiff > {diff_thd} / pct_thd", float((rd > diff_thd).sum()) / a.numel(),
+                       pct_thd)
+    return _named(cmp, f"ratio_reldiff(diff_thd={diff_thd}, pct_thd={pct_thd}, max_diff_hd={max_diff_hd})", margin)
 
 
 def exact():
@@ -161,7 +217,10 @@ def exact():
             return True, ""
         return False, (f"{int(bad.sum())}/{bad.numel()} elements differ; first: "
                        f"{_first_bad(bad, actual.reshape(-1), expected.reshape(-1), tuple(actual.shape), 10)}")
-    return _named(cmp, "exact")
+    def margin(actual, expected, **_):
+        bad = int((actual != expected).sum()) if actual.numel() else 0
+        return _margin("fraction of differing elements / 0", bad / max(actual.numel(), 1), 0.0)
+    return _named(cmp, "exact", margin)
 
 
 def valid_ratio_reldiff(num_tokens: int, diff_thd: float, pct_thd: float, max_diff_hd: float = math.inf):
@@ -175,8 +234,12 @@ def valid_ratio_reldiff(num_tokens: int, diff_thd: float, pct_thd: float, max_di
         if nz:
             return False, f"{nz} non-zero elements in rows >= num_tokens={num_tokens}"
         return inner(actual[:num_tokens], expected[:num_tokens], **kw)
+    def margin(actual, expected, **kw):
+        if int((actual[num_tokens:] != 0).sum()):
+            return _margin(f"fraction with rdiff > {diff_thd} / pct_thd (rows < num_tokens)", math.inf, pct_thd)
+        return inner.margin(actual[:num_tokens], expected[:num_tokens], **kw)
     return _named(cmp, f"valid_ratio_reldiff(num_tokens={num_tokens}, diff_thd={diff_thd}, pct_thd={pct_thd}, "
-                       f"max_diff_hd={max_diff_hd})")
+                       f"max_diff_hd={max_diff_hd})", margin)
 
 
 def default_compare(dtype: torch.dtype, rtol: float, atol: float):

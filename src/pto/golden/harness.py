@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pto.errors import BindError, ConfigError, GoldenDataError, GoldenError, PtoError
-from pto.golden.compare import default_compare, error_stats
+from pto.golden.compare import default_compare, error_stats, margin_of
 from pto.golden.spec import ScalarSpec, TensorSpec
 from pto.runtime import Program, RunConfig
 
@@ -20,14 +20,18 @@ __all__ = ["run_jit", "RunResult", "OutputReport", "save_golden_data", "load_gol
 
 @dataclass
 class OutputReport:
-    """Comparison of one output: pass flag, compare label, failure detail and
-    error statistics (max_abs, mean_abs, max_rel, nan, inf, numel)."""
+    """Comparison of one output: pass flag, compare label, failure detail,
+    error statistics (max_abs, mean_abs, max_rel, nan, inf, numel) and the margin
+    as the compare function defines it (:func:`pto.golden.compare.margin_of`: metric,
+    error, tolerance, margin = error / tolerance; None for a compare function that
+    defines none)."""
 
     name: str
     passed: bool
     label: str
     detail: str
     stats: dict
+    margin: dict | None = None
 
 
 @dataclass
@@ -314,7 +318,8 @@ def run_jit(fn, specs, golden_fn=None, compare_fn=None, rtol: float = 1e-5, atol
         else:
             ok, detail = cmp(actual, exp, rtol_run=rtol, atol_run=atol, inputs=values)
         res.outputs[s.name] = OutputReport(s.name, ok, getattr(cmp, "__name__", "compare"), detail,
-                                           error_stats(actual, exp) if actual.shape == exp.shape else {})
+                                           error_stats(actual, exp) if actual.shape == exp.shape else {},
+                                           margin_of(cmp, actual, exp, rtol_run=rtol, atol_run=atol))
         if not ok:
             failures.append(f"{s.name}: {detail}")
     if failures:
