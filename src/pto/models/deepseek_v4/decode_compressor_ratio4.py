@@ -34,11 +34,10 @@ __all__ = ["decode_compressor_ratio4", "decode_compressor_ratio4_entry", "golden
 decode_compressor_ratio4 = compressor_ratio4_inline("decode")  # the shared body; table [B, L]
 
 
-def decode_compressor_ratio4_entry(cfg: DeepSeekV4Config, max_cmp_writes: int | None = None,
-                                   seed_scopes: bool = False):
+def decode_compressor_ratio4_entry(cfg: DeepSeekV4Config, max_cmp_writes: int | None = None):
     """The ``@pl.jit`` test entry ``decode_compressor_ratio4_test``
     (:func:`prefill_compressor_ratio4.compressor_ratio4_entry` of mode ``decode``)."""
-    return compressor_ratio4_entry(cfg, "decode", max_cmp_writes, seed_scopes)
+    return compressor_ratio4_entry(cfg, "decode", max_cmp_writes)
 # ---- end kernel ----
 
 
@@ -84,7 +83,7 @@ _ARG_ORDER = ("x", "compress_state", "state_block_table", "wkv", "wgate", "ape",
 
 
 def build_decode_compressor_ratio4(preset: str = "tiny", mode: str = "decode", *, starts=None,
-                                   num_tokens: int | None = None, seed: int = 0, seed_scopes: bool = False,
+                                   num_tokens: int | None = None, seed: int = 0,
                                    max_cmp_writes: int | None = None) -> CaseRun:
     """KernelCase builder: the CSA decode compressor at ``preset`` (mode ``decode``: ``B x S``
     tokens, flash 4 x 2), compare functions from ``TOLERANCES``.
@@ -96,7 +95,7 @@ def build_decode_compressor_ratio4(preset: str = "tiny", mode: str = "decode", *
     if mode != "decode":
         raise ConfigError(f"decode_compressor_ratio4: unknown mode {mode!r}; the only mode is 'decode'")
     inputs = make_decode_compressor_ratio4_inputs(cfg, starts, num_tokens, seed)
-    entry = decode_compressor_ratio4_entry(cfg, max_cmp_writes, seed_scopes)
+    entry = decode_compressor_ratio4_entry(cfg, max_cmp_writes)
 
     def golden(v: dict) -> None:
         v["cmp_kv"], v["compress_state"] = golden_decode_compressor_ratio4(**{k: v[k] for k in _ARG_ORDER}, cfg=cfg)
@@ -104,9 +103,8 @@ def build_decode_compressor_ratio4(preset: str = "tiny", mode: str = "decode", *
     compare = {k: ratio_allclose(*tol) for k, tol in TOLERANCES.items()}
     label = f"{preset} {mode} starts={inputs['position_ids'][::cfg.decode_seq].tolist()}"
     return CaseRun(entry, ratio4_specs(inputs, _ARG_ORDER, ("cmp_kv", "compress_state")), golden, compare,
-                   rtol=1e-3, atol=1e-3, label=label + (" seed_scopes" if seed_scopes else ""))
+                   rtol=1e-3, atol=1e-3, label=label)
 
 
 register(KernelCase("decode_compressor_ratio4", build_decode_compressor_ratio4, modes=("decode",),
-                    seed_variant=True,
                     description="CSA ratio-4 overlapping KV compressor, decode step over B requests (B.10)"))

@@ -29,11 +29,10 @@ __all__ = ["decode_indexer_compressor", "decode_indexer_compressor_entry", "gold
 decode_indexer_compressor = indexer_compressor_inline("decode")  # the shared body; table [B, L]
 
 
-def decode_indexer_compressor_entry(cfg: DeepSeekV4Config, max_cmp_writes: int | None = None,
-                                    seed_scopes: bool = False):
+def decode_indexer_compressor_entry(cfg: DeepSeekV4Config, max_cmp_writes: int | None = None):
     """The ``@pl.jit`` test entry ``decode_indexer_compressor_test``
     (:func:`prefill_indexer_compressor.indexer_compressor_entry` of mode ``decode``)."""
-    return indexer_compressor_entry(cfg, "decode", max_cmp_writes, seed_scopes)
+    return indexer_compressor_entry(cfg, "decode", max_cmp_writes)
 # ---- end kernel ----
 
 
@@ -58,7 +57,7 @@ def make_decode_indexer_compressor_inputs(cfg: DeepSeekV4Config, starts=None, nu
 
 
 def build_decode_indexer_compressor(preset: str = "tiny", mode: str = "decode", *, starts=None,
-                                    num_tokens: int | None = None, seed: int = 0, seed_scopes: bool = False) -> CaseRun:
+                                    num_tokens: int | None = None, seed: int = 0) -> CaseRun:
     """KernelCase builder: the decode indexer compressor (``B x S`` tokens); compare functions
     from ``TOLERANCES``.
 
@@ -69,7 +68,7 @@ def build_decode_indexer_compressor(preset: str = "tiny", mode: str = "decode", 
     if mode != "decode":
         raise ConfigError(f"decode_indexer_compressor: unknown mode {mode!r}; the only mode is 'decode'")
     inputs = make_decode_indexer_compressor_inputs(cfg, starts, num_tokens, seed)
-    entry = decode_indexer_compressor_entry(cfg, None, seed_scopes)
+    entry = decode_indexer_compressor_entry(cfg, None)
 
     def golden(v: dict) -> None:
         out = golden_decode_indexer_compressor(**{k: v[k] for k in _ARG_ORDER}, cfg=cfg)
@@ -79,9 +78,8 @@ def build_decode_indexer_compressor(preset: str = "tiny", mode: str = "decode", 
     compare = {k: ratio_allclose(*tol) for k, tol in TOLERANCES.items()}
     label = f"{preset} {mode} starts={inputs['position_ids'][::cfg.decode_seq].tolist()}"
     return CaseRun(entry, ratio4_specs(inputs, _ARG_ORDER, _OUTPUTS), golden, compare, rtol=1e-3, atol=1e-3,
-                   label=label + (" seed_scopes" if seed_scopes else ""))
+                   label=label)
 
 
 register(KernelCase("decode_indexer_compressor", build_decode_indexer_compressor, modes=("decode",),
-                    seed_variant=True,
                     description="CSA indexer key compressor, decode step: ratio-4 pool, Hadamard, INT8 keys (B.11)"))

@@ -95,7 +95,8 @@ def csa_block_kernels(cfg: DeepSeekV4Config, mode: str, seed_scopes: bool = Fals
     ``idx_wq_b [q_lora, HI*c]`` INT8, ``idx_wq_b_scale [HI*c]``, ``idx_weights_proj [D, HI]``
     BF16. Prefill: one request, tables ``[n]``; decode: ``B`` requests, tables ``[B, n]``,
     ``num_tokens == T`` (an inactive request has position -1). ``seed_scopes`` selects the
-    seed variants of the composed kernels (bit-identical).
+    seed variants of hc_pre, qkv_proj_rope, the SWA metadata and the indexer's ``score_wide``
+    (bit-identical; the ratio-4 compressors have no initialised scratch).
 
     Raises:
         ConfigError: an unknown mode or a config the composed kernels cannot tile. At run
@@ -167,12 +168,12 @@ def csa_block_kernels(cfg: DeepSeekV4Config, mode: str, seed_scopes: bool = Fals
         normed, dst_map, n_writes = ratio4_compress_tasks(
             x_normed, compress_state, rows2(state_block_table), cmp_wkv, cmp_wgate, cmp_ape, cmp_norm_w, freqs_cos,
             freqs_sin, position_ids, num_tokens, cmp_slot_mapping, state_slot_mapping,
-            cmp_kv.shape[0] * cmp_kv.shape[1], cfg, tl_main, f"{prefix}_c4", seed_scopes)
+            cmp_kv.shape[0] * cmp_kv.shape[1], cfg, tl_main, f"{prefix}_c4")
         ratio4_cache_write(normed, dst_map, n_writes, cmp_kv, HD, f"{prefix}_c4")
         normed_i, dst_i, n_i = ratio4_compress_tasks(
             x_normed, idx_compress_state, rows2(idx_state_block_table), idx_wkv, idx_wgate, idx_ape, idx_norm_w,
             freqs_cos, freqs_sin, position_ids, num_tokens, idx_slot_mapping, idx_state_slot_mapping,
-            idx_kv_cache.shape[0] * idx_kv_cache.shape[1], cfg, tl_idx, f"{prefix}_idx_c4", seed_scopes)
+            idx_kv_cache.shape[0] * idx_kv_cache.shape[1], cfg, tl_idx, f"{prefix}_idx_c4")
         indexer_cache_write(normed_i, dst_i, n_i, hadamard, idx_kv_cache, idx_kv_scale, cfg.index_head_dim,
                             tl_idx.pad_capacity, f"{prefix}_idx_c4")
         indexer_topk_tasks(x_normed, qr, qr_scale, idx_wq_b, idx_wq_b_scale, idx_weights_proj, freqs_cos, freqs_sin,

@@ -32,8 +32,12 @@ rows (one window), so window ``w`` of request ``b`` is physical page
 5. ``at`` ``<p>_rmsnorm_rope``: RMSNorm * ``norm_w`` and RoPE at ``4w`` over the ``W_pad`` rows.
 Then the caller's finalize (main: ``<p>_cache_write``, BF16 rint rows into ``cmp_kv``).
 
-``pooled_kv_pad [W_pad, c]`` FP32 is zeroed at allocation (``init_value=0``: pad rows and
-slots without a destination normalise to 0); ``seed_scopes=True`` keeps a zero-fill task.
+Scratch is uninitialised, as in the reference (B.10 / B.15: no seed task, no ``init_value``):
+rows of ``pooled_kv_pad [W_pad, c]`` that no window writes (pad rows, slots without a
+destination) stay undefined; RMSNorm, RoPE, the Hadamard product and the INT8 quantisation are
+row-wise and only rows with a destination are stored, so nothing undefined reaches an output
+(check mode verifies it). The ratio-128 compressor zeroes its pad (A.4's commit); here the
+zero fill would only add an AICPU fill to the critical path.
 
 Contract (``BindError`` from the write-map task, before any output is written): active
 positions distinct and non-negative per request (a row with position -1 and both slots -1 is
@@ -227,7 +231,7 @@ def rope_rotate_rows(y, cos_w, sin_w, n_nope: int, r: int):
 
 def ratio4_compress_tasks(x, compress_state, state_block_table, wkv, wgate, ape, norm_w, cos_table, sin_table,
                           position_ids, num_tokens, cmp_slot_mapping, state_slot_mapping, n_cmp_rows: int,
-                          cfg, tl: Ratio4Tiling, prefix: str, seed_scopes: bool = False):
+                          cfg, tl: Ratio4Tiling, prefix: str):
     """Tasks 1-5 of the ratio-4 core (module docstring); called inside a kernel body.
 
     Args:
@@ -278,10 +282,7 @@ def ratio4_compress_tasks(x, compress_state, state_block_table, wkv, wgate, ape,
     write_req_map = pl.create_tensor([1, n_writes], pl.INT32, capacity=[None, tl.max_cmp_writes])
     kv_proj = pl.create_tensor([t_len, 2 * c], pl.FP32)
     score_proj = pl.create_tensor([t_len, 2 * c], pl.FP32)
-    if seed_scopes:
-        pooled_kv_pad = pl.create_tensor([w_pad, c], pl.FP32, capacity=[tl.pad_capacity])
-    else:
-        pooled_kv_pad = pl.create_tensor([w_pad, c], pl.FP32, init_value=0, capacity=[tl.pad_capacity])
+    pooled_kv_pad = pl.create_tensor([w_pad, c], pl.FP32, capacity=[tl.pad_capacity])  # rows w/o a window: undefined
     normed_kv_pad = pl.create_tensor([w_pad, c], pl.FP32, capacity=[tl.pad_capacity])
 
     with pl.at(level=pl.Level.CORE_GROUP, name_hint=f"{prefix}_write_map"):
@@ -302,11 +303,6 @@ def ratio4_compress_tasks(x, compress_state, state_block_table, wkv, wgate, ape,
         write_req_map[0:1, 0:n_writes] = req_map
 
     PH = tl.pool_h
-    if seed_scopes:
-        with pl.at(level=pl.Level.CORE_GROUP, name_hint=f"{prefix}_norm_pad_init"):
-            for hb in pl.pipeline(c // PH, stage=2):
-                pooled_kv_pad[0:w_pad, hb * PH:(hb + 1) * PH] = pl.full([w_pad, PH], pl.FP32, 0.0)
-
     PT, PN, PK = min(C4_PROJ_T_TILE, round_up(t_len, MATMUL_M_TILE)), tl.proj_n, tl.proj_k
     n_col = 2 * c // PN
 
@@ -346,7 +342,7 @@ def ratio4_compress_tasks(x, compress_state, state_block_table, wkv, wgate, ape,
     for blk in pl.spmd(n_writes * n_head, name_hint=f"{prefix}_softmax_pool"):
         i, h0 = blk // n_head, (blk % n_head) * PH
         if pl.read(write_dst_map, [0, i]) < 0:
-            continue  # no window, or its destination is -1: the pad row keeps its zero
+            continue  # no window, or its destination is -1: the pad row is never stored
         w = pl.read(write_pos_map, [0, i]) // m
         b = pl.read(write_req_map, [0, i])
         kv8 = pl.full([2 * m, PH], pl.FP32, 0.0)
@@ -425,7 +421,6 @@ def compressor_ratio4_inline(mode: str):
         state_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
         cfg,
         max_cmp_writes=None,
-        seed_scopes=False,
     ):
         """CSA main KV compressor over one call (v4flash-kernels.md B.15 prefill / B.10 decode,
         generalised).
@@ -450,7 +445,7 @@ def compressor_ratio4_inline(mode: str):
         _check_cache(name, cmp_kv, cfg, cfg.head_dim)
         normed, dst_map, n_writes = ratio4_compress_tasks(
             x, compress_state, table2, wkv, wgate, ape, norm_w, cos_table, sin_table, position_ids, num_tokens,
-            cmp_slot_mapping, state_slot_mapping, cmp_kv.shape[0] * cmp_kv.shape[1], cfg, tl, prefix, seed_scopes)
+            cmp_slot_mapping, state_slot_mapping, cmp_kv.shape[0] * cmp_kv.shape[1], cfg, tl, prefix)
         ratio4_cache_write(normed, dst_map, n_writes, cmp_kv, cfg.head_dim, prefix)
         return cmp_kv, compress_state
 
@@ -462,8 +457,7 @@ prefill_compressor_ratio4 = compressor_ratio4_inline("prefill")
 
 
 @functools.lru_cache(maxsize=None)
-def compressor_ratio4_entry(cfg: DeepSeekV4Config, mode: str, max_cmp_writes: int | None = None,
-                            seed_scopes: bool = False):
+def compressor_ratio4_entry(cfg: DeepSeekV4Config, mode: str, max_cmp_writes: int | None = None):
     """The ``@pl.jit`` test entry ``<mode>_compressor_ratio4_test`` for ``cfg``: parameters as
     :func:`compressor_ratio4_inline` with the model dims static; returns ``(cmp_kv,
     compress_state)``.
@@ -493,17 +487,15 @@ def compressor_ratio4_entry(cfg: DeepSeekV4Config, mode: str, max_cmp_writes: in
         state_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
     ):
         return body(x, compress_state, state_block_table, wkv, wgate, ape, norm_w, cos_table, sin_table, cmp_kv,
-                    position_ids, num_tokens, cmp_slot_mapping, state_slot_mapping, cfg, tl.max_cmp_writes,
-                    seed_scopes)
+                    position_ids, num_tokens, cmp_slot_mapping, state_slot_mapping, cfg, tl.max_cmp_writes)
 
     compressor_ratio4_test.__name__ = compressor_ratio4_test.__qualname__ = f"{mode}_compressor_ratio4_test"
     return compressor_ratio4_test
 
 
-def prefill_compressor_ratio4_entry(cfg: DeepSeekV4Config, max_cmp_writes: int | None = None,
-                                    seed_scopes: bool = False):
+def prefill_compressor_ratio4_entry(cfg: DeepSeekV4Config, max_cmp_writes: int | None = None):
     """:func:`compressor_ratio4_entry` of mode ``prefill``."""
-    return compressor_ratio4_entry(cfg, "prefill", max_cmp_writes, seed_scopes)
+    return compressor_ratio4_entry(cfg, "prefill", max_cmp_writes)
 # ---- end kernel ----
 
 
@@ -747,7 +739,7 @@ def ratio4_specs(inputs: dict, order: tuple, outputs: tuple) -> list:
 
 def build_prefill_compressor_ratio4(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None,
                                     start_pos: int = 0, num_tokens: int | None = None, seed: int = 0,
-                                    seed_scopes: bool = False, max_cmp_writes: int | None = None) -> CaseRun:
+                                    max_cmp_writes: int | None = None) -> CaseRun:
     """KernelCase builder: the CSA prefill compressor at ``preset`` (mode ``prefill``, ``T =
     prefill_seq`` by default), compare functions from ``TOLERANCES``.
 
@@ -762,18 +754,17 @@ def build_prefill_compressor_ratio4(preset: str = "tiny", mode: str = "prefill",
     if not isinstance(T, int) or T < 1:
         raise ConfigError(f"prefill_compressor_ratio4: token count T must be a positive int, got {T!r}")
     nt = T if num_tokens is None else num_tokens
-    entry = prefill_compressor_ratio4_entry(cfg, max_cmp_writes, seed_scopes)
+    entry = prefill_compressor_ratio4_entry(cfg, max_cmp_writes)
     inputs = make_prefill_compressor_ratio4_inputs(cfg, T, start_pos, nt, seed)
 
     def golden(v: dict) -> None:
         v["cmp_kv"], v["compress_state"] = golden_prefill_compressor_ratio4(**{k: v[k] for k in _ARG_ORDER}, cfg=cfg)
 
     compare = {k: ratio_allclose(*tol) for k, tol in TOLERANCES.items()}
-    label = f"{preset} {mode} T={T} start_pos={start_pos} num_tokens={nt}" + (" seed_scopes" if seed_scopes else "")
+    label = f"{preset} {mode} T={T} start_pos={start_pos} num_tokens={nt}"
     return CaseRun(entry, ratio4_specs(inputs, _ARG_ORDER, ("cmp_kv", "compress_state")), golden, compare,
                    rtol=1e-3, atol=1e-3, label=label)
 
 
 register(KernelCase("prefill_compressor_ratio4", build_prefill_compressor_ratio4, modes=("prefill",),
-                    seed_variant=True,
-                    description="CSA ratio-4 overlapping KV compressor, prefill: paged state, pooled pad init=0 (B.15)"))
+                    description="CSA ratio-4 overlapping KV compressor, prefill: paged state, pooled 8-slot windows (B.15)"))

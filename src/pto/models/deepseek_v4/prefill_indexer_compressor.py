@@ -123,7 +123,6 @@ def indexer_compressor_inline(mode: str):
         state_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
         cfg,
         max_cmp_writes=None,
-        seed_scopes=False,
     ):
         """Indexer key compressor over one call (v4flash-kernels.md B.16 prefill / B.11 decode,
         generalised).
@@ -149,8 +148,7 @@ def indexer_compressor_inline(mode: str):
             else state_block_table
         normed, dst_map, n_writes = ratio4_compress_tasks(
             x, compress_state, table2, wkv, wgate, ape, norm_w, cos_table, sin_table, position_ids, num_tokens,
-            idx_slot_mapping, state_slot_mapping, idx_kv_cache.shape[0] * idx_kv_cache.shape[1], cfg, tl, prefix,
-            seed_scopes)
+            idx_slot_mapping, state_slot_mapping, idx_kv_cache.shape[0] * idx_kv_cache.shape[1], cfg, tl, prefix)
         indexer_cache_write(normed, dst_map, n_writes, hadamard, idx_kv_cache, idx_kv_scale, c, tl.pad_capacity,
                             prefix)
         return idx_kv_cache, idx_kv_scale, compress_state
@@ -163,8 +161,7 @@ prefill_indexer_compressor = indexer_compressor_inline("prefill")
 
 
 @functools.lru_cache(maxsize=None)
-def indexer_compressor_entry(cfg: DeepSeekV4Config, mode: str, max_cmp_writes: int | None = None,
-                             seed_scopes: bool = False):
+def indexer_compressor_entry(cfg: DeepSeekV4Config, mode: str, max_cmp_writes: int | None = None):
     """The ``@pl.jit`` test entry ``<mode>_indexer_compressor_test`` (parameters of
     :func:`indexer_compressor_inline`, model dims static); returns ``(idx_kv_cache,
     idx_kv_scale, compress_state)``.
@@ -198,16 +195,15 @@ def indexer_compressor_entry(cfg: DeepSeekV4Config, mode: str, max_cmp_writes: i
     ):
         return body(x, compress_state, state_block_table, wkv, wgate, ape, norm_w, cos_table, sin_table, hadamard,
                     idx_kv_cache, idx_kv_scale, position_ids, num_tokens, idx_slot_mapping, state_slot_mapping, cfg,
-                    tl.max_cmp_writes, seed_scopes)
+                    tl.max_cmp_writes)
 
     indexer_compressor_test.__name__ = indexer_compressor_test.__qualname__ = f"{mode}_indexer_compressor_test"
     return indexer_compressor_test
 
 
-def prefill_indexer_compressor_entry(cfg: DeepSeekV4Config, max_cmp_writes: int | None = None,
-                                     seed_scopes: bool = False):
+def prefill_indexer_compressor_entry(cfg: DeepSeekV4Config, max_cmp_writes: int | None = None):
     """:func:`indexer_compressor_entry` of mode ``prefill``."""
-    return indexer_compressor_entry(cfg, "prefill", max_cmp_writes, seed_scopes)
+    return indexer_compressor_entry(cfg, "prefill", max_cmp_writes)
 # ---- end kernel ----
 
 
@@ -324,7 +320,7 @@ _OUTPUTS = ("idx_kv_cache", "idx_kv_scale", "compress_state")
 
 def build_prefill_indexer_compressor(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None,
                                      start_pos: int = 0, num_tokens: int | None = None, seed: int = 0,
-                                     seed_scopes: bool = False) -> CaseRun:
+                                     ) -> CaseRun:
     """KernelCase builder: the prefill indexer compressor (``T = prefill_seq`` by default);
     compare functions from ``TOLERANCES``.
 
@@ -339,7 +335,7 @@ def build_prefill_indexer_compressor(preset: str = "tiny", mode: str = "prefill"
         raise ConfigError(f"prefill_indexer_compressor: token count T must be a positive int, got {T!r}")
     nt = T if num_tokens is None else num_tokens
     inputs = make_prefill_indexer_compressor_inputs(cfg, T, start_pos, nt, seed)
-    entry = prefill_indexer_compressor_entry(cfg, None, seed_scopes)
+    entry = prefill_indexer_compressor_entry(cfg, None)
 
     def golden(v: dict) -> None:
         out = golden_prefill_indexer_compressor(**{k: v[k] for k in _ARG_ORDER}, cfg=cfg)
@@ -347,11 +343,10 @@ def build_prefill_indexer_compressor(preset: str = "tiny", mode: str = "prefill"
             v[k] = t
 
     compare = {k: ratio_allclose(*tol) for k, tol in TOLERANCES.items()}
-    label = f"{preset} {mode} T={T} start_pos={start_pos} num_tokens={nt}" + (" seed_scopes" if seed_scopes else "")
+    label = f"{preset} {mode} T={T} start_pos={start_pos} num_tokens={nt}"
     return CaseRun(entry, ratio4_specs(inputs, _ARG_ORDER, _OUTPUTS), golden, compare, rtol=1e-3, atol=1e-3,
                    label=label)
 
 
 register(KernelCase("prefill_indexer_compressor", build_prefill_indexer_compressor, modes=("prefill",),
-                    seed_variant=True,
                     description="CSA indexer key compressor, prefill: ratio-4 pool, Hadamard, INT8 key cache (B.16)"))
