@@ -59,6 +59,7 @@ _NAME = "decode_compressor_ratio128"
 T_DYN = pl.dynamic("T")
 B_DYN = pl.dynamic("B")
 RMS_ROWS = 8  # row granule of the pooled / normed scratch (B.9 pads B*S to 16 rows)
+DECODE_PROJ_N_TILE = 128  # kv and score columns per projection block (a decode step has few token rows)
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,8 +68,8 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
 
     Tasks (B.9; ``T`` dynamic, tile sizes from ``prefill_compressor_ratio128.compressor_tiling``):
 
-    1. ``decode_hca_c128_kv_score_proj`` ``spmd(head_dim / proj_n)`` (deps ``late_dep``):
-       ``[round_up(T, 16), 2*proj_n]`` FP32 tiles of ``x @ [wkv | wgate]^T`` (BF16 operands,
+    1. ``decode_hca_c128_kv_score_proj`` ``spmd(head_dim / 128)`` (deps ``late_dep``):
+       two ``[round_up(T, 16), 128]`` FP32 tiles ``x @ wkv^T`` and ``x @ wgate^T`` (BF16 operands,
        K chunks of ``proj_k``), the projection of prefill_compressor_ratio128.
     2. ``decode_hca_c128_scatter_softmax_pool`` ``at``: per request, in token order: the
        state rows of its active tokens, then for a token that closes a window and has a
@@ -110,7 +111,7 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
     n_nope = d - r
     SP, CP, BS, MAXPOS = cfg.hca_state_block_num, cfg.cmp_kv_block_num, cfg.block_size, cfg.max_position_embeddings
     NST = MAXPOS // page
-    PN, PK = tl.proj_n, tl.proj_k
+    PN, PK = min(DECODE_PROJ_N_TILE, d), tl.proj_k  # deviation: 128-column blocks (B.9: 64): fewer CPU matmuls
     cap = token_capacity(cfg)
 
     def bind(msg: str) -> BindError:
