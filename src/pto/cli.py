@@ -464,6 +464,10 @@ def _check_args(p):
     p.add_argument("--drop-init", action="append", default=[], metavar="ALLOCATION",
                    help="mutation test: ignore the init_value of this allocation (pto.runtime.drop_init_values); "
                         "'all': drop each init_value of the run in turn and print a table of what caught it")
+    p.add_argument("--block-order", choices=("reverse", "shuffle"), default=None,
+                   help="schedule sensitivity: run the blocks of every task (and unordered atomic adds) in this "
+                        "order too and compare every output bit for bit with program order")
+    p.add_argument("--block-order-seed", type=int, default=0, metavar="K", help="seed of --block-order shuffle")
 
 
 @command("check", "run a kernel in check mode against its golden; print PASS or the error", _check_args)
@@ -472,6 +476,10 @@ def cmd_check(args) -> int:
     ``--drop-init NAME`` runs it with that allocation's init_value dropped
     (``RunConfig.drop_init``: a name that drops nothing is a ConfigError)."""
     target = _target_from_args(args)
+    if args.block_order is not None:
+        if args.drop_init:
+            raise ConfigError("--block-order compares schedules of the kernel as it is; it takes no --drop-init")
+        return _block_order_check(target, args.block_order, args.block_order_seed)
     if "all" in args.drop_init:
         return _drop_init_all(target, args.drop_init)
     drop = tuple(args.drop_init)
@@ -500,6 +508,49 @@ def cmd_check(args) -> int:
         return 1
     con.print(f"PASS {title}: no undefined outputs, no races ({prog.stats.tasks} tasks; no golden)",
               highlight=False, markup=False)
+    return 0
+
+
+def _block_order_check(target: Target, order: str, seed: int) -> int:
+    """``pto check KERNEL --block-order reverse|shuffle``: program order and the other schedule
+    on the same inputs, both in check mode; a table of every output (bit-identical or not,
+    differing elements, max abs, max ulps, through which atomic-add tasks). Exit 1 on a
+    check-mode error; a schedule-sensitive output is a finding, not a failure."""
+    from pto.golden.schedule import schedule_sensitivity
+    if target.program is not None:
+        raise ConfigError(f"{target.name} returned a Program that was already run; --block-order needs a kernel it "
+                          f"can run again (a registry kernel, a KernelCase or a @pl.jit function)")
+    if target.case_run is not None:
+        cr = target.case_run
+        fn = cr.fn
+        torch.manual_seed(0)
+        vals = [s.to_python() if hasattr(s, "to_python") else s.create_tensor() for s in cr.specs]
+    else:
+        fn, vals = target.fn, target.args
+    con = console()
+    what = f"{order}{f' (seed {seed})' if order == 'shuffle' else ''}"
+    try:
+        rep = schedule_sensitivity(fn, vals, order, seed, check=True)
+    except PtoError as e:
+        con.print(f"FAIL {target.title}: {type(e).__name__}: {e}", highlight=False, markup=False)
+        return 1
+    table = Table(title=f"{target.title}: block order {what} vs program order, bit for bit (check mode)")
+    for col, just in (("output", "left"), ("bit-identical", "center"), ("differing", "right"),
+                      ("max abs", "right"), ("max ulps", "right"), ("through atomic task(s)", "left")):
+        table.add_column(col, justify=just)
+    for o in rep.outputs:
+        table.add_row(o.name, "[green]yes[/green]" if o.identical else "[yellow]no[/yellow]",
+                      f"{o.differing}/{o.numel}", fmt_err(o.max_abs), str(o.max_ulps), ", ".join(o.through) or "-")
+    con.print(table)
+    if rep.stable:
+        moved = f" although the atomic adds of {', '.join(rep.reordered)} ran in another order" if rep.reordered else ""
+        con.print(f"bit-stable: every output is the same under block order {what}{moved}", highlight=False,
+                  markup=False)
+    else:
+        bad = [o.name for o in rep.outputs if not o.identical]
+        con.print(f"schedule-sensitive: {', '.join(bad)} depend(s) on the order of the atomic adds of "
+                  f"{', '.join(rep.reordered) or 'no task (check the block bodies for order dependence)'}",
+                  highlight=False, markup=False)
     return 0
 
 

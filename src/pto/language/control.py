@@ -104,7 +104,8 @@ class spmd:
             if phased_body is not None:
                 _run_phased(prog, task, phased_body, self.n)
             else:
-                for b in _builtin_range(self.n):
+                order = prog.reorder  # None: index order (RunConfig.block_order)
+                for b in (_builtin_range(self.n) if order is None else order(task)):
                     prog.begin_block(task, b)
                     yield b
                     prog.end_block()
@@ -135,17 +136,18 @@ def _run_phased(prog, task, body, n):
     """Run a generator body whose ``yield pl.system.syncall()`` statements split
     it into phases: phase k of every block runs before phase k+1 of any block
     (the CPU emulation of a hard barrier, reference dsl-api.md section 4)."""
-    gens = []
+    gens = [None] * n
     live = list(_builtin_range(n))
     phase = 0
-    for b in live:
+    order = prog.reorder  # None: index order (RunConfig.block_order)
+    for b in (live if order is None else order(task, live, phase)):
         prog.begin_block(task, b, phase)
-        gens.append(body(b))
+        gens[b] = body(b)
         prog.end_block()
     st = _ctx.state
     while live:
         nxt = []
-        for b in live:
+        for b in (live if order is None else order(task, live, phase)):
             prog.begin_block(task, b, phase)
             st.syncalls = 0
             try:
@@ -166,7 +168,7 @@ def _run_phased(prog, task, body, n):
                 nxt.append(b)
         if nxt and len(nxt) != len(live):
             raise DslError(f"task {task.name!r}: blocks reached a different number of syncall barriers")
-        live = nxt
+        live = sorted(nxt)
         phase += 1
 
 

@@ -262,7 +262,7 @@ class GMTensor:
                 if (type(a0) is int and type(b0) is int and type(a1) is int and type(b1) is int
                         and 0 <= a0 < b0 <= shape[0] and 0 <= a1 < b1 <= shape[1]
                         and rows[1] + b1 <= buf.C and (rows[2] == 1 or b0 - a0 == 1)
-                        and not buf.freed and buf.shadow is None):
+                        and not buf.slow and buf.shadow is None):
                     src = self.data[key]
                     br, bc, q = rows
                     blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))
@@ -297,7 +297,7 @@ class GMTensor:
                         and 0 <= a0 < b0 <= shape[0] and 0 <= a1 < b1 <= shape[1]
                         and len(vs) == 2 and vs[0] == b0 - a0 and vs[1] == b1 - a1
                         and rows[1] + b1 <= buf.C and (rows[2] == 1 or b0 - a0 == 1)
-                        and not buf.freed and not buf.readonly
+                        and not buf.slow and not buf.readonly
                         and buf.shadow is None and src.dtype == self.data.dtype):
                     self.data[key].copy_(src)
                     br, bc, q = rows
@@ -365,8 +365,8 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
     ``checked``: the window is already known to be in bounds."""
     blk = _ctx.state.block
     buf = t.buf
-    if buf.freed:
-        raise DslError(f"{t.name}: read after its scope ended (use after free){_where()}")
+    if buf.slow:
+        _slow(t, "read")
     if valid is not None:
         shape = [b - a for a, b in zip(starts, stops)]
         valid = tuple(_idx(v, "a valid extent") for v in valid)
@@ -423,8 +423,8 @@ def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
     if blk is None:
         _prog_block(f"writing {t.name}")
     buf = t.buf
-    if buf.freed:
-        raise DslError(f"{t.name}: write after its scope ended (use after free){_where()}")
+    if buf.slow:
+        _slow(t, "write", atomic is not None)
     if buf.readonly:
         from pto.language.compat_ops import written_in
         written_in(t)  # DslError; under pto pypto a warning (pypto infers InOut)
@@ -451,7 +451,10 @@ def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
     elif atomic == AtomicType.Add:
         if not (dst.dtype.is_floating_point or dst.dtype in (torch.int32, torch.int16, torch.int8)):
             raise DslError(f"{t.name}: atomic add on dtype {t.dtype} is not supported")
-        dst.add_(src)
+        if buf.program.defer_atomics:  # schedule-sensitivity run: applied later, in another order
+            buf.program.defer_atomic(buf, blk, dst, src, t.box(starts, stops))
+        else:
+            dst.add_(src)
     else:
         raise DslError(f"{t.name}: unknown atomic type {atomic!r}")
     box = t.box(starts, stops)
@@ -479,10 +482,21 @@ def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
         buf.written = True
 
 
-def _read_elem(t: GMTensor, idx):
+def _slow(t: GMTensor, what: str, atomic: bool = False) -> None:
+    """An access to a buffer the fast paths skip (``buf.slow``): a freed one is a use after
+    free (DslError); one holding atomic adds held back by a schedule-sensitivity run gets
+    them applied first, unless this access is an atomic add itself."""
     buf = t.buf
     if buf.freed:
-        raise DslError(f"{t.name}: read after its scope ended (use after free){_where()}")
+        raise DslError(f"{t.name}: {what} after its scope ended (use after free){_where()}")
+    if not atomic and buf.pending:
+        buf.program.flush_atomics(buf)
+
+
+def _read_elem(t: GMTensor, idx):
+    buf = t.buf
+    if buf.slow:
+        _slow(t, "read")
     value = t.data[tuple(idx)].item()
     blk = _ctx.state.block
     box = t.box(idx, [i + 1 for i in idx])

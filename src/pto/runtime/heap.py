@@ -56,7 +56,7 @@ class Buffer:
 
     __slots__ = ("id", "name", "site", "kind", "direction", "shape", "dtype", "nbytes", "offset", "base_off",
                  "C", "shadow", "untracked", "freed", "program", "init_value", "init_dropped", "written",
-                 "readonly", "data", "scope", "partial", "tasks_before")
+                 "readonly", "data", "scope", "partial", "tasks_before", "slow", "pending")
 
     def __init__(self, bid, name, site, kind, data: torch.Tensor, program, direction="in", offset=None,
                  init_value=None, untracked=False):
@@ -83,6 +83,10 @@ class Buffer:
         self.scope = 0
         self.partial = False  # a pl.PartialOut argument: unwritten elements are allowed
         self.tasks_before = 0  # tasks and join nodes submitted before the allocation (orchestration order)
+        # the GM access fast paths must not touch it: freed, or holding atomic adds held back by a
+        # schedule-sensitivity run (RunConfig.block_order; ``pending`` lists them)
+        self.slow = False
+        self.pending = None
 
     def __repr__(self) -> str:
         return f"Buffer(#{self.id} {self.name!r} {list(self.shape)} {self.dtype} at {self.site})"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import linecache
 import os
+import random
 import re
 import sys
 import threading
@@ -51,12 +52,24 @@ class RunConfig:
             ``pto.runtime.drop_init_values(...)`` context manager, except that a
             name here that drops nothing in the run (no allocation of that name
             with an ``init_value``) is a ConfigError at program end.
+        block_order: schedule-sensitivity testing, ``"program"`` by default (blocks in
+            index order, atomic adds applied as they are issued). ``"reverse"`` or
+            ``"shuffle"`` runs the blocks of every SPMD task (and of every syncall phase)
+            in reverse or a seeded random order, and holds back atomic-add contributions
+            until the next plain access of their buffer, then applies them task by task in
+            another order that the task graph allows (reverse or seeded random
+            topological order of the contributing tasks; blocks of one task in the order
+            they ran). Any valid schedule of a correct program gives the same result up to
+            the rounding of its atomic adds; ``pto check --block-order`` compares.
+        block_order_seed: seed of ``"shuffle"`` (an int; same seed, same orders).
     """
 
     heap_bytes: int = 1 << 30
     check: bool = False
     keep_footprints: bool = False
     drop_init: tuple = ()
+    block_order: str = "program"
+    block_order_seed: int = 0
 
     def validate(self) -> "RunConfig":
         """Raises ConfigError on a heap smaller than 1024 bytes, a ``check`` or
@@ -69,7 +82,15 @@ class RunConfig:
                 raise ConfigError(f"RunConfig.{f} must be True or False, got {type(v).__name__} {v!r}")
         if isinstance(self.drop_init, str) or not all(isinstance(n, str) for n in self.drop_init):
             raise ConfigError(f"RunConfig.drop_init must be a tuple of allocation names, got {self.drop_init!r}")
+        if self.block_order not in BLOCK_ORDERS:
+            raise ConfigError(f"RunConfig.block_order must be one of {', '.join(BLOCK_ORDERS)}, got "
+                              f"{self.block_order!r}")
+        if isinstance(self.block_order_seed, bool) or not isinstance(self.block_order_seed, int):
+            raise ConfigError(f"RunConfig.block_order_seed must be an int, got {self.block_order_seed!r}")
         return self
+
+
+BLOCK_ORDERS = ("program", "reverse", "shuffle")
 
 
 @dataclass
@@ -174,6 +195,15 @@ class Program:
         self._drop_init = frozenset(self.config.drop_init) | active_drop_init()
         self.orch_reads = 0
         self._t0 = 0
+        # schedule sensitivity (RunConfig.block_order): the block order of each task (None:
+        # index order), whether atomic adds are held back, the buffers holding some, and per
+        # atomic-add task the buffers on which its contributions were applied out of program
+        # order against overlapping ones
+        self.reorder = None if self.config.block_order == "program" else self._block_sequence
+        self.defer_atomics = self.reorder is not None
+        self._pending: list[Buffer] = []
+        self._flushes = 0
+        self.atomic_reordered: dict[int, set] = {}
         # a task scope left early (break/return/exception): the DslError message, raised at the
         # next runtime interaction or at program end (see end_task); its cause (a race found in
         # the blocks that ran), if any
@@ -223,6 +253,8 @@ class Program:
                 if self.left_early is not None:
                     self.raise_left_early()
                 raise DslError(f"program {self.name} ended inside task {self.cur_task.name!r}")
+            while self._pending:
+                self.flush_atomics(self._pending[-1])
             if self.config.drop_init:
                 self._check_drop_init()
             if self.check:
@@ -396,7 +428,9 @@ class Program:
     def pop_scope(self) -> None:
         """Close the innermost heap scope, freeing its tensors."""
         for buf in self.scopes.pop():
-            buf.freed = True
+            if buf.pending:
+                self.flush_atomics(buf)
+            buf.freed = buf.slow = True
             self.heap.free(buf.offset)
 
     # ---- tasks -----------------------------------------------------------------
@@ -556,6 +590,82 @@ class Program:
         if self.races is not None:
             self.races.add_node(task)
         return tid
+
+    # ---- schedule sensitivity (RunConfig.block_order) ------------------------------
+    def _block_sequence(self, task: Task, blocks=None, phase: int = 0) -> list:
+        """The order in which the blocks of ``task`` (``blocks``: those of syncall phase
+        ``phase``; default all) run under ``RunConfig.block_order``."""
+        seq = list(range(task.n_blocks)) if blocks is None else list(blocks)
+        if self.config.block_order == "reverse":
+            seq.reverse()
+        else:
+            random.Random(f"{self.config.block_order_seed}:{task.id}:{phase}").shuffle(seq)
+        return seq
+
+    def defer_atomic(self, buf: Buffer, blk: Block, dst: torch.Tensor, src: torch.Tensor, box) -> None:
+        """Hold back one atomic-add contribution ``dst += src`` of ``blk`` onto ``buf``
+        (``box``: its root 2-D footprint, a box or a list of boxes) until the next plain
+        access of ``buf`` (see :meth:`flush_atomics`). The fast GM access paths skip a
+        buffer that holds some (``buf.slow``)."""
+        if buf.pending is None:
+            buf.pending = []
+            self._pending.append(buf)
+        buf.pending.append((blk.task.id, blk.idx, dst, src.clone(), box))
+        buf.slow = True
+
+    def flush_atomics(self, buf: Buffer) -> None:
+        """Apply the held-back atomic adds onto ``buf``: task by task in a reverse or seeded
+        random order that the task graph allows (a task waits for every contributing task it
+        has a path from; the running task, whose edges are not derived yet, goes last), each
+        task's contributions in the order its blocks ran. Inversions against program order
+        between overlapping contributions are recorded in ``atomic_reordered``."""
+        contribs, buf.pending = buf.pending, None
+        buf.slow = buf.freed
+        self._pending.remove(buf)
+        by_task: dict = {}
+        for c in contribs:
+            by_task.setdefault(c[0], []).append(c)
+        order = self._atomic_task_order(list(by_task), buf) if len(by_task) > 1 else list(by_task)
+        seq = [c for tid in order for c in by_task[tid]]
+        for _tid, _idx, dst, src, _box in seq:
+            dst.add_(src)
+        self._record_inversions(buf, seq)
+
+    def _atomic_task_order(self, tids: list, buf: Buffer) -> list:
+        """A topological order of the tasks ``tids`` (in program order) under the graph's
+        paths: reverse (the latest ready task first) or seeded random."""
+        cur = self.cur_task.id if self.cur_task is not None else None
+        closed = [t for t in tids if t != cur]
+        preds = {t: {u for u in closed if u < t and self.graph.reachable(u, t)} for t in closed}
+        self._flushes += 1
+        rng = random.Random(f"{self.config.block_order_seed}:flush:{buf.id}:{self._flushes}")
+        out: list = []
+        ready = [t for t in closed if not preds[t]]
+        while ready:
+            t = max(ready) if self.config.block_order == "reverse" else rng.choice(ready)
+            ready.remove(t)
+            out.append(t)
+            for u in closed:
+                if t in preds[u]:
+                    preds[u].discard(t)
+                    if not preds[u]:
+                        ready.append(u)
+        return out + ([cur] if cur in tids else [])
+
+    def _record_inversions(self, buf: Buffer, seq: list) -> None:
+        """Mark the tasks of two overlapping contributions applied against program order."""
+        items = []
+        for pos, (tid, idx, _d, _s, box) in enumerate(seq):
+            for b in (box if type(box) is list else [box] if box is not None else []):
+                items.append((b, (tid, idx), pos))
+        items.sort(key=lambda it: it[0][0])
+        for i, (bi, ki, pi) in enumerate(items):
+            for bj, kj, pj in items[i + 1:]:
+                if bj[0] >= bi[1]:
+                    break
+                if ki != kj and (ki < kj) != (pi < pj) and bi[2] < bj[3] and bj[2] < bi[3]:
+                    for tid in (ki[0], kj[0]):
+                        self.atomic_reordered.setdefault(tid, set()).add(buf.name)
 
     # ---- check mode hooks ------------------------------------------------------
     def orchestration_read(self, buf: Buffer, box) -> None:
