@@ -31,6 +31,8 @@ def test_ratio_allclose_margin_is_the_fraction_outside_over_the_allowed_fraction
     # the run's tolerances fill in atol / rtol None
     m = margin_of(ratio_allclose(max_error_ratio=0.01), a, e, atol_run=2.0, rtol_run=0.0)
     assert m["margin"] == 0.0
+    m = margin_of(ratio_allclose(atol=0.5, rtol=0.0, max_error_ratio=0.0), a, e)  # no element may be outside
+    assert (m["metric"], m["error"], m["tolerance"], m["margin"]) == ("max |a-e| / (atol + rtol*|e|)", 1.0, 0.5, 2.0)
     a[0] = math.nan
     assert margin_of(ratio_allclose(atol=0.1, rtol=0.0), a, e)["margin"] == math.inf
 

@@ -45,6 +45,21 @@ def margin_of(cmp, actual: torch.Tensor, expected: torch.Tensor, **context) -> d
     return fn(actual, expected, **context)
 
 
+def _elementwise_margin(actual, expected, atol: float, rtol: float) -> dict:
+    """The element with the largest ``|a-e| / (atol + rtol*|e|)``: its error, its tolerance
+    and their ratio (inf for NaN/Inf in ``actual``)."""
+    metric = "max |a-e| / (atol + rtol*|e|)"
+    a = actual.to(torch.float64).reshape(-1)
+    e = expected.to(torch.float64).reshape(-1)
+    if a.numel() == 0:
+        return _margin(metric, 0.0, float(atol))
+    if not bool(torch.isfinite(a).all()):
+        return _margin(metric, math.inf, float(atol))
+    d, tol = (a - e).abs(), atol + rtol * e.abs()
+    i = int(torch.argmax(d / tol.clamp_min(1e-300)))
+    return _margin(metric, float(d[i]), float(tol[i]))
+
+
 def _outside_fraction(actual, expected, at, rt) -> float:
     a, e, illegal = _flat_fp32(actual, expected)
     if illegal:
@@ -112,16 +127,7 @@ def allclose(atol: float = 1e-5, rtol: float = 1e-5):
         return False, (f"Mismatched elements: {int(bad.sum())}/{a.numel()} (atol={atol}, rtol={rtol}); first: "
                        f"{_first_bad(bad, a, e, tuple(actual.shape), 20)}")
     def margin(actual, expected, **_):
-        a = actual.to(torch.float64).reshape(-1)
-        e = expected.to(torch.float64).reshape(-1)
-        if a.numel() == 0:
-            return _margin("max |a-e| / (atol + rtol*|e|)", 0.0, float(atol))
-        if not bool(torch.isfinite(a).all()):
-            return _margin("max |a-e| / (atol + rtol*|e|)", math.inf, float(atol))
-        d, tol = (a - e).abs(), atol + rtol * e.abs()
-        i = int(torch.argmax(d / tol.clamp_min(1e-300)))
-        return {"metric": "max |a-e| / (atol + rtol*|e|)", "error": float(d[i]), "tolerance": float(tol[i]),
-                "margin": float(d[i] / tol[i]) if tol[i] > 0 else (0.0 if d[i] == 0 else math.inf)}
+        return _elementwise_margin(actual, expected, atol, rtol)
     return _named(cmp, f"allclose(atol={atol}, rtol={rtol})", margin)
 
 
@@ -156,6 +162,8 @@ def ratio_allclose(atol: float | None = None, rtol: float | None = None, max_err
     def margin(actual, expected, rtol_run=1e-5, atol_run=1e-5, **_):
         at = atol if atol is not None else atol_run
         rt = rtol if rtol is not None else rtol_run
+        if max_error_ratio == 0:  # no element may be outside: the allclose margin says how close one is
+            return _elementwise_margin(actual, expected, at, rt)
         return _margin("fraction outside atol + rtol*|e| / max_error_ratio",
                        _outside_fraction(actual, expected, at, rt), max_error_ratio)
     return _named(cmp, f"ratio_allclose(atol={atol}, rtol={rtol}, max_error_ratio={max_error_ratio})", margin)
