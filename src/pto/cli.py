@@ -449,18 +449,29 @@ def cmd_demo(args) -> int:
     return 1 if failures or n == 0 else 0
 
 
-@command("run", "run a kernel once without checks and print its statistics", add_target_args)
+def _run_args(p):
+    add_target_args(p)
+    add_json_arg(p)
+
+
+@command("run", "run a kernel once without checks and print its statistics", _run_args)
 def cmd_run(args) -> int:
-    """``pto run KERNEL --preset P --mode M`` or ``pto run MODULE:FUNCTION``."""
+    """``pto run KERNEL --preset P --mode M`` or ``pto run MODULE:FUNCTION``; ``--json``:
+    ``{"kernel", "stats"}`` (:func:`pto.views.stats_doc`)."""
+    from pto.views import stats_doc, to_json
     target = _target_from_args(args)
     prog = target.run_program(check=False)
     title = target.title
+    if args.json:
+        print(to_json({"kernel": title, "stats": stats_doc(prog.stats)}))
+        return 0
     console().print(_stats_table(title, prog))
     return 0
 
 
 def _check_args(p):
     add_target_args(p)
+    add_json_arg(p)
     p.add_argument("--drop-init", action="append", default=[], metavar="ALLOCATION",
                    help="mutation test: ignore the init_value of this allocation (pto.runtime.drop_init_values); "
                         "'all': drop each init_value of the run in turn and print a table of what caught it")
@@ -474,8 +485,12 @@ def _check_args(p):
 def cmd_check(args) -> int:
     """Check mode (sanitizer + race checker) and the golden comparison;
     ``--drop-init NAME`` runs it with that allocation's init_value dropped
-    (``RunConfig.drop_init``: a name that drops nothing is a ConfigError)."""
+    (``RunConfig.drop_init``: a name that drops nothing is a ConfigError). ``--json``: one
+    document (:func:`_check_doc`) instead of the PASS / FAIL line."""
     target = _target_from_args(args)
+    if args.json and ("all" in args.drop_init or getattr(args, "block_order", None) is not None):
+        raise ConfigError("--json prints the result of one check run; --drop-init all and --block-order print "
+                          "tables only")
     if args.block_order is not None:
         if args.drop_init:
             raise ConfigError("--block-order compares schedules of the kernel as it is; it takes no --drop-init")
@@ -487,28 +502,61 @@ def cmd_check(args) -> int:
     if args.drop_init:
         title += f" (init_value dropped: {', '.join(args.drop_init)})"
     con = console()
+
+    def emit(doc: dict, line: str) -> int:
+        if args.json:
+            from pto.views import to_json
+            print(to_json(doc))
+        else:
+            con.print(line, highlight=False, markup=False)
+        return 0 if doc["passed"] else 1
+
     try:
         if target.case_run is not None:
             cr = target.case_run
             res = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, rtol=cr.rtol, atol=cr.atol, check=True,
                           config=RunConfig(drop_init=drop))
+            doc = _check_doc(title, res.program, res.passed, None if res.passed else res.error, res)
             if not res.passed:
-                con.print(f"FAIL {title}: {res.error}", highlight=False, markup=False)
-                return 1
+                return emit(doc, f"FAIL {title}: {res.error}")
             s = res.stats
-            con.print(f"PASS {title}: max error {fmt_err(res.max_abs_error)}, {s.tasks} tasks, {s.edges} edges, "
-                      f"heap peak {fmt_bytes(s.heap_peak_bytes)}, {res.kernel_ms:.1f} ms (check mode)",
-                      highlight=False, markup=False)
-            return 0
+            return emit(doc, f"PASS {title}: max error {fmt_err(res.max_abs_error)}, {s.tasks} tasks, {s.edges} "
+                             f"edges, heap peak {fmt_bytes(s.heap_peak_bytes)}, {res.kernel_ms:.1f} ms (check mode)")
         prog = target.run_program(check=True, drop_init=drop)
     except ConfigError:
         raise
     except PtoError as e:
-        con.print(f"FAIL {title}: {type(e).__name__}: {e}", highlight=False, markup=False)
-        return 1
-    con.print(f"PASS {title}: no undefined outputs, no races ({prog.stats.tasks} tasks; no golden)",
-              highlight=False, markup=False)
-    return 0
+        return emit(_check_doc(title, None, False, f"{type(e).__name__}: {e}"), f"FAIL {title}: {type(e).__name__}: {e}")
+    return emit(_check_doc(title, prog, True, None),
+                f"PASS {title}: no undefined outputs, no races ({prog.stats.tasks} tasks; no golden)")
+
+
+def _outputs_doc(res) -> list:
+    """Per compared output of a RunResult: ``name``, ``passed``, ``compare`` (the compare
+    function's label), ``max_abs_error``, ``metric`` / ``error`` / ``tolerance`` / ``margin``
+    (the margin as the compare function defines it; None when it defines none)."""
+    out = []
+    for o in res.outputs.values():
+        m = o.margin or {}
+        out.append({"name": o.name, "passed": o.passed, "compare": o.label, "max_abs_error": o.stats.get("max_abs"),
+                    "metric": m.get("metric"), "error": m.get("error"), "tolerance": m.get("tolerance"),
+                    "margin": m.get("margin")})
+    return out
+
+
+def _check_doc(title: str, prog, passed: bool, error: str | None, res=None) -> dict:
+    """The ``pto check --json`` document: ``kernel``, ``passed``, ``error`` (None on a pass),
+    ``golden`` (compared against a golden), ``max_abs_error``, ``tasks`` / ``edges`` /
+    ``heap_peak_bytes`` (None when the run stopped at an error), ``kernel_ms`` / ``golden_ms``
+    and ``outputs`` (:func:`_outputs_doc`)."""
+    s = prog.stats if prog is not None else None
+    return {"kernel": title, "passed": passed, "error": error, "golden": res is not None and res.validated,
+            "max_abs_error": res.max_abs_error if res is not None and res.outputs else None,
+            "tasks": s.tasks if s else None, "edges": s.edges if s else None,
+            "heap_peak_bytes": s.heap_peak_bytes if s else None,
+            "kernel_ms": round(res.kernel_ms, 3) if res is not None else None,
+            "golden_ms": round(res.golden_ms, 3) if res is not None else None,
+            "outputs": _outputs_doc(res) if res is not None else []}
 
 
 def _block_order_check(target: Target, order: str, seed: int) -> int:
@@ -604,30 +652,59 @@ def _drop_init_all(target: Target, names: list) -> int:
     return 0
 
 
+def add_json_arg(p: argparse.ArgumentParser) -> None:
+    """``--json``: print one JSON document on stdout instead of the table (keys in docs/cli.md)."""
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document with the same figures instead of the table (keys: docs/cli.md)")
+
+
 def _graph_args(p):
     add_target_args(p)
     p.add_argument("--footprints", action="store_true", help="list each task's coalesced footprints")
+    p.add_argument("--buffer", default=None, metavar="NAME",
+                   help="only footprints on this buffer, and the tasks that have some (implies --footprints)")
+    p.add_argument("--task", default=None, metavar="NAME",
+                   help="only the tasks with this name_hint (or id) (implies --footprints)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--dot", action="store_true", help="print the graph in Graphviz DOT (pipe into dot -Tsvg)")
+    out.add_argument("--json", action="store_true",
+                     help="print one JSON document with the same figures instead of the table (keys: docs/cli.md)")
 
 
 @command("graph", "run a kernel and print its tasks and edges", _graph_args)
 def cmd_graph(args) -> int:
-    """The recorded task graph as a table: id, name, kind, blocks, predecessors, site."""
+    """The recorded task graph as a table (id, name, kind, blocks, core type, predecessors
+    with the kinds of their edges, site; ``--footprints`` / ``--buffer`` / ``--task``: the
+    footprints), as ``--json`` (:func:`pto.views.graph_doc`) or as ``--dot``
+    (:func:`pto.views.graph_dot`)."""
+    from pto.views import graph_doc, graph_dot, to_json
     target = _target_from_args(args)
     prog = target.run_program(check=False)
-    g = prog.graph
     title = target.title
-    table = Table(title=f"task graph of {title}: {prog.stats.tasks} tasks, {prog.stats.dummies} join nodes, "
-                        f"{prog.stats.edges} edges")
-    for col in ("id", "task", "kind", "blocks", "waits for", "site"):
+    if args.dot:
+        if args.footprints or args.buffer or args.task:
+            raise ConfigError("--dot draws the whole graph; --footprints, --buffer and --task apply to the table "
+                              "and --json")
+        sys.stdout.write(graph_dot(prog, title))
+        return 0
+    doc = graph_doc(prog, title, args.footprints, args.buffer, args.task)
+    if args.json:
+        print(to_json(doc))
+        return 0
+    kinds = {(e["from"], e["to"]): e["kinds"] for e in doc["edge_list"]}
+    names = {t.id: t.name for t in prog.graph}
+    table = Table(title=f"task graph of {title}: {doc['tasks']} tasks, {doc['join_nodes']} join nodes, "
+                        f"{doc['edges']} edges")
+    cols = ["id", "task", "kind", "blocks", "core", "waits for", "site"] + (["footprints"] if "footprints" in
+                                                                        (doc["nodes"] or [{}])[0] else [])
+    for col in cols:
         table.add_column(col, justify="right" if col in ("id", "blocks") else "left")
-    if args.footprints:
-        table.add_column("footprints")
-    for t in g:
-        preds = ", ".join(f"#{p} {g[p].name}" for p in sorted(t.preds)) or "-"
-        site = t.site.rsplit("/", 1)[-1]
-        row = [str(t.id), t.name, t.kind, str(len(t.blocks)), preds, site]
-        if args.footprints:
-            row.append("\n".join(str(f) for f in prog.footprints(t)) or "-")
+    for n in doc["nodes"]:
+        preds = ", ".join(f"#{p} {names[p]} ({','.join(kinds[(p, n['id'])])})" for p in n["preds"]) or "-"
+        row = [str(n["id"]), n["name"], n["kind"], str(n["blocks"]), n["core"], preds, n["site"]]
+        if "footprints" in n:
+            row.append("\n".join(f"{f['kind']} {f['buffer']}[{f['rows'][0]}:{f['rows'][1]}, "
+                                 f"{f['cols'][0]}:{f['cols'][1]}]" for f in n["footprints"]) or "-")
         table.add_row(*row)
     console().print(table)
     return 0
@@ -666,17 +743,30 @@ def cmd_trace(args) -> int:
 def _sim_args(p):
     add_target_args(p)
     p.add_argument("--machine", default="a2a3", help="machine model: a2a3 (default) or a5")
+    p.add_argument("--tasks", action="store_true",
+                   help="also a per-task table: ready, start, end, slack, core type, on the critical path")
+    add_json_arg(p)
 
 
 @command("sim", "schedule a kernel's task graph on a simulated accelerator", _sim_args)
 def cmd_sim(args) -> int:
-    """``pto sim KERNEL [--machine a2a3|a5]``: AICPU orchestration, scheduler and effective windows,
-    makespan, critical path, utilisation."""
+    """``pto sim KERNEL [--machine a2a3|a5] [--tasks] [--json]``: AICPU orchestration, scheduler and
+    effective windows, makespan, critical path, utilisation (:func:`pto.views.sim_doc`); ``--tasks``:
+    per task ready, start, end, slack, core type and whether it is on the critical path
+    (:func:`pto.views.sim_task_rows`), and the critical path as ids and names."""
     from pto.runtime.simulate import get_machine, simulate
+    from pto.views import sim_doc, sim_task_rows, to_json
     machine = get_machine(args.machine)
     target = _target_from_args(args)
-    sim = simulate(target.run_program(check=False), machine)
+    prog = target.run_program(check=False)
+    sim = simulate(prog, machine)
     title = target.title
+    doc = sim_doc(sim, title)
+    if args.tasks:
+        doc["task_table"] = sim_task_rows(sim, prog)
+    if args.json:
+        print(to_json(doc))
+        return 0
     table = Table(title=f"{title} on {machine.name}", title_justify="left",
                   caption=f"{machine.n_aic} AIC + {machine.n_aiv} AIV, estimates", caption_justify="left")
     table.add_column("statistic")
@@ -688,6 +778,19 @@ def cmd_sim(args) -> int:
         table.add_row(k, str(v))
     con = console()
     con.print(table)
+    if args.tasks:
+        tt = Table(title=f"tasks of {title} on {machine.name} (us)", title_justify="left",
+                   caption="slack: how much later the task could end without delaying the schedule's end; "
+                           "* on the critical path", caption_justify="left")
+        for col in ("id", "task", "core", "ready", "start", "end", "slack", "critical"):
+            tt.add_column(col, justify="left" if col in ("task", "core") else "right")
+        for r in doc["task_table"]:
+            tt.add_row(str(r["id"]), r["name"], r["core"], f"{r['ready_us']:.2f}", f"{r['start_us']:.2f}",
+                       f"{r['end_us']:.2f}", f"{r['slack_us']:.2f}", "*" if r["critical"] else "")
+        con.print(tt)
+        names = {t.id: t.name for t in prog.graph}
+        con.print("critical path (ids): " + " -> ".join(f"#{i} {names[i]}" for i in sim.critical_path_ids),
+                  highlight=False, markup=False)
     con.print("critical path: " + " -> ".join(sim.critical_path), highlight=False, markup=False)
     return 0
 
@@ -888,11 +991,8 @@ def cmd_generate(args) -> int:
         if args.chunk > 128 and backend == "kernels":
             raise ConfigError(f"--chunk {args.chunk}: the kernels take at most 128 tokens per prefill chunk")
         n = args.max_context or min(ckpt.config.max_position_embeddings, 16384)
-        dep = DeploymentConfig(max_context=n, rope_max_pos=n)
-        if ckpt.config.hidden_size <= 1024:  # small models: the tiny preset's page geometry
-            from pto.models.deepseek_v4.config import get_deployment
-            dep = get_deployment("tiny").replace(max_context=n, rope_max_pos=n)
-        dep.validate(ckpt.config)
+        # pools for 4 requests of n tokens; small models get the tiny preset's 16-row pages
+        dep = DeploymentConfig.sized(ckpt.config, 4, n, block_size=16 if ckpt.config.hidden_size <= 1024 else 128)
         if backend == "kernels":
             from pto.models.deepseek_v4.layer import KernelModel
             model = KernelModel(ckpt, dep)

@@ -19,8 +19,9 @@ def test_layout(cache):
     csa = ["cmp_kv", "idx_kv", "idx_kv_scale", "idx_state", "kv", "state"]
     assert [sorted(t) for t in cache.layers] == [["kv"], ["kv"], csa, ["cmp_kv", "kv", "state"], csa,
                                                  ["cmp_kv", "kv", "state"]]
-    assert cache.layers[0]["kv"].shape == (64, 16, 1, 128) and cache.layers[0]["kv"].dtype == torch.bfloat16
-    assert cache.layers[2]["state"].shape == (136, 4, 512) and cache.layers[3]["state"].shape == (132, 8, 256)
+    # DeploymentConfig.sized: 4 requests x (ceil((63 + 128) / 16) + 1) raw pages, 4 x 32 HCA state pages
+    assert cache.layers[0]["kv"].shape == (52, 16, 1, 128) and cache.layers[0]["kv"].dtype == torch.bfloat16
+    assert cache.layers[2]["state"].shape == (136, 4, 512) and cache.layers[3]["state"].shape == (128, 8, 256)
     assert cache.layers[2]["idx_kv"].shape == (64, 16, 1, cfg.index_head_dim)
     assert cache.layers[2]["idx_kv"].dtype == torch.int8 and cache.layers[2]["idx_kv_scale"].shape == (64, 16, 1, 1)
 
@@ -92,4 +93,4 @@ def test_kv_rows_and_kernel_config(cache):
     with pytest.raises(BindError, match="no swa_kv page for position 40"):
         cache.kv_rows(1, r, torch.tensor([40]))
     k = kernel_config(get_config("tiny"), get_deployment("tiny"))
-    assert (k.cmp_kv_block_num, k.hca_state_block_num, k.max_position_embeddings) == (64, 132, 1024)
+    assert (k.cmp_kv_block_num, k.hca_state_block_num, k.max_position_embeddings) == (64, 128, 1024)

@@ -83,6 +83,8 @@ def test_deployment_config():
     tiny = get_config("tiny")
     dep = get_deployment("tiny")
     assert dep.max_blocks_per_seq == 64 and dep.decode_tokens == 8
+    assert (dep.ori_kv_block_num, dep.cmp_kv_block_num, dep.csa_state_block_num, dep.hca_state_block_num) == \
+        (4 * 13, 4 * 16, 4 * 34, 4 * 32)  # sized for 4 requests of 1024 tokens
     assert DeploymentConfig.of_model(tiny).block_size == tiny.block_size == 16
     with pytest.raises(ConfigError, match="max_context=2048 exceeds"):
         DeploymentConfig(max_context=2048, rope_max_pos=4096).validate(tiny.replace(max_position_embeddings=1024))

@@ -528,6 +528,32 @@ class DeploymentConfig:
         return dataclasses.replace(self, **changes).validate()
 
     @classmethod
+    def sized(cls, cfg: DeepSeekV4Config, max_requests: int = 4, max_context: int = 16384, *,
+              block_size: int = 128, prefill_seq: int = 128, hca_state_block_size: int = 8,
+              **changes) -> "DeploymentConfig":
+        """A deployment whose page pools hold ``max_requests`` requests of ``max_context`` tokens.
+
+        Pages per request (``W = sliding_window``, ``bs = block_size``, ``C = prefill_seq``):
+        raw ``ceil((W - 1 + C) / bs) + 1`` (a chunk and the window before it: pages behind the
+        window are returned); compressed ``ceil(ceil(max_context / 4) / bs)`` (the CSA entries,
+        HCA needs fewer); ratio-4 state ``C / 4 + 2`` (the windows of a chunk and the one
+        before); ratio-128 state ``2 * 128 / hca_state_block_size`` (two windows).
+
+        Raises:
+            ConfigError: a field out of range (see :meth:`validate`).
+        """
+        W = cfg.sliding_window
+        per_raw = -(-(W - 1 + prefill_seq) // block_size) + 1
+        per_cmp = -(-(-(-max_context // 4)) // block_size)
+        base = dict(block_size=block_size, ori_kv_block_num=max_requests * per_raw,
+                    cmp_kv_block_num=max_requests * per_cmp, hca_state_block_size=hca_state_block_size,
+                    hca_state_block_num=max_requests * 2 * 128 // hca_state_block_size,
+                    csa_state_block_num=max_requests * (prefill_seq // 4 + 2), max_requests=max_requests,
+                    max_context=max_context, rope_max_pos=max_context, prefill_seq=prefill_seq)
+        base.update(changes)
+        return cls(**base).validate(cfg)
+
+    @classmethod
     def of_model(cls, cfg: DeepSeekV4Config, **changes) -> "DeploymentConfig":
         """The deployment fields a model preset holds today (``cfg.block_size`` ...),
         ``max_context`` / ``rope_max_pos`` = ``cfg.max_position_embeddings``, plus ``changes``.
@@ -544,13 +570,11 @@ class DeploymentConfig:
 
 
 DEPLOYMENTS: dict[str, DeploymentConfig] = {
-    "flash": DeploymentConfig(),
-    "pro": DeploymentConfig(),
-    "demo": DeploymentConfig(),
-    # tiny: 16-row pages; 4 requests of up to 1024 tokens (a 509-token prompt plus generation)
-    "tiny": DeploymentConfig(block_size=16, ori_kv_block_num=64, cmp_kv_block_num=64,
-                             hca_state_block_num=132, csa_state_block_num=136, max_requests=4,
-                             max_context=1024, rope_max_pos=1024),
+    "flash": DeploymentConfig.sized(PRESETS["flash"]),
+    "pro": DeploymentConfig.sized(PRESETS["pro"]),
+    "demo": DeploymentConfig.sized(PRESETS["demo"]),
+    # tiny: 4 requests of up to 1024 tokens (a 509-token prompt plus generation), 16-row pages
+    "tiny": DeploymentConfig.sized(PRESETS["tiny"], 4, 1024, block_size=16),
 }
 for _dep in DEPLOYMENTS.values():
     _dep.validate()
