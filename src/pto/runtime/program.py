@@ -742,12 +742,7 @@ def _name_context(prog: "Program", err: Exception) -> None:
         blk = None  # a block of another program
     if blk is None and prog.cur_task is not None and prog.cur_task.blocks:
         blk = prog.cur_task.blocks[-1]  # the task scope the exception left (see _end_task_early)
-    site = None
-    tb = err.__traceback__
-    while tb is not None:
-        if not _in_pto(tb.tb_frame):
-            site = f"{_ctx.rel_path(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
-        tb = tb.tb_next
+    site = _raise_site(err)
     if isinstance(err, PtoError):
         msg = str(err)
         if f"kernel {prog.name}" in msg and "task " in msg and " block" in msg:
@@ -773,12 +768,7 @@ def _caught_error(kernel: str, task: Task, caught: list) -> PtoError:
     (``[(block, error), ...]``): the class of the first one, naming the task, the block and
     the kernel-source line that raised it; the original is its ``__cause__``."""
     blk, err = caught[0]
-    site = None
-    tb = err.__traceback__
-    while tb is not None:
-        if not _in_pto(tb.tb_frame):
-            site = f"{_ctx.rel_path(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
-        tb = tb.tb_next
+    site = _raise_site(err)
     more = f" ({len(caught) - 1} more in this task)" if len(caught) > 1 else ""
     msg = (f"kernel {kernel}: task {task.name!r} (#{task.id}, {task.site}) block {blk.idx}: "
            f"{type(err).__name__} raised{f' at {site}' if site else ''} inside the block and caught by kernel "
@@ -792,6 +782,18 @@ def _caught_error(kernel: str, task: Task, caught: list) -> PtoError:
     return new
 
 
+def _raise_site(exc) -> str | None:
+    """``file:line`` (relative to the current directory) of the innermost kernel-source frame
+    in the traceback of ``exc`` (None without one)."""
+    site = None
+    tb = getattr(exc, "__traceback__", None)
+    while tb is not None:
+        if not _in_pto(tb.tb_frame):
+            site = f"{_ctx.rel_path(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return site
+
+
 def _exit_site() -> str:
     """``file:line`` where a task scope is being left early: the innermost kernel-source frame
     of the exception leaving it (also when it closes the scope's generator), else the
@@ -799,12 +801,7 @@ def _exit_site() -> str:
     exc = sys.exc_info()[1]
     if isinstance(exc, GeneratorExit):
         exc = exc.__context__
-    site = None
-    tb = getattr(exc, "__traceback__", None)
-    while tb is not None:
-        if not _in_pto(tb.tb_frame):
-            site = f"{_ctx.rel_path(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
-        tb = tb.tb_next
+    site = _raise_site(exc)
     if site is None:
         f = sys._getframe(1)
         while f is not None and _in_pto(f):
