@@ -8,10 +8,10 @@ valid_ratio_reldiff(8e-3, 0.005, 2) over the active rows, caches and states rati
 import pytest
 import torch
 
-from pto.golden import get_case, run_jit
+from pto.golden import get_case, ratio_allclose, run_jit
 from pto.models.deepseek_v4.config import get_config
-from pto.models.deepseek_v4.prefill_attention_csa import (CSA_ARGS, CSA_OUTPUTS, csa_block_kernels, golden_csa_block,
-                                                          make_prefill_csa_inputs)
+from pto.models.deepseek_v4.prefill_attention_csa import (CSA_ARGS, CSA_OUTPUTS, TOLERANCES, csa_block_kernels,
+                                                          golden_csa_block, make_prefill_csa_inputs)
 
 TINY = get_config("tiny")
 PER_TOKEN = ("x_hc", "ori_slot_mapping", "position_ids", "cmp_slot_mapping", "state_slot_mapping",
@@ -168,3 +168,23 @@ def test_stable_inline_wrappers_equal_the_block_entry(mode):
     assert torch.equal(x_out, want["x_out"])
     for k in CSA_OUTPUTS[:-1]:
         assert torch.equal(args[CSA_ARGS.index(k)], want[k]), k
+
+
+def test_decode_inactive_request_attends_nothing_and_writes_nothing():
+    """A decode request marked inactive (decode_metadata: position -1, every slot -1)."""
+    from pto.models.deepseek_v4.decode_attention_csa import make_decode_csa_inputs
+    d = make_decode_csa_inputs(TINY)
+    for k in ("position_ids", "ori_slot_mapping", "cmp_slot_mapping", "state_slot_mapping", "idx_slot_mapping",
+              "idx_state_slot_mapping"):
+        d[k] = d[k].clone()
+        d[k][2:4] = -1  # request 1
+    out = run(d, "decode")
+    want = dict(zip(CSA_OUTPUTS, golden_csa_block(d, TINY, "decode")))
+    for k in CSA_OUTPUTS[:-1]:
+        assert ratio_allclose(*TOLERANCES[k])(out[k], want[k])[0], k
+    assert (out["x_out"] - want["x_out"]).abs().max() <= 1e-2 * want["x_out"].abs().max()
+    for k, slots in (("cmp_kv", "cmp_slot_mapping"), ("idx_kv_cache", "idx_slot_mapping")):
+        changed = (out[k] != d[k]).reshape(-1, d[k].shape[-1]).any(dim=1).nonzero().flatten().tolist()
+        assert set(changed) <= set(d[slots][d[slots] >= 0].tolist()), k
+    *_, mids = golden_csa_block(d, TINY, "decode", return_intermediates=True)
+    assert mids["cmp_topk"][2:4].eq(-1).all() and mids["swa_indices"][2:4].eq(-1).all()
