@@ -107,6 +107,9 @@ def save_golden_data(directory: str, inputs: dict, golden: dict) -> None:
             raise NotADirectoryError(f"{target!r} exists and is not a directory")
         os.makedirs(parent, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-", dir=parent)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; the renamed directory gets the usual mode
     except OSError as e:
         fail("cannot write the golden data there", e)
     fin, fout = _file_names(tmp)
