@@ -101,3 +101,18 @@ def test_kernel_path_chunks_resume_and_batches(tmp_path, n, chunks, short):
     both = generate(km, [ids, ids[:short]], max_new_tokens=2, chunk=chunks[0], eos_token_id=None)
     assert both.tokens == [alone.tokens[0], one.tokens[0]]
     assert not km.cache.requests
+
+
+def test_layer_program_checks_shapes(km):
+    from pto.errors import BindError
+
+    T = 4
+    X = km._embed_ids(torch.arange(T))
+    rid = km.cache.add_request()
+    km.cache.reserve(rid, T)
+    attn = km._attn_args(0, X, [rid], torch.arange(T), True)
+    ffn = km._ffn_args(0, torch.arange(T))
+    attn[5] = attn[5][:, :-1]  # wq_a one column short
+    with pytest.raises(BindError, match="wq_a"):
+        km._layers.prefill_layer_swa.run(*attn, *ffn, torch.empty_like(X), 0, T)
+    km.cache.release(rid)

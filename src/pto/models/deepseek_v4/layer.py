@@ -33,6 +33,7 @@ full-history cache (:class:`pto.models.deepseek_v4.model.LayerState`).
 """
 
 import functools
+import inspect
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -66,6 +67,43 @@ _HEAP_BYTES = 256 << 20  # ring heap of one kernel program (tiny: < 10 MiB peak)
 
 
 # ---- kernel ----
+def _layer_program(name: str, attn, moe, attn_num_tokens: bool, num_tokens_param: bool, cfg: DeepSeekV4Config):
+    """A ``@pl.jit`` layer program: ``attn`` (an attention block's inline body) then ``moe``.
+
+    Its parameters are ``attn``'s (without ``x_out`` / ``num_tokens``), then ``moe``'s
+    (without ``x_hc``, ``x_next``, ``layer_id``, ``num_tokens``), then ``x_out`` (``moe``'s
+    ``x_next`` annotation), ``layer_id`` and, if ``num_tokens_param``, ``num_tokens`` (else all
+    ``T`` rows are active); the annotations are the blocks' own, so binding checks every shape.
+    The attention writes the streams into the scratch ``x_mid [T, hc_mult, D]`` FP32 that the
+    MoE block reads.
+    """
+    a_sig, a_anns = attn.signature()
+    m_sig, m_anns = moe.signature()
+    a_names = [n for n in a_sig.parameters if n not in ("x_out", "num_tokens")]
+    m_names = [n for n in m_sig.parameters if n not in ("x_hc", "x_next", "layer_id", "num_tokens")]
+    names = a_names + m_names + ["x_out", "layer_id"] + (["num_tokens"] if num_tokens_param else [])
+    anns = {**{n: a_anns[n] for n in a_names}, **{n: m_anns[n] for n in m_names}, "x_out": m_anns["x_next"],
+            "layer_id": m_anns["layer_id"], "num_tokens": m_anns["num_tokens"]}
+    na, nm = len(a_names), len(m_names)
+    HC, D, cap = cfg.hc_mult, cfg.hidden_size, token_capacity(cfg)
+
+    def layer(*args):
+        attn_args, moe_args, x_out, layer_id = args[:na], args[na:na + nm], args[na + nm], args[na + nm + 1]
+        t = pl.tensor.dim(attn_args[0], 0)
+        num_tokens = args[na + nm + 2] if num_tokens_param else t
+        x_mid = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name="x_mid")
+        attn(*attn_args, x_mid, *([num_tokens] if attn_num_tokens else []))
+        moe(x_mid, *moe_args, x_out, layer_id, num_tokens)
+        return x_out
+
+    layer.__name__ = layer.__qualname__ = name
+    layer.__doc__ = f"{name}: the layer's attention block, then its MoE block; returns ``x_out``."
+    layer.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
+    layer.__annotations__ = {n: anns[n] for n in names}
+    return pl.jit(layer)
+
+
 @functools.lru_cache(maxsize=None)
 def layer_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     """The ``@pl.jit`` layer programs of ``cfg`` (cached per config): one program per layer,
@@ -77,228 +115,26 @@ def layer_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     ``x_out`` / ``num_tokens``), then ``moe``'s (without ``x_hc``), then ``x_out [T, hc_mult,
     D] FP32`` (Out), ``layer_id`` and ``num_tokens``. ``decode_layer_{swa,csa,hca}``: the
     decode attention block over ``B`` requests of one token (``[B, n]`` tables), then ``moe``
-    over the ``T = B`` rows (all active); no ``num_tokens``. The attention writes the layer's residual streams to the
-    scratch ``x_mid [T, hc_mult, D] FP32`` that the MoE block reads.
+    over the ``T = B`` rows (all active); no ``num_tokens``. See :func:`_layer_program`.
 
     Returns:
-        namespace with the four entries.
+        namespace with the six entries.
 
     Raises:
         ConfigError: a composed kernel cannot tile ``cfg``; at run time the composed kernels'
-            errors.
+            errors (``BindError`` naming a parameter of the wrong shape).
     """
-    D, HC = cfg.hidden_size, cfg.hc_mult
-    cap = token_capacity(cfg)
-    prefill_swa = prefill_attention_swa_kernels(cfg).prefill_attention_swa
-    prefill_hca = prefill_attention_hca_kernels(cfg).prefill_attention_hca
-    decode_swa = decode_attention_swa_kernels(cfg).decode_attention_swa
-    decode_hca = decode_attention_hca_kernels(cfg).decode_attention_hca
-    prefill_csa = csa_block_kernels(cfg, "prefill").csa_block
-    decode_csa = csa_block_kernels(cfg, "decode").csa_block
     moe = moe_kernels(cfg).moe
-
-    @pl.jit
-    def prefill_layer_swa(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor,
-                          hc_attn_base: pl.Tensor, attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor,
-                          wq_b_scale: pl.Tensor, wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor,
-                          freqs_cos: pl.Tensor, freqs_sin: pl.Tensor, kv_cache: pl.InOut[pl.Tensor],
-                          block_table: pl.Tensor, ori_slot_mapping: pl.Tensor, position_ids: pl.Tensor,
-                          attn_sink: pl.Tensor, wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor,
-                          hc_ffn_fn: pl.Tensor, hc_ffn_scale: pl.Tensor, hc_ffn_base: pl.Tensor,
-                          norm_w: pl.Tensor, gate_w: pl.Tensor, gate_bias: pl.Tensor, tid2eid: pl.Tensor,
-                          input_ids: pl.Tensor, w1: pl.Tensor, w1_scale: pl.Tensor, w3: pl.Tensor,
-                          w3_scale: pl.Tensor, w2: pl.Tensor, w2_scale: pl.Tensor, sh_w1: pl.Tensor,
-                          sh_w1_scale: pl.Tensor, sh_w3: pl.Tensor, sh_w3_scale: pl.Tensor, sh_w2: pl.Tensor,
-                          sh_w2_scale: pl.Tensor,
-                          x_out: pl.Out[pl.Tensor],
-                          layer_id: pl.Scalar[pl.INT32],
-                          num_tokens: pl.Scalar[pl.INT32]):
-        """Prefill layer (SWA attention, then MoE); returns ``x_out``."""
-        t = pl.tensor.dim(x_hc, 0)
-        x_mid = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name="x_mid")
-        prefill_swa(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
-                    gamma_cq, gamma_ckv, freqs_cos, freqs_sin, kv_cache, block_table, ori_slot_mapping,
-                    position_ids, attn_sink, wo_a, wo_b, wo_b_scale, x_mid, num_tokens)
-        moe(x_mid, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, w1,
-            w1_scale, w3, w3_scale, w2, w2_scale, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale,
-            x_out, layer_id, num_tokens)
-        return x_out
-
-    @pl.jit
-    def prefill_layer_csa(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor,
-                          hc_attn_base: pl.Tensor, attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor,
-                          wq_b_scale: pl.Tensor, wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor,
-                          freqs_cos: pl.Tensor, freqs_sin: pl.Tensor, kv_cache: pl.InOut[pl.Tensor],
-                          block_table: pl.Tensor, ori_slot_mapping: pl.Tensor, position_ids: pl.Tensor,
-                          attn_sink: pl.Tensor, wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor,
-                          cmp_wkv: pl.Tensor, cmp_wgate: pl.Tensor, cmp_ape: pl.Tensor, cmp_norm_w: pl.Tensor,
-                          compress_state: pl.InOut[pl.Tensor], state_block_table: pl.Tensor,
-                          cmp_kv: pl.InOut[pl.Tensor], cmp_block_table: pl.Tensor, cmp_slot_mapping: pl.Tensor,
-                          state_slot_mapping: pl.Tensor, idx_wkv: pl.Tensor, idx_wgate: pl.Tensor,
-                          idx_ape: pl.Tensor, idx_norm_w: pl.Tensor, idx_compress_state: pl.InOut[pl.Tensor],
-                          idx_state_block_table: pl.Tensor, idx_state_slot_mapping: pl.Tensor,
-                          hadamard: pl.Tensor, idx_kv_cache: pl.InOut[pl.Tensor],
-                          idx_kv_scale: pl.InOut[pl.Tensor], idx_block_table: pl.Tensor,
-                          idx_slot_mapping: pl.Tensor, idx_wq_b: pl.Tensor, idx_wq_b_scale: pl.Tensor,
-                          idx_weights_proj: pl.Tensor, hc_ffn_fn: pl.Tensor, hc_ffn_scale: pl.Tensor,
-                          hc_ffn_base: pl.Tensor, norm_w: pl.Tensor, gate_w: pl.Tensor, gate_bias: pl.Tensor,
-                          tid2eid: pl.Tensor, input_ids: pl.Tensor, w1: pl.Tensor, w1_scale: pl.Tensor,
-                          w3: pl.Tensor, w3_scale: pl.Tensor, w2: pl.Tensor, w2_scale: pl.Tensor,
-                          sh_w1: pl.Tensor, sh_w1_scale: pl.Tensor, sh_w3: pl.Tensor, sh_w3_scale: pl.Tensor,
-                          sh_w2: pl.Tensor, sh_w2_scale: pl.Tensor,
-                          x_out: pl.Out[pl.Tensor],
-                          layer_id: pl.Scalar[pl.INT32],
-                          num_tokens: pl.Scalar[pl.INT32]):
-        """Prefill layer (CSA attention, then MoE); returns ``x_out``."""
-        t = pl.tensor.dim(x_hc, 0)
-        x_mid = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name="x_mid")
-        prefill_csa(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
-                    gamma_cq, gamma_ckv, freqs_cos, freqs_sin, kv_cache, block_table, ori_slot_mapping,
-                    position_ids, attn_sink, wo_a, wo_b, wo_b_scale, cmp_wkv, cmp_wgate, cmp_ape, cmp_norm_w,
-                    compress_state, state_block_table, cmp_kv, cmp_block_table, cmp_slot_mapping,
-                    state_slot_mapping, idx_wkv, idx_wgate, idx_ape, idx_norm_w, idx_compress_state,
-                    idx_state_block_table, idx_state_slot_mapping, hadamard, idx_kv_cache, idx_kv_scale,
-                    idx_block_table, idx_slot_mapping, idx_wq_b, idx_wq_b_scale, idx_weights_proj, x_mid,
-                    num_tokens)
-        moe(x_mid, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, w1,
-            w1_scale, w3, w3_scale, w2, w2_scale, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale,
-            x_out, layer_id, num_tokens)
-        return x_out
-
-    @pl.jit
-    def prefill_layer_hca(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor,
-                          hc_attn_base: pl.Tensor, attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor,
-                          wq_b_scale: pl.Tensor, wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor,
-                          freqs_cos: pl.Tensor, freqs_sin: pl.Tensor, cmp_wkv: pl.Tensor, cmp_wgate: pl.Tensor,
-                          cmp_ape: pl.Tensor, cmp_norm_w: pl.Tensor, compress_state: pl.InOut[pl.Tensor],
-                          state_block_table: pl.Tensor, kv_cache: pl.InOut[pl.Tensor], block_table: pl.Tensor,
-                          ori_slot_mapping: pl.Tensor, cmp_kv: pl.InOut[pl.Tensor], cmp_block_table: pl.Tensor,
-                          cmp_slot_mapping: pl.Tensor, state_slot_mapping: pl.Tensor, position_ids: pl.Tensor,
-                          attn_sink: pl.Tensor, wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor,
-                          hc_ffn_fn: pl.Tensor, hc_ffn_scale: pl.Tensor, hc_ffn_base: pl.Tensor,
-                          norm_w: pl.Tensor, gate_w: pl.Tensor, gate_bias: pl.Tensor, tid2eid: pl.Tensor,
-                          input_ids: pl.Tensor, w1: pl.Tensor, w1_scale: pl.Tensor, w3: pl.Tensor,
-                          w3_scale: pl.Tensor, w2: pl.Tensor, w2_scale: pl.Tensor, sh_w1: pl.Tensor,
-                          sh_w1_scale: pl.Tensor, sh_w3: pl.Tensor, sh_w3_scale: pl.Tensor, sh_w2: pl.Tensor,
-                          sh_w2_scale: pl.Tensor,
-                          x_out: pl.Out[pl.Tensor],
-                          layer_id: pl.Scalar[pl.INT32],
-                          num_tokens: pl.Scalar[pl.INT32]):
-        """Prefill layer (HCA attention, then MoE); returns ``x_out``."""
-        t = pl.tensor.dim(x_hc, 0)
-        x_mid = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name="x_mid")
-        prefill_hca(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
-                    gamma_cq, gamma_ckv, freqs_cos, freqs_sin, cmp_wkv, cmp_wgate, cmp_ape, cmp_norm_w,
-                    compress_state, state_block_table, kv_cache, block_table, ori_slot_mapping, cmp_kv,
-                    cmp_block_table, cmp_slot_mapping, state_slot_mapping, position_ids, attn_sink, wo_a, wo_b,
-                    wo_b_scale, x_mid, num_tokens)
-        moe(x_mid, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, w1,
-            w1_scale, w3, w3_scale, w2, w2_scale, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale,
-            x_out, layer_id, num_tokens)
-        return x_out
-
-    @pl.jit
-    def decode_layer_swa(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor,
-                         hc_attn_base: pl.Tensor, attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor,
-                         wq_b_scale: pl.Tensor, wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor,
-                         freqs_cos: pl.Tensor, freqs_sin: pl.Tensor, kv_cache: pl.InOut[pl.Tensor],
-                         block_table: pl.Tensor, ori_slot_mapping: pl.Tensor, position_ids: pl.Tensor,
-                         attn_sink: pl.Tensor, wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor,
-                         hc_ffn_fn: pl.Tensor, hc_ffn_scale: pl.Tensor, hc_ffn_base: pl.Tensor,
-                         norm_w: pl.Tensor, gate_w: pl.Tensor, gate_bias: pl.Tensor, tid2eid: pl.Tensor,
-                         input_ids: pl.Tensor, w1: pl.Tensor, w1_scale: pl.Tensor, w3: pl.Tensor,
-                         w3_scale: pl.Tensor, w2: pl.Tensor, w2_scale: pl.Tensor, sh_w1: pl.Tensor,
-                         sh_w1_scale: pl.Tensor, sh_w3: pl.Tensor, sh_w3_scale: pl.Tensor, sh_w2: pl.Tensor,
-                         sh_w2_scale: pl.Tensor,
-                         x_out: pl.Out[pl.Tensor],
-                         layer_id: pl.Scalar[pl.INT32]):
-        """Decode layer (SWA attention, then MoE); returns ``x_out``."""
-        t = pl.tensor.dim(x_hc, 0)
-        num_tokens = t
-        x_mid = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name="x_mid")
-        decode_swa(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
-                   gamma_cq, gamma_ckv, freqs_cos, freqs_sin, kv_cache, block_table, ori_slot_mapping,
-                   position_ids, attn_sink, wo_a, wo_b, wo_b_scale, x_mid)
-        moe(x_mid, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, w1,
-            w1_scale, w3, w3_scale, w2, w2_scale, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale,
-            x_out, layer_id, num_tokens)
-        return x_out
-
-    @pl.jit
-    def decode_layer_csa(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor,
-                         hc_attn_base: pl.Tensor, attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor,
-                         wq_b_scale: pl.Tensor, wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor,
-                         freqs_cos: pl.Tensor, freqs_sin: pl.Tensor, kv_cache: pl.InOut[pl.Tensor],
-                         block_table: pl.Tensor, ori_slot_mapping: pl.Tensor, position_ids: pl.Tensor,
-                         attn_sink: pl.Tensor, wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor,
-                         cmp_wkv: pl.Tensor, cmp_wgate: pl.Tensor, cmp_ape: pl.Tensor, cmp_norm_w: pl.Tensor,
-                         compress_state: pl.InOut[pl.Tensor], state_block_table: pl.Tensor,
-                         cmp_kv: pl.InOut[pl.Tensor], cmp_block_table: pl.Tensor, cmp_slot_mapping: pl.Tensor,
-                         state_slot_mapping: pl.Tensor, idx_wkv: pl.Tensor, idx_wgate: pl.Tensor,
-                         idx_ape: pl.Tensor, idx_norm_w: pl.Tensor, idx_compress_state: pl.InOut[pl.Tensor],
-                         idx_state_block_table: pl.Tensor, idx_state_slot_mapping: pl.Tensor,
-                         hadamard: pl.Tensor, idx_kv_cache: pl.InOut[pl.Tensor],
-                         idx_kv_scale: pl.InOut[pl.Tensor], idx_block_table: pl.Tensor,
-                         idx_slot_mapping: pl.Tensor, idx_wq_b: pl.Tensor, idx_wq_b_scale: pl.Tensor,
-                         idx_weights_proj: pl.Tensor, hc_ffn_fn: pl.Tensor, hc_ffn_scale: pl.Tensor,
-                         hc_ffn_base: pl.Tensor, norm_w: pl.Tensor, gate_w: pl.Tensor, gate_bias: pl.Tensor,
-                         tid2eid: pl.Tensor, input_ids: pl.Tensor, w1: pl.Tensor, w1_scale: pl.Tensor,
-                         w3: pl.Tensor, w3_scale: pl.Tensor, w2: pl.Tensor, w2_scale: pl.Tensor,
-                         sh_w1: pl.Tensor, sh_w1_scale: pl.Tensor, sh_w3: pl.Tensor, sh_w3_scale: pl.Tensor,
-                         sh_w2: pl.Tensor, sh_w2_scale: pl.Tensor,
-                         x_out: pl.Out[pl.Tensor],
-                         layer_id: pl.Scalar[pl.INT32]):
-        """Decode layer (CSA attention, then MoE); returns ``x_out``."""
-        t = pl.tensor.dim(x_hc, 0)
-        num_tokens = t
-        x_mid = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name="x_mid")
-        decode_csa(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
-                   gamma_cq, gamma_ckv, freqs_cos, freqs_sin, kv_cache, block_table, ori_slot_mapping,
-                   position_ids, attn_sink, wo_a, wo_b, wo_b_scale, cmp_wkv, cmp_wgate, cmp_ape, cmp_norm_w,
-                   compress_state, state_block_table, cmp_kv, cmp_block_table, cmp_slot_mapping,
-                   state_slot_mapping, idx_wkv, idx_wgate, idx_ape, idx_norm_w, idx_compress_state,
-                   idx_state_block_table, idx_state_slot_mapping, hadamard, idx_kv_cache, idx_kv_scale,
-                   idx_block_table, idx_slot_mapping, idx_wq_b, idx_wq_b_scale, idx_weights_proj, x_mid,
-                   num_tokens)
-        moe(x_mid, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, w1,
-            w1_scale, w3, w3_scale, w2, w2_scale, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale,
-            x_out, layer_id, num_tokens)
-        return x_out
-
-    @pl.jit
-    def decode_layer_hca(x_hc: pl.Tensor, hc_attn_fn: pl.Tensor, hc_attn_scale: pl.Tensor,
-                         hc_attn_base: pl.Tensor, attn_norm_w: pl.Tensor, wq_a: pl.Tensor, wq_b: pl.Tensor,
-                         wq_b_scale: pl.Tensor, wkv: pl.Tensor, gamma_cq: pl.Tensor, gamma_ckv: pl.Tensor,
-                         freqs_cos: pl.Tensor, freqs_sin: pl.Tensor, cmp_wkv: pl.Tensor, cmp_wgate: pl.Tensor,
-                         cmp_ape: pl.Tensor, cmp_norm_w: pl.Tensor, compress_state: pl.InOut[pl.Tensor],
-                         state_block_table: pl.Tensor, kv_cache: pl.InOut[pl.Tensor], block_table: pl.Tensor,
-                         ori_slot_mapping: pl.Tensor, cmp_kv: pl.InOut[pl.Tensor], cmp_block_table: pl.Tensor,
-                         cmp_slot_mapping: pl.Tensor, state_slot_mapping: pl.Tensor, position_ids: pl.Tensor,
-                         attn_sink: pl.Tensor, wo_a: pl.Tensor, wo_b: pl.Tensor, wo_b_scale: pl.Tensor,
-                         hc_ffn_fn: pl.Tensor, hc_ffn_scale: pl.Tensor, hc_ffn_base: pl.Tensor,
-                         norm_w: pl.Tensor, gate_w: pl.Tensor, gate_bias: pl.Tensor, tid2eid: pl.Tensor,
-                         input_ids: pl.Tensor, w1: pl.Tensor, w1_scale: pl.Tensor, w3: pl.Tensor,
-                         w3_scale: pl.Tensor, w2: pl.Tensor, w2_scale: pl.Tensor, sh_w1: pl.Tensor,
-                         sh_w1_scale: pl.Tensor, sh_w3: pl.Tensor, sh_w3_scale: pl.Tensor, sh_w2: pl.Tensor,
-                         sh_w2_scale: pl.Tensor,
-                         x_out: pl.Out[pl.Tensor],
-                         layer_id: pl.Scalar[pl.INT32]):
-        """Decode layer (HCA attention, then MoE); returns ``x_out``."""
-        t = pl.tensor.dim(x_hc, 0)
-        num_tokens = t
-        x_mid = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name="x_mid")
-        decode_hca(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
-                   gamma_cq, gamma_ckv, freqs_cos, freqs_sin, cmp_wkv, cmp_wgate, cmp_ape, cmp_norm_w,
-                   compress_state, state_block_table, kv_cache, block_table, ori_slot_mapping, cmp_kv,
-                   cmp_block_table, cmp_slot_mapping, state_slot_mapping, position_ids, attn_sink, wo_a, wo_b,
-                   wo_b_scale, x_mid)
-        moe(x_mid, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, norm_w, gate_w, gate_bias, tid2eid, input_ids, w1,
-            w1_scale, w3, w3_scale, w2, w2_scale, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale,
-            x_out, layer_id, num_tokens)
-        return x_out
-    return SimpleNamespace(prefill_layer_swa=prefill_layer_swa, prefill_layer_csa=prefill_layer_csa,
-                           prefill_layer_hca=prefill_layer_hca, decode_layer_swa=decode_layer_swa,
-                           decode_layer_csa=decode_layer_csa, decode_layer_hca=decode_layer_hca)
+    blocks = {
+        "prefill_layer_swa": (prefill_attention_swa_kernels(cfg).prefill_attention_swa, True, True),
+        "prefill_layer_csa": (csa_block_kernels(cfg, "prefill").csa_block, True, True),
+        "prefill_layer_hca": (prefill_attention_hca_kernels(cfg).prefill_attention_hca, True, True),
+        "decode_layer_swa": (decode_attention_swa_kernels(cfg).decode_attention_swa, False, False),
+        "decode_layer_csa": (csa_block_kernels(cfg, "decode").csa_block, True, False),
+        "decode_layer_hca": (decode_attention_hca_kernels(cfg).decode_attention_hca, False, False),
+    }
+    return SimpleNamespace(**{name: _layer_program(name, attn, moe, attn_nt, nt_param, cfg)
+                              for name, (attn, attn_nt, nt_param) in blocks.items()})
 # ---- end kernel ----
 
 
