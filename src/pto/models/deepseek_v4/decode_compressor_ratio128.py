@@ -59,7 +59,10 @@ _NAME = "decode_compressor_ratio128"
 T_DYN = pl.dynamic("T")
 B_DYN = pl.dynamic("B")
 RMS_ROWS = 8  # row granule of the pooled / normed scratch (B.9 pads B*S to 16 rows)
-DECODE_PROJ_N_TILE = 128  # kv and score columns per projection block (a decode step has few token rows)
+# kv and score columns per projection block. deviation: B.9 uses 64 (8 blocks at FLASH); 128 halves
+# the CPU matmul calls (kernel wall 17.4 -> 14.1 ms at FLASH, one process) for a longer simulated
+# projection (a2a3 makespan 62.5 -> 79.4 us)
+DECODE_PROJ_N_TILE = 128
 
 
 @functools.lru_cache(maxsize=None)
@@ -111,7 +114,7 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
     n_nope = d - r
     SP, CP, BS, MAXPOS = cfg.hca_state_block_num, cfg.cmp_kv_block_num, cfg.block_size, cfg.max_position_embeddings
     NST = MAXPOS // page
-    PN, PK = min(DECODE_PROJ_N_TILE, d), tl.proj_k  # deviation: 128-column blocks (B.9: 64): fewer CPU matmuls
+    PN, PK = min(DECODE_PROJ_N_TILE, d), tl.proj_k
     cap = token_capacity(cfg)
 
     def bind(msg: str) -> BindError:
