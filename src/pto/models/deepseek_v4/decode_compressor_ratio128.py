@@ -14,10 +14,19 @@ geometry of decode_metadata.py (``T = B * S`` token-major rows, token ``t`` of r
 hca_state_block_size``); the window rows are read through the same table, after this step's
 rows are scattered (with ``S = 2`` the closing token may be the second of its request, and
 the first token's row is part of its window). A window row on a negative table entry is a
-zero row (kv 0, score 0), as in prefill_compressor_ratio128 -- deviation: B.9 gives it score
-``-FP32_MAX``; the zero row keeps prefill-then-decode equal to one longer prefill in every
-case. Only tokens with ``cmp_slot_mapping[t] >= 0`` write: ``kv`` rows of every other token
-keep the caller's values (``kv`` is a partial output).
+zero row (kv 0, score 0), as in prefill_compressor_ratio128. Only tokens with
+``cmp_slot_mapping[t] >= 0`` write: ``kv`` rows of every other token keep the caller's values
+(``kv`` is a ``pl.PartialOut``); ``kv`` rows are token-major ``[T, d]`` (B.9: ``kv[b, 0]``).
+
+Deviations from B.9, one a line:
+
+* a window row on a missing state page is kv 0, score 0 (B.9: score ``-FP32_MAX``), as the
+  prefill compressor, so prefill-then-decode equals one longer prefill in every case;
+* the window's RoPE rows are read from the full compress tables at ``p + 1 - 128`` (B.9: the
+  caller passes per-request half tables);
+* 128-column projection blocks (B.9: 64), see ``DECODE_PROJ_N_TILE``;
+* the pool copies runs of consecutive state pages at once and pools all channels in one tile
+  (B.9: 128-column head tiles; the softmax is per channel, so the bits are the same).
 """
 
 import functools
