@@ -62,18 +62,18 @@ import torch
 import pto.language as pl
 from pto.errors import BindError, CapacityError, ConfigError
 from pto.golden import CaseRun, KernelCase, ScalarSpec, TensorSpec, ratio_allclose, register
-from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
+from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.prefill_attention_swa import permuted_block_table
 from pto.models.deepseek_v4.qkv_proj_rope import rope_interleaved
 from pto.models.deepseek_v4.rope import rope_tables
-from pto.models.deepseek_v4.tiling import MATMUL_M_TILE, round_up, token_capacity
+from pto.models.deepseek_v4.tiling import MATMUL_M_TILE, mode_tokens, round_up, token_capacity
 
 __all__ = [
     "CSA_RATIO", "CSA_STATE_PAGE", "CSA_STATE_PAGES", "TOLERANCES", "Ratio4Tiling", "ratio4_tiling",
     "ratio4_compress_tasks", "rope_rotate_rows", "compressor_ratio4_inline", "compressor_ratio4_entry",
     "prefill_compressor_ratio4", "prefill_compressor_ratio4_entry",
     "ratio4_state_rows", "golden_ratio4_pool", "golden_prefill_compressor_ratio4", "ratio4_fixture",
-    "make_prefill_compressor_ratio4_inputs", "ratio4_specs", "build_prefill_compressor_ratio4",
+    "make_prefill_compressor_ratio4_inputs", "ratio4_specs", "prefill_case_tokens", "build_prefill_compressor_ratio4",
 ]
 
 CSA_RATIO = 4  # tokens per compressed entry (ratio-4 layers); also ape rows
@@ -737,6 +737,17 @@ def ratio4_specs(inputs: dict, order: tuple, outputs: tuple) -> list:
     return specs
 
 
+def prefill_case_tokens(kernel: str, preset: str, mode: str, T: int | None) -> tuple[DeepSeekV4Config, int]:
+    """``(cfg, T)`` of a prefill-only KernelCase builder (``T`` defaults to ``prefill_seq``).
+
+    Raises:
+        ConfigError: an unknown preset, a mode other than ``"prefill"``, or ``T < 1``.
+    """
+    if mode != "prefill":
+        raise ConfigError(f"{kernel}: unknown mode {mode!r}; the only mode is 'prefill'")
+    return mode_tokens(preset, mode, T)
+
+
 def build_prefill_compressor_ratio4(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None,
                                     start_pos: int = 0, num_tokens: int | None = None, seed: int = 0,
                                     max_cmp_writes: int | None = None) -> CaseRun:
@@ -747,12 +758,7 @@ def build_prefill_compressor_ratio4(preset: str = "tiny", mode: str = "prefill",
         ConfigError: unknown preset or mode, ``T < 1``, a config that cannot be tiled.
         BindError: a fixture the config cannot hold.
     """
-    cfg = get_config(preset)
-    if mode != "prefill":
-        raise ConfigError(f"prefill_compressor_ratio4: unknown mode {mode!r}; the only mode is 'prefill'")
-    T = cfg.prefill_seq if T is None else T
-    if not isinstance(T, int) or T < 1:
-        raise ConfigError(f"prefill_compressor_ratio4: token count T must be a positive int, got {T!r}")
+    cfg, T = prefill_case_tokens("prefill_compressor_ratio4", preset, mode, T)
     nt = T if num_tokens is None else num_tokens
     entry = prefill_compressor_ratio4_entry(cfg, max_cmp_writes)
     inputs = make_prefill_compressor_ratio4_inputs(cfg, T, start_pos, nt, seed)

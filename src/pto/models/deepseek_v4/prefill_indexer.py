@@ -46,10 +46,11 @@ import functools
 import torch
 
 import pto.language as pl
-from pto.errors import BindError, CapacityError, ConfigError
-from pto.golden import CaseRun, KernelCase, ScalarSpec, TensorSpec, register
-from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
-from pto.models.deepseek_v4.prefill_compressor_ratio4 import CSA_RATIO, _table_dims, rope_rotate_rows
+from pto.errors import BindError, CapacityError
+from pto.golden import CaseRun, KernelCase, register
+from pto.models.deepseek_v4.config import DeepSeekV4Config
+from pto.models.deepseek_v4.prefill_compressor_ratio4 import (CSA_RATIO, _table_dims, prefill_case_tokens,
+                                                              ratio4_specs, rope_rotate_rows)
 from pto.models.deepseek_v4.qkv_proj_rope import (int8_quantize_rows, quantize_per_row_int8,
                                                   quantize_weight_per_column, rope_interleaved)
 from pto.models.deepseek_v4.rope import rope_tables
@@ -583,14 +584,7 @@ def indexer_case(entry, inputs: dict, cfg, label: str) -> CaseRun:
     def compare(actual, expected, **_run):
         return topk_set_compare(held["scores"], held["n_vis"])(actual, expected)
 
-    specs = []
-    for name in _ARG_ORDER:
-        v = inputs[name]
-        if name == "num_tokens":
-            specs.append(ScalarSpec(name, torch.int32, int(v)))
-        else:
-            specs.append(TensorSpec(name, list(v.shape), v.dtype, init_value=v, is_output=name == "cmp_topk_indices"))
-    return CaseRun(entry, specs, golden, {"cmp_topk_indices": compare}, rtol=1e-3, atol=1e-3, label=label)
+    return CaseRun(entry, ratio4_specs(inputs, _ARG_ORDER, ("cmp_topk_indices",)), golden, {"cmp_topk_indices": compare}, rtol=1e-3, atol=1e-3, label=label)
 
 
 def build_prefill_indexer(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None,
@@ -602,12 +596,7 @@ def build_prefill_indexer(preset: str = "tiny", mode: str = "prefill", *, T: int
     Raises:
         ConfigError: unknown preset or mode, ``T < 1``; BindError: a fixture the config cannot hold.
     """
-    cfg = get_config(preset)
-    if mode != "prefill":
-        raise ConfigError(f"prefill_indexer: unknown mode {mode!r}; the only mode is 'prefill'")
-    T = cfg.prefill_seq if T is None else T
-    if not isinstance(T, int) or T < 1:
-        raise ConfigError(f"prefill_indexer: token count T must be a positive int, got {T!r}")
+    cfg, T = prefill_case_tokens("prefill_indexer", preset, mode, T)
     start = 4 * cfg.index_topk if start_pos is None else start_pos
     nt = T if num_tokens is None else num_tokens
     inputs = make_indexer_inputs(cfg, [start], T, nt, seed)

@@ -26,15 +26,16 @@ import functools
 import torch
 
 import pto.language as pl
-from pto.errors import BindError, ConfigError
+from pto.errors import BindError
 from pto.golden import CaseRun, KernelCase, ratio_allclose, register
-from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
+from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.prefill_compressor_ratio4 import (
     CSA_RATIO,
     CSA_STATE_PAGE,
     CSA_STATE_PAGES,
     _table_dims,
     golden_ratio4_compress,
+    prefill_case_tokens,
     ratio4_compress_tasks,
     ratio4_fixture,
     ratio4_specs,
@@ -319,20 +320,14 @@ _OUTPUTS = ("idx_kv_cache", "idx_kv_scale", "compress_state")
 
 
 def build_prefill_indexer_compressor(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None,
-                                     start_pos: int = 0, num_tokens: int | None = None, seed: int = 0,
-                                     ) -> CaseRun:
+                                     start_pos: int = 0, num_tokens: int | None = None, seed: int = 0) -> CaseRun:
     """KernelCase builder: the prefill indexer compressor (``T = prefill_seq`` by default);
     compare functions from ``TOLERANCES``.
 
     Raises:
         ConfigError: unknown preset or mode, ``T < 1``; BindError: a fixture the config cannot hold.
     """
-    cfg = get_config(preset)
-    if mode != "prefill":
-        raise ConfigError(f"prefill_indexer_compressor: unknown mode {mode!r}; the only mode is 'prefill'")
-    T = cfg.prefill_seq if T is None else T
-    if not isinstance(T, int) or T < 1:
-        raise ConfigError(f"prefill_indexer_compressor: token count T must be a positive int, got {T!r}")
+    cfg, T = prefill_case_tokens("prefill_indexer_compressor", preset, mode, T)
     nt = T if num_tokens is None else num_tokens
     inputs = make_prefill_indexer_compressor_inputs(cfg, T, start_pos, nt, seed)
     entry = prefill_indexer_compressor_entry(cfg, None)
