@@ -188,3 +188,18 @@ def test_decode_inactive_request_attends_nothing_and_writes_nothing():
         assert set(changed) <= set(d[slots][d[slots] >= 0].tolist()), k
     *_, mids = golden_csa_block(d, TINY, "decode", return_intermediates=True)
     assert mids["cmp_topk"][2:4].eq(-1).all() and mids["swa_indices"][2:4].eq(-1).all()
+
+
+def test_cold_start_six_tokens():
+    """S = 6 from position 0: queries 0..2 see no compressed row, 3..5 see row 0 only; the
+    compressor emits floor(6 / 4) = 1 row; kernel and golden agree."""
+    d = make_prefill_csa_inputs(TINY, 6, 0, 6, 0)
+    *outs, mids = golden_csa_block(d, TINY, "prefill", return_intermediates=True)
+    sel = mids["cmp_topk"]
+    assert sel[:3].eq(-1).all()
+    assert sel[3:, 0].eq(0).all() and sel[3:, 1:].eq(-1).all()
+    out = run(d)
+    changed = (out["cmp_kv"] != d["cmp_kv"]).reshape(-1, TINY.head_dim).any(dim=1).nonzero().flatten().tolist()
+    assert changed == [int(d["cmp_slot_mapping"][3])]
+    for k, want in zip(CSA_OUTPUTS[:-1], outs[:-1]):
+        assert ratio_allclose(*TOLERANCES[k])(out[k], want)[0], k

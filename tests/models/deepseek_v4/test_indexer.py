@@ -159,3 +159,18 @@ def test_score_wide_init_value_is_needed():
     args = [d[k].clone() if isinstance(d[k], torch.Tensor) else d[k] for k in ARGS]
     with pytest.raises(pto.UndefinedOutputError, match="cmp_topk_indices"):
         entry.run(*args, config=pto.RunConfig(check=True, drop_init=("score_wide",)))
+
+
+@pytest.mark.parametrize("splits", [(20, 28), (3, 1, 44)])
+def test_chunk_splits_select_the_same_rows_bit_for_bit(splits):
+    d = inputs([30], sum(splits))
+    one, _ = run(d, check=False)
+    parts, lo = [], 0
+    for s in splits:
+        part = dict(d)
+        for k in ("x", "qr", "qr_scale", "position_ids", "cmp_topk_indices"):
+            part[k] = d[k][lo:lo + s]
+        part["num_tokens"] = s
+        parts.append(run(part, check=False)[0])
+        lo += s
+    assert torch.equal(torch.cat(parts), one)
