@@ -31,7 +31,8 @@ def test_help_lists_every_registered_subcommand(capsys):
 def test_demo_of_the_examples_passes_and_prints_the_table(capsys):
     code, out, _ = run_cli(capsys, "demo", "--group", "example")
     assert code == 0
-    for col in ("kernel", "mode", "tasks", "edges", "heap peak", "max error", "pass", "CPU ms"):
+    for col in ("kernel", "mode / output", "tasks", "edges", "heap", "error", "tol.", "margin", "pass", "ms",
+                "golden"):
         assert col in out
     for name in ("example_add", "example_softmax", "example_rmsnorm", "example_rope", "example_splitk_matmul"):
         assert name in out

@@ -396,12 +396,55 @@ def _demo_args(p):
     p.add_argument("--group", choices=("model", "example"), default=None, help="only this group")
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="only these kernels")
     p.add_argument("--check", action="store_true", help="also run the sanitizer and race checker")
+    add_json_arg(p)
+
+
+def _fmt_margin(m) -> str:
+    """A margin for tables: two decimals, ``-`` when the compare function defines none."""
+    if m is None:
+        return "-"
+    return str(m) if isinstance(m, float) and not math.isfinite(m) else f"{m:.2f}"
+
+
+def _worst_output(outputs: list) -> dict | None:
+    """The output with the largest margin (None when no output defines one)."""
+    return max((o for o in outputs if o["margin"] is not None), key=lambda o: o["margin"], default=None)
+
+
+def _demo_row(case, mode: str, preset: str, args) -> dict:
+    """One kernel and mode through ``run_jit``: the row of the ``pto demo`` document
+    (``kernel``, ``mode``, ``preset``, ``status`` PASS / FAIL / ERROR, ``error``, ``tasks``,
+    ``edges``, ``heap_peak_bytes``, ``max_abs_error``, ``kernel_ms``, ``golden_ms``,
+    ``outputs``: :func:`_outputs_doc`)."""
+    row = {"kernel": case.name, "mode": mode, "preset": preset, "status": "ERROR", "error": None, "tasks": None,
+           "edges": None, "heap_peak_bytes": None, "max_abs_error": None, "kernel_ms": None, "golden_ms": None,
+           "outputs": []}
+    try:
+        cr = case.build(preset, mode)
+        row["mode"] = _mode_label(mode, preset, cr.label) + (f" ({preset} preset)" if preset != args.preset else "")
+        res = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, rtol=cr.rtol, atol=cr.atol, check=args.check)
+    except Exception as e:  # noqa: BLE001 - one failing kernel must not hide the others
+        row["error"] = f"{type(e).__name__}: {_first_line(e)}"
+        return row
+    s = res.stats
+    row.update(status="PASS" if res.passed else "FAIL", error=None if res.passed else _first_line(res.error),
+               tasks=s.tasks, edges=s.edges, heap_peak_bytes=s.heap_peak_bytes, max_abs_error=res.max_abs_error,
+               kernel_ms=round(res.kernel_ms, 3), golden_ms=round(res.golden_ms, 3), outputs=_outputs_doc(res))
+    return row
 
 
 @command("demo", "run every registered kernel against its golden and print a table", _demo_args)
 def cmd_demo(args) -> int:
     """Every registered case (model kernels at ``--preset`` in each mode, and the
-    examples) through ``run_jit``; a table; exit 1 when anything fails."""
+    examples) through ``run_jit``, with a live progress display on stderr; a table with,
+    per output, the error, its tolerance and the margin as its compare function defines it
+    (:func:`pto.golden.compare.margin_of`), and the golden's time beside the kernel's;
+    ``--json``: ``{"preset", "check", "rows": [_demo_row ...], "passed", "total", "wall_s"}``.
+    Exit 1 when anything fails."""
+    from rich import box
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from pto.models.deepseek_v4.config import capped_preset
     _check_preset(args.preset)
     load_kernels()
     cases = all_cases(args.group)
@@ -413,40 +456,55 @@ def cmd_demo(args) -> int:
             raise ConfigError(f"unknown kernel(s) {unknown}{where}; known: {sorted(c.name for c in cases)}")
         cases = [c for c in cases if c.name in args.only]
     cases.sort(key=lambda c: (c.group != "model", c.name))
+    rows = []
+    t_start = time.perf_counter()
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True, disable=args.json) as bar:
+        job = bar.add_task("pto demo", total=sum(len(c.modes) for c in cases))
+        for case in cases:
+            for mode in case.modes:
+                preset = capped_preset(args.preset, case.max_preset) if case.group == "model" else args.preset
+                bar.update(job, description=f"{case.name} {mode} ({preset})")
+                rows.append(_demo_row(case, mode, preset, args))
+                bar.advance(job)
+    wall_s = time.perf_counter() - t_start
+    n_pass = sum(r["status"] == "PASS" for r in rows)
+    if args.json:
+        from pto.views import to_json
+        print(to_json({"preset": args.preset, "check": args.check, "rows": rows, "passed": n_pass,
+                       "total": len(rows), "wall_s": round(wall_s, 3)}))
+        return 1 if n_pass < len(rows) or not rows else 0
     con = console()
     table = Table(title=f"pto demo (model preset {args.preset}, golden validation"
-                        f"{', check mode' if args.check else ''})")
-    for col, just in (("kernel", "left"), ("mode", "left"), ("tasks", "right"), ("edges", "right"),
-                      ("heap peak", "right"), ("max error", "right"), ("pass", "center"), ("CPU ms", "right")):
-        table.add_column(col, justify=just)
-    failures = []
-    t_start = time.perf_counter()
-    from pto.models.deepseek_v4.config import capped_preset
-    for case in cases:
-        for mode in case.modes:
-            preset = capped_preset(args.preset, case.max_preset) if case.group == "model" else args.preset
-            label = mode
-            try:
-                cr = case.build(preset, mode)
-                label = _mode_label(mode, preset, cr.label) + (f" ({preset} preset)" if preset != args.preset else "")
-                res = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, rtol=cr.rtol, atol=cr.atol,
-                              check=args.check)
-            except Exception as e:  # noqa: BLE001 - one failing kernel must not hide the others
-                failures.append((case.name, mode, f"{type(e).__name__}: {_first_line(e)}"))
-                table.add_row(case.name, label, "-", "-", "-", "-", "[red]ERROR[/red]", "-")
-                continue
-            s = res.stats
-            if not res.passed:
-                failures.append((case.name, mode, _first_line(res.error)))
-            table.add_row(case.name, label, str(s.tasks), str(s.edges), fmt_bytes(s.heap_peak_bytes),
-                          fmt_err(res.max_abs_error), "[green]PASS[/green]" if res.passed else "[red]FAIL[/red]",
-                          f"{res.kernel_ms:.1f}")
+                        f"{', check mode' if args.check else ''})",
+                  caption="heap: heap peak; error, tol(erance), margin: the worst output (each output below) as its "
+                          "compare function measures it, margin = error / tolerance (at most 1 passes); ms, golden: "
+                          "CPU wall ms of the kernel and of its golden",
+                  caption_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
+    for col, just in (("kernel", "left"), ("mode / output", "left"), ("tasks", "right"), ("edges", "right"),
+                      ("heap", "right"), ("error", "right"), ("tol.", "right"), ("margin", "right"),
+                      ("pass", "center"), ("ms", "right"), ("golden", "right")):
+        table.add_column(col, justify=just, no_wrap=col != "mode / output",
+                         min_width=24 if col == "mode / output" else None)
+    style = {"PASS": "[green]PASS[/green]", "FAIL": "[red]FAIL[/red]", "ERROR": "[red]ERROR[/red]"}
+    for r in rows:
+        if r["status"] == "ERROR":
+            table.add_row(r["kernel"], r["mode"], *["-"] * 6, style["ERROR"], "-", "-")
+            continue
+        w = _worst_output(r["outputs"]) or {"error": None, "tolerance": None, "margin": None}
+        table.add_row(r["kernel"], r["mode"], str(r["tasks"]), str(r["edges"]), fmt_bytes(r["heap_peak_bytes"]),
+                      fmt_err(w["error"]), fmt_err(w["tolerance"]), _fmt_margin(w["margin"]), style[r["status"]],
+                      f"{r['kernel_ms']:.1f}", f"{r['golden_ms']:.1f}")
+        if len(r["outputs"]) > 1:
+            for o in r["outputs"]:
+                table.add_row("", f" └ {o['name']}", "", "", "", fmt_err(o["error"]), fmt_err(o["tolerance"]),
+                              _fmt_margin(o["margin"]), "ok" if o["passed"] else "[red]fail[/red]", "", "")
     con.print(table)
-    n = table.row_count
-    con.print(f"{n - len(failures)}/{n} passed in {time.perf_counter() - t_start:.2f} s")
-    for name, mode, err in failures:
-        con.print(f"[red]FAIL[/red] {name} [{mode}]: {err}", highlight=False, markup=True)
-    return 1 if failures or n == 0 else 0
+    con.print(f"{n_pass}/{len(rows)} passed in {wall_s:.2f} s")
+    for r in rows:
+        if r["status"] != "PASS":
+            con.print(f"[red]FAIL[/red] {r['kernel']} [{r['mode']}]: {r['error']}", highlight=False, markup=True)
+    return 1 if n_pass < len(rows) or not rows else 0
 
 
 def _run_args(p):

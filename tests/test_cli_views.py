@@ -1,0 +1,185 @@
+"""What a kernel author sees (pto.views and the CLI): Graphviz DOT parsed with a real
+parser, JSON documents that round-trip and carry the table's figures, the per-task
+table of a simulated schedule, footprint filters."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from pto import cli
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # pydot on newer pyparsing
+
+EDGE_KINDS_KERNEL = f"{Path(__file__).resolve().parent / 'runtime' / 'test_edge_kinds.py'}:every_kind"
+
+
+def run_cli(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def program(spec, *opts):
+    t = cli.resolve_target(spec, "tiny" if ":" not in spec else None, None, cli.parse_options(opts))
+    return t.run_program(check=False)
+
+
+def table_rows(out: str) -> list[list[str]]:
+    """The cells of every body row of a rich box table."""
+    return [[c.strip() for c in line.strip().strip("│").split("│")] for line in out.splitlines()
+            if line.startswith("│")]
+
+
+@pytest.mark.parametrize("spec", ["prefill_attention_swa", EDGE_KINDS_KERNEL])
+def test_dot_parses_and_has_the_graph_nodes_and_edges(capsys, spec):
+    pydot = pytest.importorskip("pydot")
+    args = [spec] + (["--preset", "tiny"] if ":" not in spec else [])
+    code, out, _ = run_cli(capsys, "graph", *args, "--dot")
+    assert code == 0
+    (g,) = pydot.graph_from_dot_data(out)
+    prog = program(spec)
+    nodes = [n for n in g.get_nodes() if n.get_name() not in ("node", "edge", "graph")]
+    assert len(nodes) == len(prog.graph.tasks) == prog.stats.tasks + prog.stats.dummies
+    edges = g.get_edges()
+    assert len(edges) == prog.stats.edges
+    kinds = prog.graph.edge_kinds()
+    got = {(int(e.get_source()[1:]), int(e.get_destination()[1:])): e.get_label().strip('"') for e in edges}
+    assert got == {k: ",".join(v) for k, v in kinds.items()}
+    for n in nodes:
+        t = prog.graph[int(n.get_name()[1:])]
+        label = n.get_label().strip('"')
+        assert label.startswith(f"#{t.id} ") and (t.kind == "dummy" or t.name in label)
+
+
+def test_dot_of_every_edge_kind(capsys):
+    code, out, _ = run_cli(capsys, "graph", EDGE_KINDS_KERNEL, "--dot")
+    assert code == 0
+    assert 't5 -> t6 [label="explicit,join", style="dashed"];' in out
+    assert 't0 -> t1 [label="atomic", color="blue"];' in out
+    assert "shape=diamond" in out
+
+
+def test_graph_json_round_trips_and_matches_the_table(capsys):
+    code, out, _ = run_cli(capsys, "graph", "prefill_attention_swa", "--preset", "tiny", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert json.loads(json.dumps(doc)) == doc
+    prog = program("prefill_attention_swa")
+    assert (doc["tasks"], doc["join_nodes"], doc["edges"]) == (prog.stats.tasks, prog.stats.dummies,
+                                                               prog.stats.edges)
+    assert len(doc["nodes"]) == len(prog.graph.tasks) and len(doc["edge_list"]) == prog.stats.edges
+    code, table, _ = run_cli(capsys, "graph", "prefill_attention_swa", "--preset", "tiny")
+    assert f"{doc['tasks']} tasks, {doc['join_nodes']} join nodes, {doc['edges']} edges" in table
+    rows = [r for r in table_rows(table) if r[0]]
+    assert [int(r[0]) for r in rows] == [n["id"] for n in doc["nodes"]]
+    for r, n in zip(rows, doc["nodes"]):
+        assert r[1:5] == [n["name"], n["kind"], str(n["blocks"]), n["core"]]
+
+
+def test_footprints_filtered_by_buffer_and_task(capsys):
+    code, out, _ = run_cli(capsys, "graph", "example_splitk_matmul", "--buffer", "acc", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["nodes"] and all(f["buffer"] == "acc" for n in doc["nodes"] for f in n["footprints"])
+    assert {n["name"] for n in doc["nodes"]} == {"splitk_mm", "copy_out"}
+    kinds = {(n["name"], f["kind"]) for n in doc["nodes"] for f in n["footprints"]}
+    assert kinds == {("splitk_mm", "atomic_add"), ("copy_out", "read")}
+    code, out, _ = run_cli(capsys, "graph", "example_splitk_matmul", "--task", "copy_out")
+    assert code == 0 and "copy_out" in out and "splitk_mm" not in out.split("copy_out", 1)[0].split("┩")[-1]
+    assert len([r for r in table_rows(out) if r[0]]) == 1
+    code, _, err = run_cli(capsys, "graph", "example_splitk_matmul", "--buffer", "nope")
+    assert code == 2 and "--buffer 'nope'" in err and "acc" in err
+    code, _, err = run_cli(capsys, "graph", "example_splitk_matmul", "--task", "nope")
+    assert code == 2 and "splitk_mm" in err
+
+
+def test_run_json_matches_the_table(capsys):
+    code, out, _ = run_cli(capsys, "run", "example_splitk_matmul", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    s = doc["stats"]
+    assert doc["kernel"] == "example_splitk_matmul default"
+    assert (s["tasks"], s["edges"], s["heap_peak_bytes"]) == (2, 1, 16384)
+    code, table, _ = run_cli(capsys, "run", "example_splitk_matmul")
+    rows = dict(r[:2] for r in table_rows(table))
+    assert rows["tasks"] == str(s["tasks"]) and rows["edges"] == str(s["edges"])
+    assert rows["blocks"] == str(s["blocks"]) and rows["tile ops"] == str(s["tile_ops"])
+    assert rows["heap peak"] == cli.fmt_bytes(s["heap_peak_bytes"]) and rows["flops"] == f"{s['flops']:,}"
+    assert rows["GM bytes moved"] == cli.fmt_bytes(s["gm_bytes"])
+
+
+def test_sim_tasks_table_and_json(capsys):
+    code, out, _ = run_cli(capsys, "sim", "hc_pre", "--preset", "tiny", "--tasks", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    prog = program("hc_pre")
+    tt = doc["task_table"]
+    assert [r["id"] for r in tt] == [t.id for t in prog.graph]
+    for r in tt:
+        assert r["ready_us"] <= r["start_us"] <= r["end_us"] and r["slack_us"] >= 0
+        t = prog.graph[r["id"]]
+        assert r["core"] == ("AIC" if t.cube else "AIV")
+    on_path = [r["id"] for r in tt if r["critical"]]
+    assert on_path == doc["critical_path"]["ids"] and on_path
+    assert tt[-1]["slack_us"] == 0 or any(r["end_us"] == doc["sched_us"] for r in tt if r["slack_us"] == 0)
+    for r in tt:  # a predecessor never ends after its successor's latest start
+        for s in tt:
+            if r["id"] in prog.graph[s["id"]].preds:
+                assert r["end_us"] + r["slack_us"] <= s["end_us"] + s["slack_us"] - (s["end_us"] - s["start_us"]) + 1e-9
+    code, table, _ = run_cli(capsys, "sim", "hc_pre", "--preset", "tiny", "--tasks")
+    rows = [r for r in table_rows(table) if len(r) == 8]
+    assert len(rows) == len(tt)
+    for r, d in zip(rows, tt):
+        assert r == [str(d["id"]), d["name"], d["core"], f"{d['ready_us']:.2f}", f"{d['start_us']:.2f}",
+                     f"{d['end_us']:.2f}", f"{d['slack_us']:.2f}", "*" if d["critical"] else ""]
+    names = {t.id: t.name for t in prog.graph}
+    assert "critical path (ids): " + " -> ".join(f"#{i} {names[i]}" for i in doc["critical_path"]["ids"]) in table
+    assert "critical path: " + " -> ".join(doc["critical_path"]["names"]) in table
+    stats = dict(r[:2] for r in table_rows(table) if len(r) == 2)
+    assert stats["effective (union)"] == f"{doc['effective_us']:.2f} us"
+    assert stats["AIV utilisation"] == f"{doc['utilisation']['aiv']:.1%}"
+
+
+def test_check_json_matches_the_pass_line(capsys):
+    code, out, _ = run_cli(capsys, "check", "gate", "--preset", "tiny", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["passed"] and doc["golden"] and doc["error"] is None
+    assert [o["name"] for o in doc["outputs"]] == ["x_norm_i8", "x_norm_scale", "indices", "weights"]
+    x = doc["outputs"][0]
+    assert x["metric"] == "fraction outside atol + rtol*|e| / max_error_ratio" and x["margin"] == 0.0
+    code, line, _ = run_cli(capsys, "check", "gate", "--preset", "tiny")
+    assert line.startswith(f"PASS gate decode: max error {cli.fmt_err(doc['max_abs_error'])}, {doc['tasks']} "
+                           f"tasks, {doc['edges']} edges, heap peak {cli.fmt_bytes(doc['heap_peak_bytes'])}")
+    code, _, err = run_cli(capsys, "check", "gate", "--preset", "tiny", "--json", "--drop-init", "all")
+    assert code == 2 and "--json" in err
+
+
+def test_demo_json_matches_the_table(capsys):
+    code, out, err = run_cli(capsys, "demo", "--preset", "tiny", "--only", "hc_pre", "--only", "example_add",
+                             "--json")
+    assert code == 0 and err == ""  # no progress display with --json
+    doc = json.loads(out)
+    assert (doc["passed"], doc["total"]) == (3, 3)
+    r = doc["rows"][0]
+    assert (r["kernel"], r["status"], r["tasks"], r["edges"]) == ("hc_pre", "PASS", 5, 5)
+    assert r["golden_ms"] >= 0 and r["kernel_ms"] > 0
+    assert [o["name"] for o in r["outputs"]] == ["x_mixed", "post", "comb"]
+    assert all(o["margin"] is not None and o["margin"] <= 1 for o in r["outputs"])
+    code, table, _ = run_cli(capsys, "demo", "--preset", "tiny", "--only", "hc_pre", "--only", "example_add")
+    lines = [ln for ln in table.splitlines() if ln.startswith(" hc_pre") or "└" in ln]
+    assert re.split(r"\s{2,}", lines[0].strip())[:5] == ["hc_pre", "decode T=8", "5", "5",
+                                                       cli.fmt_bytes(r["heap_peak_bytes"])]
+    sub = [re.split(r"\s+", ln.strip()) for ln in lines[1:4]]
+    for cells, o in zip(sub, r["outputs"]):
+        assert cells[:5] == ["└", o["name"], cli.fmt_err(o["error"]), cli.fmt_err(o["tolerance"]),
+                             f"{o['margin']:.2f}"]
+    assert "3/3 passed" in table
+
+
+def test_json_writes_non_finite_numbers_as_strings():
+    from pto.views import to_json
+    assert json.loads(to_json({"a": float("inf"), "b": [float("nan")], "c": (1, 2)})) == {"a": "inf", "b": ["nan"],
+                                                                                      "c": [1, 2]}
