@@ -2,8 +2,9 @@
 
 transformers (``past_key_values``, a ``DynamicCache`` of sliding / HCA layers) prefills the
 first :data:`PREFILL` = 380 tokens of the tiny checkpoint's sequence, then decodes 8 tokens one
-at a time (positions 380..387), so the HCA window 256..383 closes inside the decode, at
-position 383 (dsv4-math.md 5: the entry is emitted once its window is complete, rotated at
+at a time (positions 380..387; a second run decodes them two at a time, S = 2, so that 383
+closes the window as the second token of its step), so the HCA window 256..383 closes inside
+the decode, at position 383 (dsv4-math.md 5: the entry is emitted once its window is complete, rotated at
 its start 256). Forward hooks record, per layer and step, the attention input streams
 (``attn_hc`` input), the ``self_attn`` output and the stream after hc_post (``ffn_hc``
 input), and for HCA layers the compressor's running entry list.
@@ -11,7 +12,7 @@ input), and for HCA layers the compressor's running entry list.
 On the pto side the same layer runs as a serving stack would: one golden prefill of the 380
 tokens (``golden_prefill_attention_swa`` / ``_hca``) into paged FP32 caches (raw kv pool,
 compressor state ring, compressed pool), then 8 ``golden_decode_attention_swa`` / ``_hca``
-steps (B = 1, S = 1) that read and update those caches. Each step is fed HF's input streams
+steps (B = 1, S = 1; or 4 steps with S = 2) that read and update those caches. Each step is fed HF's input streams
 of that step, so layers are compared one at a time. Compared per step: ``attn_out`` and
 ``x_out``; for HCA layers also the compressed row the decode writes at position 383.
 
@@ -43,9 +44,8 @@ STEPS = 8
 M = 128
 
 
-@pytest.fixture(scope="module")
-def hf_decode(hf_run):
-    """HF prefill of PREFILL tokens with a cache, then STEPS single-token decode steps;
+def _hf_cached_run(hf_run, S: int) -> dict:
+    """HF prefill of PREFILL tokens with a cache, then STEPS / S decode steps of S tokens;
     returns ``{module name: [capture per call]}`` (call 0 = the prefill, call k = step k)."""
     model, ids = hf_run.model, hf_run.input_ids[:, :PREFILL + STEPS]
     calls: dict[str, list] = {}
@@ -69,13 +69,26 @@ def hf_decode(hf_run):
         with torch.no_grad():
             out = model(input_ids=ids[:, :PREFILL], use_cache=True)
             cache = out.past_key_values
-            for k in range(STEPS):
-                out = model(input_ids=ids[:, PREFILL + k:PREFILL + k + 1], past_key_values=cache, use_cache=True)
+            for p0 in range(PREFILL, PREFILL + STEPS, S):
+                out = model(input_ids=ids[:, p0:p0 + S], past_key_values=cache, use_cache=True)
                 cache = out.past_key_values
     finally:
         for h in handles:
             h.remove()
     return calls
+
+
+@pytest.fixture(scope="module")
+def hf_decode(hf_run):
+    """:func:`_hf_cached_run` with single-token steps."""
+    return _hf_cached_run(hf_run, 1)
+
+
+@pytest.fixture(scope="module")
+def hf_decode2(hf_run):
+    """:func:`_hf_cached_run` with two-token steps (382, 383 is one step: the second token
+    closes the HCA window)."""
+    return _hf_cached_run(hf_run, 2)
 
 
 def _layer_inputs(hf_run, layer: int, profile: str) -> dict:
@@ -108,30 +121,35 @@ def _hf_step(hf_decode, layer: int, k: int):
     return x_hc, hf_decode[f"{p}.self_attn"][k][1][0], hf_decode[f"{p}.ffn_hc"][k][0][0][0]
 
 
+@pytest.mark.parametrize("S", [1, 2], ids=["S1", "S2"])
 @pytest.mark.parametrize("layer", [0, 1], ids=["L0", "L1"])
-def test_swa_decode_with_cache_matches_transformers(hf_run, hf_decode, layer):
+def test_swa_decode_with_cache_matches_transformers(hf_run, hf_decode, hf_decode2, layer, S):
     cfg = hf_run.cfg
+    hf_calls = hf_decode if S == 1 else hf_decode2
     d = _layer_inputs(hf_run, layer, "main")
-    x_hc, _, _ = _hf_step(hf_decode, layer, 0)
+    x_hc, _, _ = _hf_step(hf_calls, layer, 0)
     pos = torch.arange(PREFILL)
     d.update(x_hc=x_hc, ori_slot_mapping=pos.to(torch.int64), position_ids=pos.to(torch.int32), num_tokens=PREFILL)
     cache, _ = golden_prefill_attention_swa(d, cfg, weight_format="bf16", float32=True)
     table = d["block_table"][None, :]
-    for k in range(1, STEPS + 1):
-        x_hc, attn_hf, stream_hf = _hf_step(hf_decode, layer, k)
-        p = decode_positions([PREFILL + k - 1], 1)
+    for k in range(1, STEPS // S + 1):
+        x_hc, attn_hf, stream_hf = _hf_step(hf_calls, layer, k)
+        p = decode_positions([PREFILL + (k - 1) * S], S)
         step = dict(d, x_hc=x_hc, kv_cache=cache, block_table=table, position_ids=p,
                     ori_slot_mapping=page_rows(p, table, cfg.block_size, cfg.ori_kv_block_num))
         cache, x_out, mids = golden_decode_attention_swa(step, cfg, weight_format="bf16", float32=True,
                                                          return_intermediates=True)
-        assert int((mids["swa_indices"] >= 0).sum()) == cfg.sliding_window  # a full window, self included
-        hf_run.compare(f"swa L{layer} decode step {k} attn_out", mids["attn_out"], attn_hf, atol=ATOL, rtol=RTOL)
-        hf_run.compare(f"swa L{layer} decode step {k} x_out", x_out, stream_hf, atol=ATOL, rtol=RTOL)
+        assert (mids["swa_indices"] >= 0).sum(dim=1).tolist() == [cfg.sliding_window] * S  # full, self included
+        hf_run.compare(f"swa L{layer} S={S} decode step {k} attn_out", mids["attn_out"], attn_hf, atol=ATOL,
+                       rtol=RTOL)
+        hf_run.compare(f"swa L{layer} S={S} decode step {k} x_out", x_out, stream_hf, atol=ATOL, rtol=RTOL)
 
 
+@pytest.mark.parametrize("S", [1, 2], ids=["S1", "S2"])
 @pytest.mark.parametrize("layer", [3, 5], ids=["L3", "L5"])
-def test_hca_decode_with_cache_matches_transformers(hf_run, hf_decode, layer):
+def test_hca_decode_with_cache_matches_transformers(hf_run, hf_decode, hf_decode2, layer, S):
     cfg = hf_run.cfg
+    hf_calls = hf_decode if S == 1 else hf_decode2
     c = f"model.layers.{layer}.self_attn.compressor"
     d = _layer_inputs(hf_run, layer, "compress")
     page, spages, cpages = cfg.hca_state_block_size, cfg.hca_state_block_num, cfg.cmp_kv_block_num
@@ -147,7 +165,7 @@ def test_hca_decode_with_cache_matches_transformers(hf_run, hf_decode, layer):
         cmp_slot = torch.where(closes, pos // M, -1).to(torch.int64)  # entry w at flat row w
         return cmp_slot, (state_table.long()[pos // page] * page + pos % page)
 
-    x_hc, _, _ = _hf_step(hf_decode, layer, 0)
+    x_hc, _, _ = _hf_step(hf_calls, layer, 0)
     pos = torch.arange(PREFILL)
     cmp_slot, state_slot = slots(pos)
     d.update(x_hc=x_hc, ori_slot_mapping=pos.to(torch.int64), position_ids=pos.to(torch.int32), num_tokens=PREFILL,
@@ -156,9 +174,9 @@ def test_hca_decode_with_cache_matches_transformers(hf_run, hf_decode, layer):
     cache, cmp_kv, state, _ = golden_prefill_attention_hca(d, cfg, weight_format="bf16", float32=True)
     assert int(cmp_kv.reshape(-1, cfg.head_dim).abs().sum(dim=1).gt(0).sum()) == PREFILL // M  # entries 0, 1
     tables = {n: d[n][None, :] for n in ("block_table", "state_block_table", "cmp_block_table")}
-    for k in range(1, STEPS + 1):
-        x_hc, attn_hf, stream_hf = _hf_step(hf_decode, layer, k)
-        p = decode_positions([PREFILL + k - 1], 1)
+    for k in range(1, STEPS // S + 1):
+        x_hc, attn_hf, stream_hf = _hf_step(hf_calls, layer, k)
+        p = decode_positions([PREFILL + (k - 1) * S], S)
         cmp_slot, state_slot = slots(p.long())
         step = dict(d, **tables, x_hc=x_hc, kv_cache=cache, cmp_kv=cmp_kv, compress_state=state, position_ids=p,
                     ori_slot_mapping=page_rows(p, tables["block_table"], cfg.block_size, cfg.ori_kv_block_num),
@@ -167,15 +185,17 @@ def test_hca_decode_with_cache_matches_transformers(hf_run, hf_decode, layer):
                                                                          float32=True, return_intermediates=True)
         written = (new_cmp != cmp_kv).any(dim=-1).flatten().nonzero().flatten().tolist()
         cmp_kv = new_cmp
-        entries_hf = hf_decode[c][k][1][0, 0]  # [T, d] every entry emitted so far
-        assert written == ([2] if int(p) == 383 else [])  # the closing step writes exactly entry 2
-        assert entries_hf.shape[0] == (int(p) + 1) // M
-        assert int((mids["cmp_indices"] >= 0).sum()) == entries_hf.shape[0]
+        entries_hf = hf_calls[c][k][1][0, 0]  # [T, d] every entry emitted so far
+        assert written == ([2] if 383 in p.tolist() else [])  # the closing step writes exactly entry 2
+        assert entries_hf.shape[0] == (int(p[-1]) + 1) // M
+        # each token sees its own count: with S = 2 at 382, 383 the first sees 2 entries, the second 3
+        assert (mids["cmp_indices"] >= 0).sum(dim=1).tolist() == ((p.long() + 1) // M).tolist()
         if written:
-            hf_run.compare(f"hca L{layer} decode compressed row 2 (pos 383)",
+            hf_run.compare(f"hca L{layer} S={S} decode compressed row 2 (pos 383)",
                            cmp_kv.reshape(-1, cfg.head_dim)[2], entries_hf[2], atol=ATOL, rtol=RTOL)
-        hf_run.compare(f"hca L{layer} decode step {k} attn_out", mids["attn_out"], attn_hf, atol=ATOL, rtol=RTOL)
-        hf_run.compare(f"hca L{layer} decode step {k} x_out", x_out, stream_hf, atol=ATOL, rtol=RTOL)
+        hf_run.compare(f"hca L{layer} S={S} decode step {k} attn_out", mids["attn_out"], attn_hf, atol=ATOL,
+                       rtol=RTOL)
+        hf_run.compare(f"hca L{layer} S={S} decode step {k} x_out", x_out, stream_hf, atol=ATOL, rtol=RTOL)
     # the compressed rows matter: zeroing them moves the last step far outside the tolerance
     no_cmp = dict(step, cmp_kv=torch.zeros_like(step["cmp_kv"]))
     *_, mids0 = golden_decode_attention_hca(no_cmp, cfg, weight_format="bf16", float32=True, return_intermediates=True)
