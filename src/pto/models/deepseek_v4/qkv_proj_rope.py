@@ -46,7 +46,7 @@ import torch
 
 import pto.language as pl
 from pto.errors import BindError
-from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
+from pto.golden import CaseRun, KernelCase, TensorSpec, exact, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, VEC_T_TILE, check_seed_capacity, check_token_capacity,
                                            expect_tensor,
@@ -79,7 +79,8 @@ INT8_AMAX_EPS = 1e-4  # floor on amax so an all-zero row/column has a finite sca
 
 # Compare functions per output as ratio_allclose (atol, rtol, max_error_ratio);
 # v4flash-kernels.md A.2 / C.2. qr: every INT8 code within +-1. The reference harness
-# run also sets rtol=atol=5e-3.
+# run also sets rtol=atol=5e-3. The registered case uses the q / kv entries; it compares
+# qr / qr_scale exactly against the split-K emulation (golden_qr_split_k).
 TOLERANCES: dict[str, tuple[float, float, float]] = {
     "q": (1e-4, 1 / 128, 0.005),
     "kv": (1e-4, 1 / 128, 0.005),
@@ -878,7 +879,9 @@ def build_qkv_proj_rope(preset: str = "tiny", mode: str = "prefill", *, T: int |
                         seed_scopes: bool = False) -> CaseRun:
     """KernelCase builder: ``qkv_proj_rope`` at ``preset`` in ``mode`` (decode: 4x2 = 8
     tokens at flash, prefill: 128) or ``T`` tokens, inputs from :func:`make_qkv_inputs`
-    (INT8 ``wq_b``); ``seed_scopes=True`` selects the seed-task variant.
+    (INT8 ``wq_b``); ``seed_scopes=True`` selects the seed-task variant. ``q`` / ``kv``
+    compare with :data:`TOLERANCES` against :func:`golden_qkv_proj_rope`; ``qr`` /
+    ``qr_scale`` exactly against :func:`golden_qr_split_k` (the kernel's summation order).
 
     Raises:
         ConfigError: unknown preset / mode, bad ``T``, or a config the kernel cannot tile.
@@ -909,8 +912,11 @@ def build_qkv_proj_rope(preset: str = "tiny", mode: str = "prefill", *, T: int |
         v["q"], v["kv"], v["qr"], v["qr_scale"] = golden_qkv_proj_rope(
             v["x"], v["wq_a"], v["wq_b"], v["wq_b_scale"], v["wkv"], v["rope_cos"], v["rope_sin"],
             v["gamma_cq"], v["gamma_ckv"], cfg)
+        # qr / qr_scale from the split-K emulation: bit for bit what the kernel must produce
+        v["qr"], v["qr_scale"] = golden_qr_split_k(v["x"], v["wq_a"], v["gamma_cq"], cfg)
 
-    compare = {k: ratio_allclose(*tol) for k, tol in TOLERANCES.items()}
+    compare = {k: ratio_allclose(*tol) for k, tol in TOLERANCES.items() if k in ("q", "kv")}
+    compare.update(qr=exact(), qr_scale=exact())
     label = f"{preset} {mode} T={T}" + (" seed_scopes" if seed_scopes else "")
     return CaseRun(qkv_proj_rope_entry(cfg, bool(seed_scopes)), specs, golden, compare, rtol=5e-3, atol=5e-3,
                    label=label)
