@@ -174,3 +174,16 @@ def test_chunk_splits_select_the_same_rows_bit_for_bit(splits):
         parts.append(run(part, check=False)[0])
         lo += s
     assert torch.equal(torch.cat(parts), one)
+
+
+def test_topk_set_compare_allows_only_boundary_ties():
+    from pto.models.deepseek_v4.prefill_indexer import topk_set_compare
+    scores = torch.tensor([[5.0, 4.0, 3.0, 3.0, 1.0]])
+    cmp = topk_set_compare(scores, torch.tensor([5]))
+    want = torch.tensor([[0, 1, 2]], dtype=torch.int32)
+    assert cmp(torch.tensor([[1, 0, 2]], dtype=torch.int32), want)[0]  # order does not matter
+    assert cmp(torch.tensor([[0, 1, 3]], dtype=torch.int32), want)[0]  # 3 ties with the k-th score
+    ok, detail = cmp(torch.tensor([[0, 1, 4]], dtype=torch.int32), want)
+    assert not ok and "1 rows differ" in detail
+    assert cmp.margin(torch.tensor([[0, 1, 4]], dtype=torch.int32), want)["margin"] == float("inf")
+    assert cmp.margin(want, want)["margin"] == 0.0

@@ -494,8 +494,9 @@ def topk_set_compare(scores: torch.Tensor, n_vis: torch.Tensor, rel_tol: float =
     """Compare function for top-k index rows against the golden's ``scores [T, N]``: per row the
     selected *sets* must be equal, except that entries whose golden score lies within
     ``rel_tol`` (relative, plus 1e-30) of the k-th selected score may swap (ties within
-    rounding of the boundary). Returns ``(ok, detail)`` like the harness compare functions."""
-    def compare(actual: torch.Tensor, expected: torch.Tensor, **_run):
+    rounding of the boundary). Returns ``(ok, detail)`` like the harness compare functions;
+    its ``margin`` (pto.golden.compare.margin_of) counts the differing rows against 0."""
+    def differing_rows(actual: torch.Tensor, expected: torch.Tensor) -> tuple[list, int]:
         bad, swaps = [], 0
         for t in range(actual.shape[0]):
             a = set(actual[t][actual[t] >= 0].tolist())
@@ -511,7 +512,19 @@ def topk_set_compare(scores: torch.Tensor, n_vis: torch.Tensor, rel_tol: float =
                 swaps += 1
             else:
                 bad.append(t)
+        return bad, swaps
+
+    def compare(actual: torch.Tensor, expected: torch.Tensor, **_run):
+        bad, swaps = differing_rows(actual, expected)
         return (not bad), f"{len(bad)} rows differ beyond boundary ties (first {bad[:5]}); {swaps} tie swaps"
+
+    def margin(actual: torch.Tensor, expected: torch.Tensor, **_run) -> dict:
+        n_bad = len(differing_rows(actual, expected)[0])
+        return {"metric": "rows whose selected set differs beyond boundary ties", "error": float(n_bad),
+                "tolerance": 0.0, "margin": 0.0 if n_bad == 0 else float("inf")}
+
+    compare.__name__ = compare.__qualname__ = f"topk_set_compare(rel_tol={rel_tol:g})"
+    compare.margin = margin
     return compare
 
 
@@ -583,6 +596,12 @@ def indexer_case(entry, inputs: dict, cfg, label: str) -> CaseRun:
 
     def compare(actual, expected, **_run):
         return topk_set_compare(held["scores"], held["n_vis"])(actual, expected)
+
+    def margin(actual, expected, **_run):
+        return topk_set_compare(held["scores"], held["n_vis"]).margin(actual, expected)
+
+    compare.__name__ = compare.__qualname__ = "topk_set_compare(golden scores)"
+    compare.margin = margin
 
     return CaseRun(entry, ratio4_specs(inputs, _ARG_ORDER, ("cmp_topk_indices",)), golden, {"cmp_topk_indices": compare}, rtol=1e-3, atol=1e-3, label=label)
 
