@@ -8,11 +8,10 @@ from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
 from pto.models.deepseek_v4.config import get_deployment
 from pto.models.deepseek_v4.layer import KernelModel
 from pto.models.deepseek_v4.moe import moe_kernels
-from pto.models.deepseek_v4.layer import orthonormal_hadamard
 from pto.models.deepseek_v4.prefill_attention_csa import csa_block_kernels
 from pto.models.deepseek_v4.prefill_attention_hca import prefill_attention_hca_kernels
 from pto.models.deepseek_v4.prefill_attention_swa import prefill_attention_swa_kernels
-from pto.models.deepseek_v4.weights import open_checkpoint
+from pto.models.deepseek_v4.weights import open_checkpoint, orthonormal_hadamard
 from pto.runtime import RunConfig
 
 

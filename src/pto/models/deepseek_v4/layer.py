@@ -49,16 +49,14 @@ from pto.models.deepseek_v4.decode_attention_hca import decode_attention_hca_ker
 from pto.models.deepseek_v4.decode_attention_swa import decode_attention_swa_kernels
 from pto.models.deepseek_v4.lm_head import lm_head_kernels
 from pto.models.deepseek_v4.lookup_embedding import lookup_embedding_kernels
-from pto.models.deepseek_v4.moe import moe_kernels
+from pto.models.deepseek_v4.moe import MOE_INPUTS, moe_kernels
 from pto.models.deepseek_v4.prefill_attention_csa import csa_block_kernels
 from pto.models.deepseek_v4.prefill_attention_hca import prefill_attention_hca_kernels
 from pto.models.deepseek_v4.prefill_attention_swa import prefill_attention_swa_kernels
 from pto.models.deepseek_v4.model import GoldenModel, GoldenState
-from pto.models.deepseek_v4.prefill_sparse_attn import quantize_wo_b
-from pto.models.deepseek_v4.qkv_proj_rope import quantize_weight_per_column
 from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
 from pto.models.deepseek_v4.tiling import token_capacity
-from pto.models.deepseek_v4.weights import Checkpoint
+from pto.models.deepseek_v4.weights import Checkpoint, attention_inputs, moe_inputs
 from pto.runtime import RunConfig
 
 __all__ = ["KernelModel", "KernelState", "KernelStats", "layer_kernels"]
@@ -138,25 +136,6 @@ def layer_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
 # ---- end kernel ----
 
 
-def orthonormal_hadamard(n: int) -> torch.Tensor:
-    """``[n, n]`` FP32 Sylvester Hadamard matrix divided by ``sqrt(n)`` (``n`` a power of two).
-
-    The indexer rotates its queries and keys by one orthonormal matrix before the INT8
-    quantisation (v4flash-kernels.md B.11 / B.17); an orthonormal rotation of both leaves
-    every dot product unchanged, so the result matches transformers (which has none) up to
-    the quantisation (dsv4-math.md 6.3).
-
-    Raises:
-        ConfigError: ``n`` not a power of two.
-    """
-    if n < 1 or n & (n - 1):
-        raise ConfigError(f"orthonormal_hadamard: n={n} is not a power of two")
-    h = torch.ones(1, 1)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h / n ** 0.5
-
-
 @dataclass
 class KernelState:
     """One request on the kernel path: its cache id, tokens seen, and the golden state of
@@ -218,7 +197,7 @@ class KernelModel:
         self._embed_w = glob["embed.weight"].to(bf16)
         self._head_w = [glob["hc_head_fn"], glob["hc_head_scale"], glob["hc_head_base"],
                         glob["norm.weight"].to(bf16), glob["head.weight"].to(bf16)]
-        self._ffn_w: dict[int, list] = {}
+        self._ffn_w: dict[int, dict] = {}
 
     # ---- which sublayers run on kernels -----------------------------------------------------
     _ATTN_KERNELS = {0: "swa", 4: "csa", 128: "hca"}  # compress ratio -> attention kernel family
@@ -240,77 +219,22 @@ class KernelModel:
 
     # ---- weights ----------------------------------------------------------------------------
     def attn_weights(self, i: int) -> dict[str, torch.Tensor]:
-        """Kernel-layout attention inputs of layer ``i`` (v4flash-kernels.md A.3 / B.6):
-        BF16 ``[in, out]`` ``wq_a`` / ``wkv``, INT8 ``wq_b`` per output column and ``wo_b``
-        per output row with FP32 scales, ``wo_a [G, o_lora, (H/G)*d]`` BF16, BF16 norms,
-        FP32 HC parameters and sinks."""
+        """Layer ``i``'s attention inputs in the kernels' layout (:func:`weights.attention_inputs`),
+        converted on first use and kept."""
         if i not in self._attn_w:
-            ck, cfg, bf16 = self.golden.ckpt, self.cfg, torch.bfloat16
-            p = f"layers.{i}."
-            t = ck.tensor
-            wq_b, wq_b_scale = quantize_weight_per_column(t(p + "attn.wq_b.weight").T.contiguous())
-            wo_b, wo_b_scale = quantize_wo_b(t(p + "attn.wo_b.weight"))
-            self._attn_w[i] = {
-                "hc_attn_fn": t(p + "hc_attn_fn"), "hc_attn_scale": t(p + "hc_attn_scale"),
-                "hc_attn_base": t(p + "hc_attn_base"), "attn_norm_w": t(p + "attn_norm.weight").to(bf16),
-                "wq_a": t(p + "attn.wq_a.weight").T.contiguous().to(bf16), "wq_b": wq_b,
-                "wq_b_scale": wq_b_scale, "wkv": t(p + "attn.wkv.weight").T.contiguous().to(bf16),
-                "gamma_cq": t(p + "attn.q_norm.weight").to(bf16),
-                "gamma_ckv": t(p + "attn.norm.weight").to(bf16),
-                "attn_sink": t(p + "attn.attn_sink"),
-                "wo_a": t(p + "attn.wo_a.weight").reshape(cfg.o_groups, cfg.o_lora_rank, -1).to(bf16),
-                "wo_b": wo_b, "wo_b_scale": wo_b_scale,
-            }
-            if cfg.compress_ratios[i]:  # compressor: [c*d, D] BF16 projections, FP32 ape, BF16 norm
-                c = p + "attn.compressor."
-                self._attn_w[i].update({
-                    "cmp_wkv": t(c + "wkv.weight").to(bf16), "cmp_wgate": t(c + "wgate.weight").to(bf16),
-                    "cmp_ape": t(c + "ape"), "cmp_norm_w": t(c + "norm.weight").to(bf16)})
-            if cfg.compress_ratios[i] == 4:  # the indexer: its compressor, INT8 wq_b, [D, HI] weights
-                x = p + "attn.indexer."
-                idx_wq_b, idx_wq_b_scale = quantize_weight_per_column(t(x + "wq_b.weight").T.contiguous())
-                self._attn_w[i].update({
-                    "idx_wkv": t(x + "compressor.wkv.weight").to(bf16),
-                    "idx_wgate": t(x + "compressor.wgate.weight").to(bf16),
-                    "idx_ape": t(x + "compressor.ape"), "idx_norm_w": t(x + "compressor.norm.weight").to(bf16),
-                    "hadamard": orthonormal_hadamard(cfg.index_head_dim).to(bf16),
-                    "idx_wq_b": idx_wq_b, "idx_wq_b_scale": idx_wq_b_scale,
-                    "idx_weights_proj": t(x + "weights_proj.weight").T.contiguous().to(bf16)})
+            self._attn_w[i] = attention_inputs(self.golden.ckpt, i)
         return self._attn_w[i]
 
-    def ffn_weights(self, i: int) -> list[torch.Tensor]:
-        """Kernel-layout MoE inputs of layer ``i`` in ``moe.MOE_INPUTS`` order after
-        ``x_hc`` / ``input_ids`` (v4flash-kernels.md B.23): FP32 HC parameters, router weight
-        and bias (zeros on hash layers), INT32 ``tid2eid`` (a zero table on learned layers),
-        routed ``w1 / w3 [E, F, D]``, ``w2 [E, D, F]`` and shared ``w1 / w3 [F, D]``, ``w2
-        [D, F]`` as INT8 per output row with FP32 scales, BF16 ``ffn_norm``."""
+    def ffn_weights(self, i: int) -> dict[str, torch.Tensor]:
+        """Layer ``i``'s INT8 MoE inputs (:func:`weights.moe_inputs`), converted on first use."""
         if i not in self._ffn_w:
-            from pto.models.deepseek_v4.expert_shared import quantize_weight_per_row
-
-            t, cfg, p = self.golden.ckpt.tensor, self.cfg, f"layers.{i}."
-            E, K, V = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.vocab_size
-            hash_layer = i < cfg.num_hash_layers
-            routed = {}
-            for leaf in ("w1", "w3", "w2"):
-                q = [quantize_weight_per_row(t(f"{p}ffn.experts.{e}.{leaf}.weight")) for e in range(E)]
-                routed[leaf] = (torch.stack([c for c, _ in q]), torch.stack([s for _, s in q]))
-            shared = {leaf: quantize_weight_per_row(t(f"{p}ffn.shared_experts.{leaf}.weight"))
-                      for leaf in ("w1", "w3", "w2")}
-            self._ffn_w[i] = [
-                t(p + "hc_ffn_fn"), t(p + "hc_ffn_scale"), t(p + "hc_ffn_base"),
-                t(p + "ffn_norm.weight").to(torch.bfloat16), t(p + "ffn.gate.weight"),
-                torch.zeros(E) if hash_layer else t(p + "ffn.gate.bias"),
-                (t(p + "ffn.gate.tid2eid") if hash_layer else torch.zeros(V, K, dtype=torch.int64)).to(torch.int32),
-                None,  # input_ids
-                *routed["w1"], *routed["w3"], *routed["w2"], *shared["w1"], *shared["w3"], *shared["w2"],
-            ]
+            self._ffn_w[i] = moe_inputs(self.golden.ckpt, i, "int8")
         return self._ffn_w[i]
 
     def _ffn_args(self, i: int, ids: torch.Tensor) -> list:
         """``moe``'s tensor arguments after ``x_hc`` (the token ids filled in)."""
-        w = list(self.ffn_weights(i))
-        w[7] = ids.to(torch.int64)
-        return w
+        w = self.ffn_weights(i)
+        return [ids.to(torch.int64) if k == "input_ids" else w[k] for k in MOE_INPUTS[1:]]
 
     def _ffn(self, i: int, X: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """MoE sublayer of layer ``i`` through the ``moe`` kernel alone; ``[T, N, D]`` FP32."""

@@ -10,20 +10,26 @@ Composition (dsv4-math.md sections 1-8; v4flash-kernels.md B.28-B.32):
                 X = hc_post(moe(RMSNorm(x, ffn_norm)), X, post, comb)
     h = hc_head(X);  logits = RMSNorm(h, norm) @ head^T          # [S, V]
 
+Goldens chained: ``golden_lookup_embedding``; per sublayer ``golden_hc_pre`` /
+``golden_hc_post``; ``golden_qkv_proj_rope``; ``golden_moe`` (gate, shared and routed
+experts, in its FP32 parity mode); ``golden_final_logits`` (hc_head, RMSNorm, lm_head).
+The attention core and the compressors / indexer are written here over the golden's own
+full-history cache (the kernels' attention goldens read paged caches):
+
 Attention of a layer with compress ratio 0 (SWA), 4 (CSA) or 128 (HCA): q / kv from
 ``golden_qkv_proj_rope`` (the layer's RoPE profile: main for SWA, compress otherwise); keys
 are the raw kv of positions ``t-W+1 .. t`` plus, for CSA / HCA, compressed entries ``w``
 visible to ``t`` (``w < (t+1) // ratio``; CSA only those the indexer selects, top
 ``index_topk`` by score); softmax with the per-head sink in the denominator; inverse RoPE
-on the output; grouped o-projection. MoE: sqrt-softplus router (hash table on the first
-``num_hash_layers`` layers, bias for selection only), normalised weights times
+on the output; grouped o-projection. MoE (``golden_moe``): sqrt-softplus router (hash table
+on the first ``num_hash_layers`` layers, bias for selection only), normalised weights times
 ``routed_scaling_factor``, SwiGLU experts clamped at ``swiglu_limit`` plus the shared expert.
 
 Weight formats: ``"bf16"`` runs every matrix unquantised in FP32 (the parity mode,
 ``float32=True``); ``"int8"`` runs the W8A8 matrices of :data:`weights.INT8_WEIGHTS` and the
 routed experts with per-row INT8 activations and exact integer products by the kernels'
-quantisation rules (``qkv_proj_rope.quantize_per_row_int8`` / ``quantize_weight_per_column``);
-everything else stays FP32.
+quantisation rules (``qkv_proj_rope.quantize_per_row_int8`` / ``quantize_weight_per_column``;
+the experts through ``golden_moe(weight_format="int8")``); everything else stays FP32.
 
 The cache (:class:`GoldenState`) keeps, per layer, every raw kv row, the compressor and
 indexer projections of every token and the compressed entries emitted so far. That is
@@ -34,7 +40,6 @@ prefill agree to FP32 rounding (transformers' own cache does the same bookkeepin
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -43,10 +48,13 @@ from pto.errors import BindError, CapacityError, ConfigError
 from pto.models.deepseek_v4.config import DeepSeekV4Config, DeploymentConfig
 from pto.models.deepseek_v4.hc_post import golden_hc_post
 from pto.models.deepseek_v4.hc_pre import golden_hc_pre
+from pto.models.deepseek_v4.lm_head import golden_final_logits
+from pto.models.deepseek_v4.lookup_embedding import golden_lookup_embedding
+from pto.models.deepseek_v4.moe import golden_moe
 from pto.models.deepseek_v4.qkv_proj_rope import (golden_qkv_proj_rope, quantize_per_row_int8,
                                                   rope_interleaved)
 from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
-from pto.models.deepseek_v4.weights import Checkpoint, QuantWeight
+from pto.models.deepseek_v4.weights import Checkpoint, QuantWeight, moe_inputs
 
 __all__ = ["GoldenModel", "GoldenState", "LayerState", "linear", "rms_norm"]
 
@@ -126,6 +134,7 @@ class GoldenModel:
                            ).validate(self.cfg)
         self.weight_format = checkpoint.weight_format
         self._layers: dict[int, dict] = {}
+        self._moe_w: dict[int, dict] = {}
         self._glob = checkpoint.globals()
         self._rope = {p: rope_tables(self.cfg, p, max_pos=self.deployment.rope_max_pos)
                       for p in ("main", "compress")}
@@ -265,40 +274,6 @@ class GoldenModel:
         z = torch.einsum("sgi,goi->sgo", og, wo_a).reshape(S, G * Lo)
         return linear(z, w["attn.wo_b.weight"])
 
-    def _swiglu(self, x: torch.Tensor, w1, w3, w2) -> torch.Tensor:
-        lim = self.cfg.swiglu_limit
-        g = linear(x, w1).clamp(max=lim)
-        u = linear(x, w3).clamp(min=-lim, max=lim)
-        return linear(torch.nn.functional.silu(g) * u, w2)
-
-    def moe(self, i: int, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """MoE block of layer ``i`` on ``h [S, D]`` (token ids ``ids [S]`` for hash routing);
-        ``[S, D]`` FP32 (dsv4-math.md 8)."""
-        cfg, w = self.cfg, self.layer_weights(i)
-        scores = torch.sqrt(torch.nn.functional.softplus(h @ w["ffn.gate.weight"].T))  # [S, E]
-        if i < cfg.num_hash_layers:
-            sel = w["ffn.gate.tid2eid"][ids]
-        else:
-            sel = torch.topk(scores + w["ffn.gate.bias"], cfg.num_experts_per_tok, dim=-1).indices
-        wts = scores.gather(1, sel)
-        wts = wts / (wts.sum(dim=-1, keepdim=True) + 1e-20) * cfg.routed_scaling_factor
-        out = torch.zeros_like(h)
-        for e in torch.unique(sel).tolist():
-            rows, slot = torch.where(sel == e)
-            p = f"ffn.experts.{e}."
-            y = self._swiglu(h[rows], w[p + "w1.weight"], w[p + "w3.weight"], w[p + "w2.weight"])
-            out.index_add_(0, rows, y * wts[rows, slot, None])
-        shared = self._swiglu(h, w["ffn.shared_experts.w1.weight"], w["ffn.shared_experts.w3.weight"],
-                              w["ffn.shared_experts.w2.weight"])
-        return out + shared
-
-    def hc_head(self, X: torch.Tensor) -> torch.Tensor:
-        """Final stream collapse ``[S, N, D] -> [S, D]`` (dsv4-math.md 7.3)."""
-        cfg, g = self.cfg, self._glob
-        flat = _rms(X.reshape(X.shape[0], -1), cfg.rms_norm_eps)
-        pre = torch.sigmoid(flat @ g["hc_head_fn"].T * g["hc_head_scale"] + g["hc_head_base"]) + cfg.hc_eps
-        return (pre[:, :, None] * X).sum(dim=1)
-
     # ---- forward ----------------------------------------------------------------------------
     def check_ids(self, ids, state: GoldenState | None = None) -> torch.Tensor:
         """Token ids as an int64 ``[S]`` tensor, checked.
@@ -345,10 +320,8 @@ class GoldenModel:
     __call__ = forward
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """``[S]`` ids -> ``[S, hc_mult, D]`` FP32 streams, each a copy of the embedding row."""
-        cfg = self.cfg
-        return self._glob["embed.weight"][ids][:, None, :].expand(
-            ids.numel(), cfg.hc_mult, cfg.hidden_size).contiguous()
+        """``[S]`` ids -> ``[S, hc_mult, D]`` FP32 streams (``golden_lookup_embedding``)."""
+        return golden_lookup_embedding(ids, self._glob["embed.weight"], self.cfg.hc_mult)
 
     def attn_sublayer(self, i: int, X: torch.Tensor, pos: torch.Tensor, st: LayerState) -> torch.Tensor:
         """``X' = hc_post(attention(RMSNorm(hc_pre(X))), X)`` of layer ``i``; ``[S, N, D]`` FP32."""
@@ -359,14 +332,17 @@ class GoldenModel:
         return golden_hc_post(y, X, post, comb)
 
     def ffn_sublayer(self, i: int, X: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """``X' = hc_post(moe(RMSNorm(hc_pre(X))), X)`` of layer ``i``; ``[S, N, D]`` FP32."""
-        cfg, w = self.cfg, self.layer_weights(i)
-        x, post, comb = golden_hc_pre(X, w["hc_ffn_fn"], w["hc_ffn_scale"], w["hc_ffn_base"],
-                                      cfg, out_bf16=False)
-        y = self.moe(i, _rms(x, cfg.rms_norm_eps, w["ffn_norm.weight"]), ids)
-        return golden_hc_post(y, X, post, comb)
+        """``X' = hc_post(moe(RMSNorm(hc_pre(X))), X)`` of layer ``i`` (``golden_moe`` in its
+        FP32 parity mode: hc_pre, gate, shared and routed SwiGLU experts, hc_post); ``[S, N,
+        D]`` FP32. ``"int8"``: the kernels' INT8 expert weights and activation rule."""
+        if i not in self._moe_w:
+            self._moe_w[i] = moe_inputs(self.ckpt, i, self.weight_format)
+        inputs = dict(self._moe_w[i], x_hc=X, input_ids=ids, layer_id=i, num_tokens=X.shape[0])
+        return golden_moe(inputs, self.cfg, weight_format=self.weight_format, float32=True)
 
     def logits(self, X: torch.Tensor) -> torch.Tensor:
-        """``[S, N, D]`` streams -> ``[S, V]`` FP32 logits (hc_head, final RMSNorm, lm_head)."""
-        h = _rms(self.hc_head(X), self.cfg.rms_norm_eps, self._glob["norm.weight"])
-        return h @ self._glob["head.weight"].T
+        """``[S, N, D]`` streams -> ``[S, V]`` FP32 logits (``golden_final_logits``: hc_head,
+        final RMSNorm, lm_head; FP32 parity mode)."""
+        g = self._glob
+        return golden_final_logits(X, g["hc_head_fn"], g["hc_head_scale"], g["hc_head_base"], g["norm.weight"],
+                                   g["head.weight"], self.cfg, float32=True)

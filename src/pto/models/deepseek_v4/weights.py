@@ -41,7 +41,7 @@ from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.qkv_proj_rope import quantize_weight_per_column
 
 __all__ = ["Checkpoint", "QuantWeight", "open_checkpoint", "WEIGHT_FORMATS", "INT8_WEIGHTS",
-           "quantize_rows_int8"]
+           "quantize_rows_int8", "attention_inputs", "moe_inputs", "orthonormal_hadamard"]
 
 WEIGHT_FORMATS = ("bf16", "int8")
 # canonical leaves quantised to INT8 per output row in the "int8" format (PPT weights_flash.py)
@@ -278,3 +278,113 @@ class Checkpoint:
 def open_checkpoint(path, weight_format: str = "bf16") -> Checkpoint:
     """Open and check a checkpoint directory; see :class:`Checkpoint` (same errors)."""
     return Checkpoint(path, weight_format)
+
+
+# ---- kernel inputs ------------------------------------------------------------------------------
+
+def orthonormal_hadamard(n: int) -> torch.Tensor:
+    """``[n, n]`` FP32 Sylvester Hadamard matrix divided by ``sqrt(n)`` (``n`` a power of two).
+
+    The indexer rotates its queries and keys by one orthonormal matrix before the INT8
+    quantisation (v4flash-kernels.md B.11 / B.17); an orthonormal rotation of both leaves
+    every dot product unchanged, so the result matches transformers (which has none) up to
+    the quantisation (dsv4-math.md 6.3).
+
+    Raises:
+        ConfigError: ``n`` not a power of two.
+    """
+    if n < 1 or n & (n - 1):
+        raise ConfigError(f"orthonormal_hadamard: n={n} is not a power of two")
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / n ** 0.5
+
+
+def attention_inputs(ckpt: Checkpoint, i: int) -> dict[str, torch.Tensor]:
+    """Layer ``i``'s attention-block inputs in the kernels' layout (v4flash-kernels.md A.3,
+    B.6, B.13, B.18, B.19; parameter names of ``prefill_attention_*`` / ``CSA_ARGS``).
+
+    BF16 ``[in, out]`` ``wq_a`` / ``wkv``; INT8 ``wq_b`` per output column and ``wo_b`` per
+    output row with FP32 scales (the kernels' rules); ``wo_a [G, o_lora, (H/G)*d]`` BF16;
+    BF16 norms; FP32 HC parameters and sinks. CSA / HCA layers add the compressor's
+    ``cmp_wkv / cmp_wgate [c*d, D]`` BF16, ``cmp_ape`` FP32, ``cmp_norm_w`` BF16; CSA layers
+    the indexer's ``idx_*`` compressor, an orthonormal ``hadamard``, INT8 ``idx_wq_b`` per
+    column with ``idx_wq_b_scale`` and ``idx_weights_proj [D, HI]`` BF16.
+
+    Raises:
+        CheckpointError: ``i`` outside the layers.
+    """
+    from pto.models.deepseek_v4.prefill_sparse_attn import quantize_wo_b
+
+    cfg, bf16, t, p = ckpt.config, torch.bfloat16, ckpt.tensor, f"layers.{i}."
+    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < cfg.num_hidden_layers:
+        raise CheckpointError(f"checkpoint {ckpt.path}: no layer {i!r} (num_hidden_layers={cfg.num_hidden_layers})")
+    wq_b, wq_b_scale = quantize_weight_per_column(t(p + "attn.wq_b.weight").T.contiguous())
+    wo_b, wo_b_scale = quantize_wo_b(t(p + "attn.wo_b.weight"))
+    out = {
+        "hc_attn_fn": t(p + "hc_attn_fn"), "hc_attn_scale": t(p + "hc_attn_scale"),
+        "hc_attn_base": t(p + "hc_attn_base"), "attn_norm_w": t(p + "attn_norm.weight").to(bf16),
+        "wq_a": t(p + "attn.wq_a.weight").T.contiguous().to(bf16), "wq_b": wq_b, "wq_b_scale": wq_b_scale,
+        "wkv": t(p + "attn.wkv.weight").T.contiguous().to(bf16), "gamma_cq": t(p + "attn.q_norm.weight").to(bf16),
+        "gamma_ckv": t(p + "attn.norm.weight").to(bf16), "attn_sink": t(p + "attn.attn_sink"),
+        "wo_a": t(p + "attn.wo_a.weight").reshape(cfg.o_groups, cfg.o_lora_rank, -1).to(bf16),
+        "wo_b": wo_b, "wo_b_scale": wo_b_scale,
+    }
+    ratio = cfg.compress_ratios[i]
+    if ratio:
+        c = p + "attn.compressor."
+        out.update(cmp_wkv=t(c + "wkv.weight").to(bf16), cmp_wgate=t(c + "wgate.weight").to(bf16),
+                   cmp_ape=t(c + "ape"), cmp_norm_w=t(c + "norm.weight").to(bf16))
+    if ratio == 4:
+        x = p + "attn.indexer."
+        idx_wq_b, idx_wq_b_scale = quantize_weight_per_column(t(x + "wq_b.weight").T.contiguous())
+        out.update(idx_wkv=t(x + "compressor.wkv.weight").to(bf16),
+                   idx_wgate=t(x + "compressor.wgate.weight").to(bf16), idx_ape=t(x + "compressor.ape"),
+                   idx_norm_w=t(x + "compressor.norm.weight").to(bf16),
+                   hadamard=orthonormal_hadamard(cfg.index_head_dim).to(bf16), idx_wq_b=idx_wq_b,
+                   idx_wq_b_scale=idx_wq_b_scale,
+                   idx_weights_proj=t(x + "weights_proj.weight").T.contiguous().to(bf16))
+    return out
+
+
+def moe_inputs(ckpt: Checkpoint, i: int, weight_format: str | None = None) -> dict[str, torch.Tensor | None]:
+    """Layer ``i``'s MoE-block inputs keyed by ``moe.MOE_INPUTS`` without ``x_hc`` /
+    ``input_ids`` (v4flash-kernels.md B.23): FP32 HC parameters, router weight and bias
+    (zeros on hash layers), INT32 ``tid2eid`` (zeros on learned layers), ``ffn_norm`` as
+    ``norm_w``; routed ``w1 / w3 [E, F, D]``, ``w2 [E, D, F]`` and shared ``sh_w1 / sh_w3
+    [F, D]``, ``sh_w2 [D, F]``: for ``"int8"`` (default: the checkpoint's format) INT8 per
+    output row with FP32 scales and a BF16 ``norm_w`` (the kernel's inputs), for ``"bf16"``
+    the FP32 weights with ``None`` scales and an FP32 ``norm_w`` (``golden_moe``'s parity
+    inputs).
+
+    Raises:
+        CheckpointError: ``i`` outside the layers. ConfigError: an unknown format.
+    """
+    fmt = weight_format or ckpt.weight_format
+    if fmt not in WEIGHT_FORMATS:
+        raise ConfigError(f"moe_inputs: weight_format must be one of {WEIGHT_FORMATS}, got {fmt!r}")
+    cfg, t, p = ckpt.config, ckpt.tensor, f"layers.{i}."
+    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < cfg.num_hidden_layers:
+        raise CheckpointError(f"checkpoint {ckpt.path}: no layer {i!r} (num_hidden_layers={cfg.num_hidden_layers})")
+    E, K, V = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.vocab_size
+    hash_layer = i < cfg.num_hash_layers
+
+    def rows(w):  # (codes, scale) per output row, or (w, None)
+        if fmt == "bf16":
+            return w, None
+        q = quantize_rows_int8(w)
+        return q.codes, q.scale
+
+    out: dict[str, torch.Tensor | None] = {
+        "hc_ffn_fn": t(p + "hc_ffn_fn"), "hc_ffn_scale": t(p + "hc_ffn_scale"), "hc_ffn_base": t(p + "hc_ffn_base"),
+        "norm_w": t(p + "ffn_norm.weight").to(torch.bfloat16 if fmt == "int8" else torch.float32),
+        "gate_w": t(p + "ffn.gate.weight"), "gate_bias": torch.zeros(E) if hash_layer else t(p + "ffn.gate.bias"),
+        "tid2eid": (t(p + "ffn.gate.tid2eid") if hash_layer else torch.zeros(V, K, dtype=torch.int64)).to(torch.int32),
+    }
+    for leaf in ("w1", "w3", "w2"):
+        per = [rows(t(f"{p}ffn.experts.{e}.{leaf}.weight")) for e in range(E)]
+        out[leaf] = torch.stack([c for c, _ in per])
+        out[leaf + "_scale"] = None if fmt == "bf16" else torch.stack([s for _, s in per])
+        out["sh_" + leaf], out[f"sh_{leaf}_scale"] = rows(t(f"{p}ffn.shared_experts.{leaf}.weight"))
+    return out
