@@ -63,6 +63,11 @@ class RaceError(PtoError):
     ordered by the task graph."""
 
 
+class DistributedError(PtoError):
+    """A multi-rank run failed: a wait not satisfied within the timeout, a peer rank that died,
+    or a launch that could not start; names the rank, the window and the counter."""
+
+
 class GoldenDataError(PtoError):
     """Saved golden data is missing, malformed or does not match the specs."""
 

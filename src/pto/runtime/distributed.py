@@ -1,0 +1,566 @@
+"""Ranks, window buffers, remote stores and notifications on torch.distributed (DESIGN 12).
+
+One process per rank. The device offers one-sided RDMA writes into a peer's window and remote
+atomics on signal words; gloo (torch.distributed on CPU) offers two-sided point-to-point
+``send`` / ``recv``. The mapping (docs/distributed.md):
+
+* a window is a torch tensor of the same shape on every rank (window ids follow the SPMD
+  allocation order, so ``(window id, offsets)`` addresses the same storage everywhere);
+* every rank runs one receiver thread per peer that loops on ``dist.recv`` from that peer and
+  applies what arrives to its own windows under a lock: a ``remote_store`` / ``put`` is one
+  message (window id, offsets, shape, dtype, the bytes), a ``notify`` another (window id,
+  element, value, Set / AtomicAdd) -- one-sided for the sender's kernel, which never waits
+  for the peer to post anything;
+* messages between two ranks travel in one FIFO channel, so a notify arrives after every
+  store the same rank sent before it (the reference's data-before-signal rule);
+* ``wait`` blocks the task on a condition variable until the local signal element compares
+  true, a peer's connection fails (the peer died) or ``timeout_s`` passes; both failures
+  raise :class:`pto.errors.DistributedError` naming the rank, the window and the counter;
+* a store or notify to this rank itself is applied at once in the calling thread.
+
+After a program (:func:`run`), every rank sends an end marker to every peer and waits for
+theirs, so all traffic of the program has been applied; in check mode the cross-rank race
+check then runs: a task that read a window region a peer wrote during the program must be
+reachable in the task graph from a task whose wait acquired that write (a notify from the
+writer, issued after the write, counted toward the satisfied condition), else RaceError
+naming both ranks and both tasks. Stores into a rank's own window are ordered by its graph.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+import pto.language.distributed as pld
+from pto.errors import ConfigError, DistributedError, DslError, RaceError
+
+__all__ = ["World", "Window", "init", "shutdown", "local_world", "run", "spawn", "default_timeout_s",
+           "RemoteEvent"]
+
+_PUT, _NOTIFY, _END, _CLOSE = 1, 2, 3, 4
+TIMEOUT_ENV = "PTO_DIST_TIMEOUT"
+
+
+def default_timeout_s() -> float:
+    """Seconds a wait may block: ``PTO_DIST_TIMEOUT`` (default 120).
+
+    Raises:
+        ConfigError: a value that is not a positive number.
+    """
+    raw = os.environ.get(TIMEOUT_ENV, "120")
+    try:
+        v = float(raw)
+    except ValueError:
+        v = -1.0
+    if not v > 0:
+        raise ConfigError(f"{TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
+    return v
+
+
+@dataclass
+class Window:
+    """One registered window view: id (SPMD order), name, the local tensor."""
+
+    id: int
+    name: str
+    tensor: torch.Tensor
+
+    def box(self, offsets, shape) -> tuple:
+        """Half-open root 2-D box ``(r0, r1, c0, c1)`` covering the N-d region (rows are the
+        flattened leading dims, as task footprints count them)."""
+        dims = list(self.tensor.shape)
+        if len(dims) == 1:
+            return (0, 1, offsets[0], offsets[0] + shape[0])
+
+        def flat(idx):
+            r = 0
+            for i, d in zip(idx, dims[:-1]):
+                r = r * d + i
+            return r
+        lo = flat(offsets[:-1])
+        hi = flat([o + s - 1 for o, s in zip(offsets[:-1], shape[:-1])]) + 1
+        return (lo, hi, offsets[-1], offsets[-1] + shape[-1])
+
+
+@dataclass
+class RemoteEvent:
+    """A satisfied wait: the task (program-local id and name) that waited, the window, the
+    element, the value it waited for and, per source rank, how many of that rank's stores it
+    acquired (stores numbered in send order)."""
+
+    task_id: int
+    task_name: str
+    window: str
+    element: tuple
+    expected: int
+    acquired: dict = field(default_factory=dict)
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[1] and b[0] < a[1] and a[2] < b[3] and b[2] < a[3]
+
+
+class World:
+    """The ranks of this run as seen from one process (see the module docstring).
+
+    Attributes:
+        size, rank: world size and this process's rank.
+        timeout_s: how long a wait may block before it fails.
+        windows: registered window views in SPMD order.
+        events: the satisfied waits of the running program (:class:`RemoteEvent`).
+    """
+
+    def __init__(self, size: int = 1, rank: int = 0, timeout_s: float | None = None, transport=None):
+        self.size, self.rank = size, rank
+        self.timeout_s = default_timeout_s() if timeout_s is None else float(timeout_s)
+        self.windows: list[Window] = []
+        self._by_key: dict = {}
+        self.buffers: list = []
+        self.cv = threading.Condition()
+        self.transport = transport
+        self.dead: dict[int, str] = {}
+        self.epoch = 0  # programs finished (end markers sent)
+        self.ends = [0] * size  # end markers received per peer
+        self.sent_puts = [0] * size  # stores sent per destination (their sequence numbers)
+        self.recv_puts = [0] * size  # stores received per source
+        self.writes: list = []  # (src, src task name, src task id, window id, box, seq, epoch)
+        self.notifies: dict = {}  # (window id, element) -> {src: stores acquired by the latest notify}
+        self.events: list[RemoteEvent] = []
+
+    # ---- windows ----------------------------------------------------------------------------
+    def alloc(self, name: str, nbytes: int):
+        """A new :class:`pld.WindowBuffer` of ``nbytes`` (kept alive by the world)."""
+        buf = pld.WindowBuffer(name, nbytes)
+        self.buffers.append(buf)
+        return buf
+
+    def register_window(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """Register view ``t`` as the next window (id = registration order)."""
+        w = Window(len(self.windows), name, t)
+        self.windows.append(w)
+        self._by_key[(t.data_ptr(), tuple(t.shape), t.dtype)] = w
+        return t
+
+    def window_of(self, gm, what: str) -> Window:
+        """The window a kernel parameter ``gm`` (GMTensor) is bound to.
+
+        Raises:
+            DslError: ``gm`` is not a whole window parameter.
+        """
+        data = getattr(gm, "data", None)
+        w = None if data is None else self._by_key.get((data.data_ptr(), tuple(data.shape), data.dtype))
+        if w is None:
+            name = getattr(gm, "name", type(gm).__name__)
+            raise DslError(f"{what}: {name!r} is not a window (pass a tensor from pld.window as a "
+                           "pld.DistributedTensor parameter; offsets address the whole window)")
+        return w
+
+    def _region(self, w: Window, offsets, shape, what: str):
+        from pto.language.typing import as_int
+        offs = [as_int(o, f"an offset of {what}") for o in (offsets if isinstance(offsets, (list, tuple))
+                                                            else [offsets])]
+        dims = list(w.tensor.shape)
+        shape = list(shape) + [1] * (len(dims) - len(shape)) if len(shape) < len(dims) else list(shape)
+        if len(offs) != len(dims) or len(shape) != len(dims) or any(
+                o < 0 or s < 0 or o + s > d for o, s, d in zip(offs, shape, dims)):
+            raise DslError(f"{what}: region offsets {offs} shape {shape} outside window {w.name!r} {dims}")
+        return offs, shape
+
+    # ---- kernel-side operations ---------------------------------------------------------------
+    def store(self, blk, target, peer: int, offsets, data: torch.Tensor, atomic: bool) -> None:
+        """``remote_store`` / ``put`` of ``data`` into ``peer``'s window ``target``."""
+        w = self.window_of(target, "pld.tile.remote_store")
+        if data.dtype != w.tensor.dtype:
+            raise DslError(f"pld.tile.remote_store: tile dtype {data.dtype} does not match window {w.name!r} "
+                           f"{w.tensor.dtype} (cast first)")
+        lead = [1] * (w.tensor.dim() - data.dim())
+        offs, shape = self._region(w, offsets, lead + list(data.shape), "pld.tile.remote_store")
+        data = data.reshape(shape).contiguous()
+        task = blk.task
+        if peer == self.rank:  # a local store: a write footprint, ordered by the task graph
+            blk.fp.append((target.buf, w.box(offs, shape), 2 if atomic else 1))
+            self._apply_put(self.rank, (w.id, offs, atomic, task.name, task.id, -1, self.epoch), data)
+            return
+        seq = self.sent_puts[peer]
+        self.sent_puts[peer] += 1
+        self.transport.send(peer, _PUT, (w.id, offs, atomic, task.name, task.id, seq, self.epoch), data)
+
+    def notify(self, blk, target, peer: int, offsets, value: int, op) -> None:
+        """``notify``: Set / AtomicAdd ``value`` into ``peer``'s signal element."""
+        w = self.window_of(target, "pld.system.notify")
+        if w.tensor.dtype.is_floating_point:
+            raise DslError(f"pld.system.notify: signal window {w.name!r} must be an integer window")
+        offs, _ = self._region(w, offsets, [1] * w.tensor.dim(), "pld.system.notify")
+        meta = (w.id, tuple(offs), value, op is pld.NotifyOp.Set, self.sent_puts[peer] if peer != self.rank else 0)
+        if peer == self.rank:
+            self._apply_notify(self.rank, meta)
+        else:
+            self.transport.send(peer, _NOTIFY, meta, None)
+
+    def wait(self, blk, signal, offsets, expected: int, cmp) -> None:
+        """``wait``: block until ``signal[offsets]`` compares true (see the module docstring).
+
+        Raises:
+            DistributedError: timeout or a dead peer, naming rank, window, counter and value.
+        """
+        w = self.window_of(signal, "pld.system.wait")
+        offs, _ = self._region(w, offsets, [1] * w.tensor.dim(), "pld.system.wait")
+        el = tuple(offs)
+        ge = cmp is pld.WaitCmp.Ge
+        deadline = time.monotonic() + self.timeout_s
+        with self.cv:
+            while True:
+                v = int(w.tensor[el])
+                if (v >= expected) if ge else (v == expected):
+                    break
+                what = (f"rank {self.rank}: task {blk.task.name!r} waits on window {w.name!r} counter "
+                        f"{list(el)} {'>=' if ge else '=='} {expected}, value {v}")
+                if self.dead:
+                    r, why = next(iter(self.dead.items()))
+                    raise DistributedError(f"{what}: rank {r} died ({why})")
+                if self.size == 1:
+                    raise DistributedError(f"{what}: one rank, nothing else can notify it")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DistributedError(f"{what}: not notified within {self.timeout_s:g} s "
+                                           f"({TIMEOUT_ENV})")
+                self.cv.wait(min(left, 1.0))
+            acq = dict(self.notifies.get((w.id, el), {}))
+        self.events.append(RemoteEvent(blk.task.id, blk.task.name, w.name, el, expected, acq))
+
+    # ---- applying traffic (receiver threads, or the caller for this rank) ---------------------
+    def _apply_put(self, src: int, meta, data: torch.Tensor) -> None:
+        wid, offs, atomic, tname, tid, seq, epoch = meta
+        w = self.windows[wid]
+        region = tuple(slice(o, o + s) for o, s in zip(offs, data.shape))
+        with self.cv:
+            if atomic:
+                w.tensor[region] += data
+            else:
+                w.tensor[region] = data
+            self.writes.append((src, tname, tid, wid, w.box(offs, list(data.shape)), seq, epoch))
+            self.cv.notify_all()
+
+    def _apply_notify(self, src: int, meta) -> None:
+        wid, el, value, is_set, puts_before = meta
+        w = self.windows[wid]
+        with self.cv:
+            if is_set:
+                w.tensor[el] = value
+            else:
+                w.tensor[el] += value
+            self.notifies.setdefault((wid, el), {})[src] = puts_before
+            self.cv.notify_all()
+
+    def receive(self, src: int, kind: int, meta, data) -> None:
+        """Apply one message from ``src`` (called by the transport's receiver thread)."""
+        if kind == _PUT:
+            self._apply_put(src, meta, data)
+        elif kind == _NOTIFY:
+            self._apply_notify(src, meta)
+        elif kind == _END:
+            with self.cv:
+                self.ends[src] = meta
+                self.cv.notify_all()
+
+    def peer_failed(self, src: int, why: str) -> None:
+        """The channel from ``src`` broke (the process died or closed early)."""
+        with self.cv:
+            self.dead.setdefault(src, why)
+            self.cv.notify_all()
+
+    # ---- program boundaries ------------------------------------------------------------------
+    def end_program(self, prog) -> None:
+        """After one program on every rank: exchange end markers (all its traffic is then
+        applied), run the cross-rank race check in check mode, reset the per-program records.
+
+        Raises:
+            DistributedError: a peer did not finish the program within ``timeout_s`` or died.
+            RaceError: see the module docstring.
+        """
+        self.epoch += 1
+        if self.size > 1:
+            for p in range(self.size):
+                if p != self.rank:
+                    self.transport.send(p, _END, self.epoch, None)
+            deadline = time.monotonic() + self.timeout_s
+            with self.cv:
+                while any(self.ends[p] < self.epoch for p in range(self.size) if p != self.rank):
+                    late = [p for p in range(self.size) if p != self.rank and self.ends[p] < self.epoch]
+                    what = (f"rank {self.rank}: program {prog.name if prog else '?'!r} end: ranks {late} "
+                            f"have not finished it")
+                    if self.dead:
+                        r, why = next(iter(self.dead.items()))
+                        raise DistributedError(f"{what}; rank {r} died ({why})")
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise DistributedError(f"{what} within {self.timeout_s:g} s ({TIMEOUT_ENV})")
+                    self.cv.wait(min(left, 1.0))
+        try:
+            if prog is not None and getattr(prog, "check", False):
+                self._check_races(prog)
+        finally:
+            with self.cv:
+                self.writes = [w for w in self.writes if w[6] >= self.epoch]
+            self.events = []
+
+    def _check_races(self, prog) -> None:
+        cur = self.epoch - 1
+        bufs = {}
+        for buf in prog.buffers:
+            w = self._by_key.get((buf.data.data_ptr(), tuple(buf.data.shape), buf.data.dtype)) \
+                if buf.kind == "arg" else None
+            if w is not None:
+                bufs[buf.id] = w
+        if not bufs:
+            return
+        g = prog.graph
+        with self.cv:  # remote stores first: they are the cross-rank races this check exists for
+            writes = sorted((w for w in self.writes if w[6] == cur), key=lambda w: w[0] == self.rank)
+        for task in g.tasks:
+            if task.kind == "dummy":
+                continue
+            for buf, kind, box in task.footprints:
+                w = bufs.get(buf.id)
+                if w is None or kind != 0:
+                    continue
+                for src, tname, tid, wid, wbox, seq, _ in writes:
+                    if wid != w.id or not _overlap(box, wbox):
+                        continue
+                    if src == self.rank:
+                        if tid <= task.id and g.reachable(tid, task.id):
+                            continue
+                    elif any(ev.acquired.get(src, 0) > seq and g.reachable(ev.task_id, task.id)
+                             for ev in self.events):
+                        continue
+                    r0, r1 = max(box[0], wbox[0]), min(box[1], wbox[1])
+                    c0, c1 = max(box[2], wbox[2]), min(box[3], wbox[3])
+                    raise RaceError(
+                        f"program {prog.name}: rank {self.rank} task {task.name!r} (id {task.id}) reads window "
+                        f"{w.name!r}[{r0}:{r1}, {c0}:{c1}] that rank {src} task {tname!r} (id {tid}) wrote with "
+                        f"remote_store/put, with no notify/wait ordering them (the reader must depend on a task "
+                        f"whose pld.system.wait a notify from rank {src}, issued after the store, satisfied)")
+
+
+_LOCAL = None
+_WORLD: World | None = None
+
+
+def local_world() -> World:
+    """The one-rank world of a process without torch.distributed."""
+    global _LOCAL
+    if _LOCAL is None:
+        _LOCAL = World(1, 0, timeout_s=1.0)
+    return _LOCAL
+
+
+class GlooTransport:
+    """Point-to-point messages over a gloo process group: header (kind, meta bytes, data
+    bytes) int64, pickled meta, raw data bytes, in one FIFO channel per pair of ranks."""
+
+    def __init__(self, world: World):
+        import torch.distributed as dist
+        self.dist = dist
+        self.world = world
+        self.lock = threading.Lock()
+        self.closed = set()
+        self.threads = []
+        for p in range(world.size):
+            if p != world.rank:
+                th = threading.Thread(target=self._recv_loop, args=(p,), daemon=True,
+                                      name=f"pto-dist-recv-{p}")
+                th.start()
+                self.threads.append(th)
+
+    def send(self, peer: int, kind: int, meta, data: torch.Tensor | None) -> None:
+        """Send one message to ``peer`` (blocking until gloo has taken the bytes).
+
+        Raises:
+            DistributedError: the channel to ``peer`` failed (the peer died).
+        """
+        mb = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8)
+        db = None
+        if data is not None:
+            db = data.contiguous().view(-1).view(torch.uint8)
+        dt = b"" if data is None else pickle.dumps((data.dtype, tuple(data.shape)))
+        hb = torch.frombuffer(bytearray(dt), dtype=torch.uint8) if dt else None
+        head = torch.tensor([kind, mb.numel(), 0 if db is None else db.numel(), 0 if hb is None else hb.numel()],
+                            dtype=torch.int64)
+        try:
+            with self.lock:
+                self.dist.send(head, peer)
+                self.dist.send(mb, peer)
+                if db is not None:
+                    self.dist.send(hb, peer)
+                    if db.numel():
+                        self.dist.send(db, peer)
+        except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError subclasses
+            self.world.peer_failed(peer, f"send failed: {str(e).splitlines()[0][:200]}")
+            raise DistributedError(f"rank {self.world.rank}: sending to rank {peer} failed (rank {peer} died?): "
+                                   f"{str(e).splitlines()[0][:200]}") from None
+
+    def _recv_loop(self, src: int) -> None:
+        w = self.world
+        try:
+            while True:
+                head = torch.empty(4, dtype=torch.int64)
+                self.dist.recv(head, src)
+                kind, nm, nd, nh = (int(x) for x in head)
+                mb = torch.empty(nm, dtype=torch.uint8)
+                self.dist.recv(mb, src)
+                meta = pickle.loads(mb.numpy().tobytes())
+                data = None
+                if nh:
+                    hb = torch.empty(nh, dtype=torch.uint8)
+                    self.dist.recv(hb, src)
+                    dtype, shape = pickle.loads(hb.numpy().tobytes())
+                    db = torch.empty(nd, dtype=torch.uint8)
+                    if nd:
+                        self.dist.recv(db, src)
+                    data = db.view(dtype).view(shape)
+                if kind == _CLOSE:
+                    self.closed.add(src)
+                    return
+                w.receive(src, kind, meta, data)
+        except Exception as e:  # noqa: BLE001 - a dead peer surfaces as a gloo error here
+            if src not in self.closed:
+                w.peer_failed(src, f"connection lost: {str(e).splitlines()[0][:200]}")
+
+    def close(self) -> None:
+        """Tell every peer this rank is done, wait (bounded) for theirs, destroy the group."""
+        for p in range(self.world.size):
+            if p != self.world.rank and p not in self.world.dead:
+                try:
+                    self.send(p, _CLOSE, None, None)
+                except DistributedError:
+                    pass
+        for th in self.threads:
+            th.join(timeout=min(self.world.timeout_s, 10.0))
+        try:
+            self.dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a peer already gone
+            pass
+
+
+def init(timeout_s: float | None = None) -> World:
+    """Join the run described by the torchrun environment (``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``): a gloo process group, receiver threads, and the world
+    that ``pld`` uses. Without ``WORLD_SIZE`` (or ``WORLD_SIZE=1``) the local one-rank world.
+
+    Raises:
+        ConfigError: a malformed environment.
+        DistributedError: the group could not be formed within ``timeout_s``.
+    """
+    global _WORLD
+    if _WORLD is not None:
+        return _WORLD
+    try:
+        size = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE / RANK must be integers, got {os.environ.get('WORLD_SIZE')!r} / "
+                          f"{os.environ.get('RANK')!r}") from None
+    if size < 1 or not 0 <= rank < size:
+        raise ConfigError(f"RANK={rank} outside WORLD_SIZE={size}")
+    t = default_timeout_s() if timeout_s is None else float(timeout_s)
+    if size == 1:
+        _WORLD = World(1, 0, timeout_s=t)
+    else:
+        import datetime
+
+        import torch.distributed as dist
+        try:
+            dist.init_process_group("gloo", rank=rank, world_size=size, timeout=datetime.timedelta(seconds=t))
+        except Exception as e:  # noqa: BLE001 - rendezvous failures come in several classes
+            raise DistributedError(f"rank {rank}: cannot join the gloo group of {size} ranks at "
+                                   f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}: "
+                                   f"{str(e).splitlines()[0][:200]}") from None
+        _WORLD = World(size, rank, timeout_s=t)
+        _WORLD.transport = GlooTransport(_WORLD)
+        atexit.register(shutdown)
+    pld._world = _WORLD
+    return _WORLD
+
+
+def shutdown() -> None:
+    """Leave the run (close the channels); the local one-rank world again afterwards."""
+    global _WORLD
+    w, _WORLD = _WORLD, None
+    pld._world = None
+    if w is not None and w.transport is not None:
+        w.transport.close()
+
+
+def run(entry, *args, config=None, **kwargs):
+    """Run ``@pl.jit`` ``entry`` on this rank, then :meth:`World.end_program` (all ranks run
+    the same program). Returns the Program.
+
+    Raises:
+        the program's errors; DistributedError / RaceError from the end of the program.
+    """
+    prog = entry.run(*args, config=config, **kwargs)
+    pld.world().end_program(prog)
+    return prog
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(argv: list[str], nprocs: int, *, timeout_s: float | None = None, grace_s: float = 10.0,
+          quiet_ranks: bool = True, script: str | None = None) -> int:
+    """Start ``nprocs`` ranks of ``python -m pto ARGV`` (``python SCRIPT ARGV`` with ``script``) on this machine (torchrun's environment:
+    ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and wait.
+
+    When a rank fails, the others get ``grace_s`` seconds to end on their own (they see the
+    dead peer), then are killed; every child is reaped before returning, none is left behind.
+    Ranks other than 0 have their stdout discarded when ``quiet_ranks`` (stderr is kept).
+
+    Returns:
+        0 if every rank exited 0, else the first failing rank's exit code.
+    """
+    port = _free_port()
+    env = dict(os.environ, WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if timeout_s is not None:
+        env[TIMEOUT_ENV] = str(timeout_s)
+    env.pop("PTO_EP_SPAWNED", None)
+    procs = []
+    try:
+        for r in range(nprocs):
+            e = dict(env, RANK=str(r), LOCAL_RANK=str(r), PTO_EP_SPAWNED="1")
+            out = subprocess.DEVNULL if (quiet_ranks and r) else None
+            cmd = [sys.executable, script] if script else [sys.executable, "-m", "pto"]
+            procs.append(subprocess.Popen([*cmd, *argv], env=e, stdout=out))
+        code, failed_at = 0, None
+        while True:
+            states = [p.poll() for p in procs]
+            bad = [c for c in states if c not in (None, 0)]
+            if bad and code == 0:
+                code, failed_at = bad[0], time.monotonic()
+            if all(c is not None for c in states):
+                break
+            if failed_at is not None and time.monotonic() - failed_at > grace_s:
+                break
+            time.sleep(0.05)
+        return code
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
