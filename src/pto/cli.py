@@ -989,11 +989,13 @@ def _generate_args(p):
                    help="bf16: unquantised (default); int8: W8A8 quantised at load")
     p.add_argument("--chunk", type=int, default=128, help="prefill chunk in tokens (default 128)")
     p.add_argument("--backend", choices=("auto", "golden", "kernels"), default="auto",
-                   help="golden: the FP32 golden forward; kernels: the DSL kernels (W8A8, int8 weights) "
-                        "with golden fallbacks; auto (default): kernels for --weights int8, else golden")
+                   help="golden: the FP32 golden forward; kernels: the DSL kernels (W8A8, int8 weights); "
+                        "auto (default): kernels for --weights int8, else golden")
     p.add_argument("--max-context", type=int, default=None,
                    help="deployment context in tokens (default: the model's, at most 16384)")
     p.add_argument("--json", action="store_true", help="print one JSON object (tokens, timings)")
+    p.add_argument("--stats", action="store_true",
+                   help="kernel path: per program kind the runs, tasks, edges, edges per task, heap peak, wall")
 
 
 def _parse_ids(text: str, where: str) -> list[int]:
@@ -1083,9 +1085,19 @@ def cmd_generate(args) -> int:
            "tokens_per_s": round(res.tokens_per_s, 3), "wall_s": round(wall, 6)}
     if text is not None:
         out["text"] = [text.decode(t) for t in res.tokens]
+    if backend == "kernels":
+        out["programs"] = [{"program": k, "runs": n, "tasks": t, "edges": e, "edges_per_task": round(ept, 3),
+                            "heap_peak_bytes": h, "wall_ms": round(w, 3)} for k, n, t, e, ept, h, w in model.stats.rows()]
     if args.json:
         print(json.dumps(out))
         return 0
+    if args.stats and backend == "kernels":
+        table = Table(title="kernel programs (per run)")
+        for col in ("program", "runs", "tasks", "edges", "edges/task", "heap peak", "wall ms"):
+            table.add_column(col, justify="left" if col == "program" else "right")
+        for k, n, t, e, ept, h, w in model.stats.rows():
+            table.add_row(k, str(n), f"{t:.0f}", f"{e:.0f}", f"{ept:.2f}", fmt_bytes(h), f"{w:.1f}")
+        con.print(table)
     for r, toks in enumerate(res.tokens):
         label = f"request {r}" if len(prompts) > 1 else "tokens"
         con.print(f"{label}: {' '.join(map(str, toks))}  ({res.stop_reasons[r]})", highlight=False)
@@ -1093,7 +1105,7 @@ def cmd_generate(args) -> int:
             con.print(f"text: {out['text'][r]}", highlight=False)
     con.print(f"prefill {1e3 * res.prefill_s:.1f} ms ({sum(out['prompt_tokens'])} tokens), decode "
               f"{res.decode_ms_per_token:.2f} ms/token, {res.tokens_per_s:.1f} tokens/s "
-              f"(weights {args.weights}, {'DSL kernels with golden fallbacks' if backend == 'kernels' else 'golden FP32 forward'})",
+              f"(weights {args.weights}, {'DSL kernels' if backend == 'kernels' else 'golden FP32 forward'})",
               highlight=False)
     return 0
 

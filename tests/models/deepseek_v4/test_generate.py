@@ -137,6 +137,10 @@ def test_cli_generate_on_kernels(ckpt, capsys):
     km = KernelModel(open_checkpoint(ckpt, "int8"), get_deployment("tiny").replace(max_context=64, rope_max_pos=64))
     want = generate(km, [[5, 17, 300]], max_new_tokens=3)
     assert out["backend"] == "kernels" and out["tokens"] == want.tokens
+    rows = {r["program"]: r for r in out["programs"]}  # per program kind: the graph of one run
+    assert rows["decode_layer_swa"]["runs"] == 4 and rows["decode_layer_swa"]["tasks"] == \
+        km.stats.tasks["decode_layer_swa"] / 4
+    assert all(r["tasks"] > 0 and r["edges"] >= 0 and r["heap_peak_bytes"] >= 0 for r in out["programs"])
     # 3 steps (1 prefill + 2 decode): one layer program per layer (attention + MoE), 2 layers per type
     assert km.stats.programs == {"lookup_embedding": 3, "prefill_layer_swa": 2, "prefill_layer_csa": 2,
                                  "prefill_layer_hca": 2, "decode_layer_swa": 4, "decode_layer_csa": 4,

@@ -148,17 +148,32 @@ class KernelState:
 
 @dataclass
 class KernelStats:
-    """Kernel programs run, their tasks and wall seconds, per kernel name."""
+    """Per kernel program name: runs, tasks, edges (summed), the largest heap peak (bytes) and
+    wall seconds (summed)."""
 
     programs: dict[str, int] = field(default_factory=dict)
     tasks: dict[str, int] = field(default_factory=dict)
+    edges: dict[str, int] = field(default_factory=dict)
+    heap_peak_bytes: dict[str, int] = field(default_factory=dict)
     wall_s: dict[str, float] = field(default_factory=dict)
 
     def add(self, name: str, prog, wall: float) -> None:
         """Record one program run of kernel ``name``."""
+        st = prog.stats
         self.programs[name] = self.programs.get(name, 0) + 1
-        self.tasks[name] = self.tasks.get(name, 0) + prog.stats.tasks
+        self.tasks[name] = self.tasks.get(name, 0) + st.tasks
+        self.edges[name] = self.edges.get(name, 0) + st.edges
+        self.heap_peak_bytes[name] = max(self.heap_peak_bytes.get(name, 0), st.heap_peak_bytes)
         self.wall_s[name] = self.wall_s.get(name, 0.0) + wall
+
+    def rows(self) -> list[tuple]:
+        """``(name, runs, tasks/run, edges/run, edges per task, heap peak bytes, wall ms/run)``
+        per program name, in first-run order."""
+        out = []
+        for k, n in self.programs.items():
+            t, e = self.tasks[k] / n, self.edges[k] / n
+            out.append((k, n, t, e, e / t if t else 0.0, self.heap_peak_bytes[k], 1e3 * self.wall_s[k] / n))
+        return out
 
 
 class KernelModel:
