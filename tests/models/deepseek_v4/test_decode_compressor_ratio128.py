@@ -87,3 +87,4 @@ def test_flash():
     cr = get_case("decode_compressor_ratio128").build("flash", "decode", start_pos=(8190, 127, 128, 255))
     res = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, cr.rtol, cr.atol)
     assert res.passed, res.error
+

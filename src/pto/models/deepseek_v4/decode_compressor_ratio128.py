@@ -83,9 +83,10 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
     1. ``decode_hca_c128_kv_score_proj`` ``spmd(head_dim / 128)`` (deps ``late_dep``):
        two ``[round_up(T, 16), 128]`` FP32 tiles ``x @ wkv^T`` and ``x @ wgate^T`` (BF16 operands,
        K chunks of ``proj_k``), the projection of prefill_compressor_ratio128.
-    2. ``decode_hca_c128_scatter_softmax_pool`` ``at``: per request, in token order: the
-       state rows of its active tokens, then for a token that closes a window and has a
-       compressed destination: the window's 128 state rows
+    2. ``decode_hca_c128_scatter_softmax_pool`` ``at``: in token order, each active token's
+       state row, and right after a token that closes a window and has a compressed
+       destination (so a later token's row, the next window's, cannot overwrite a ring page
+       the window still needs): the window's 128 state rows
        through ``state_block_table[b]`` (zero rows on a negative entry), softmax over the 128
        slots per channel (all channels in one tile), weighted sum into ``pooled`` row ``t``;
        consecutive physical pages are copied as one run.
@@ -207,12 +208,14 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
         closing = []
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="decode_hca_c128_scatter_softmax_pool") as pool_tid:
             active, closing = scan(t, s_req, position_ids, cmp_slot_mapping, state_slot_mapping, state_block_table)
-            for req in range(n_req):
-                for tok, _, p, slot in [a for a in active if a[1] == req]:
-                    if slot >= 0:
-                        state_rows[slot:slot + 1, 0:d] = kv_proj[tok:tok + 1, 0:d]
-                        state_rows[slot:slot + 1, d:2 * d] = score_proj[tok:tok + 1, 0:d] + ape[p % M:p % M + 1, 0:d]
-                for tok, _, p, _ in [c for c in closing if c[1] == req]:
+            closes = {c[0] for c in closing}
+            # in token order: a row after a closing token (the next window, possibly on a ring page
+            # of the closing one) is written after the pool read the window
+            for tok, req, p, slot in active:
+                if slot >= 0:
+                    state_rows[slot:slot + 1, 0:d] = kv_proj[tok:tok + 1, 0:d]
+                    state_rows[slot:slot + 1, d:2 * d] = score_proj[tok:tok + 1, 0:d] + ape[p % M:p % M + 1, 0:d]
+                if tok in closes:
                     blk0 = (p + 1 - M) // page
                     phys = [pl.read(state_block_table, [req, blk0 + g]) for g in range(tl.pages_per_window)]
                     window = pl.full([M, 2 * d], pl.FP32, 0.0)
@@ -225,7 +228,8 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
                         while g1 < len(phys) and phys[g1] == phys[g] + (g1 - g):
                             g1 += 1
                         row0 = phys[g] * page
-                        window = pl.assemble(window, state_rows[row0:row0 + (g1 - g) * page, 0:2 * d], [g * page, 0])
+                        window = pl.assemble(window, state_rows[row0:row0 + (g1 - g) * page, 0:2 * d],
+                                             [g * page, 0])
                         g = g1
                     # deviation: all head_dim channels in one tile (B.9: 128-column head tiles); the
                     # softmax is per channel, so the result is the same bit for bit
@@ -322,9 +326,11 @@ def golden_decode_compressor_ratio128(
 
     State rows ``prefill_compressor_ratio128.hca_state_rows`` (FP64 projections rounded once
     to FP32) scattered at ``state_slot_mapping >= 0``; every token with ``cmp_slot_mapping >=
-    0`` gathers its window's 128 rows from the updated state through ``state_block_table[t //
-    S]`` (zero rows on a negative entry), softmax over the slots per channel, weighted sum,
-    RMSNorm (``cfg.rms_norm_eps``) times ``norm_w``, interleaved RoPE at ``p + 1 - 128``.
+    0`` pools its window's 128 rows: the input state through ``state_block_table[t // S]``
+    (zero rows on a negative entry) overlaid with this step's rows of its request up to and
+    including itself (the kernel scatters and pools in token order), softmax over the slots
+    per channel, weighted sum, RMSNorm (``cfg.rms_norm_eps``) times ``norm_w``, interleaved
+    RoPE at ``p + 1 - 128``.
 
     Raises:
         BindError: ``T`` not a multiple of ``B``, a destination on a token that does not close
@@ -359,8 +365,16 @@ def golden_decode_compressor_ratio128(
     if bool((blk >= state_block_table.shape[1]).any()):
         raise BindError(f"{fn}: a window row is past state_block_table ({state_block_table.shape[1]} pages)")
     phys = state_block_table.long()[(c // S)[:, None], blk]
-    window = torch.where((phys >= 0)[..., None], flat[(phys.clamp(min=0) * page + wpos % page)],
-                         torch.zeros(()))  # [n_c, M, 2d]
+    state_in = compress_state.reshape(-1, 2 * d).float()
+    window = torch.where((phys >= 0)[..., None], state_in[(phys.clamp(min=0) * page + wpos % page)],
+                         torch.zeros(()))  # [n_c, M, 2d] the window as it was before this step
+    # overlaid with this step's rows of the same request up to the closing token (token order:
+    # a later token's row, e.g. the next window's first on a ring page of this one, is not seen)
+    req = torch.arange(T) // S
+    seen = ((req[None, :] == (c // S)[:, None]) & (slot[None, :] >= 0) & (pos[None, :] >= w0[:, None])
+            & (pos[None, :] <= pos[c][:, None]))  # [n_c, T]
+    ci, ti = torch.nonzero(seen, as_tuple=True)
+    window[ci, pos[ti] - w0[ci]] = rows[ti]
     weights = torch.softmax(window[..., d:], dim=1)
     pooled = (weights * window[..., :d]).sum(dim=1)  # [n_c, d]
     entry = pooled * torch.rsqrt(pooled.square().mean(dim=-1, keepdim=True) + cfg.rms_norm_eps) * norm_w.float()
