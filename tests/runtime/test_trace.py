@@ -1,5 +1,6 @@
-"""Trace export: the JSON follows the Trace Event Format (complete and metadata
-events), tracks are monotonic and core tracks never overlap."""
+"""Trace export: the JSON follows the Trace Event Format (complete, metadata and
+flow events), tracks are monotonic, core tracks never overlap, only tracks that
+ran something are named, and the flow events are the task graph's edges."""
 
 import json
 
@@ -43,8 +44,15 @@ def validate_trace(obj, core_tracks=True):
             assert isinstance(ev.get("cat", ""), str)
             assert isinstance(ev.get("args", {}), dict)
             tracks.setdefault((ev["pid"], ev["tid"]), []).append((ev["ts"], ev["dur"]))
+        elif ev["ph"] in ("s", "f"):  # flow events: one start and one finish per id
+            assert isinstance(ev["id"], int) and isinstance(ev["ts"], _NUM) and isinstance(ev["tid"], int)
+            assert ev["cat"] == "dep" and (ev["ph"] == "s" or ev["bp"] == "e")
         else:
             raise AssertionError(f"unexpected phase {ev['ph']!r}")
+    assert threads == set(tracks), "a named track without spans, or spans on an unnamed track"
+    flows = [ev for ev in obj["traceEvents"] if ev["ph"] in ("s", "f")]
+    for ev in flows:  # every flow end lies on a track, at the start of one of its spans
+        assert (ev["pid"], ev["tid"]) in tracks and any(t0 == ev["ts"] for t0, _ in tracks[(ev["pid"], ev["tid"])])
     for key, spans in tracks.items():
         assert key[0] in procs, f"process {key[0]} has no process_name"
         assert key in threads, f"track {key} has no thread_name"
@@ -97,7 +105,8 @@ def test_sim_trace_one_track_per_core():
     tr = sim_trace(r, p)
     tracks = validate_trace(tr)
     names = {e["tid"]: e["args"]["name"] for e in tr["traceEvents"] if e.get("name") == "thread_name"}
-    assert len(names) == 24 + 48 + 2
+    used = {(r.core_type, r.core) for r in r.runs}
+    assert len(names) == len(used) + 2  # only the cores that ran a block, and the two AICPU streams
     assert names[0] == "AIC 00" and names[24] == "AIV 00"
     assert names[72] == "AICPU orchestrator (submit, init_value fill)" and names[73] == "AICPU scheduler (dispatch)"
     spans = [e for e in tr["traceEvents"] if e["ph"] == "X"]
@@ -111,6 +120,7 @@ def test_sim_trace_one_track_per_core():
     assert sum(1 for (pid, tid) in tracks if 24 <= tid < 72) == 30
     blk = next(e for e in spans if e["name"] == "epilogue" and e["args"]["block"] == 5)
     assert blk["args"]["footprints"] == ["read acc[8:16, 0:64]", "write y[40:48, 0:64]"]
+    assert blk["args"]["buffers"] == {"acc": {"read": 8 * 64 * 4}, "y": {"write": 8 * 64 * 4}}
     assert blk["args"]["footprint_scope"] == "block"
     fill = next(e for e in spans if e["cat"] == "init")
     assert fill["name"] == "fill acc" and fill["args"]["bytes"] == 32 * 64 * 4
@@ -123,6 +133,7 @@ def test_sim_trace_falls_back_to_task_footprints():
     blk = next(e for e in tr["traceEvents"] if e["ph"] == "X" and e["name"] == "epilogue")
     assert blk["args"]["footprint_scope"] == "task"
     assert blk["args"]["footprints"] == ["read acc[0:32, 0:64]", "write y[0:240, 0:64]"]
+    assert blk["args"]["buffers"] == {"acc": {"read": 32 * 64 * 4}, "y": {"write": 240 * 64 * 4}}
 
 
 def test_traces_of_a_check_mode_run():
@@ -148,3 +159,45 @@ def test_cli_trace_and_sim(tmp_path, capsys):
     assert "critical path: fill acc -> submit splitk_mm -> splitk_mm -> copy_out" in capsys.readouterr().out
     assert main(["sim", "example_splitk_matmul", "--machine", "z9"]) == 2
     assert "unknown machine 'z9'" in capsys.readouterr().err
+
+
+def _flow_edges(tr) -> dict:
+    """{(from, to): name} of the flow events, checking that each id has one start and one finish."""
+    starts = {e["id"]: e for e in tr["traceEvents"] if e["ph"] == "s"}
+    ends = {e["id"]: e for e in tr["traceEvents"] if e["ph"] == "f"}
+    assert set(starts) == set(ends)
+    assert len(starts) == sum(1 for e in tr["traceEvents"] if e["ph"] == "s")
+    out = {}
+    for i, s in starts.items():
+        assert (s["args"], s["name"]) == (ends[i]["args"], ends[i]["name"])
+        out[(s["args"]["from"], s["args"]["to"])] = s["name"]
+    return out
+
+
+@pl.jit
+def _joined(x: pl.Tensor[[32, 64], pl.FP32], y: pl.Out[pl.Tensor[[32, 64], pl.FP32]]):
+    with pl.at(name_hint="top") as a:
+        y[0:16, :] = x[0:16, :]
+    s = pl.spmd(2, name_hint="bottom")
+    for b in s:
+        y[16 + 8 * b:24 + 8 * b, :] = x[16 + 8 * b:24 + 8 * b, :]
+    j = pl.system.task_dummy(deps=[a, s.tid])
+    with pl.at(name_hint="after", deps=[j]):
+        y[:, :] = y[:, :] + 1.0
+    return y
+
+
+def test_flow_events_are_the_graph_edges():
+    for prog in (_program(), _joined.run(torch.randn(32, 64), torch.zeros(32, 64),
+                                         config=RunConfig(keep_footprints=True))):
+        kinds = prog.graph.edge_kinds()
+        want = {e: ",".join(k) for e, k in kinds.items()}
+        assert len(want) == prog.stats.edges
+        for tr in (cpu_trace(prog), sim_trace(simulate(prog, "a2a3"), prog)):
+            validate_trace(tr)
+            assert _flow_edges(tr) == want
+    tr = sim_trace(simulate(prog, "a2a3"), prog)
+    names = {e["tid"]: e["args"]["name"] for e in tr["traceEvents"] if e.get("name") == "thread_name"}
+    assert "join nodes (task_dummy)" in names.values()
+    assert want == {(0, 2): "explicit,join", (1, 2): "explicit,join", (2, 3): "explicit,join", (0, 3): "RAW,WAW",
+                    (1, 3): "RAW,WAW"}

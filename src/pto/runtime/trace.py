@@ -9,16 +9,25 @@ processes and threads are named by metadata events (``"ph": "M"``,
 https://ui.perfetto.dev or chrome://tracing.
 
 * :func:`cpu_trace`: one process, one track; one span per real task with its
-  measured CPU wall time (the eager runtime runs tasks one after another).
-* :func:`sim_trace`: one process per simulated machine, one track per core
-  (``AIC 00`` ..., ``AIV 00`` ...), one for the AICPU orchestrator
-  (submissions and ``init_value`` fills) and one for the AICPU scheduler
-  (dispatches); one span per scheduled block and per AICPU step.
+  measured CPU wall time (the eager runtime runs tasks one after another), and a
+  zero-length span per join node where it was submitted.
+* :func:`sim_trace`: one process per simulated machine, one track per core that
+  ran a block (``AIC 00`` ..., ``AIV 00`` ...), one for the AICPU orchestrator
+  (submissions and ``init_value`` fills), one for the AICPU scheduler
+  (dispatches) and one for join nodes (zero-length spans where each completed),
+  each only when it has a span; one span per scheduled block and per AICPU step.
 
-Span arguments: task id and name, block index, phase, flops, bytes and the
-footprints (``"read x[0:16, 0:64]"``); per block when the run kept block
-footprints (``RunConfig(keep_footprints=True)`` or check mode), else the
-task's coalesced footprints.
+Dependency arrows: one flow (a ``"ph": "s"`` event at the start of the
+predecessor's last-ending span, a ``"ph": "f"`` event with ``"bp": "e"`` at the
+start of the successor's first span, both with the edge's id and ``cat``
+``"dep"``) per edge of the task graph, named by the edge's kinds
+(``TaskGraph.edge_kinds``: RAW, WAW, atomic, explicit, join).
+
+Span arguments: task id and name, block index, phase, flops, bytes, the
+footprints (``"read x[0:16, 0:64]"``) and ``buffers``: per buffer name, per
+access kind, the bytes of its footprint boxes (``{"x": {"read": 4096}}``); per
+block when the run kept block footprints (``RunConfig(keep_footprints=True)`` or
+check mode), else the task's coalesced footprints.
 """
 
 from __future__ import annotations
@@ -43,6 +52,52 @@ def _meta(pid: int, tid: int | None, name: str, value) -> dict:
 
 def _fp_strings(program, task) -> list:
     return [str(f) for f in program.footprints(task)] if task.footprints else []
+
+
+def _box_bytes(box, itemsize: int) -> int:
+    r0, r1, c0, c1 = box
+    return (r1 - r0) * (c1 - c0) * itemsize
+
+
+def _task_buffers(program, task) -> dict:
+    """{buffer name: {access kind: bytes}} of a task's coalesced footprints."""
+    size = {b.id: b.dtype.itemsize for b in program.buffers}
+    out: dict = {}
+    for f in (program.footprints(task) if task.footprints else ()):
+        kinds = out.setdefault(f.buffer, {})
+        kinds[f.kind] = kinds.get(f.kind, 0) + _box_bytes(f.box, size.get(f.buffer_id, 0))
+    return out
+
+
+def _block_buffers(records) -> dict | None:
+    """{buffer name: {access kind: bytes}} of the block records of one (block, phase), or
+    None when the run dropped block footprints."""
+    out: dict = {}
+    for blk in records:
+        if blk.fp is None:
+            return None
+        for buf, box, kind in blk.fp:
+            kinds = out.setdefault(buf.name, {})
+            k = KIND_NAMES[kind]
+            kinds[k] = kinds.get(k, 0) + _box_bytes(box, buf.dtype.itemsize)
+    return out
+
+
+def _flows(graph, first: dict, last: dict) -> list:
+    """Flow events of every edge ``(p, s)`` whose ends both have a span: ``first`` /
+    ``last`` map a task id to ``(pid, tid, ts)`` of its first-starting / last-ending span."""
+    events = []
+    kinds = graph.edge_kinds()
+    for n, (p, s) in enumerate(sorted(kinds, key=lambda e: (e[1], e[0]))):
+        if p not in last or s not in first:
+            continue
+        name = ",".join(kinds[(p, s)]) or "dep"
+        (pp, pt, pts), (sp, st, sts) = last[p], first[s]
+        events.append({"ph": "s", "id": n, "name": name, "cat": "dep", "pid": pp, "tid": pt, "ts": pts,
+                       "args": {"from": p, "to": s}})
+        events.append({"ph": "f", "bp": "e", "id": n, "name": name, "cat": "dep", "pid": sp, "tid": st, "ts": sts,
+                       "args": {"from": p, "to": s}})
+    return events
 
 
 def _block_fp(records) -> list | None:
@@ -72,16 +127,25 @@ def cpu_trace(program) -> dict:
               _meta(_PID_CPU, 1, "thread_name", "tasks (eager, program order)"),
               _meta(_PID_CPU, 1, "thread_sort_index", 0)]
     t_base = program._t0
+    span: dict = {}  # task id -> (pid, tid, ts) of its span
+    now_us = 0.0  # a join node sits where it was submitted: after the task before it
     for t in program.graph.tasks:
         if t.kind == "dummy":
+            events.append({"ph": "X", "pid": _PID_CPU, "tid": 1, "name": f"join #{t.id}", "cat": "join",
+                           "ts": now_us, "dur": 0.0, "args": {"task_id": t.id, "preds": sorted(t.preds)}})
+            span[t.id] = (_PID_CPU, 1, now_us)
             continue
-        start_ns = max(0, t.t0 - t_base)
+        start_us = max(0, t.t0 - t_base) / 1e3
         events.append({
             "ph": "X", "pid": _PID_CPU, "tid": 1, "name": t.name, "cat": t.kind,
-            "ts": start_ns / 1e3, "dur": t.wall_ns / 1e3,
+            "ts": start_us, "dur": t.wall_ns / 1e3,
             "args": {"task_id": t.id, "blocks": t.n_blocks, "preds": sorted(t.preds), "site": t.site,
-                     "flops": t.flops, "bytes": t.bytes, "footprints": _fp_strings(program, t)},
+                     "flops": t.flops, "bytes": t.bytes, "footprints": _fp_strings(program, t),
+                     "buffers": _task_buffers(program, t)},
         })
+        span[t.id] = (_PID_CPU, 1, start_us)
+        now_us = max(now_us, start_us + t.wall_ns / 1e3)
+    events += _flows(program.graph, span, span)
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"program": program.name, "kind": "cpu", "tasks": program.stats.tasks,
                           "edges": program.stats.edges, "wall_us": program.stats.wall_us}}
@@ -100,15 +164,21 @@ def sim_trace(sim, program) -> dict:
     m = sim.machine
     tid_of = {("aic", i): i for i in range(m.n_aic)}
     tid_of.update({("aiv", i): m.n_aic + i for i in range(m.n_aiv)})
-    orch_tid, sched_tid = m.n_aic + m.n_aiv, m.n_aic + m.n_aiv + 1
+    orch_tid, sched_tid, join_tid = m.n_aic + m.n_aiv, m.n_aic + m.n_aiv + 1, m.n_aic + m.n_aiv + 2
     events = [_meta(_PID_SIM, None, "process_name", f"simulated {m.name}: {program.name}")]
+    used = {(r.core_type, r.core) for r in sim.runs}
     for (ct, i), tid in tid_of.items():
-        events.append(_meta(_PID_SIM, tid, "thread_name", f"{ct.upper()} {i:02d}"))
-        events.append(_meta(_PID_SIM, tid, "thread_sort_index", tid))
-    for tid, name in ((orch_tid, "AICPU orchestrator (submit, init_value fill)"),
-                      (sched_tid, "AICPU scheduler (dispatch)")):
-        events.append(_meta(_PID_SIM, tid, "thread_name", name))
-        events.append(_meta(_PID_SIM, tid, "thread_sort_index", tid))
+        if (ct, i) in used:  # only tracks that ran something
+            events.append(_meta(_PID_SIM, tid, "thread_name", f"{ct.upper()} {i:02d}"))
+            events.append(_meta(_PID_SIM, tid, "thread_sort_index", tid))
+    dummies = [t for t in program.graph.tasks if t.kind == "dummy"]
+    for tid, name, has in ((orch_tid, "AICPU orchestrator (submit, init_value fill)",
+                            sim.fill_runs or any(a.kind == "submit" for a in sim.aicpu_runs)),
+                           (sched_tid, "AICPU scheduler (dispatch)", any(a.kind != "submit" for a in sim.aicpu_runs)),
+                           (join_tid, "join nodes (task_dummy)", dummies)):
+        if has:
+            events.append(_meta(_PID_SIM, tid, "thread_name", name))
+            events.append(_meta(_PID_SIM, tid, "thread_sort_index", tid))
 
     tasks = program.graph.tasks
     records: dict = {}
@@ -116,20 +186,34 @@ def sim_trace(sim, program) -> dict:
         for blk in t.blocks:
             records.setdefault((t.id, blk.idx, blk.phase), []).append(blk)
     task_fp: dict = {}
+    first: dict = {}  # task id -> (pid, tid, ts) of its first-starting / last-ending span
+    last: dict = {}
     for r in sim.runs:
-        fps = _block_fp(records.get((r.task, r.block, r.phase), []))
+        rec = records.get((r.task, r.block, r.phase), [])
+        fps, bufs = _block_fp(rec), _block_buffers(rec)
         scope = "block"
         if fps is None:
             if r.task not in task_fp:
-                task_fp[r.task] = _fp_strings(program, tasks[r.task])
-            fps, scope = task_fp[r.task], "task"
+                task_fp[r.task] = (_fp_strings(program, tasks[r.task]), _task_buffers(program, tasks[r.task]))
+            (fps, bufs), scope = task_fp[r.task], "task"
+        tid = tid_of[(r.core_type, r.core)]
         events.append({
-            "ph": "X", "pid": _PID_SIM, "tid": tid_of[(r.core_type, r.core)], "name": r.name,
+            "ph": "X", "pid": _PID_SIM, "tid": tid, "name": r.name,
             "cat": "cube" if r.core_type == "aic" else "vector",
             "ts": r.start_us, "dur": r.end_us - r.start_us,
             "args": {"task_id": r.task, "block": r.block, "phase": r.phase, "flops": r.flops, "bytes": r.bytes,
-                     "footprints": fps, "footprint_scope": scope},
+                     "footprints": fps, "buffers": bufs, "footprint_scope": scope},
         })
+        if r.task not in first or r.start_us < first[r.task][2]:
+            first[r.task] = (_PID_SIM, tid, r.start_us)
+        if r.task not in last or r.end_us > last[r.task][3]:
+            last[r.task] = (_PID_SIM, tid, r.start_us, r.end_us)
+    last = {k: v[:3] for k, v in last.items()}
+    for t in sorted(dummies, key=lambda t: sim.task_spans[t.id][2]):
+        end = sim.task_spans[t.id][2]
+        events.append({"ph": "X", "pid": _PID_SIM, "tid": join_tid, "name": f"join #{t.id}", "cat": "join",
+                       "ts": end, "dur": 0.0, "args": {"task_id": t.id, "preds": sorted(t.preds)}})
+        first[t.id] = last[t.id] = (_PID_SIM, join_tid, end)
     for f in sim.fill_runs:
         events.append({"ph": "X", "pid": _PID_SIM, "tid": orch_tid, "name": f"fill {f.name}", "cat": "init",
                        "ts": f.start_us, "dur": f.end_us - f.start_us,
@@ -138,6 +222,7 @@ def sim_trace(sim, program) -> dict:
         events.append({"ph": "X", "pid": _PID_SIM, "tid": orch_tid if a.kind == "submit" else sched_tid,
                        "name": f"{a.kind} {a.name}", "cat": a.kind, "ts": a.start_us, "dur": a.end_us - a.start_us,
                        "args": {"task_id": a.task}})
+    events += _flows(program.graph, first, last)
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"program": program.name, "kind": "simulated", "machine": m.name,
                           "orch_us": sim.orch_us, "sched_us": sim.sched_us, "effective_us": sim.effective_us,
