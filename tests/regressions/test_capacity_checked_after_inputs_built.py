@@ -10,11 +10,24 @@ import torch
 import pto
 from pto.cli import main
 from pto.golden import TensorSpec, get_case
-from pto.models.deepseek_v4 import hc_pre, prefill_attention_swa, prefill_sparse_attn, qkv_proj_rope
+from pto.models.deepseek_v4 import (expert_shared, gate, hc_head, hc_pre, moe, prefill_attention_csa,
+                                    prefill_attention_hca, prefill_attention_swa, prefill_compressor_ratio4,
+                                    prefill_indexer, prefill_indexer_compressor, prefill_sparse_attn, qkv_proj_rope)
 from pto.models.deepseek_v4.config import get_config
 
 INPUT_MAKERS = [(hc_pre, "make_hc_pre_inputs"), (qkv_proj_rope, "make_qkv_inputs"),
-                (prefill_sparse_attn, "make_sparse_attn_inputs"), (prefill_attention_swa, "make_swa_inputs")]
+                (prefill_sparse_attn, "make_sparse_attn_inputs"), (prefill_attention_swa, "make_swa_inputs"),
+                (gate, "make_gate_inputs"), (expert_shared, "make_expert_activations"), (moe, "make_moe_inputs"),
+                (hc_head, "make_hc_head_inputs"), (prefill_attention_hca, "make_prefill_hca_inputs"),
+                (prefill_attention_csa, "make_prefill_csa_inputs"),
+                (prefill_compressor_ratio4, "make_prefill_compressor_ratio4_inputs"),
+                (prefill_indexer_compressor, "make_prefill_indexer_compressor_inputs"),
+                (prefill_indexer, "make_indexer_inputs")]
+BUILDERS = [("hc_pre", "prefill"), ("qkv_proj_rope", "decode"), ("prefill_sparse_attn", "prefill"),
+            ("prefill_attention_swa", "prefill"), ("gate", "decode"), ("expert_shared", "prefill"), ("moe", "prefill"),
+            ("hc_head", "decode"), ("prefill_attention_hca", "prefill"), ("prefill_attention_csa", "prefill"),
+            ("prefill_compressor_ratio4", "prefill"), ("prefill_indexer_compressor", "prefill"),
+            ("prefill_indexer", "prefill")]
 
 
 @pytest.fixture
@@ -42,8 +55,7 @@ def test_cli_capacity_error_before_any_input(built, capsys):
     assert built == []
 
 
-@pytest.mark.parametrize("kernel, mode", [("hc_pre", "prefill"), ("qkv_proj_rope", "decode"),
-                                          ("prefill_sparse_attn", "prefill"), ("prefill_attention_swa", "prefill")])
+@pytest.mark.parametrize("kernel, mode", BUILDERS)
 def test_builders_check_capacity_first(built, kernel, mode):
     with pytest.raises(pto.CapacityError, match=rf"kernel {kernel}: T=129 tokens \(round_up\(T, 16\) = 144 rows.*"
                                                 r"capacity 128"):

@@ -39,7 +39,7 @@ from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.gate import int8_codes
 from pto.models.deepseek_v4.qkv_proj_rope import (INT8_SCALE_MAX, int8_row_amax, quantize_per_row_int8,
                                                   quantize_weight_per_column)
-from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_seed_capacity, mode_tokens, need,
+from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_seed_capacity, check_token_capacity, mode_tokens, need,
                                            round_up, token_capacity, token_tile)
 
 __all__ = ["TOLERANCES", "SH_T_TILE", "SH_D_TILE", "quantize_weight_per_row", "swiglu_int8_rows",
@@ -322,6 +322,7 @@ def build_expert_shared(preset: str = "tiny", mode: str = "prefill", *, T: int |
         ConfigError: unknown preset / mode, bad ``T``, or an untileable config.
     """
     cfg, T = mode_tokens(preset, mode, T)
+    check_token_capacity("expert_shared", cfg, T)  # before any input is built
     gen = torch.Generator().manual_seed(seed)
     ins = make_expert_activations(cfg, T, gen)
     ins.update(make_expert_weights(cfg, None, gen, std=std))

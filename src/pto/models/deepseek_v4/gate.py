@@ -47,7 +47,7 @@ from pto.golden import CaseRun, KernelCase, ScalarSpec, TensorSpec, exact, ratio
 from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.lookup_embedding import check_token_ids
 from pto.models.deepseek_v4.qkv_proj_rope import INT8_SCALE_MAX, int8_row_amax, quantize_per_row_int8
-from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_num_tokens, mode_tokens, need,
+from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_num_tokens, check_token_capacity, mode_tokens, need,
                                            round_up, token_capacity, token_tile)
 
 __all__ = ["TOLERANCES", "ROUTE_NORM_EPS", "SOFTPLUS_FLOOR_X", "STEP_SCALE", "int8_codes", "positive_step", "stable_sqrt_softplus",
@@ -415,6 +415,7 @@ def build_gate(preset: str = "tiny", mode: str = "prefill", *, T: int | None = N
         raise ConfigError("gate has no seed variant (its scratch is never initialised)")
     base, T = mode_tokens(preset, mode, T)
     cfg = cfg or base
+    check_token_capacity("gate", cfg, T)  # before any input is built
     layer_id = cfg.num_hash_layers if layer_id is None else int(layer_id)
     n = T if num_tokens is None else int(num_tokens)
     ins = make_gate_inputs(cfg, T, seed, num_tokens=n)

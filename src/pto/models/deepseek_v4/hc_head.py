@@ -32,7 +32,7 @@ from pto.errors import BindError, ConfigError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.hc_pre import HC_K_CHUNK
-from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_seed_capacity, mode_tokens, need,
+from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_seed_capacity, check_token_capacity, mode_tokens, need,
                                            round_up, token_capacity, token_tile)
 
 __all__ = ["TOLERANCES", "HC_HEAD_SCALE_REF", "HC_HEAD_BASE_REF", "hc_head_kernels", "hc_head", "golden_hc_head",
@@ -220,6 +220,7 @@ def build_hc_head(preset: str = "tiny", mode: str = "prefill", *, T: int | None 
         ConfigError: unknown preset / mode, bad ``T`` or an untileable config.
     """
     cfg, T = mode_tokens(preset, mode, T)
+    check_token_capacity("hc_head", cfg, T)  # before any input is built
     ins = make_hc_head_inputs(cfg, T, seed)
     specs = [TensorSpec(k, list(v.shape), torch.float32, init_value=v) for k, v in ins.items()]
     specs.append(TensorSpec("y", [T, cfg.hidden_size], torch.bfloat16, is_output=True))

@@ -30,7 +30,8 @@ from pto.models.deepseek_v4.expert_shared import expert_shared_kernels, golden_e
 from pto.models.deepseek_v4.gate import gate_kernels, golden_gate, make_gate_inputs
 from pto.models.deepseek_v4.hc_post import golden_hc_post_prefill, hc_post_kernels
 from pto.models.deepseek_v4.hc_pre import golden_hc_pre, hc_pre, make_hc_pre_inputs
-from pto.models.deepseek_v4.tiling import check_num_tokens, mode_tokens, token_capacity, token_tile
+from pto.models.deepseek_v4.tiling import (check_num_tokens, check_token_capacity, mode_tokens, token_capacity,
+                                           token_tile)
 
 __all__ = ["TOLERANCES", "MOE_INPUTS", "moe_kernels", "moe", "golden_moe", "make_moe_inputs", "build_moe"]
 
@@ -255,6 +256,7 @@ def build_moe(preset: str = "tiny", mode: str = "prefill", *, T: int | None = No
         ConfigError: unknown preset / mode, bad ``T`` or an untileable config.
     """
     cfg, T = mode_tokens(preset, mode, T)
+    check_token_capacity("moe", cfg, T)  # before any input is built
     if layer_id is None:
         layer_id = 0 if mode == "decode" else cfg.num_hash_layers
     n = T if num_tokens is None else int(num_tokens)

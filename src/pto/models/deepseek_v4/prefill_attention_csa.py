@@ -49,7 +49,7 @@ from pto.models.deepseek_v4.prefill_indexer_compressor import (golden_prefill_in
 from pto.models.deepseek_v4.prefill_sparse_attn import golden_prefill_sparse_attn, prefill_sparse_attn_kernels
 from pto.models.deepseek_v4.qkv_proj_rope import materialize_rope_rows
 from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
-from pto.models.deepseek_v4.tiling import check_num_tokens, token_capacity
+from pto.models.deepseek_v4.tiling import check_num_tokens, check_token_capacity, token_capacity
 
 __all__ = ["TOLERANCES", "CSA_ARGS", "CSA_OUTPUTS", "csa_block_kernels", "attention_csa_inline", "prefill_attention_csa", "golden_csa_block",
            "golden_prefill_attention_csa", "csa_block_inputs", "make_prefill_csa_inputs", "csa_case",
@@ -415,6 +415,7 @@ def build_prefill_attention_csa(preset: str, mode: str, **options) -> CaseRun:
     seed_scopes = bool(opts.pop("seed_scopes", False))
     if opts:
         raise ConfigError(f"prefill_attention_csa: unknown options {sorted(opts)}")
+    check_token_capacity("prefill_attention_csa", cfg, T)  # before any input is built
     d = make_prefill_csa_inputs(cfg, T, start, nt, seed, block_table=table, attn_sink=sink)
     entry = csa_block_kernels(cfg, "prefill", seed_scopes).entry
     label = f"prefill T={T} start_pos={start} num_tokens={nt} block_table={table}" + (" seed_scopes" if seed_scopes

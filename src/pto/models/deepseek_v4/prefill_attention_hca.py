@@ -44,7 +44,7 @@ from pto.models.deepseek_v4.prefill_sparse_attn import (golden_prefill_sparse_at
                                                         sparse_attn_tiling)
 from pto.models.deepseek_v4.qkv_proj_rope import materialize_rope_rows
 from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
-from pto.models.deepseek_v4.tiling import check_num_tokens, token_capacity
+from pto.models.deepseek_v4.tiling import check_num_tokens, check_token_capacity, token_capacity
 
 __all__ = [
     "prefill_attention_hca_kernels",
@@ -358,6 +358,7 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     seed = int(opts.pop("seed", 0))
     if opts:
         raise ConfigError(f"prefill_attention_hca: unknown options {sorted(opts)}")
+    check_token_capacity("prefill_attention_hca", cfg, T)  # before any input is built
     k = prefill_attention_hca_kernels(cfg, seed_scopes)
     d = make_prefill_hca_inputs(cfg, T, start_pos, num_tokens, seed, block_table=table)
     outs = ("kv_cache", "cmp_kv", "compress_state")

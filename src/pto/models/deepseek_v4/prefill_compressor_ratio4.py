@@ -66,7 +66,7 @@ from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.prefill_attention_swa import permuted_block_table
 from pto.models.deepseek_v4.qkv_proj_rope import rope_interleaved
 from pto.models.deepseek_v4.rope import rope_tables
-from pto.models.deepseek_v4.tiling import MATMUL_M_TILE, mode_tokens, round_up, token_capacity
+from pto.models.deepseek_v4.tiling import MATMUL_M_TILE, check_token_capacity, mode_tokens, round_up, token_capacity
 
 __all__ = [
     "CSA_RATIO", "CSA_STATE_PAGE", "CSA_STATE_PAGES", "TOLERANCES", "Ratio4Tiling", "ratio4_tiling",
@@ -742,10 +742,13 @@ def prefill_case_tokens(kernel: str, preset: str, mode: str, T: int | None) -> t
 
     Raises:
         ConfigError: an unknown preset, a mode other than ``"prefill"``, or ``T < 1``.
+        CapacityError: ``T`` above the token capacity (:func:`check_token_capacity`).
     """
     if mode != "prefill":
         raise ConfigError(f"{kernel}: unknown mode {mode!r}; the only mode is 'prefill'")
-    return mode_tokens(preset, mode, T)
+    cfg, T = mode_tokens(preset, mode, T)
+    check_token_capacity(kernel, cfg, T)  # before any input is built
+    return cfg, T
 
 
 def build_prefill_compressor_ratio4(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None,
