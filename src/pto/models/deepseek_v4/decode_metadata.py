@@ -28,7 +28,13 @@ Every paged tensor is addressed by absolute position through the request's own b
 
 The torch functions below are the host-side builders (and the goldens of the DSL pieces);
 :func:`decode_metadata_kernels` holds the in-kernel tasks the decode blocks compose:
-``decode_window_indices``, ``decode_cmp_indices`` and ``decode_cache_write``.
+``decode_window_indices``, ``decode_cmp_indices``, ``decode_cache_write`` and
+``decode_rope_rows``; :func:`decode_block_tables` builds fixture page tables.
+
+Contract for a cache manager: the raw-cache pages of a request must hold positions
+``p0 - W + 1 .. p0 + S - 1`` at once during a step (the step writes all ``S`` new keys before
+the attention reads the windows), and its compressor-state ring at least one 128-token
+window (the compressor scatters and pools in token order).
 """
 
 import functools
