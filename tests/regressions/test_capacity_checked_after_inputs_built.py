@@ -10,7 +10,7 @@ import torch
 import pto
 from pto.cli import main
 from pto.golden import TensorSpec, get_case
-from pto.models.deepseek_v4 import (expert_shared, gate, hc_head, hc_pre, moe, prefill_attention_csa,
+from pto.models.deepseek_v4 import (expert_routed, expert_shared, gate, hc_head, hc_pre, moe, prefill_attention_csa,
                                     prefill_attention_hca, prefill_attention_swa, prefill_compressor_ratio4,
                                     prefill_indexer, prefill_indexer_compressor, prefill_sparse_attn, qkv_proj_rope)
 from pto.models.deepseek_v4.config import get_config
@@ -22,12 +22,12 @@ INPUT_MAKERS = [(hc_pre, "make_hc_pre_inputs"), (qkv_proj_rope, "make_qkv_inputs
                 (prefill_attention_csa, "make_prefill_csa_inputs"),
                 (prefill_compressor_ratio4, "make_prefill_compressor_ratio4_inputs"),
                 (prefill_indexer_compressor, "make_prefill_indexer_compressor_inputs"),
-                (prefill_indexer, "make_indexer_inputs")]
+                (prefill_indexer, "make_indexer_inputs"), (expert_routed, "make_routed_inputs")]
 BUILDERS = [("hc_pre", "prefill"), ("qkv_proj_rope", "decode"), ("prefill_sparse_attn", "prefill"),
             ("prefill_attention_swa", "prefill"), ("gate", "decode"), ("expert_shared", "prefill"), ("moe", "prefill"),
             ("hc_head", "decode"), ("prefill_attention_hca", "prefill"), ("prefill_attention_csa", "prefill"),
             ("prefill_compressor_ratio4", "prefill"), ("prefill_indexer_compressor", "prefill"),
-            ("prefill_indexer", "prefill")]
+            ("prefill_indexer", "prefill"), ("expert_routed", "decode")]
 
 
 @pytest.fixture

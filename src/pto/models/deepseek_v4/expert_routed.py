@@ -41,7 +41,8 @@ from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.expert_shared import (down_int8_rows, expert_ffn_tiling, golden_swiglu_ffn,
                                                   make_expert_activations, make_expert_weights, quantize_h_rows,
                                                   swiglu_int8_rows)
-from pto.models.deepseek_v4.tiling import MATMUL_M_TILE, mode_tokens, need, round_up, token_capacity
+from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_token_capacity, mode_tokens, need, round_up,
+                                           token_capacity)
 
 __all__ = ["TOLERANCES", "ROUTED_M_TILE", "expert_routed_kernels", "expert_routed", "golden_expert_routed",
            "make_routes", "make_routed_inputs", "build_expert_routed"]
@@ -310,6 +311,7 @@ def build_expert_routed(preset: str = "tiny", mode: str = "prefill", *, T: int |
     if seed_scopes:
         raise ConfigError("expert_routed has no seed variant (its scratch is never initialised)")
     cfg, T = mode_tokens(preset, mode, T)
+    check_token_capacity("expert_routed", cfg, T)  # before any input is built (recv_* hold T * topk rows)
     ins = make_routed_inputs(cfg, T, seed, routing=routing, num_tokens=num_tokens, std=std)
     specs = [TensorSpec(k, list(ins[k].shape), ins[k].dtype, init_value=ins[k]) for k in _ROUTED_INPUTS]
     specs.append(TensorSpec("routed_y", [T, cfg.hidden_size], torch.float32, is_output=True))
