@@ -40,8 +40,8 @@ import torch
 from pto.errors import UndefinedOutputError
 from pto.language.typing import INOUT, OUT
 
-__all__ = ["TAINT_BASE", "Sanitizer", "Consumer", "check_outputs", "output_problems", "undefined_box", "drop_init_values",
-           "active_drop_init"]
+__all__ = ["TAINT_BASE", "Sanitizer", "Consumer", "check_outputs", "output_problems", "undefined_box",
+           "drop_init_values", "active_drop_init"]
 
 TAINT_BASE = 1 << 24  # tags below are raw allocation ids; at or above, taint-table entries
 
