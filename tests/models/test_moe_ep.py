@@ -1,0 +1,40 @@
+"""Expert-parallel MoE and vocabulary-parallel head on 2 spawned ranks (tests/models/ep_ranks.py):
+bit-identical to the single-rank kernels, check mode on every rank; ConfigError for world
+sizes the deployment does not allow."""
+
+import os
+
+import pytest
+import torch
+
+import pto
+from pto.models.deepseek_v4.config import get_config
+from pto.models.deepseek_v4.moe_ep import check_ep, expert_slice, vocab_slice
+from pto.runtime import distributed as dist
+
+RANKS = os.path.join(os.path.dirname(__file__), "ep_ranks.py")
+
+
+def test_moe_and_head_ep2_bit_identical_to_ep1(tmp_path):
+    assert dist.spawn(["blocks", str(tmp_path)], 2, script=RANKS, timeout_s=120) == 0
+    for r in (0, 1):
+        res = torch.load(tmp_path / f"rank{r}.pt")
+        # hash layer 0 and learned layer 3; every row on each rank, then half the rows each
+        assert sorted(res) == ["head_split", "moe0_same", "moe0_split", "moe3_same", "moe3_split"]
+        for name, (got, want) in res.items():
+            assert torch.equal(got, want), name
+            assert got.abs().sum() > 0, name
+
+
+def test_world_sizes_the_deployment_rejects():
+    cfg = get_config("tiny")  # 16 experts, 4 per token, vocabulary 512
+    assert check_ep(cfg, 2) == 8 and check_ep(cfg, 4) == 4
+    assert expert_slice(cfg, 4, 3) == slice(12, 16) and vocab_slice(cfg, 2, 1) == slice(256, 512)
+    with pytest.raises(pto.ConfigError, match="allows world sizes \\[1, 2, 4, 8\\]"):
+        check_ep(cfg, 3)
+    with pytest.raises(pto.ConfigError, match="2 experts per rank is fewer than num_experts_per_tok=4"):
+        check_ep(cfg, 8)
+    import dataclasses
+    odd = dataclasses.replace(cfg, n_routed_experts=12)
+    with pytest.raises(pto.ConfigError, match="n_routed_experts=12, not divisible by the world size 8"):
+        check_ep(odd, 8)
