@@ -138,13 +138,10 @@ def test_cli_generate_on_kernels(ckpt, capsys):
     want = generate(km, [[5, 17, 300]], max_new_tokens=3)
     assert out["backend"] == "kernels" and out["tokens"] == want.tokens
     rows = {r["program"]: r for r in out["programs"]}  # per program kind: the graph of one run
-    assert rows["decode_layer_swa"]["runs"] == 4 and rows["decode_layer_swa"]["tasks"] == \
-        km.stats.tasks["decode_layer_swa"] / 4
-    assert all(r["tasks"] > 0 and r["edges"] >= 0 and r["heap_peak_bytes"] >= 0 for r in out["programs"])
-    # 3 steps (1 prefill + 2 decode): one layer program per layer (attention + MoE), 2 layers per type
-    assert km.stats.programs == {"lookup_embedding": 3, "prefill_layer_swa": 2, "prefill_layer_csa": 2,
-                                 "prefill_layer_hca": 2, "decode_layer_swa": 4, "decode_layer_csa": 4,
-                                 "decode_layer_hca": 4, "final_logits": 3}
+    # 3 steps (1 prefill + 2 decode), one forward program each (embedding, 6 layers, head)
+    assert km.stats.programs == {"prefill_fwd": 1, "decode_fwd": 2}
+    assert rows["decode_fwd"]["runs"] == 2 and rows["decode_fwd"]["tasks"] == km.stats.tasks["decode_fwd"] / 2
+    assert all(r["tasks"] > 0 and r["edges"] > 0 and r["heap_peak_bytes"] > 0 for r in out["programs"])
     assert {c["attn prefill"] for c in km.coverage()} == {"prefill_attention_swa", "prefill_attention_csa",
                                                           "prefill_attention_hca"}
     assert not km.cache.requests  # generate released the request's pages

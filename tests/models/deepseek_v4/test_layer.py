@@ -7,7 +7,7 @@ import torch
 from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
 from pto.models.deepseek_v4.config import get_deployment
 from pto.models.deepseek_v4.layer import KernelModel
-from pto.models.deepseek_v4.moe import moe_kernels
+from pto.models.deepseek_v4.moe import MOE_INPUTS, moe_kernels
 from pto.models.deepseek_v4.prefill_attention_csa import csa_block_kernels
 from pto.models.deepseek_v4.prefill_attention_hca import prefill_attention_hca_kernels
 from pto.models.deepseek_v4.prefill_attention_swa import prefill_attention_swa_kernels
@@ -33,28 +33,53 @@ def test_prefill_layer_equals_its_blocks(km, layer, fam, attn_entry):
     T = 20
     ids = torch.arange(3, 3 + T)
     pos = torch.arange(T)
-    X = km._embed_ids(ids)
+    X = torch.randn(T, 4, 128, generator=torch.Generator().manual_seed(layer))
     rc = RunConfig(check=True, heap_bytes=1 << 28)
     cache0 = {k: v.clone() for k, v in km.cache.layers[layer].items()}
     rid = km.cache.add_request()
     km.cache.reserve(rid, T)
-    attn = km._attn_args(layer, X, [rid], pos, True)
-    ffn = km._ffn_args(layer, ids)
+    args = km.layer_args(layer, [rid], pos, True)
+    n_attn = len(args) - (len(MOE_INPUTS) - 2)
+    attn, ffn = args[:n_attn], args[n_attn:]
     # the layer program (check mode: sanitizer and race checker)
     x_out = torch.empty_like(X)
-    prog = getattr(km._layers, f"prefill_layer_{fam}").run(*attn, *ffn, x_out, layer, T, config=rc)
+    prog = getattr(km.programs, f"prefill_layer_{fam}").run(X, *args, ids, x_out, layer, T, config=rc)
     caches = {k: v.clone() for k, v in km.cache.layers[layer].items()}
     # the two blocks as separate programs on fresh caches
     for k, v in km.cache.layers[layer].items():
         v.copy_(cache0[k])
     x_mid = torch.empty_like(X)
-    p1 = attn_entry(km.kcfg).run(*attn, x_mid, T, config=rc)
+    p1 = attn_entry(km.kcfg).run(X, *attn, x_mid, T, config=rc)
     x_ref = torch.empty_like(X)
-    p2 = moe_kernels(km.kcfg).moe_test.run(x_mid, *ffn, x_ref, layer, T, config=rc)
+    moe_args = list(ffn)
+    moe_args.insert(MOE_INPUTS.index("input_ids") - 1, ids)
+    p2 = moe_kernels(km.kcfg).moe_test.run(x_mid, *moe_args, x_ref, layer, T, config=rc)
     assert torch.equal(x_out, x_ref)
     assert all(torch.equal(caches[k], km.cache.layers[layer][k]) for k in caches)
     assert prog.stats.tasks == p1.stats.tasks + p2.stats.tasks
     km.cache.release(rid)
+
+
+def test_forward_program_equals_layer_programs(tmp_path):
+    """One prefill_fwd / decode_fwd program per step gives the per-layer programs' logits and
+    caches bit for bit, with their tasks plus the inter-layer edges in one graph."""
+    d = write_tiny_checkpoint(tmp_path / "tiny", seed=2)
+    dep = get_deployment("tiny").replace(max_context=128, rope_max_pos=128)
+    runs = []
+    for per_layer in (False, True):
+        km = KernelModel(open_checkpoint(d, "int8"), dep, per_layer=per_layer)
+        st = [km.new_state(), km.new_state()]
+        logits = [km.forward(list(range(5, 25)), st[0]), km.forward(list(range(7, 16)), st[1]),
+                  km.decode([3, 4], st)]
+        runs.append((logits, [{k: v.clone() for k, v in L.items()} for L in km.cache.layers], km.stats))
+    (lf, cf, sf), (ll, cl, sl) = runs
+    assert all(torch.equal(a, b) for a, b in zip(lf, ll))
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(cf, cl) for k in a)
+    assert sf.programs == {"prefill_fwd": 2, "decode_fwd": 1}
+    assert sf.tasks["decode_fwd"] == sum(sl.tasks[k] / sl.programs[k] * (2 if k.startswith("decode_layer") else 1)
+                                         for k in sl.programs if k.startswith("decode_layer")) + 1 + 5
+    assert sf.edges["decode_fwd"] > sum(sl.edges[k] / sl.programs[k] * 2 for k in sl.programs
+                                        if k.startswith("decode_layer"))  # plus the edges between layers
 
 
 def test_orthonormal_hadamard():
@@ -106,12 +131,11 @@ def test_layer_program_checks_shapes(km):
     from pto.errors import BindError
 
     T = 4
-    X = km._embed_ids(torch.arange(T))
+    X = torch.zeros(T, 4, 128)
     rid = km.cache.add_request()
     km.cache.reserve(rid, T)
-    attn = km._attn_args(0, X, [rid], torch.arange(T), True)
-    ffn = km._ffn_args(0, torch.arange(T))
-    attn[5] = attn[5][:, :-1]  # wq_a one column short
+    args = km.layer_args(0, [rid], torch.arange(T), True)
+    args[4] = args[4][:, :-1]  # wq_a one column short
     with pytest.raises(BindError, match="wq_a"):
-        km._layers.prefill_layer_swa.run(*attn, *ffn, torch.empty_like(X), 0, T)
+        km.programs.prefill_layer_swa.run(X, *args, torch.arange(T), torch.empty_like(X), 0, T)
     km.cache.release(rid)
