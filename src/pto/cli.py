@@ -961,6 +961,8 @@ def _checkpoint_args(p):
                    help="hf: transformers' saved names, FP32 (default); fp8: the published "
                         "DeepSeek-V4-Flash FP8/FP4 layout")
     p.add_argument("--shards", type=int, default=1, help="number of safetensors files (default 1)")
+    p.add_argument("--mtp", action="store_true",
+                   help="also write the multi-token-prediction layer (mtp.0.*, the published names)")
 
 
 @command("checkpoint", "write a seeded tiny DeepSeek-V4 checkpoint in Hugging Face's layout", _checkpoint_args)
@@ -969,10 +971,11 @@ def cmd_checkpoint(args) -> int:
     from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
 
     try:
-        root = write_tiny_checkpoint(args.dir, args.seed, layout=args.layout, shards=args.shards)
+        root = write_tiny_checkpoint(args.dir, args.seed, layout=args.layout, shards=args.shards, mtp=args.mtp)
     except PtoError as e:
         raise ConfigError(str(e)) from None
-    console().print(f"wrote tiny checkpoint (seed {args.seed}, layout {args.layout}) to {root}",
+    console().print(f"wrote tiny checkpoint (seed {args.seed}, layout {args.layout}"
+                    f"{', with the MTP layer' if args.mtp else ''}) to {root}",
                     highlight=False)
     return 0
 

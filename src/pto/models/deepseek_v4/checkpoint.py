@@ -1,6 +1,6 @@
 """DeepSeek-V4 checkpoint tensor names, shapes and the seeded tiny checkpoint writer.
 
-Two on-disk layouts are understood (checkpoint-layout.md sections 1-3, dsv4-math.md 9):
+Two on-disk layouts are understood (transformers `models/deepseek_v4/` and the published DeepSeek-V4-Flash checkpoint, transformers `models/deepseek_v4/modeling_deepseek_v4.py`):
 
 * ``"hf"``: what transformers 5.23.0 ``save_pretrained`` writes -- the upstream leaf names
   with a ``model.`` prefix, except ``head.weight``, ``model.embed_tokens.weight`` and
@@ -36,8 +36,8 @@ import torch
 from pto.errors import CheckpointError
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 
-__all__ = ["expected_tensors", "canonical_name", "stored_name", "write_tiny_checkpoint",
-           "FP8_BLOCK", "FP4_GROUP", "FP8_WEIGHTS", "FP4_WEIGHTS", "quantize_fp8_block",
+__all__ = ["expected_tensors", "expected_mtp_tensors", "canonical_name", "stored_name", "write_tiny_checkpoint",
+           "FP8_BLOCK", "FP4_GROUP", "FP8_WEIGHTS", "MTP_FP8_WEIGHTS", "FP4_WEIGHTS", "quantize_fp8_block",
            "quantize_fp4", "dequantize_fp8_block", "dequantize_fp4"]
 
 FP8_BLOCK = 128  # official FP8 weights: one E8M0 scale per 128 x 128 block
@@ -46,11 +46,12 @@ E4M3_MAX = 448.0
 E2M1_MAX = 6.0
 _E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
-# leaves stored FP8 / FP4 in the official layout (checkpoint-layout.md section 2)
+# leaves stored FP8 / FP4 in the official layout (transformers `models/deepseek_v4/` and the published DeepSeek-V4-Flash checkpoint)
 FP8_WEIGHTS = ("attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight",
                "attn.wo_b.weight", "attn.indexer.wq_b.weight", "ffn.shared_experts.w1.weight",
                "ffn.shared_experts.w2.weight", "ffn.shared_experts.w3.weight")
 FP4_WEIGHTS = ("w1.weight", "w2.weight", "w3.weight")  # under ffn.experts.{j}.
+MTP_FP8_WEIGHTS = ("e_proj.weight", "h_proj.weight")  # under mtp.{k}. (transformers `models/deepseek_v4/` and the published DeepSeek-V4-Flash checkpoint)
 _BF16_IN_FP8 = ("norm.weight", "embed.weight", "head.weight", "compressor.wkv.weight",
                 "compressor.wgate.weight", "weights_proj.weight", "gate.weight")
 
@@ -59,57 +60,86 @@ def expected_tensors(cfg: DeepSeekV4Config) -> dict[str, tuple[tuple[int, ...], 
     """Canonical name -> (shape, kind) of every tensor a checkpoint of ``cfg`` holds.
 
     ``kind`` is ``"float"`` (any float storage) or ``"index"`` (``tid2eid``, integer).
-    Shapes are HF/upstream ``[out, in]`` (dsv4-math.md section 9). MTP tensors are not
-    listed (``mtp.*`` is ignored when loading, as transformers does).
+    Shapes are HF/upstream ``[out, in]`` (transformers `models/deepseek_v4/modeling_deepseek_v4.py`). MTP tensors are
+    listed by :func:`expected_mtp_tensors` (the loader reads them when present).
     """
-    D, H, d = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
-    Lq, G, Lo, F, E = cfg.q_lora_rank, cfg.o_groups, cfg.o_lora_rank, cfg.moe_intermediate_size, \
-        cfg.n_routed_experts
-    HI, dI, N, V, K = cfg.index_n_heads, cfg.index_head_dim, cfg.hc_mult, cfg.vocab_size, \
-        cfg.num_experts_per_tok
+    D, N, V = cfg.hidden_size, cfg.hc_mult, cfg.vocab_size
     out: dict[str, tuple[tuple[int, ...], str]] = {
         "embed.weight": ((V, D), "float"), "head.weight": ((V, D), "float"),
         "norm.weight": ((D,), "float"), "hc_head_fn": ((N, N * D), "float"),
         "hc_head_base": ((N,), "float"), "hc_head_scale": ((1,), "float"),
     }
     for i, ratio in enumerate(cfg.compress_ratios):
-        p = f"layers.{i}."
-        t = {
-            "attn_norm.weight": (D,), "ffn_norm.weight": (D,),
-            "attn.wq_a.weight": (Lq, D), "attn.q_norm.weight": (Lq,),
-            "attn.wq_b.weight": (H * d, Lq), "attn.wkv.weight": (d, D),
-            "attn.norm.weight": (d,), "attn.wo_a.weight": (G * Lo, H * d // G),
-            "attn.wo_b.weight": (D, G * Lo), "attn.attn_sink": (H,),
-            "ffn.gate.weight": (E, D),
-            "ffn.shared_experts.w1.weight": (F, D), "ffn.shared_experts.w3.weight": (F, D),
-            "ffn.shared_experts.w2.weight": (D, F),
-        }
-        for site in ("attn", "ffn"):
-            t[f"hc_{site}_fn"] = ((2 + N) * N, N * D)
-            t[f"hc_{site}_base"] = ((2 + N) * N,)
-            t[f"hc_{site}_scale"] = (3,)
-        if ratio:
-            c = 2 if ratio == 4 else 1  # CSA pools two overlapping series
-            t.update({"attn.compressor.ape": (ratio, c * d), "attn.compressor.wkv.weight": (c * d, D),
-                      "attn.compressor.wgate.weight": (c * d, D),
-                      "attn.compressor.norm.weight": (d,)})
-        if ratio == 4:
-            t.update({"attn.indexer.wq_b.weight": (HI * dI, Lq),
-                      "attn.indexer.weights_proj.weight": (HI, D),
-                      "attn.indexer.compressor.ape": (4, 2 * dI),
-                      "attn.indexer.compressor.wkv.weight": (2 * dI, D),
-                      "attn.indexer.compressor.wgate.weight": (2 * dI, D),
-                      "attn.indexer.compressor.norm.weight": (dI,)})
-        for j in range(E):
-            t[f"ffn.experts.{j}.w1.weight"] = (F, D)
-            t[f"ffn.experts.{j}.w3.weight"] = (F, D)
-            t[f"ffn.experts.{j}.w2.weight"] = (D, F)
-        for k, shape in t.items():
-            out[p + k] = (shape, "float")
-        if i < cfg.num_hash_layers:
-            out[p + "ffn.gate.tid2eid"] = ((V, K), "index")
-        else:
-            out[p + "ffn.gate.bias"] = ((E,), "float")
+        for k, v in _layer_tensors(cfg, ratio, i < cfg.num_hash_layers).items():
+            out[f"layers.{i}." + k] = v
+    return out
+
+
+def _layer_tensors(cfg: DeepSeekV4Config, ratio: int, hash_layer: bool) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Leaf name (relative to the layer prefix) -> (shape, kind) of one decoder layer of
+    compress ratio ``ratio`` (hash routing: ``tid2eid``, else the router ``bias``)."""
+    D, H, d = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+    Lq, G, Lo, F, E = cfg.q_lora_rank, cfg.o_groups, cfg.o_lora_rank, cfg.moe_intermediate_size, \
+        cfg.n_routed_experts
+    HI, dI, N, V, K = cfg.index_n_heads, cfg.index_head_dim, cfg.hc_mult, cfg.vocab_size, \
+        cfg.num_experts_per_tok
+    t = {
+        "attn_norm.weight": (D,), "ffn_norm.weight": (D,),
+        "attn.wq_a.weight": (Lq, D), "attn.q_norm.weight": (Lq,),
+        "attn.wq_b.weight": (H * d, Lq), "attn.wkv.weight": (d, D),
+        "attn.norm.weight": (d,), "attn.wo_a.weight": (G * Lo, H * d // G),
+        "attn.wo_b.weight": (D, G * Lo), "attn.attn_sink": (H,),
+        "ffn.gate.weight": (E, D),
+        "ffn.shared_experts.w1.weight": (F, D), "ffn.shared_experts.w3.weight": (F, D),
+        "ffn.shared_experts.w2.weight": (D, F),
+    }
+    for site in ("attn", "ffn"):
+        t[f"hc_{site}_fn"] = ((2 + N) * N, N * D)
+        t[f"hc_{site}_base"] = ((2 + N) * N,)
+        t[f"hc_{site}_scale"] = (3,)
+    if ratio:
+        c = 2 if ratio == 4 else 1  # CSA pools two overlapping series
+        t.update({"attn.compressor.ape": (ratio, c * d), "attn.compressor.wkv.weight": (c * d, D),
+                  "attn.compressor.wgate.weight": (c * d, D),
+                  "attn.compressor.norm.weight": (d,)})
+    if ratio == 4:
+        t.update({"attn.indexer.wq_b.weight": (HI * dI, Lq),
+                  "attn.indexer.weights_proj.weight": (HI, D),
+                  "attn.indexer.compressor.ape": (4, 2 * dI),
+                  "attn.indexer.compressor.wkv.weight": (2 * dI, D),
+                  "attn.indexer.compressor.wgate.weight": (2 * dI, D),
+                  "attn.indexer.compressor.norm.weight": (dI,)})
+    for j in range(E):
+        t[f"ffn.experts.{j}.w1.weight"] = (F, D)
+        t[f"ffn.experts.{j}.w3.weight"] = (F, D)
+        t[f"ffn.experts.{j}.w2.weight"] = (D, F)
+    out = {k: (shape, "float") for k, shape in t.items()}
+    if hash_layer:
+        out["ffn.gate.tid2eid"] = ((V, K), "index")
+    else:
+        out["ffn.gate.bias"] = ((E,), "float")
+    return out
+
+
+def expected_mtp_tensors(cfg: DeepSeekV4Config) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Canonical name -> (shape, kind) of the multi-token-prediction layers ``mtp.{k}.``,
+    ``k < num_nextn_predict_layers`` (transformers `models/deepseek_v4/` and the published DeepSeek-V4-Flash checkpoint): a sliding-window
+    (ratio 0) decoder layer with learned routing (router ``bias``, no ``tid2eid``) and no
+    compressor / indexer, plus ``e_proj.weight`` / ``h_proj.weight [D, D]`` (FP8 in the
+    published layout), ``enorm`` / ``hnorm`` / ``norm`` ``.weight [D]`` and its own
+    ``hc_head_{fn,base,scale}``. The embedding and the LM head are the main model's.
+    """
+    D, N = cfg.hidden_size, cfg.hc_mult
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    for k in range(cfg.num_nextn_predict_layers):
+        p = f"mtp.{k}."
+        extra = {"e_proj.weight": (D, D), "h_proj.weight": (D, D), "enorm.weight": (D,),
+                 "hnorm.weight": (D,), "norm.weight": (D,), "hc_head_fn": (N, N * D),
+                 "hc_head_base": (N,), "hc_head_scale": (1,)}
+        for leaf, v in _layer_tensors(cfg, 0, False).items():
+            out[p + leaf] = v
+        for leaf, shape in extra.items():
+            out[p + leaf] = (shape, "float")
     return out
 
 
@@ -139,7 +169,7 @@ def stored_name(canonical: str, layout: str) -> str:
     return _HF_GLOBAL_INV.get(canonical, "model." + canonical)
 
 
-# ---- FP8 / FP4 codecs (checkpoint-layout.md section 2, "Dequantisation") ---------------------
+# ---- FP8 / FP4 codecs (transformers `models/deepseek_v4/` and the published DeepSeek-V4-Flash checkpoint, "Dequantisation") ---------------------
 
 def _e8m0_exponent(amax: torch.Tensor, fmt_max: float) -> torch.Tensor:
     """Power-of-two exponent ``e`` with ``amax / 2^e <= fmt_max``, clamped to E8M0's [-127, 127]."""
@@ -165,7 +195,7 @@ def quantize_fp8_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize_fp8_block(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`quantize_fp8_block`: ``w[r, c] = e4m3[r, c] * 2^S[r//128, c//128]``
-    in FP32 (checkpoint-layout.md section 2)."""
+    in FP32 (transformers `models/deepseek_v4/` and the published DeepSeek-V4-Flash checkpoint)."""
     R, C = codes.shape
     s = scale.float().repeat_interleave(FP8_BLOCK, 0).repeat_interleave(FP8_BLOCK, 1)[:R, :C]
     return codes.float() * s
@@ -217,8 +247,11 @@ def _unit_scale(name: str, shape: tuple[int, ...], kind: str, cfg: DeepSeekV4Con
     return torch.randn(shape, generator=gen) / math.sqrt(shape[-1])
 
 
-def tiny_state(cfg: DeepSeekV4Config | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
+def tiny_state(cfg: DeepSeekV4Config | None = None, seed: int = 0, mtp: bool = False) -> dict[str, torch.Tensor]:
     """Canonical name -> FP32 (``tid2eid``: int64) tensor of a seeded unit-scale checkpoint.
+
+    ``mtp=True`` adds the ``mtp.*`` tensors (:func:`expected_mtp_tensors`), drawn after the
+    main model's from the same generator, so the main tensors equal those of ``mtp=False``.
 
     Raises:
         CheckpointError: ``seed`` is not a non-negative integer.
@@ -227,16 +260,20 @@ def tiny_state(cfg: DeepSeekV4Config | None = None, seed: int = 0) -> dict[str, 
         raise CheckpointError(f"tiny checkpoint: seed must be a non-negative integer, got {seed!r}")
     cfg = cfg or get_config("tiny")
     gen = torch.Generator().manual_seed(seed)
-    return {name: _unit_scale(name, shape, kind, cfg, gen)
-            for name, (shape, kind) in sorted(expected_tensors(cfg).items())}
+    out = {name: _unit_scale(name, shape, kind, cfg, gen)
+           for name, (shape, kind) in sorted(expected_tensors(cfg).items())}
+    if mtp:
+        out.update({name: _unit_scale(name, shape, kind, cfg, gen)
+                    for name, (shape, kind) in sorted(expected_mtp_tensors(cfg).items())})
+    return out
 
 
 def _fp8_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Convert a canonical FP32 state into the published FP8/FP4 layout's stored tensors."""
     out: dict[str, torch.Tensor] = {}
     for name, t in state.items():
-        rest = name.split(".", 2)[-1] if name.startswith("layers.") else name
-        if rest in FP8_WEIGHTS:
+        rest = name.split(".", 2)[-1] if name.startswith(("layers.", "mtp.")) else name
+        if rest in FP8_WEIGHTS or rest in MTP_FP8_WEIGHTS:
             out[name], out[name[:-len("weight")] + "scale"] = quantize_fp8_block(t)
         elif ".ffn.experts." in name and name.endswith(FP4_WEIGHTS):
             out[name], out[name[:-len("weight")] + "scale"] = quantize_fp4(t)
@@ -248,13 +285,16 @@ def _fp8_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def write_tiny_checkpoint(directory, seed: int = 0, *, cfg: DeepSeekV4Config | None = None,
-                          layout: str = "hf", shards: int = 1) -> Path:
+                          layout: str = "hf", shards: int = 1, mtp: bool = False) -> Path:
     """Write a seeded tiny DeepSeek-V4 checkpoint (``config.json`` + safetensors).
 
     ``layout="hf"`` writes FP32 tensors under transformers' saved names (loadable by
     ``DeepseekV4ForCausalLM.from_pretrained``); ``layout="fp8"`` the published FP8/FP4
     layout (module docstring). ``shards > 1`` splits the tensors over that many
     ``model-0000k-of-0000n.safetensors`` files plus ``model.safetensors.index.json``.
+    ``mtp=True`` also writes the MTP layer under its published names (``mtp.0.*``, FP8
+    ``e_proj`` / ``h_proj`` in the ``fp8`` layout; ``model.mtp.0.*`` in ``hf``) and
+    ``num_nextn_predict_layers`` >= 1 in config.json.
     Files are written to a temporary name and renamed, so a failure leaves no partial file.
 
     Args:
@@ -263,6 +303,7 @@ def write_tiny_checkpoint(directory, seed: int = 0, *, cfg: DeepSeekV4Config | N
         cfg: model config (default: the ``tiny`` preset).
         layout: ``"hf"`` or ``"fp8"``.
         shards: number of safetensors files (>= 1).
+        mtp: also write the multi-token-prediction layer.
 
     Returns:
         The directory path.
@@ -278,7 +319,9 @@ def write_tiny_checkpoint(directory, seed: int = 0, *, cfg: DeepSeekV4Config | N
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise CheckpointError(f"tiny checkpoint: shards must be a positive integer, got {shards!r}")
     cfg = cfg or get_config("tiny")
-    state = tiny_state(cfg, seed)
+    if mtp and cfg.num_nextn_predict_layers < 1:
+        cfg = cfg.replace(num_nextn_predict_layers=1)
+    state = tiny_state(cfg, seed, mtp=mtp)
     root = Path(directory)
     if (root / "config.json").exists():
         raise CheckpointError(f"tiny checkpoint: {root} already holds a config.json")

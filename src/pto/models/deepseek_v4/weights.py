@@ -35,8 +35,9 @@ import torch
 
 from pto.errors import CheckpointError, ConfigError
 from pto.models.deepseek_v4.checkpoint import (canonical_name, dequantize_fp4,
-                                               dequantize_fp8_block, expected_tensors,
-                                               FP4_GROUP, FP8_BLOCK)
+                                               dequantize_fp8_block, expected_mtp_tensors,
+                                               expected_tensors, FP4_GROUP, FP8_BLOCK,
+                                               MTP_FP8_WEIGHTS)
 from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.qkv_proj_rope import quantize_weight_per_column
 
@@ -74,7 +75,9 @@ def quantize_rows_int8(w: torch.Tensor) -> QuantWeight:
 
 
 def _is_int8_weight(name: str) -> bool:
-    rest = name.split(".", 2)[-1] if name.startswith("layers.") else name
+    rest = name.split(".", 2)[-1] if name.startswith(("layers.", "mtp.")) else name
+    if name.startswith("mtp.") and rest in MTP_FP8_WEIGHTS:  # the MTP projections are W8A8 (pypto-lib `mtp_projection.py`)
+        return True
     return rest in INT8_WEIGHTS or (".ffn.experts." in name and name.endswith(
         ("w1.weight", "w2.weight", "w3.weight")))
 
@@ -87,6 +90,10 @@ class Checkpoint:
         config: :class:`DeepSeekV4Config` from ``config.json`` (``DeepSeekV4Config.from_hf``).
         weight_format: ``"bf16"`` or ``"int8"``.
         layout: ``"hf"`` (float tensors only) or ``"fp8"`` (some FP8/FP4 tensors).
+        has_mtp: the checkpoint holds the multi-token-prediction layers (``mtp.*``) and
+            its config has ``num_nextn_predict_layers > 0``; they are then checked like
+            every other tensor (:func:`expected_mtp_tensors`) and layer ``num_hidden_layers
+            + k`` of :meth:`layer` is ``mtp.{k}.``. Otherwise ``mtp.*`` is ignored.
 
     Raises:
         CheckpointError: (from the constructor) no config.json, no safetensors file, an
@@ -153,9 +160,13 @@ class Checkpoint:
     def _check(self, stored) -> dict[str, dict[str, str]]:
         """Map canonical names to their stored parts and check every tensor (see class doc)."""
         want = expected_tensors(self.config)
+        self.has_mtp = self.config.num_nextn_predict_layers > 0 and any(
+            k.startswith(_IGNORED_PREFIXES) for k in stored)
+        if self.has_mtp:
+            want.update(expected_mtp_tensors(self.config))
         parts: dict[str, dict[str, str]] = {}
         for k in stored:
-            if k.startswith(_IGNORED_PREFIXES):
+            if k.startswith(_IGNORED_PREFIXES) and not self.has_mtp:
                 continue
             c = canonical_name(k)
             for suffix in (".weight_scale_inv", ".scale"):  # FP8/FP4 block scales
@@ -257,22 +268,38 @@ class Checkpoint:
             return quantize_rows_int8(t)
         return t
 
-    def layer(self, i: int) -> dict[str, object]:
-        """Every tensor of layer ``i`` (leaf names relative to ``layers.{i}.``), loaded now.
+    def layer_prefix(self, i: int) -> str:
+        """Canonical prefix of layer ``i``: ``layers.{i}.`` for ``i < num_hidden_layers``,
+        ``mtp.{i - num_hidden_layers}.`` for the MTP layers (when :attr:`has_mtp`).
 
         Raises:
-            CheckpointError: ``i`` outside ``[0, num_hidden_layers)``.
+            CheckpointError: ``i`` is not a layer of this checkpoint.
         """
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.config.num_hidden_layers:
-            raise CheckpointError(f"checkpoint {self.path}: no layer {i!r} "
-                                  f"(num_hidden_layers={self.config.num_hidden_layers})")
-        p = f"layers.{i}."
+        L = self.config.num_hidden_layers
+        n = L + (self.config.num_nextn_predict_layers if self.has_mtp else 0)
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+            raise CheckpointError(f"checkpoint {self.path}: no layer {i!r} (num_hidden_layers={L}"
+                                  + (f", MTP layers {L}..{n - 1}" if n > L else ", no MTP layers") + ")")
+        return f"layers.{i}." if i < L else f"mtp.{i - L}."
+
+    def layer_ratio(self, i: int) -> int:
+        """Compress ratio of layer ``i`` (0 for an MTP layer: sliding-window only,
+        transformers `models/deepseek_v4/` and the published DeepSeek-V4-Flash checkpoint)."""
+        return self.config.compress_ratios[i] if i < self.config.num_hidden_layers else 0
+
+    def layer(self, i: int) -> dict[str, object]:
+        """Every tensor of layer ``i`` (leaf names relative to :meth:`layer_prefix`), loaded now.
+
+        Raises:
+            CheckpointError: ``i`` is not a layer (:meth:`layer_prefix`).
+        """
+        p = self.layer_prefix(i)
         return {c[len(p):]: self.weight(c) for c in self.names if c.startswith(p)}
 
     def globals(self) -> dict[str, torch.Tensor]:
         """The non-layer tensors: ``embed.weight``, ``head.weight``, ``norm.weight``,
         ``hc_head_{fn,base,scale}`` (FP32)."""
-        return {c: self.tensor(c) for c in self.names if not c.startswith("layers.")}
+        return {c: self.tensor(c) for c in self.names if not c.startswith(("layers.", "mtp."))}
 
 
 def open_checkpoint(path, weight_format: str = "bf16") -> Checkpoint:
@@ -286,9 +313,9 @@ def orthonormal_hadamard(n: int) -> torch.Tensor:
     """``[n, n]`` FP32 Sylvester Hadamard matrix divided by ``sqrt(n)`` (``n`` a power of two).
 
     The indexer rotates its queries and keys by one orthonormal matrix before the INT8
-    quantisation (v4flash-kernels.md B.11 / B.17); an orthonormal rotation of both leaves
+    quantisation (pypto-lib `models/deepseek/v4-flash/decode_indexer_compressor.py`; pypto-lib `models/deepseek/v4-flash/prefill_indexer.py`); an orthonormal rotation of both leaves
     every dot product unchanged, so the result matches transformers (which has none) up to
-    the quantisation (dsv4-math.md 6.3).
+    the quantisation (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
     Raises:
         ConfigError: ``n`` not a power of two.
@@ -302,8 +329,8 @@ def orthonormal_hadamard(n: int) -> torch.Tensor:
 
 
 def attention_inputs(ckpt: Checkpoint, i: int) -> dict[str, torch.Tensor]:
-    """Layer ``i``'s attention-block inputs in the kernels' layout (v4flash-kernels.md A.3,
-    B.6, B.13, B.18, B.19; parameter names of ``prefill_attention_*`` / ``CSA_ARGS``).
+    """Layer ``i``'s attention-block inputs in the kernels' layout (pypto-lib `models/deepseek/v4-flash/prefill_attention_swa.py`,
+    pypto-lib `decode_attention_swa.py`, pypto-lib `decode_attention_hca.py`, pypto-lib `prefill_attention_hca.py`, pypto-lib `prefill_attention_csa.py`; parameter names of ``prefill_attention_*`` / ``CSA_ARGS``).
 
     BF16 ``[in, out]`` ``wq_a`` / ``wkv``; INT8 ``wq_b`` per output column and ``wo_b`` per
     output row with FP32 scales (the kernels' rules); ``wo_a [G, o_lora, (H/G)*d]`` BF16;
@@ -317,9 +344,7 @@ def attention_inputs(ckpt: Checkpoint, i: int) -> dict[str, torch.Tensor]:
     """
     from pto.models.deepseek_v4.prefill_sparse_attn import quantize_wo_b
 
-    cfg, bf16, t, p = ckpt.config, torch.bfloat16, ckpt.tensor, f"layers.{i}."
-    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < cfg.num_hidden_layers:
-        raise CheckpointError(f"checkpoint {ckpt.path}: no layer {i!r} (num_hidden_layers={cfg.num_hidden_layers})")
+    cfg, bf16, t, p = ckpt.config, torch.bfloat16, ckpt.tensor, ckpt.layer_prefix(i)
     wq_b, wq_b_scale = quantize_weight_per_column(t(p + "attn.wq_b.weight").T.contiguous())
     wo_b, wo_b_scale = quantize_wo_b(t(p + "attn.wo_b.weight"))
     out = {
@@ -331,7 +356,7 @@ def attention_inputs(ckpt: Checkpoint, i: int) -> dict[str, torch.Tensor]:
         "wo_a": t(p + "attn.wo_a.weight").reshape(cfg.o_groups, cfg.o_lora_rank, -1).to(bf16),
         "wo_b": wo_b, "wo_b_scale": wo_b_scale,
     }
-    ratio = cfg.compress_ratios[i]
+    ratio = ckpt.layer_ratio(i)
     if ratio:
         c = p + "attn.compressor."
         out.update(cmp_wkv=t(c + "wkv.weight").to(bf16), cmp_wgate=t(c + "wgate.weight").to(bf16),
@@ -350,7 +375,7 @@ def attention_inputs(ckpt: Checkpoint, i: int) -> dict[str, torch.Tensor]:
 
 def moe_inputs(ckpt: Checkpoint, i: int, weight_format: str | None = None) -> dict[str, torch.Tensor | None]:
     """Layer ``i``'s MoE-block inputs keyed by ``moe.MOE_INPUTS`` without ``x_hc`` /
-    ``input_ids`` (v4flash-kernels.md B.23): FP32 HC parameters, router weight and bias
+    ``input_ids`` (pypto-lib `models/deepseek/v4-flash/moe.py`): FP32 HC parameters, router weight and bias
     (zeros on hash layers), INT32 ``tid2eid`` (zeros on learned layers), ``ffn_norm`` as
     ``norm_w``; routed ``w1 / w3 [E, F, D]``, ``w2 [E, D, F]`` and shared ``sh_w1 / sh_w3
     [F, D]``, ``sh_w2 [D, F]``: for ``"int8"`` (default: the checkpoint's format) INT8 per
@@ -364,9 +389,7 @@ def moe_inputs(ckpt: Checkpoint, i: int, weight_format: str | None = None) -> di
     fmt = weight_format or ckpt.weight_format
     if fmt not in WEIGHT_FORMATS:
         raise ConfigError(f"moe_inputs: weight_format must be one of {WEIGHT_FORMATS}, got {fmt!r}")
-    cfg, t, p = ckpt.config, ckpt.tensor, f"layers.{i}."
-    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < cfg.num_hidden_layers:
-        raise CheckpointError(f"checkpoint {ckpt.path}: no layer {i!r} (num_hidden_layers={cfg.num_hidden_layers})")
+    cfg, t, p = ckpt.config, ckpt.tensor, ckpt.layer_prefix(i)
     E, K, V = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.vocab_size
     hash_layer = i < cfg.num_hash_layers
 
