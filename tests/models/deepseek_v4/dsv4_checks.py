@@ -1,9 +1,18 @@
 """Assertions shared by the DeepSeek-V4 kernel tests (imported as a plain module: pytest puts
 this folder on ``sys.path`` for the test modules in it)."""
 
+import sys
+
 import pytest
 
 import pto
+
+
+def build_past_capacity_check(monkeypatch, build, *args, **kwargs):
+    """``build(*args, **kwargs)`` with its module's builder-level ``check_token_capacity``
+    switched off, so that an oversized case reaches the kernel's own capacity check."""
+    monkeypatch.setattr(sys.modules[build.__module__], "check_token_capacity", lambda *a: None)
+    return build(*args, **kwargs)
 
 
 def find_buffer(prog, name: str):

@@ -14,6 +14,8 @@ from pto.models.deepseek_v4 import expert_routed as mod
 from pto.models.deepseek_v4.config import get_config
 from pto.models.deepseek_v4.expert_routed import build_expert_routed, golden_expert_routed
 
+from dsv4_checks import build_past_capacity_check
+
 TINY = get_config("tiny")
 E, K = TINY.n_routed_experts, TINY.num_experts_per_tok
 
@@ -109,9 +111,7 @@ def test_expert_routed_rejects_bad_expert_id(bad):
 
 
 def test_expert_routed_capacity_error(monkeypatch):
-    import pto.models.deepseek_v4.expert_routed as module
-    monkeypatch.setattr(module, "check_token_capacity", lambda *a: None)  # past the builder's own check
-    cr = build_expert_routed("tiny", "prefill", T=129)
+    cr = build_past_capacity_check(monkeypatch, build_expert_routed, "tiny", "prefill", T=129)
     with pytest.raises(pto.CapacityError, match="recv_x"):
         cr.fn.run(*[s.create_tensor() for s in cr.specs], config=pto.RunConfig(check=True))
 

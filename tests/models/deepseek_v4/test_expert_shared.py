@@ -13,7 +13,7 @@ from pto.golden import run_jit
 from pto.models.deepseek_v4.config import get_config
 from pto.models.deepseek_v4.expert_shared import (build_expert_shared, expert_shared_kernels, golden_expert_shared)
 
-from dsv4_checks import assert_capacity_error_before_any_task, find_buffer
+from dsv4_checks import assert_capacity_error_before_any_task, build_past_capacity_check, find_buffer
 
 TINY = get_config("tiny")
 CLAMP_STD = 7.0  # weight scale at which 10-20 % of the g and u values cross swiglu_limit = 10
@@ -90,9 +90,7 @@ def test_expert_shared_clamp_matches_golden_and_transformers():
 
 @pytest.mark.parametrize("seed_scopes", [False, True])
 def test_expert_shared_capacity_error_before_any_task(seed_scopes, monkeypatch):
-    import pto.models.deepseek_v4.expert_shared as module
-    monkeypatch.setattr(module, "check_token_capacity", lambda *a: None)  # past the builder's own check
-    cr = build_expert_shared("tiny", "prefill", T=129, seed_scopes=seed_scopes)
+    cr = build_past_capacity_check(monkeypatch, build_expert_shared, "tiny", "prefill", T=129, seed_scopes=seed_scopes)
     assert_capacity_error_before_any_task(cr, "h_i8")
 
 

@@ -13,7 +13,7 @@ from pto.golden import run_jit
 from pto.models.deepseek_v4.config import get_config
 from pto.models.deepseek_v4.hc_head import build_hc_head, golden_hc_head, hc_head_kernels
 
-from dsv4_checks import assert_capacity_error_before_any_task, find_buffer
+from dsv4_checks import assert_capacity_error_before_any_task, build_past_capacity_check, find_buffer
 
 TINY = get_config("tiny")
 TASKS = ["hc_head_rms", "hc_head_linear", "hc_head_mix"]
@@ -69,10 +69,8 @@ def test_hc_head_golden_equals_transformers_hyper_head():
 
 @pytest.mark.parametrize("seed_scopes", [False, True])
 def test_hc_head_capacity_error_before_any_task(seed_scopes, monkeypatch):
-    import pto.models.deepseek_v4.hc_head as module
-    monkeypatch.setattr(module, "check_token_capacity", lambda *a: None)  # past the builder's own check
-    assert_capacity_error_before_any_task(build_hc_head("tiny", "prefill", T=129, seed_scopes=seed_scopes),
-                                          "mixes_raw")
+    cr = build_past_capacity_check(monkeypatch, build_hc_head, "tiny", "prefill", T=129, seed_scopes=seed_scopes)
+    assert_capacity_error_before_any_task(cr, "mixes_raw")
 
 
 def test_hc_head_tiling_errors():

@@ -13,7 +13,7 @@ from pto.golden import run_jit
 from pto.models.deepseek_v4.config import get_config
 from pto.models.deepseek_v4.hc_pre import build_hc_pre, hc_pre_entry, hc_pre_tiling
 
-from dsv4_checks import assert_capacity_error_before_any_task, find_buffer
+from dsv4_checks import assert_capacity_error_before_any_task, build_past_capacity_check, find_buffer
 
 TINY = get_config("tiny")
 TASKS = ["hc_pre_rms", "hc_pre_linear", "split_pre_post", "comb_sinkhorn", "mix_x"]
@@ -71,9 +71,7 @@ def test_hc_pre_mixes_raw_is_zero_initialised_at_t_linear(T):
 
 @pytest.mark.parametrize("seed_scopes", [False, True])
 def test_hc_pre_capacity_error_names_tensor_before_any_task(seed_scopes, monkeypatch):
-    import pto.models.deepseek_v4.hc_pre as module
-    monkeypatch.setattr(module, "check_token_capacity", lambda *a: None)  # past the builder's own check
-    cr = build_hc_pre("tiny", "prefill", T=129, seed_scopes=seed_scopes)
+    cr = build_past_capacity_check(monkeypatch, build_hc_pre, "tiny", "prefill", T=129, seed_scopes=seed_scopes)
     assert_capacity_error_before_any_task(cr, "mixes_raw")
 
 

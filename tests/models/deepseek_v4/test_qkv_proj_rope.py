@@ -18,7 +18,7 @@ from pto.models.deepseek_v4.qkv_proj_rope import (INT8_AMAX_EPS, INT8_SCALE_MAX,
 from pto.models.deepseek_v4.rms_norm import rms_norm
 from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
 
-from dsv4_checks import assert_capacity_error_before_any_task, find_buffer
+from dsv4_checks import assert_capacity_error_before_any_task, build_past_capacity_check, find_buffer
 
 TINY = get_config("tiny")
 OUTPUTS = ("q", "kv", "qr", "qr_scale")
@@ -108,9 +108,8 @@ def test_qkv_all_zero_rows_quantise_to_zero_with_finite_scale(seed_scopes):
 
 @pytest.mark.parametrize("seed_scopes", [False, True])
 def test_qkv_capacity_error_names_tensor_before_any_task(seed_scopes, monkeypatch):
-    import pto.models.deepseek_v4.qkv_proj_rope as module
-    monkeypatch.setattr(module, "check_token_capacity", lambda *a: None)  # past the builder's own check
-    cr = build_qkv_proj_rope("tiny", "prefill", T=129, seed_scopes=seed_scopes)
+    cr = build_past_capacity_check(monkeypatch, build_qkv_proj_rope, "tiny", "prefill", T=129,
+                                   seed_scopes=seed_scopes)
     assert_capacity_error_before_any_task(cr, "qr_fp32")
 
 
