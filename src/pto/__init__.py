@@ -1,5 +1,5 @@
 """pto: a Python tile-programming framework with a CPU task-graph runtime, and
-DeepSeek-V4-Flash kernels written in it. See DESIGN.md for the architecture.
+DeepSeek-V4-Flash kernels written in it. See README.md and docs/ for the user's guide.
 
 ``import pto.language as pl`` is the DSL; ``pto.runtime`` runs it;
 ``pto.golden`` validates it against torch goldens.

@@ -1,4 +1,4 @@
-"""The ``pto`` command line (DESIGN section 2): ``pto demo|run|check|graph ...``.
+"""The ``pto`` command line (README.md): ``pto demo|run|check|graph ...``.
 
 Registry-driven: kernels are found by name in the :mod:`pto.golden` registry
 (model kernels from ``pto.models.deepseek_v4``, examples from ``examples/``),

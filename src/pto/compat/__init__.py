@@ -1,4 +1,4 @@
-"""Run pypto-lib scripts as they are on pto (DESIGN section 13; docs/porting.md).
+"""Run pypto-lib scripts as they are on pto (docs/porting.md).
 
 ``pto pypto FILE.py [ARGS...]`` or ``python -m pto.compat FILE.py [ARGS...]`` runs a
 script written for pypto and the reference golden harness: ``pypto.language`` is

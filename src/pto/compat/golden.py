@@ -1,6 +1,6 @@
 """The reference golden harness (pypto-lib ``golden``) served by pto, with its calling conventions.
 
-Reference: golden-harness.md (behaviour of ``TensorSpec``, ``ScalarSpec``, ``run``,
+Reference: pypto-lib `golden/` (behaviour of ``TensorSpec``, ``ScalarSpec``, ``run``,
 ``run_jit``, ``validate_golden`` and the comparators). Under ``pto pypto`` a script's
 ``from golden import ...`` gets this module. Differences from the reference, all reported
 on stdout as ``[RUN] pto: ... ignored`` lines:
@@ -138,7 +138,7 @@ def _named(fn, label):
 def ratio_allclose(atol: float | None = None, rtol: float | None = None, max_error_ratio: float = 0.005,
                    max_show: int = 10, valid_rows: int | None = None):
     """At most ``round(max_error_ratio * numel)`` elements outside ``atol + rtol * |e|`` (the run's
-    tolerances when None); NaN/Inf in ``actual`` fail (golden-harness.md 4.2). ``valid_rows``
+    tolerances when None); NaN/Inf in ``actual`` fail (pypto-lib `golden/`). ``valid_rows``
     (newer harness versions): compare only the first ``valid_rows`` rows of dim 0.
 
     Raises:
@@ -183,7 +183,7 @@ def bf16_allclose_or_ulp(max_ulp: int = 1):
 
 
 def ratio_reldiff(diff_thd: float = 0.01, pct_thd: float = 0.05, max_diff_hd: float = math.inf, max_show: int = 10):
-    """The reference relative-difference rule (golden-harness.md 4.3); ignores the run tolerances.
+    """The reference relative-difference rule (pypto-lib `golden/`); ignores the run tolerances.
 
     Raises:
         ValueError: a non-positive threshold or ``pct_thd`` outside [0, 1].
@@ -201,7 +201,7 @@ def ratio_reldiff(diff_thd: float = 0.01, pct_thd: float = 0.05, max_diff_hd: fl
 def error_distribution(diff_thds=(1e-3, 3e-3, 5e-3, 1e-2, 3e-2, 5e-2), quantiles=(0.5, 0.9, 0.99, 0.999, 0.9999, 1.0),
                        always_pass: bool = True):
     """A measuring comparator: prints rel-L2, cosine similarity, per-threshold bad fractions and
-    quantiles of the relative and absolute error (golden-harness.md 4.4). Passes unless
+    quantiles of the relative and absolute error (pypto-lib `golden/`). Passes unless
     ``always_pass`` is False and ``actual`` has NaN/Inf."""
     def cmp(actual, expected, **_):
         a = actual.detach().to(torch.float64).reshape(-1)
@@ -235,7 +235,7 @@ def error_distribution(diff_thds=(1e-3, 3e-3, 5e-3, 1e-2, 3e-2, 5e-2), quantiles
 def topk_pair_compare(vals_name: str, *, dim: int = -1, descending: bool = True, max_show: int = 10):
     """Index-output comparator paired with value output ``vals_name``: a position whose index
     differs from the golden passes iff the actual values are monotone there (a tie the
-    kernel broke differently; golden-harness.md 4.5). Newer harness versions instead pass
+    kernel broke differently; pypto-lib `golden/`). Newer harness versions instead pass
     when the paired values agree with the golden's once sorted (allclose at the run's
     tolerances); either rule passing passes."""
     def cmp(actual, expected, actual_outputs=None, **_):

@@ -1,4 +1,4 @@
-"""Compare functions of the golden harness (reference golden-harness.md section 4).
+"""Compare functions of the golden harness (pypto-lib `golden/`).
 
 Each compare function is called as ``cmp(actual, expected, **context)`` and
 returns ``(ok, detail)``; its ``__name__`` is a descriptive label. Arithmetic

@@ -1,5 +1,5 @@
 """``run_jit``: build inputs, run the golden, run the kernel, compare
-(reference golden-harness.md section 3; DESIGN section 8)."""
+(pypto-lib `golden/`; docs/dsl.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The kernel registry: every kernel module registers a :class:`KernelCase`;
-the CLI, the tests, the demo and the benchmarks iterate it (DESIGN section 8)."""
+the CLI, the tests, the demo and the benchmarks iterate it (docs/dsl.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Argument specs of the golden harness (reference golden-harness.md section 1)."""
+"""Argument specs of the golden harness (pypto-lib `golden/`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The pto DSL surface: ``import pto.language as pl``.
 
-Reference: dsl-api.md (construct semantics); DESIGN.md sections 2-4.
+Reference: hw-native-sys/pypto `docs/en/user/` (construct semantics); README.md.
 """
 
 from types import SimpleNamespace as _NS

@@ -1,6 +1,6 @@
 """DSL constructs that pypto-lib kernels use and pto's own kernels need rarely.
 
-Reference: dsl-api.md sections 2-8 (semantics), the construct table of the
+Reference: hw-native-sys/pypto `docs/en/user/`, the construct table of the
 compatibility issue. Every construct here is numerically defined on the CPU:
 
 * ``pl.create_tile(shape, dtype)`` / ``pl.create_l1(shape, dtype)``: an

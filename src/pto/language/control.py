@@ -1,4 +1,4 @@
-"""Task-creating scopes and loops (reference dsl-api.md sections 4-6).
+"""Task-creating scopes and loops (hw-native-sys/pypto `docs/en/user/`).
 
 * ``for b in pl.spmd(n, name_hint=...)``: one task of ``n`` blocks; each
   iteration is one block. The object is also the task handle:
@@ -135,7 +135,7 @@ class spmd:
 def _run_phased(prog, task, body, n):
     """Run a generator body whose ``yield pl.system.syncall()`` statements split
     it into phases: phase k of every block runs before phase k+1 of any block
-    (the CPU emulation of a hard barrier, reference dsl-api.md section 4)."""
+    (the CPU emulation of a hard barrier, hw-native-sys/pypto `docs/en/user/`)."""
     gens = [None] * n
     live = list(_builtin_range(n))
     phase = 0

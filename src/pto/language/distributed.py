@@ -1,4 +1,4 @@
-"""The distributed DSL: ``import pto.language.distributed as pld`` (dsl-api.md section 14).
+"""The distributed DSL: ``import pto.language.distributed as pld`` (hw-native-sys/pypto `docs/en/user/`).
 
 Window buffers are per-rank tensors that peers write into (RDMA-visible HCCL windows on the
 device). A kernel names them through parameters annotated ``pld.DistributedTensor[[...], dt]``

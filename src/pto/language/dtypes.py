@@ -3,7 +3,7 @@
 ``pl.INDEX`` and ``pl.TASK_ID`` are 64-bit integers (loop variables, offsets,
 task handles); ``pl.UINT32`` is stored as ``torch.uint32``. There is no
 implicit promotion between dtypes: mixing widths needs ``pl.cast``
-(reference dsl-api.md section 2).
+(hw-native-sys/pypto `docs/en/user/`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``@pl.jit`` (program entry) and ``@pl.jit.inline`` (composable body), and argument binding.
 
 Calling a ``@pl.jit`` function with torch tensors runs one ``Program``
-(DESIGN section 3): arguments are bound to their annotations, orchestration
+(docs/dsl.md): arguments are bound to their annotations, orchestration
 runs as plain Python, tasks execute eagerly. ``fn.run(*args, config=...)``
 returns the Program (statistics, task graph); a plain call returns what the
 function returns, with GM tensors mapped back to the caller's torch tensors.

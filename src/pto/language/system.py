@@ -1,4 +1,4 @@
-"""System constructs: join nodes, barriers and the block index (dsl-api.md sections 4, 6)."""
+"""System constructs: join nodes, barriers and the block index (hw-native-sys/pypto `docs/en/user/`)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ and records a read footprint; writing (``y[...] = tile``, ``pl.assemble``,
 zero-copy views and GM writes are rejected (they belong in a task).
 
 Footprints are boxes on the root buffer, in the root's 2-D coordinates
-``[rows = prod(shape[:-1]), cols = shape[-1]]`` (DESIGN section 3.4); a view
+``[rows = prod(shape[:-1]), cols = shape[-1]]`` (docs/dsl.md); a view
 whose window does not map onto a box is recorded by its bounding box.
 """
 

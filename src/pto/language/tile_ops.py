@@ -5,7 +5,7 @@ definedness mask (``mask``, check mode only; ``None`` means all defined) and an
 optional valid shape (``valid``: per-dim extents of the meaningful top-left
 region; elements outside it are padding).
 
-Rules shared by every op (reference dsl-api.md sections 9-13):
+Rules shared by every op (hw-native-sys/pypto `docs/en/user/`):
 
 * no implicit dtype promotion and no implicit broadcast between tiles of
   different shapes (use the ``row_expand_*`` / ``col_expand_*`` family);
@@ -15,7 +15,7 @@ Rules shared by every op (reference dsl-api.md sections 9-13):
   INT32;
 * definedness masks propagate: elementwise AND, reductions ALL along the
   reduced axis, matmul out[i, j] = ALL(A[i, :]) AND ALL(B[:, j]), gathers move
-  masks with the data (DESIGN section 5). A mask is an INT32 tensor holding,
+  masks with the data (docs/dsl.md). A mask is an INT32 tensor holding,
   per element, 0 when defined or else a positive undefinedness tag that names
   the allocation the value came from and the task that first consumed it
   (pto/runtime/sanitizer.py), so that the AND is a ``maximum`` and every
@@ -436,7 +436,7 @@ def full(shape, dtype, value) -> Tile:
 def arange(start, shape, dtype=INT32, descending: bool = False) -> Tile:
     """Consecutive integers ``start, start+1, ...`` (or descending) in a ``[1, N]`` tile.
 
-    Leading dims must be 1 (reference dsl-api.md section 7). Dtypes INT16, INT32, UINT32.
+    Leading dims must be 1 (hw-native-sys/pypto `docs/en/user/`). Dtypes INT16, INT32, UINT32.
 
     Raises:
         DslError: a shape that is not a non-empty list of non-negative ints, leading dims
@@ -548,7 +548,7 @@ def cast(x, target_type, mode="round") -> Tile:
     A narrowing cast rounds the exact source value once (INT32 -> BF16 is not
     rounded through FP32 first); INT64 sources beyond 2^53 are first rounded to
     float64.
-    Reference: dsl-api.md section 12.
+    Reference: hw-native-sys/pypto `docs/en/user/`.
 
     Raises:
         DslError: unknown mode, mode ``odd``, or a non-tile operand. A Python number or
@@ -1044,7 +1044,7 @@ def select(mask, a, b) -> Tile:
 
 
 class MaskPattern:
-    """Lane patterns of :func:`gather`'s mask form (dsl-api.md section 13). The rightmost
+    """Lane patterns of :func:`gather`'s mask form (hw-native-sys/pypto `docs/en/user/`). The rightmost
     character is lane 0: ``P0101`` keeps the even lanes, ``P1010`` the odd lanes (the indices of
     sort32 / mrgsort pairs), ``P0001 .. P1000`` one lane of every 4, ``P1111`` all lanes."""
 
@@ -1153,7 +1153,7 @@ def _check_runs(x: torch.Tensor, run_lanes: int, op: str) -> None:
 
 
 def mrgsort(*srcs, block_len=None, exhausted: bool = False, tmp=None) -> Tile:
-    """Merge sorted runs of (value, index) pairs, descending (dsl-api.md section 13).
+    """Merge sorted runs of (value, index) pairs, descending (hw-native-sys/pypto `docs/en/user/`).
 
     Format 1 ``mrgsort(src, block_len=L)``: ``src`` ``[R, M]`` FP32 pair lanes holding sorted
     runs of ``L`` lanes (``L`` even; ``M`` a multiple of ``L``); every 4 consecutive runs merge

@@ -4,7 +4,7 @@
 ``pl.Out[...]`` and ``pl.InOut[...]`` set the direction; ``pl.PartialOut[...]`` is
 an Out the program may leave partly unwritten on purpose; ``pl.Scalar[pl.INT32]``
 is a by-value scalar; ``pl.dynamic("T")`` is a symbolic dimension bound on first
-use and checked for agreement across arguments (DESIGN section 3.1).
+use and checked for agreement across arguments (docs/dsl.md).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class ScalarValue:
     with a tile the tile op takes it as an undefined scalar operand. Using an
     undefined value as an index, loop bound, branch condition, dict key or
     Python ``int``/``float`` raises :class:`pto.UndefinedValueError` at once
-    (DESIGN section 5), naming the use site and the origin. ``pl.read``
+    (docs/dsl.md), naming the use site and the origin. ``pl.read``
     returns plain Python numbers for defined elements and outside check mode.
     """
 

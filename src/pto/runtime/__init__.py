@@ -1,5 +1,5 @@
 """The pto runtime: programs, the ring heap, the task graph, dependency
-derivation, check mode, the simulator and trace export (DESIGN sections 3-7)."""
+derivation, check mode, the simulator and trace export (docs/dsl.md)."""
 
 from pto import errors as _errors
 from pto.language import _ctx as _lang_ctx

@@ -1,4 +1,4 @@
-"""Dependency derivation, the way the device runtime derives it (DESIGN section 4).
+"""Dependency derivation, the way the device runtime derives it (docs/dsl.md).
 
 Per root buffer a registry holds the current producers of regions: plain
 writers and atomic adders. For a finished task, with its footprints merged

@@ -5,7 +5,7 @@ A :class:`Task` is one scope launch (``pl.spmd`` / ``pl.at``) or a join node
 barrier phase of it). Edges come from dependency derivation (deps.py) and
 explicit ``deps=``. The graph never affects results on the CPU (execution is
 eager, in program order); it feeds the race checker, the simulator and the
-trace (DESIGN section 4).
+trace (docs/dsl.md).
 """
 
 from __future__ import annotations

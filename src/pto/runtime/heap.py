@@ -13,7 +13,7 @@ request and the high-water mark.
 
 ``init_value`` fills the tensor as part of the allocation (no task, no edge).
 In check mode, undefined storage is poisoned: NaN for floats, the byte
-pattern 0xAB for integers (reference dsl-api.md section 7).
+pattern 0xAB for integers (hw-native-sys/pypto `docs/en/user/`).
 """
 
 from __future__ import annotations

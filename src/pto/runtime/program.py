@@ -1,4 +1,4 @@
-"""Program: one call of a ``@pl.jit`` function (DESIGN section 3).
+"""Program: one call of a ``@pl.jit`` function (docs/dsl.md).
 
 The program binds the arguments, runs the orchestration as plain Python with
 tasks executing eagerly in program order, records the task graph and the
@@ -40,7 +40,7 @@ class RunConfig:
 
     Attributes:
         heap_bytes: ring-heap capacity in bytes (>= 1024; default 1 GiB).
-        check: check mode: definedness sanitizer and race checker (DESIGN 5, 6).
+        check: check mode: definedness sanitizer and race checker (docs/dsl.md).
             On by default in ``pto.golden.run_jit`` and ``pto check``, off in
             ``pto run`` and benchmarks.
         keep_footprints: keep per-block footprints after the run (trace

@@ -1,4 +1,4 @@
-"""Race checker (DESIGN section 6), run in check mode as each task closes.
+"""Race checker (docs/dsl.md), run in check mode as each task closes.
 
 Eager execution in program order is one valid schedule; the checker proves
 the result does not depend on which valid schedule the device picks. Two
@@ -11,7 +11,7 @@ one writes (plain write or atomic add), except two atomic adds.
 * Inter-task: a footprint of a new task that conflicts with a footprint of
   an earlier task races unless the earlier task is an ancestor in the
   runtime-visible graph (derived edges plus explicit ``deps=``). This finds
-  a missing write-after-read edge (not derived, DESIGN section 4), a manual
+  a missing write-after-read edge (not derived, docs/dsl.md), a manual
   scope without ``deps=``, a ``manual_dep`` tensor without ``deps=`` and a
   wrong direction.
 

@@ -1,5 +1,5 @@
 """Definedness sanitizer: origins, first consumers, the end-of-program check
-and the ``init_value`` mutation hook (DESIGN section 5).
+and the ``init_value`` mutation hook (docs/dsl.md).
 
 Shadow masks live on every root buffer that can hold undefined data
 (``Buffer.shadow``: scratch allocations and Out/InOut arguments; In arguments

@@ -1,5 +1,5 @@
 """Simulated accelerator: list-schedule a recorded task graph on a machine
-model (DESIGN section 7).
+model (docs/performance.md).
 
 The machine is what the device runs a program on: cube cores (AIC), vector
 cores (AIV) and the AICPU, which orchestrates and schedules.
@@ -118,7 +118,7 @@ class Machine:
 
 # ---- machine constants ---------------------------------------------------------------
 # a2a3: one Ascend 910B-class die (Atlas A2 / one die of an A3 910C package).
-#   * 24 AIC + 48 AIV, core group = 1 AIC + 2 AIV: reference dsl-api.md section 1
+#   * 24 AIC + 48 AIV, core group = 1 AIC + 2 AIV: hw-native-sys/pypto `docs/en/user/`
 #     ("Ascend 910B has 24 clusters") and the public PTO runtime's platform config
 #     (PLATFORM_MAX_BLOCKDIM = 24, 1 AIC + 2 AIV per block).
 #   * Cube peak 376 TFLOPS dense BF16/FP16 per die: "Serving Large Language Models on
@@ -200,7 +200,7 @@ MACHINES: dict[str, Machine] = {
         aic_gm_bw=_A2A3_HBM / 24, aiv_gm_bw=_A2A3_HBM / 48,
         submit_s=_A2A3_SUBMIT, dispatch_s=_A2A3_DISPATCH, fill_bw=_A2A3_FILL,
         sources={
-            "cores": "24 AIC + 48 AIV: reference dsl-api.md 1; PTO runtime platform_config.h",
+            "cores": "24 AIC + 48 AIV: hw-native-sys/pypto `docs/en/user/`; PTO runtime platform_config.h",
             "cube": "376 TFLOPS BF16 per die: CloudMatrix384 paper (arXiv:2506.12708)",
             "vector": "2048-bit vector unit (Hot Chips 31 Da Vinci) at the clock implied by the cube peak",
             "hbm": "1.6 TB/s per die: CloudMatrix384 paper (3.2 TB/s per 910C package)",

@@ -1,5 +1,5 @@
 """Chrome / Perfetto trace JSON of a real CPU run or a simulated run
-(DESIGN section 7).
+(docs/performance.md).
 
 The output is the Trace Event Format's JSON object form:
 ``{"traceEvents": [...], "displayTimeUnit": "ns", "otherData": {...}}``.

@@ -1,5 +1,5 @@
 """DeepSeek-V4 kernels written in pto.language; importing this package registers every
-kernel module's ``KernelCase`` (DESIGN section 8)."""
+kernel module's ``KernelCase`` (docs/dsl.md)."""
 
 from pto.models.deepseek_v4 import hc_post  # noqa: F401  (registers "hc_post")
 from pto.models.deepseek_v4 import prefill_sparse_attn  # noqa: F401  (registers "prefill_sparse_attn")

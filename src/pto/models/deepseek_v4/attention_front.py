@@ -1,6 +1,6 @@
 """The front of every attention sub-block: hc_pre -> RMSNorm -> RoPE rows -> q / kv projections.
 
-Chain (v4flash-kernels.md A.3, B.6, B.13, B.18; dsv4-math.md 4, 7.1), shared by the prefill and
+Chain (pypto-lib `models/deepseek/v4-flash/prefill_attention_swa.py`, `decode_attention_swa.py`, `decode_attention_hca.py`, `prefill_attention_hca.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`), shared by the prefill and
 decode blocks of every layer type:
 
     x_mixed, post, comb = hc_pre(x_hc)                                # [T, D] bf16, [T, hc], [T, hc*hc]

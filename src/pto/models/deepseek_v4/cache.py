@@ -1,5 +1,5 @@
 """The paged cache of a DeepSeek-V4 deployment: page pools, block tables and the per-layer
-cache tensors the prefill / decode kernels read and write (DESIGN section 11).
+cache tensors the prefill / decode kernels read and write (README.md).
 
 Every cache kind has one page pool (a page count of :class:`DeploymentConfig`) shared by all
 requests; a request owns pages through its block table of that kind, one table per kind

@@ -3,7 +3,7 @@
 Field names follow the model's Hugging Face ``config.json`` (upstream names:
 ``qk_rope_head_dim``, ``compress_ratios``, ``rope_scaling``); values of the
 ``flash`` preset are those of DeepSeek-V4-Flash (reference
-v4flash-kernels.md "FLASH preset", dsv4-math.md section 0). ``tiny`` is the
+pypto-lib `models/deepseek/v4-flash/config.py`, transformers `models/deepseek_v4/modeling_deepseek_v4.py`). ``tiny`` is the
 random-checkpoint size used by the default tests and the transformers parity
 tests.
 """
@@ -26,7 +26,7 @@ _RATIO_OF_LAYER_TYPE = {v: k for k, v in LAYER_TYPE_OF_RATIO.items()}
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """YaRN parameters of the compress RoPE profile (dsv4-math.md section 3).
+    """YaRN parameters of the compress RoPE profile (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
     ``factor`` divides the low frequencies; ``beta_fast`` / ``beta_slow`` bound
     the blended ramp; ``original_max_position_embeddings`` is the pre-extension
@@ -87,7 +87,7 @@ class DeepSeekV4Config:
     bos_token_id: int | None = 0
     eos_token_id: int | None = 1
     num_nextn_predict_layers: int = 1
-    # deployment constants (v4flash-kernels.md "Deployment/implementation constants")
+    # deployment constants (pypto-lib `models/deepseek/v4-flash/config.py`)
     block_size: int = 128  # paged-KV page rows
     ori_kv_block_num: int = 128  # raw / SWA kv pages
     cmp_kv_block_num: int = 32  # compressed kv pages
@@ -105,7 +105,7 @@ class DeepSeekV4Config:
 
     @property
     def softmax_scale(self) -> float:
-        """Attention logit scale ``head_dim ** -0.5`` (no YaRN mscale, dsv4-math.md 10.11)."""
+        """Attention logit scale ``head_dim ** -0.5`` (no YaRN mscale, transformers `models/deepseek_v4/modeling_deepseek_v4.py`)."""
         return self.head_dim ** -0.5
 
     @property
@@ -182,7 +182,7 @@ class DeepSeekV4Config:
 
         ``source`` is a dict (the parsed JSON), a path to ``config.json`` or a checkpoint
         directory holding one. Fields keep HF's meaning (transformers 5.23.0
-        ``DeepseekV4Config``; checkpoint-layout.md section 5):
+        ``DeepseekV4Config``; transformers `models/deepseek_v4/` and the published DeepSeek-V4-Flash checkpoint):
 
         * ``max_position_embeddings`` is the model's context length (tokens);
         * the attention schedule comes from ``layer_types`` or, failing that, the legacy
@@ -466,7 +466,7 @@ def capped_preset(preset: str, max_preset: str | None) -> str:
 
 @dataclass(frozen=True)
 class DeploymentConfig:
-    """Serving geometry of one deployment, separate from the model (DESIGN section 11).
+    """Serving geometry of one deployment, separate from the model (README.md).
 
     Units: ``block_size`` and ``hca_state_block_size`` are token rows per page;
     ``*_block_num`` are page counts of each pool (shared by every request of one layer);
@@ -474,7 +474,7 @@ class DeploymentConfig:
     longest request in tokens (prompt + generated), at most the model's
     ``max_position_embeddings``; ``rope_max_pos`` the RoPE table length in positions;
     ``decode_batch`` x ``decode_seq`` the decode step's token geometry and ``prefill_seq``
-    the prefill chunk capacity in tokens (v4flash-kernels.md "Deployment/implementation
+    the prefill chunk capacity in tokens (pypto-lib `models/deepseek/v4-flash/` "Deployment/implementation
     constants").
 
     Raises:

@@ -1,4 +1,4 @@
-"""Decode attention sub-block of ratio-4 (CSA) layers (v4flash-kernels.md B.14).
+"""Decode attention sub-block of ratio-4 (CSA) layers (pypto-lib `models/deepseek/v4-flash/decode_attention_csa.py`).
 
 The decode body of :func:`prefill_attention_csa.csa_block_kernels`: ``B`` requests x ``S``
 tokens, ``T = B * S`` request-major rows; per-request block tables ``[B, n]`` for the raw
@@ -8,7 +8,7 @@ ratio-4 compressors (decode_c4_*, decode_idx_c4_*), the indexer (decode_idx_*) a
 ``decode_sparse_attn_csa`` over the window plus the ``index_topk`` selected rows; ``hc_post``.
 ``num_tokens`` must be ``T``. Math in :mod:`prefill_attention_csa`.
 
-Deviations from B.14: the indexer compressor is called by the block (not by the indexer);
+Deviations from pypto-lib `decode_attention_csa.py`: the indexer compressor is called by the block (not by the indexer);
 the indexer's cos / sin are the tables' rows by position (no ``csa_rope_step`` /
 ``csa_cmp_rope`` tasks); no ``offset`` on the top-k.
 """
@@ -57,7 +57,7 @@ def make_decode_csa_inputs(cfg: DeepSeekV4Config, starts: list[int] | None = Non
 
 
 def build_decode_attention_csa(preset: str, mode: str, **options) -> CaseRun:
-    """Registry builder of ``decode_attention_csa`` (B.14). Mode ``"decode"``; options
+    """Registry builder of ``decode_attention_csa`` (pypto-lib `decode_attention_csa.py`). Mode ``"decode"``; options
     ``start_pos`` (per request; default :func:`decode_compressor_ratio4.decode_start_positions`),
     ``S``, ``seed``, ``reverse_tables``, ``seed_scopes``.
 
@@ -84,4 +84,4 @@ def build_decode_attention_csa(preset: str, mode: str, **options) -> CaseRun:
 
 
 register(KernelCase("decode_attention_csa", build_decode_attention_csa, modes=("decode",), seed_variant=True,
-                    description="ratio-4 decode attention sub-layer: compressors, indexer top-k, sparse attn (B.14)"))
+                    description="ratio-4 decode attention sub-layer: compressors, indexer top-k, sparse attn (pypto-lib `decode_attention_csa.py`)"))

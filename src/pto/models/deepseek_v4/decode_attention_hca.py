@@ -1,6 +1,6 @@
 """Decode attention sub-block of ratio-128 (HCA, heavily compressed attention) layers.
 
-Chain (v4flash-kernels.md B.13; dsv4-math.md 3, 4, 5), decode geometry of decode_metadata.py:
+Chain (pypto-lib `models/deepseek/v4-flash/decode_attention_hca.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`), decode geometry of decode_metadata.py:
 
     x_mixed, post, comb = hc_pre(x_hc) ; x_normed = rms_norm(x_mixed, attn_norm_w)
     cos_t, sin_t        = compress-profile rows at position_ids   # the whole layer uses it
@@ -14,8 +14,8 @@ Chain (v4flash-kernels.md B.13; dsv4-math.md 3, 4, 5), decode geometry of decode
     x_out               = hc_post(attn_out, x_hc, post, comb)
 
 The compressor writes before the attention reads, so the token that closes a window attends
-to the entry it just wrote (dsv4-math.md 5: ``w < floor((t + 1) / 128)``); with ``S = 2``
-each token has its own count. Deviations from B.13: the deterministic compressed top-k is
+to the entry it just wrote (transformers `models/deepseek_v4/modeling_deepseek_v4.py`: ``w < floor((t + 1) / 128)``); with ``S = 2``
+each token has its own count. Deviations from pypto-lib `decode_attention_hca.py`: the deterministic compressed top-k is
 ``k < (p + 1) // 128`` without B.13's extra ``kv_seq_len / 128`` bound (the caller's slots
 define the sequence), and the window / compressed indices are built in the kernel.
 ``seed_scopes=True`` passes the seed variant to hc_pre and qkv_proj_rope (their split-K
@@ -54,7 +54,7 @@ __all__ = [
     "HCA_ARGS",
 ]
 
-# v4flash-kernels.md B.13 / C.2 (run-level rtol=atol=1e-2); compressor outputs as B.9.
+# pypto-lib `models/deepseek/v4-flash/decode_attention_hca.py`; the pypto-lib tests' tolerances (run-level rtol=atol=1e-2); compressor outputs as `decode_compressor_ratio128.py`.
 TOLERANCES: dict[str, tuple[float, float, float]] = {
     "x_out": (3e-3, 0.008, 1.0),
     "kv_cache": (1e-4, 1 / 128, 0.005),
@@ -76,7 +76,7 @@ B_DYN = pl.dynamic("B")
 def decode_attention_hca_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleNamespace:
     """Build the ratio-128 decode attention sub-layer for ``cfg`` (cached per config / variant).
 
-    Composition (B.13): ``attention_front`` (``hc_pre`` -> ``rms_norm`` -> ``late_dep`` ->
+    Composition (pypto-lib `decode_attention_hca.py`): ``attention_front`` (``hc_pre`` -> ``rms_norm`` -> ``late_dep`` ->
     ``decode_rope_rows`` -> ``qkv_proj_rope(..., late_dep)``) -> ``decode_cache_write`` ->
     ``decode_compressor_ratio128(x_normed, ..., late_dep)`` (its FP32 ``kv`` rows go to
     scratch) -> ``decode_window_indices`` -> ``decode_cmp_indices`` ->
@@ -143,7 +143,7 @@ def decode_attention_hca_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fals
                              wo_b: pl.Tensor[[D, G * LO], pl.INT8],
                              wo_b_scale: pl.Tensor[[D], pl.FP32],
                              x_out: pl.Out[pl.Tensor[[T_DYN, HC, D], pl.FP32]]):
-        """Ratio-128 decode attention sub-layer (B.13); returns ``(kv_cache, cmp_kv,
+        """Ratio-128 decode attention sub-layer (pypto-lib `decode_attention_hca.py`); returns ``(kv_cache, cmp_kv,
         compress_state, x_out)``."""
         t = pl.tensor.dim(x_hc, 0)
         f = attention_front(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
@@ -205,7 +205,7 @@ def golden_decode_attention_hca(
     float32: bool = False,
     return_intermediates: bool = False,
 ):
-    """Golden of the ratio-128 decode attention block (v4flash-kernels.md B.13), over whole
+    """Golden of the ratio-128 decode attention block (pypto-lib `models/deepseek/v4-flash/decode_attention_hca.py`), over whole
     tensors: ``golden_decode_rope_rows`` -> ``golden_attention_front`` (hc_pre, RMSNorm, q / kv)
     -> ``golden_decode_cache_write`` ->
     ``golden_decode_compressor_ratio128`` (on ``x_normed``; FP32 throughout, the compressor
@@ -281,7 +281,7 @@ def make_decode_hca_inputs(
 
 
 def build_case(preset: str, mode: str, **options) -> CaseRun:
-    """Registry builder of ``decode_attention_hca`` (B.13).
+    """Registry builder of ``decode_attention_hca`` (pypto-lib `decode_attention_hca.py`).
 
     Mode ``"decode"``. Options: ``start_pos`` (default ``DEFAULT_START_POS``), ``S``,
     ``seed``, ``reverse_tables``, ``seed_scopes``. Golden :func:`golden_decode_attention_hca`;

@@ -1,6 +1,6 @@
 """Decode attention sub-block of ratio-0 (sliding-window-only) layers.
 
-Chain (v4flash-kernels.md B.6; dsv4-math.md 4, 7), ``B`` requests x ``S`` tokens, ``T = B*S``
+Chain (pypto-lib `models/deepseek/v4-flash/decode_attention_swa.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`), ``B`` requests x ``S`` tokens, ``T = B*S``
 token-major rows (decode_metadata.py has the geometry and the ``-1`` sentinels):
 
     x_mixed, post, comb = hc_pre(x_hc)                       # [T, D] bf16, [T, 4], [T, 16]
@@ -15,7 +15,7 @@ token-major rows (decode_metadata.py has the geometry and the ``-1`` sentinels):
 The cache write runs before the attention, so a token's window holds its own key and, with
 ``S = 2``, the second token sees the first. An inactive token (position ``-1``) writes no
 key and attends to nothing (zero attention output; its ``x_out`` row is the plain stream
-mix). Deviation from B.6: the window indices are built in the kernel from positions and
+mix). Deviation from pypto-lib `decode_attention_swa.py`: the window indices are built in the kernel from positions and
 block tables (``decode_window_indices``) instead of the reference's host-built indices and
 ``swa_lens`` bias; the bias comes from the indices.
 """
@@ -51,7 +51,7 @@ __all__ = [
     "SWA_ARGS",
 ]
 
-# v4flash-kernels.md B.6 / C.2 (run-level rtol=atol=1e-2):
+# pypto-lib `models/deepseek/v4-flash/decode_attention_swa.py`; the pypto-lib tests' tolerances (run-level rtol=atol=1e-2):
 #   x_out: ratio_reldiff (diff_thd, pct_thd, max_diff_hd); kv_cache: ratio_allclose (atol, rtol, ratio)
 TOLERANCES: dict[str, tuple[float, float, float]] = {
     "x_out": (3e-3, 0.008, 1.0),
@@ -67,10 +67,10 @@ B_DYN = pl.dynamic("B")
 def decode_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleNamespace:
     """Build the ratio-0 decode attention sub-layer for ``cfg`` (cached per config).
 
-    Composition (B.6): ``attention_front`` (``hc_pre`` -> ``rms_norm`` -> ``late_dep`` ->
+    Composition (pypto-lib `decode_attention_swa.py`): ``attention_front`` (``hc_pre`` -> ``rms_norm`` -> ``late_dep`` ->
     ``decode_rope_rows`` -> ``qkv_proj_rope(..., late_dep)``) -> ``decode_cache_write``
     -> ``decode_window_indices`` -> ``decode_sparse_attn_swa`` -> ``hc_post``. The block's own
-    scratch is uninitialised (as B.6); ``seed_scopes=True`` passes the seed variant to hc_pre
+    scratch is uninitialised (as pypto-lib `decode_attention_swa.py`); ``seed_scopes=True`` passes the seed variant to hc_pre
     and qkv_proj_rope (split-K targets zero-filled by tasks instead of at allocation).
 
     Returns:
@@ -122,7 +122,7 @@ def decode_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fals
                              wo_b: pl.Tensor[[D, G * LO], pl.INT8],
                              wo_b_scale: pl.Tensor[[D], pl.FP32],
                              x_out: pl.Out[pl.Tensor[[T_DYN, HC, D], pl.FP32]]):
-        """Ratio-0 decode attention sub-layer (B.6); returns ``(kv_cache, x_out)``."""
+        """Ratio-0 decode attention sub-layer (pypto-lib `decode_attention_swa.py`); returns ``(kv_cache, x_out)``."""
         t = pl.tensor.dim(x_hc, 0)
         f = attention_front(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
                             gamma_cq, gamma_ckv,
@@ -217,7 +217,7 @@ def golden_decode_attention_swa(
     float32: bool = False,
     return_intermediates: bool = False,
 ):
-    """Golden of the ratio-0 decode attention block (v4flash-kernels.md B.6).
+    """Golden of the ratio-0 decode attention block (pypto-lib `models/deepseek/v4-flash/decode_attention_swa.py`).
 
     :func:`golden_decode_rope_rows` -> ``attention_front.golden_attention_front`` (hc_pre,
     RMSNorm, q / kv) -> :func:`golden_decode_cache_write` ->
@@ -310,7 +310,7 @@ def make_decode_swa_inputs(
 
 
 def build_case(preset: str, mode: str, **options) -> CaseRun:
-    """Registry builder of ``decode_attention_swa`` (B.6).
+    """Registry builder of ``decode_attention_swa`` (pypto-lib `decode_attention_swa.py`).
 
     Mode ``"decode"``. Options: ``start_pos`` (per request; default
     ``decode_sparse_attn.DEFAULT_START_POS``), ``S`` (default ``decode_seq``), ``seed``,

@@ -1,6 +1,6 @@
 """HCA (ratio-128) KV compressor, decode step: paged FP32 state, at most one entry per request.
 
-Math (v4flash-kernels.md B.9; dsv4-math.md 3, 5), ``M = 128``, ``d = head_dim``, decode
+Math (pypto-lib `models/deepseek/v4-flash/decode_compressor_ratio128.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`), ``M = 128``, ``d = head_dim``, decode
 geometry of decode_metadata.py (``T = B * S`` token-major rows, token ``t`` of request
 ``b = t // S`` at position ``p = position_ids[t]``, ``-1`` = inactive):
 
@@ -16,17 +16,17 @@ rows are scattered (with ``S = 2`` the closing token may be the second of its re
 the first token's row is part of its window). A window row on a negative table entry is a
 zero row (kv 0, score 0), as in prefill_compressor_ratio128. Only tokens with
 ``cmp_slot_mapping[t] >= 0`` write: ``kv`` rows of every other token keep the caller's values
-(``kv`` is a ``pl.PartialOut``); ``kv`` rows are token-major ``[T, d]`` (B.9: ``kv[b, 0]``).
+(``kv`` is a ``pl.PartialOut``); ``kv`` rows are token-major ``[T, d]`` (pypto-lib `decode_compressor_ratio128.py`: ``kv[b, 0]``).
 
-Deviations from B.9, one a line:
+Deviations from pypto-lib `decode_compressor_ratio128.py`, one a line:
 
-* a window row on a missing state page is kv 0, score 0 (B.9: score ``-FP32_MAX``), as the
+* a window row on a missing state page is kv 0, score 0 (pypto-lib `decode_compressor_ratio128.py`: score ``-FP32_MAX``), as the
   prefill compressor, so prefill-then-decode equals one longer prefill in every case;
-* the window's RoPE rows are read from the full compress tables at ``p + 1 - 128`` (B.9: the
+* the window's RoPE rows are read from the full compress tables at ``p + 1 - 128`` (pypto-lib `decode_compressor_ratio128.py`: the
   caller passes per-request half tables);
-* 128-column projection blocks (B.9: 64), see ``DECODE_PROJ_N_TILE``;
+* 128-column projection blocks (pypto-lib `decode_compressor_ratio128.py`: 64), see ``DECODE_PROJ_N_TILE``;
 * the pool copies runs of consecutive state pages at once and pools all channels in one tile
-  (B.9: 128-column head tiles; the softmax is per channel, so the bits are the same).
+  (pypto-lib `decode_compressor_ratio128.py`: 128-column head tiles; the softmax is per channel, so the bits are the same).
 """
 
 import functools
@@ -55,7 +55,7 @@ __all__ = [
     "COMPRESSOR_ARGS",
 ]
 
-# v4flash-kernels.md B.9 / C.2 (run-level rtol=atol=1e-3): ratio_allclose (atol, rtol, max_error_ratio).
+# pypto-lib `models/deepseek/v4-flash/decode_compressor_ratio128.py`; the pypto-lib tests' tolerances (run-level rtol=atol=1e-3): ratio_allclose (atol, rtol, max_error_ratio).
 TOLERANCES: dict[str, tuple[float, float, float]] = {
     "kv": (1e-4, 1 / 128, 0.0),
     "compress_state": (1e-3, 1e-3, 0.0),
@@ -67,8 +67,8 @@ _NAME = "decode_compressor_ratio128"
 # ---- kernel ----
 T_DYN = pl.dynamic("T")
 B_DYN = pl.dynamic("B")
-RMS_ROWS = 8  # row granule of the pooled / normed scratch (B.9 pads B*S to 16 rows)
-# kv and score columns per projection block. deviation: B.9 uses 64 (8 blocks at FLASH); 128 halves
+RMS_ROWS = 8  # row granule of the pooled / normed scratch (pypto-lib `decode_compressor_ratio128.py` pads B*S to 16 rows)
+# kv and score columns per projection block. deviation: pypto-lib `decode_compressor_ratio128.py` uses 64 (8 blocks at FLASH); 128 halves
 # the CPU matmul calls (kernel wall 17.4 -> 14.1 ms at FLASH, one process) for a longer simulated
 # projection (a2a3 makespan 62.5 -> 79.4 us)
 DECODE_PROJ_N_TILE = 128
@@ -78,7 +78,7 @@ DECODE_PROJ_N_TILE = 128
 def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     """Build the ratio-128 decode compressor for ``cfg`` (cached per config).
 
-    Tasks (B.9; ``T`` dynamic, tile sizes from ``prefill_compressor_ratio128.compressor_tiling``):
+    Tasks (pypto-lib `decode_compressor_ratio128.py`; ``T`` dynamic, tile sizes from ``prefill_compressor_ratio128.compressor_tiling``):
 
     1. ``decode_hca_c128_kv_score_proj`` ``spmd(head_dim / 128)`` (deps ``late_dep``):
        two ``[round_up(T, 16), 128]`` FP32 tiles ``x @ wkv^T`` and ``x @ wgate^T`` (BF16 operands,
@@ -96,7 +96,7 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
        each compressing token ``kv[t]`` (FP32) and ``cmp_kv`` row ``cmp_slot_mapping[t]`` (BF16
        ``rint``).
 
-    No scratch is initialised at allocation (B.9 has none), so there is no seed variant.
+    No scratch is initialised at allocation (pypto-lib `decode_compressor_ratio128.py` has none), so there is no seed variant.
 
     Returns:
         namespace with the inline body ``decode_compressor_ratio128(x, kv, compress_state,
@@ -177,7 +177,7 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
                                    cmp_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
                                    state_slot_mapping: pl.Tensor[[T_DYN], pl.INT64],
                                    late_dep: pl.Scalar[pl.TASK_ID]):
-        """Ratio-128 decode compressor (B.9); returns ``(kv, cmp_kv, compress_state)``."""
+        """Ratio-128 decode compressor (pypto-lib `decode_compressor_ratio128.py`); returns ``(kv, cmp_kv, compress_state)``."""
         t = pl.tensor.dim(x, 0)
         n_req = pl.tensor.dim(state_block_table, 0)
         if n_req < 1 or t % n_req:
@@ -231,7 +231,7 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
                         window = pl.assemble(window, state_rows[row0:row0 + (g1 - g) * page, 0:2 * d],
                                              [g * page, 0])
                         g = g1
-                    # deviation: all head_dim channels in one tile (B.9: 128-column head tiles); the
+                    # deviation: all head_dim channels in one tile (pypto-lib `decode_compressor_ratio128.py`: 128-column head tiles); the
                     # softmax is per channel, so the result is the same bit for bit
                     kv_w, score_w = pl.slice(window, [M, d], [0, 0]), pl.slice(window, [M, d], [0, d])
                     e = pl.col_expand_expdif(score_w, pl.col_max(score_w))
@@ -322,7 +322,7 @@ def golden_decode_compressor_ratio128(
     state_slot_mapping: torch.Tensor,  # [T] int64, -1 = skip
     cfg: DeepSeekV4Config,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # (kv, cmp_kv, compress_state) new tensors
-    """Ratio-128 decode compressor golden over whole tensors (module docstring; B.9).
+    """Ratio-128 decode compressor golden over whole tensors (module docstring; pypto-lib `decode_compressor_ratio128.py`).
 
     State rows ``prefill_compressor_ratio128.hca_state_rows`` (FP64 projections rounded once
     to FP32) scattered at ``state_slot_mapping >= 0``; every token with ``cmp_slot_mapping >=
@@ -442,7 +442,7 @@ def make_decode_compressor_inputs(
 
 
 def build_case(preset: str, mode: str, **options) -> CaseRun:
-    """Registry builder of ``decode_compressor_ratio128`` (B.9).
+    """Registry builder of ``decode_compressor_ratio128`` (pypto-lib `decode_compressor_ratio128.py`).
 
     Mode ``"decode"``. Options: ``start_pos`` (per request; default FLASH ``(8192, 127, 128,
     255)``, tiny ``(300, 127, 1, 0)``), ``S`` (default ``decode_seq``), ``seed``,
@@ -469,4 +469,4 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
 
 
 register(KernelCase(_NAME, build_case, modes=("decode",),
-                    description="HCA ratio-128 KV compressor, decode step: paged state, one entry per closing request (B.9)"))
+                    description="HCA ratio-128 KV compressor, decode step: paged state, one entry per closing request (pypto-lib `decode_compressor_ratio128.py`)"))

@@ -1,4 +1,4 @@
-"""CSA (ratio-4) main KV compressor, decode step (v4flash-kernels.md B.10; dsv4-math.md 6.1).
+"""CSA (ratio-4) main KV compressor, decode step (pypto-lib `models/deepseek/v4-flash/decode_compressor_ratio4.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
 The decode step runs the ratio-4 core of :mod:`prefill_compressor_ratio4` over ``T = B * S``
 tokens, request-major (request ``b`` owns tokens ``b*S .. b*S+S-1``), with one state block
@@ -7,7 +7,7 @@ table row per request (``state_block_table [B, L]``). A request whose step close
 others only scatter their state rows. Math, tasks and contract as in the prefill module;
 tasks are named ``decode_c4_*``.
 
-Deviations from the reference (B.10): one ``[B, L]`` table and flat ``[T]`` token metadata
+Deviations from the reference (pypto-lib `decode_compressor_ratio4.py`): one ``[B, L]`` table and flat ``[T]`` token metadata
 instead of ``[B, S]`` tensors (the same values, row-major); the reference's extra FP32
 ``kv [B, S, d]`` test output is not produced (the compressed cache row is the result).
 """
@@ -52,7 +52,7 @@ def decode_start_positions(cfg: DeepSeekV4Config, B: int) -> list[int]:
     """Per-request start positions of the decode fixtures: ``[0, 3, 6, top - 6]`` repeated
     (``top`` = positions one request's share of the compressed pool covers): a cold step, a
     step closing window 0 (no previous window), one closing window 1, one closing a window
-    deep in the cache. The reference's ``csa_decode_start_set`` [8192, 0, 2, 3] (B.10) needs
+    deep in the cache. The reference's ``csa_decode_start_set`` [8192, 0, 2, 3] (pypto-lib `decode_compressor_ratio4.py`) needs
     a larger pool than one quarter of ``cmp_kv_block_num`` pages per request."""
     top = cfg.cmp_kv_block_num // B * cfg.block_size * CSA_RATIO
     base = [0, 3, 6, top - 6]
@@ -107,4 +107,4 @@ def build_decode_compressor_ratio4(preset: str = "tiny", mode: str = "decode", *
 
 
 register(KernelCase("decode_compressor_ratio4", build_decode_compressor_ratio4, modes=("decode",),
-                    description="CSA ratio-4 overlapping KV compressor, decode step over B requests (B.10)"))
+                    description="CSA ratio-4 overlapping KV compressor, decode step over B requests (pypto-lib `decode_compressor_ratio4.py`)"))

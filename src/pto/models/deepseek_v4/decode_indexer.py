@@ -1,9 +1,9 @@
-"""Lightning indexer, decode step (v4flash-kernels.md B.12; dsv4-math.md 6.3-6.4).
+"""Lightning indexer, decode step (pypto-lib `models/deepseek/v4-flash/decode_indexer.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
 The indexer core of :mod:`prefill_indexer` over one decode step of ``B`` requests
 (request-major tokens, ``idx_block_table [B, n]``; position ``-1`` marks an inactive request's
 row, which gets an all ``-1`` top-k row); tasks are named ``decode_idx_*``. Math, tie order and
-tasks as in the prefill module. Deviations (B.12): the visible length is ``(pos + 1) // 4``
+tasks as in the prefill module. Deviations (pypto-lib `decode_indexer.py`): the visible length is ``(pos + 1) // 4``
 per token (the reference also bounds it by ``kv_seq_lens / 4``, equal after this step's
 compressor ran); no ``offset``; the indexer compressor runs in the attention block, before.
 """
@@ -60,4 +60,4 @@ def build_decode_indexer(preset: str = "tiny", mode: str = "decode", *, starts=N
 
 
 register(KernelCase("decode_indexer", build_decode_indexer, modes=("decode",), seed_variant=True,
-                    description="CSA lightning indexer, decode step: INT8 index scores, sort32/mrgsort top-k (B.12)"))
+                    description="CSA lightning indexer, decode step: INT8 index scores, sort32/mrgsort top-k (pypto-lib `decode_indexer.py`)"))

@@ -1,9 +1,9 @@
-"""Lightning-indexer key compressor, decode step (v4flash-kernels.md B.11; dsv4-math.md 6.2).
+"""Lightning-indexer key compressor, decode step (pypto-lib `models/deepseek/v4-flash/decode_indexer_compressor.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
 The ratio-4 core of :mod:`prefill_compressor_ratio4` at width ``index_head_dim`` over one
 decode step of ``B`` requests (request-major tokens, ``state_block_table [B, L]``), then the
 Hadamard and INT8 key-cache finalize of :mod:`prefill_indexer_compressor`; tasks are named
-``decode_idx_c4_*``. Math and contract as in those modules. Deviation (B.11): no FP32
+``decode_idx_c4_*``. Math and contract as in those modules. Deviation (pypto-lib `decode_indexer_compressor.py`): no FP32
 ``kv [B, S, c]`` test output; flat ``[T]`` token metadata.
 """
 
@@ -82,4 +82,4 @@ def build_decode_indexer_compressor(preset: str = "tiny", mode: str = "decode", 
 
 
 register(KernelCase("decode_indexer_compressor", build_decode_indexer_compressor, modes=("decode",),
-                    description="CSA indexer key compressor, decode step: ratio-4 pool, Hadamard, INT8 keys (B.11)"))
+                    description="CSA indexer key compressor, decode step: ratio-4 pool, Hadamard, INT8 keys (pypto-lib `decode_indexer_compressor.py`)"))

@@ -1,6 +1,6 @@
 """Decode-step metadata: per-request positions, paged-cache rows, window and compressed indices.
 
-Geometry (v4flash-kernels.md section 0 "Decode geometry", B.6, B.9, B.13): ``B`` requests of
+Geometry (pypto-lib `models/deepseek/v4-flash/` INT8 conventions "Decode geometry", `decode_attention_swa.py`, `decode_compressor_ratio128.py`, `decode_attention_hca.py`): ``B`` requests of
 ``S`` tokens each (``S = 1``, or ``S = 2`` for a multi-token-prediction step), token-major
 ``T = B * S`` rows, token ``t = b * S + s`` belongs to request ``b``. Request ``b`` decodes
 positions ``start_pos[b] + s``; a request with ``start_pos[b] < 0`` is *inactive*: its ``S``
@@ -16,7 +16,7 @@ Every paged tensor is addressed by absolute position through the request's own b
   window is not yet full and the remaining columns are ``-1``; no slot is pinned to page 0);
   the token's own key (written by this step before the attention) is the last valid column;
 * ``cmp_indices [T, n_cols]`` INT32: the logical compressed slots a token may attend,
-  ``k`` for ``k < min(n_cols, (p + 1) // ratio)`` (dsv4-math.md 5: entry ``w`` is visible
+  ``k`` for ``k < min(n_cols, (p + 1) // ratio)`` (transformers `models/deepseek_v4/modeling_deepseek_v4.py`: entry ``w`` is visible
   once its window is complete, ``w < floor((t + 1) / ratio)``; within an ``S = 2`` step each
   token sees its own count), ``-1`` elsewhere. The attention lowers slot ``k`` through
   ``cmp_block_table[b]``;
@@ -60,12 +60,12 @@ __all__ = [
 ]
 
 HCA_RATIO = 128  # tokens per compressed entry of a ratio-128 (HCA) layer
-HCA_CMP_TOPK_MAX = 512  # B.7: CMP_TOPK = min(max_position_embeddings / 128, 512)
+HCA_CMP_TOPK_MAX = 512  # pypto-lib `decode_sparse_attn_hca.py`: CMP_TOPK = min(max_position_embeddings / 128, 512)
 
 
 def hca_cmp_cols(cfg: DeepSeekV4Config) -> int:
     """Compressed columns of an HCA decode token: ``min(max_position_embeddings // 128, 512)``
-    (B.7 ``CMP_TOPK``; 128 at FLASH and tiny) -- every compressed entry a request can have."""
+    (pypto-lib `decode_sparse_attn_hca.py` ``CMP_TOPK``; 128 at FLASH and tiny) -- every compressed entry a request can have."""
     return max(1, min(cfg.max_position_embeddings // HCA_RATIO, HCA_CMP_TOPK_MAX))
 
 
@@ -139,7 +139,7 @@ def golden_decode_window_indices(
     block_table: torch.Tensor,  # [B, n_blocks] int32 raw-cache pages per request
     cfg: DeepSeekV4Config,
 ) -> torch.Tensor:  # [T, sliding_window] int32
-    """Per-token sliding-window rows of a decode step (module docstring; B.6, A.3 step 5).
+    """Per-token sliding-window rows of a decode step (module docstring; pypto-lib `decode_attention_swa.py`, pypto-lib `prefill_attention_swa.py` step 5).
 
     Row ``t`` with ``p = position_ids[t] >= 0``: columns ``0 .. valid - 1`` (``valid = min(W,
     p + 1)``) hold the physical raw-cache rows of keys ``p + 1 - valid .. p`` through
@@ -171,7 +171,7 @@ def golden_decode_cmp_indices(
     ratio: int = HCA_RATIO,
 ) -> torch.Tensor:  # [T, n_cols] int32
     """Visible compressed slots per token: ``k`` for ``k < min(n_cols, (p + 1) // ratio)``,
-    ``-1`` elsewhere and on inactive rows (dsv4-math.md 5; B.13 deterministic top-k).
+    ``-1`` elsewhere and on inactive rows (transformers `models/deepseek_v4/modeling_deepseek_v4.py`; `decode_attention_hca.py` deterministic top-k).
 
     Raises:
         BindError: ``position_ids`` not an integer ``[T]`` tensor, or ``n_cols`` / ``ratio``
@@ -194,7 +194,7 @@ def decode_cmp_slot_mapping(
 ) -> torch.Tensor:  # [T] int64
     """Compressed-cache row written by each token: entry ``p // ratio`` through
     ``cmp_block_table[t // S]`` for a token that closes a window (``(p + 1) % ratio == 0``),
-    ``-1`` for every other token (module docstring; B.9).
+    ``-1`` for every other token (module docstring; pypto-lib `decode_compressor_ratio128.py`).
 
     Raises:
         BindError: see :func:`page_rows`.
@@ -357,7 +357,7 @@ def decode_metadata_kernels(cfg: DeepSeekV4Config, n_cmp_cols: int | None = None
                          rope_cos_t: pl.Out[pl.Tensor[[T_DYN, R], pl.BF16]],
                          rope_sin_t: pl.Out[pl.Tensor[[T_DYN, R], pl.BF16]]):
         """Task ``decode_rope_rows``: row ``t`` = table row ``position_ids[t]`` (an exact
-        copy), zeros for an inactive token (B.6 ``swa_rope_step``)."""
+        copy), zeros for an inactive token (pypto-lib `decode_attention_swa.py` ``swa_rope_step``)."""
         t = pl.tensor.dim(position_ids, 0)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="decode_rope_rows") as tid:
             for tok in pl.range(t):

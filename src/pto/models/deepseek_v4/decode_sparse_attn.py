@@ -1,6 +1,6 @@
 """Decode sparse attention core with an attention sink, shared by the SWA, HCA and CSA layers.
 
-Math (v4flash-kernels.md B.5, B.7, B.8; dsv4-math.md 3, 4), per decode token ``t`` of request
+Math (pypto-lib `models/deepseek/v4-flash/decode_sparse_attn_swa.py`, `decode_sparse_attn_hca.py`, `decode_sparse_attn.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`), per decode token ``t`` of request
 ``b = t // S`` (``T = B * S``):
 
     keys_t  = [ori_kv rows swa_indices[t, :] >= 0]
@@ -13,13 +13,13 @@ Math (v4flash-kernels.md B.5, B.7, B.8; dsv4-math.md 3, 4), per decode token ``t
 One shared kv head (K = V, MQA). Key columns: the ``W`` window columns, then ``n_cmp``
 compressed columns, padded to ``key_pad = round_up(W + n_cmp, key_tile)`` and processed as
 ``key_blocks`` tiles of ``key_tile`` rows with an online-softmax merge (BF16 probabilities in
-the PV product, FP32 statistics). Variants by ``n_cmp``: SWA ``0`` (B.5: one block at FLASH),
-HCA :func:`decode_metadata.hca_cmp_cols` (B.7: 128, two blocks at FLASH), CSA ``index_topk``
-(B.8: 512, five blocks). A token with no valid key (an inactive row, every index ``-1``)
+the PV product, FP32 statistics). Variants by ``n_cmp``: SWA ``0`` (pypto-lib `decode_sparse_attn_swa.py`: one block at FLASH),
+HCA :func:`decode_metadata.hca_cmp_cols` (pypto-lib `decode_sparse_attn_hca.py`: 128, two blocks at FLASH), CSA ``index_topk``
+(pypto-lib `decode_sparse_attn.py`: 512, five blocks). A token with no valid key (an inactive row, every index ``-1``)
 gets a zero row. ``swa_indices`` are physical flat rows of ``ori_kv``; ``cmp_indices`` are
 logical compressed slots of the token's request, lowered through its table row.
 
-Deviations from the reference: the inverse RoPE is fused into ``merge_norm`` (as B.7; B.5
+Deviations from the reference: the inverse RoPE is fused into ``merge_norm`` (as pypto-lib `decode_sparse_attn_hca.py`; pypto-lib `decode_sparse_attn_swa.py`
 has a separate ``rope_cs`` task: here the interleaved cos / signed sin rows are built in the
 merge block); the gather runs one block per (token, key block) rather than per quarter
 window; the bias is built from the indices (B.5's test builds it from ``swa_lens``); a
@@ -62,10 +62,10 @@ __all__ = [
     "decode_case_options",
 ]
 
-# v4flash-kernels.md B.5 / B.7 / C.2: attn_out ratio_allclose(1e-4, 1/128), run rtol=atol=1e-3.
+# pypto-lib `models/deepseek/v4-flash/decode_sparse_attn_swa.py`; pypto-lib `models/deepseek/v4-flash/decode_sparse_attn_hca.py`; the pypto-lib tests' tolerances: attn_out ratio_allclose(1e-4, 1/128), run rtol=atol=1e-3.
 TOLERANCES: dict[str, tuple[float, float, float]] = {"attn_out": (1e-4, 1 / 128, 0.005)}
 
-# Start positions of the registered decode fixtures, per preset (B.9 / B.13 hca_decode_start_set
+# Start positions of the registered decode fixtures, per preset (pypto-lib `decode_compressor_ratio128.py` / pypto-lib `decode_attention_hca.py` hca_decode_start_set
 # at FLASH: long context, window boundary, first full window, second window boundary).
 DEFAULT_START_POS = {"flash": (8192, 127, 128, 255), "tiny": (300, 127, 1, 0)}
 # CSA fixtures: every visible entry must fit one request's share of the compressed pool
@@ -74,9 +74,9 @@ CSA_START_POS = {"flash": (4090, 127, 6, 0), "tiny": (122, 60, 6, 0)}
 
 # ---- kernel ----
 BIAS_TOK_TILE = 16  # token rows per bias block
-PROJ_A_N_TILE_MAX = 128  # o_lora columns per proj_a_mm block (B.5: 8 blocks of 128 per group)
-PROJ_B_D_TILE_MAX = 512  # output columns per proj_b_mm block (B.5: 8 blocks of 512)
-QUANT_TOK_TILE = 16  # token rows per quant tile (T padded to 16 in B.5)
+PROJ_A_N_TILE_MAX = 128  # o_lora columns per proj_a_mm block (pypto-lib `decode_sparse_attn_swa.py`: 8 blocks of 128 per group)
+PROJ_B_D_TILE_MAX = 512  # output columns per proj_b_mm block (pypto-lib `decode_sparse_attn_swa.py`: 8 blocks of 512)
+QUANT_TOK_TILE = 16  # token rows per quant tile (T padded to 16 in pypto-lib `decode_sparse_attn_swa.py`)
 ACT_COL_TILE_MAX = 512  # output columns per proj_b_act block
 ACT_TOK_TILE = 16  # token rows per proj_b_act block
 
@@ -138,7 +138,7 @@ def decode_attn_tiling(cfg: DeepSeekV4Config, n_cmp: int) -> DecodeAttnTiling:
 
 def grouped_o_proj_tasks(o_packed, wo_a, wo_b, wo_b_scale, attn_out, t: int, deps: list, cfg: DeepSeekV4Config,
                          tl: DecodeAttnTiling) -> None:
-    """Grouped W8A8 output projection tasks (B.5 step 5-6), ``o_packed [G*T, o_group_in]``
+    """Grouped W8A8 output projection tasks (pypto-lib `decode_sparse_attn_swa.py` step 5-6), ``o_packed [G*T, o_group_in]``
     BF16 group-major (row ``g*T + t``) into ``attn_out [T, D]`` BF16.
 
     Inside ``pl.manual_scope()``, per group ``g``: ``proj_a_mm`` ``spmd(o_lora / NA)`` (deps
@@ -388,7 +388,7 @@ def decode_sparse_attn_kernels(cfg: DeepSeekV4Config, n_cmp: int) -> SimpleNames
                                wo_b: pl.Tensor[[D, G * LO], pl.INT8],
                                wo_b_scale: pl.Tensor[[D], pl.FP32],
                                attn_out: pl.Out[pl.Tensor[[T_DYN, D], pl.BF16]]):
-            """Decode sparse attention over window + compressed rows (B.7 / B.8)."""
+            """Decode sparse attention over window + compressed rows (pypto-lib `decode_sparse_attn_hca.py` / pypto-lib `decode_sparse_attn.py`)."""
             return body(q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, rope_cos,
                         rope_sin, wo_a, wo_b, wo_b_scale, attn_out)
     else:
@@ -403,7 +403,7 @@ def decode_sparse_attn_kernels(cfg: DeepSeekV4Config, n_cmp: int) -> SimpleNames
                                wo_b: pl.Tensor[[D, G * LO], pl.INT8],
                                wo_b_scale: pl.Tensor[[D], pl.FP32],
                                attn_out: pl.Out[pl.Tensor[[T_DYN, D], pl.BF16]]):
-            """Decode sparse attention over the window only (B.5)."""
+            """Decode sparse attention over the window only (pypto-lib `decode_sparse_attn_swa.py`)."""
             return body(q, ori_kv, swa_indices, None, None, None, attn_sink, rope_cos, rope_sin, wo_a, wo_b,
                         wo_b_scale, attn_out)
 
@@ -418,7 +418,7 @@ def decode_sparse_attn_swa(q: pl.Tensor, ori_kv: pl.Tensor, swa_indices: pl.Tens
                            wo_b_scale: pl.Tensor, attn_out: pl.Out[pl.Tensor], cfg):
     """Stable inline signature ``decode_sparse_attn_swa(q, ori_kv, swa_indices, attn_sink,
     rope_cos, rope_sin, wo_a, wo_b, wo_b_scale, attn_out, cfg) -> attn_out``: the window-only
-    core (B.5), :func:`decode_sparse_attn_kernels` with ``n_cmp = 0`` (shapes and errors there)."""
+    core (pypto-lib `decode_sparse_attn_swa.py`), :func:`decode_sparse_attn_kernels` with ``n_cmp = 0`` (shapes and errors there)."""
     return decode_sparse_attn_kernels(cfg, 0).decode_sparse_attn(
         q, ori_kv, swa_indices, attn_sink, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale, attn_out)
 
@@ -430,7 +430,7 @@ def decode_sparse_attn_hca(q: pl.Tensor, ori_kv: pl.Tensor, swa_indices: pl.Tens
                            wo_b_scale: pl.Tensor, attn_out: pl.Out[pl.Tensor], cfg):
     """Stable inline signature ``decode_sparse_attn_hca(q, ori_kv, swa_indices, cmp_kv,
     cmp_block_table, cmp_indices, attn_sink, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale,
-    attn_out, cfg) -> attn_out``: window + every visible compressed row (B.7),
+    attn_out, cfg) -> attn_out``: window + every visible compressed row (pypto-lib `decode_sparse_attn_hca.py`),
     :func:`decode_sparse_attn_kernels` with ``n_cmp = hca_cmp_cols(cfg)``."""
     return decode_sparse_attn_kernels(cfg, hca_cmp_cols(cfg)).decode_sparse_attn(
         q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, rope_cos, rope_sin, wo_a, wo_b,
@@ -444,7 +444,7 @@ def decode_sparse_attn_csa(q: pl.Tensor, ori_kv: pl.Tensor, swa_indices: pl.Tens
                            wo_b_scale: pl.Tensor, attn_out: pl.Out[pl.Tensor], cfg):
     """Stable inline signature ``decode_sparse_attn_csa(q, ori_kv, swa_indices, cmp_kv,
     cmp_block_table, cmp_indices, attn_sink, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale,
-    attn_out, cfg) -> attn_out``: window + the indexer's ``index_topk`` selected rows (B.8;
+    attn_out, cfg) -> attn_out``: window + the indexer's ``index_topk`` selected rows (pypto-lib `decode_sparse_attn.py`;
     ``cmp_indices [T, index_topk]`` with ``-1`` past the visible count, as the indexer writes
     them), :func:`decode_sparse_attn_kernels` with ``n_cmp = index_topk``."""
     return decode_sparse_attn_kernels(cfg, cfg.index_topk).decode_sparse_attn(
@@ -569,7 +569,7 @@ def golden_decode_sparse_attn(
     key_tile: int | None = None,
     float32: bool = False,
 ) -> torch.Tensor:  # [T, D] bf16 (fp32 with float32)
-    """Decode sparse attention + grouped o-projection golden (B.5 / B.7 / B.8):
+    """Decode sparse attention + grouped o-projection golden (pypto-lib `decode_sparse_attn_swa.py` / pypto-lib `decode_sparse_attn_hca.py` / pypto-lib `decode_sparse_attn.py`):
     :func:`golden_decode_attention_core` then ``prefill_sparse_attn.golden_grouped_o_proj``
     (``weight_format`` ``"int8"`` as the kernel, ``"bf16"`` unquantised; ``float32=True``:
     no BF16 rounding anywhere, FP32 result). SWA: pass ``None`` for the three compressed
@@ -696,7 +696,7 @@ def _build(variant: str, preset: str, mode: str, **options) -> CaseRun:
 
 
 def build_case_swa(preset: str, mode: str, **options) -> CaseRun:
-    """Registry builder of ``decode_sparse_attn_swa`` (B.5). Mode ``"decode"``; options
+    """Registry builder of ``decode_sparse_attn_swa`` (pypto-lib `decode_sparse_attn_swa.py`). Mode ``"decode"``; options
     ``start_pos`` (per request, ``< 0`` inactive; default :data:`DEFAULT_START_POS`), ``S``
     (default ``decode_seq``), ``seed``, ``reverse_tables``. Golden
     :func:`golden_decode_sparse_attn`; ``attn_out`` ``ratio_allclose(*TOLERANCES["attn_out"])``.
@@ -708,7 +708,7 @@ def build_case_swa(preset: str, mode: str, **options) -> CaseRun:
 
 
 def build_case_hca(preset: str, mode: str, **options) -> CaseRun:
-    """Registry builder of ``decode_sparse_attn_hca`` (B.7); options as :func:`build_case_swa`.
+    """Registry builder of ``decode_sparse_attn_hca`` (pypto-lib `decode_sparse_attn_hca.py`); options as :func:`build_case_swa`.
 
     Raises:
         ConfigError: unknown preset, mode or option. BindError: pools too small.
@@ -723,7 +723,7 @@ register(KernelCase("decode_sparse_attn_hca", build_case_hca, modes=("decode",),
 
 
 def build_case_csa(preset: str, mode: str, **options) -> CaseRun:
-    """Registry builder of ``decode_sparse_attn_csa`` (B.8): ``n_cmp = index_topk`` columns
+    """Registry builder of ``decode_sparse_attn_csa`` (pypto-lib `decode_sparse_attn.py`): ``n_cmp = index_topk`` columns
     holding each token's first visible entries (``k < (p + 1) // 4``); default start positions
     :data:`CSA_START_POS`; options as :func:`build_case_swa`.
 

@@ -1,6 +1,6 @@
 """Routed experts (single rank): tokens grouped by expert, W8A8 INT8 SwiGLU, weighted combine.
 
-Math (v4flash-kernels.md B.21 and the combine of B.23, collapsed to one rank; dsv4-math.md
+Math (pypto-lib `models/deepseek/v4-flash/expert_routed.py` and the combine of `moe.py`, collapsed to one rank; transformers `models/deepseek_v4/modeling_deepseek_v4.py`
 8; transformers ``DeepseekV4Experts``), per route ``(t, k)`` with expert ``e =
 indices[t, k] >= 0`` and weight ``w = weights[t, k]``:
 
@@ -47,7 +47,7 @@ from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_token_capacity, 
 __all__ = ["TOLERANCES", "ROUTED_M_TILE", "expert_routed_kernels", "expert_routed", "golden_expert_routed",
            "make_routes", "make_routed_inputs", "build_expert_routed"]
 
-# v4flash-kernels.md B.21 / C.2 (recv_y: ratio_reldiff(2e-3, 0.01)); routed_y is its k-sum.
+# pypto-lib `models/deepseek/v4-flash/expert_routed.py`; the pypto-lib tests' tolerances (recv_y: ratio_reldiff(2e-3, 0.01)); routed_y is its k-sum.
 TOLERANCES: dict[str, tuple[float, float]] = {"routed_y": (2e-3, 0.01)}
 
 # ---- kernel ----
@@ -207,7 +207,7 @@ def golden_expert_routed(
     weight_format: str = "int8",
     float32: bool = False,
 ) -> torch.Tensor:  # [T, D] fp32
-    """Routed-experts golden (v4flash-kernels.md B.21, dsv4-math.md 8), one expert at a time.
+    """Routed-experts golden (pypto-lib `models/deepseek/v4-flash/expert_routed.py`, transformers `models/deepseek_v4/modeling_deepseek_v4.py`), one expert at a time.
 
     For each expert with routes: its rows ``x[t]`` (in ``(t, k)`` order) through
     :func:`expert_shared.golden_swiglu_ffn` with the routing weight as the row weight (the
@@ -327,4 +327,4 @@ def build_expert_routed(preset: str = "tiny", mode: str = "prefill", *, T: int |
 
 register(KernelCase("expert_routed", build_expert_routed, modes=("decode", "prefill"),
                     max_preset="demo",
-                    description="routed experts, one rank: dispatch by expert, W8A8 SwiGLU, combine (B.21)"))
+                    description="routed experts, one rank: dispatch by expert, W8A8 SwiGLU, combine (pypto-lib `expert_routed.py`)"))

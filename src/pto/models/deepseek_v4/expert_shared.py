@@ -1,6 +1,6 @@
 """Shared expert: the W8A8 INT8 SwiGLU FFN with the ``swiglu_limit`` clamp over all tokens.
 
-Math (v4flash-kernels.md B.22; dsv4-math.md 8 "shared expert"; transformers
+Math (pypto-lib `models/deepseek/v4-flash/expert_shared.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`; transformers
 ``DeepseekV4MLP``), per token row, ``L = swiglu_limit``, ``F = moe_intermediate_size``:
 
     g  = (x_i8 @ w1^T in INT32) * x_scale * w1_scale              # [F] gate projection
@@ -18,7 +18,7 @@ dequant, clamp, SwiGLU, per-row INT8 of ``h`` into ``h_i8`` / ``h_scale``), then
 (row tiles of ``t_pad = round_up(T, 16)`` rows x hidden column tiles: ``h_i8 @ w2^T``,
 dequant, BF16 ``rint``, valid rows stored). The ``w2`` matmul reads all ``t_pad`` rows of
 ``h_i8``, so its pad rows ``T .. t_pad`` must be zero: ``h_i8`` is zero-initialised at
-allocation (v4flash-kernels.md C.1, ``h_tile_i8``); ``seed_scopes=True`` keeps the seed form
+allocation (pypto-lib commit 3b6971a3, ``h_tile_i8``); ``seed_scopes=True`` keeps the seed form
 (static ``h_i8`` at capacity and a ``sh_h_seed`` task zero-filling rows ``[0, t_pad)``;
 bit-identical). Deviations: CPU-sized tiles (the whole ``F`` per matmul, up to 128 token
 rows); the per-row ``h_scale`` is a ``[t_pad, 1]`` tensor (the reference broadcasts it over 8
@@ -46,7 +46,7 @@ __all__ = ["TOLERANCES", "SH_T_TILE", "SH_D_TILE", "quantize_weight_per_row", "s
            "down_int8_rows", "expert_ffn_tiling", "expert_shared_kernels", "expert_shared", "golden_swiglu_ffn",
            "golden_expert_shared", "make_expert_weights", "make_expert_activations", "build_expert_shared"]
 
-# v4flash-kernels.md B.21 / B.22 / C.2: sh / recv_y ratio_reldiff(diff_thd=2e-3, pct_thd=0.01).
+# pypto-lib `models/deepseek/v4-flash/expert_routed.py`; pypto-lib `models/deepseek/v4-flash/expert_shared.py`; the pypto-lib tests' tolerances: sh / recv_y ratio_reldiff(diff_thd=2e-3, pct_thd=0.01).
 TOLERANCES: dict[str, tuple[float, float]] = {"sh": (2e-3, 0.01)}
 
 # ---- kernel ----
@@ -84,7 +84,7 @@ def swiglu_int8_rows(a_i8, a_scale, w1, w1_scale, w3, w3_scale, limit: float):
                           w1_scale)
     u = pl.col_expand_mul(pl.row_expand_mul(pl.cast(pl.matmul(a_i8, w3, b_trans=True), pl.FP32), a_scale),
                           w3_scale)
-    g = pl.minimum(g, limit)  # upper clamp only (dsv4-math.md 8)
+    g = pl.minimum(g, limit)  # upper clamp only (transformers `models/deepseek_v4/modeling_deepseek_v4.py`)
     u = pl.maximum(pl.minimum(u, limit), -limit)
     return g * pl.recip(pl.exp(pl.neg(g)) + 1.0) * u
 
@@ -196,7 +196,7 @@ def expert_shared(x_i8: pl.Tensor, x_scale: pl.Tensor, w1: pl.Tensor, w1_scale: 
 def quantize_weight_per_row(
     w: torch.Tensor,  # [N, K] float, rows are output channels (HF layout)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([N, K] int8, [N] fp32)
-    """Symmetric per-output-row INT8 weight quantisation (v4flash-kernels.md section 0):
+    """Symmetric per-output-row INT8 weight quantisation (pypto-lib `models/deepseek/v4-flash/` INT8 conventions):
     :func:`quantize_weight_per_column` of ``w^T``, transposed back.
 
     Raises:
@@ -219,7 +219,7 @@ def golden_swiglu_ffn(
     weight_format: str = "int8",
     row_weight: torch.Tensor | None = None,  # [M, 1] fp32 routing weight
 ) -> torch.Tensor:  # [M, D] fp32
-    """One expert's clamped SwiGLU FFN on ``M`` rows, FP32 result (dsv4-math.md 8).
+    """One expert's clamped SwiGLU FFN on ``M`` rows, FP32 result (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
     ``"int8"``: integer products exact (FP64, returned through INT32 semantics), dequant
     ``acc * x_scale * w_scale``; ``h`` re-quantised per row (:func:`quantize_per_row_int8`),
@@ -255,7 +255,7 @@ def golden_expert_shared(
     weight_format: str = "int8",
     float32: bool = False,
 ) -> torch.Tensor:  # [T, D] bf16 (fp32 with float32=True)
-    """Shared-expert golden (v4flash-kernels.md B.22): :func:`golden_swiglu_ffn` over all rows,
+    """Shared-expert golden (pypto-lib `models/deepseek/v4-flash/expert_shared.py`): :func:`golden_swiglu_ffn` over all rows,
     BF16 (RNE) unless ``float32`` (parity mode: no rounding of ``sh``).
 
     Raises:
@@ -338,4 +338,4 @@ def build_expert_shared(preset: str = "tiny", mode: str = "prefill", *, T: int |
 
 
 register(KernelCase("expert_shared", build_expert_shared, modes=("decode", "prefill"), seed_variant=True,
-                    description="shared expert: W8A8 SwiGLU with the swiglu_limit clamp, init-0 h_i8 (B.22)"))
+                    description="shared expert: W8A8 SwiGLU with the swiglu_limit clamp, init-0 h_i8 (pypto-lib `expert_shared.py`)"))

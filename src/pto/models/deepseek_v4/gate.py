@@ -1,6 +1,6 @@
 """MoE router: FFN RMSNorm, the INT8 activation of the experts, sqrt-softplus scores, top-k.
 
-Math (v4flash-kernels.md B.20; dsv4-math.md 8; transformers ``DeepseekV4TopKRouter`` /
+Math (pypto-lib `models/deepseek/v4-flash/gate.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`; transformers ``DeepseekV4TopKRouter`` /
 ``DeepseekV4HashRouter``), per active token, FP32, ``E = n_routed_experts``,
 ``K = num_experts_per_tok``:
 
@@ -60,7 +60,7 @@ SOFTPLUS_FLOOR_X = -15.0
 FP32_MAX = 3.4028234663852886e38
 STEP_SCALE = 2.0 ** 126  # positive_step: (2^126)^2 * 2^-149 = 2^103 > 1
 
-# Compare functions (v4flash-kernels.md B.20 / C.2): x_norm_i8 codes within +-1 on 0.1 % of
+# Compare functions (pypto-lib `models/deepseek/v4-flash/gate.py`; the pypto-lib tests' tolerances): x_norm_i8 codes within +-1 on 0.1 % of
 # elements, indices as per-row sets, weights per row as sorted values; rest 1e-3.
 TOLERANCES: dict[str, tuple[float, float, float]] = {
     "x_norm_i8": (1.0, 0.0, 0.001),
@@ -278,7 +278,7 @@ def golden_gate(
     weight_format: str = "int8",
     return_scores: bool = False,
 ):
-    """MoE router golden (v4flash-kernels.md B.20, dsv4-math.md 8).
+    """MoE router golden (pypto-lib `models/deepseek/v4-flash/gate.py`, transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
     FP32 throughout. ``weight_format="int8"`` follows the kernel's deferred order:
     ``xg = x * gamma``, ``x_norm_i8, sc = quantize_per_row_int8(xg)``, ``x_norm_scale = sc *
@@ -357,7 +357,7 @@ def golden_gate(
 
 
 def make_gate_inputs(cfg: DeepSeekV4Config, T: int, seed: int, *, num_tokens: int | None = None) -> dict:
-    """Seeded fixture for :func:`golden_gate` (v4flash-kernels.md B.20 test data).
+    """Seeded fixture for :func:`golden_gate` (pypto-lib `models/deepseek/v4-flash/gate.py` test data).
 
     One ``torch.Generator(seed)``, in order: ``x = N(0, 1)`` (BF16; rows ``>= num_tokens``
     zeroed), ``norm_w = 1 + 0.1 N(0, 1)`` (BF16), ``gate_w = N(0, 1) / sqrt(D)`` (FP32,
@@ -450,4 +450,4 @@ def _build_registered(preset: str, mode: str, **options) -> CaseRun:
 
 
 register(KernelCase("gate", _build_registered, modes=("decode", "prefill"),
-                    description="MoE router: FFN RMSNorm, INT8 activation, sqrt-softplus, hash / top-k (B.20)"))
+                    description="MoE router: FFN RMSNorm, INT8 activation, sqrt-softplus, hash / top-k (pypto-lib `gate.py`)"))

@@ -1,4 +1,4 @@
-"""Greedy generation: chunked prefill, then batched decode steps (DESIGN section 11).
+"""Greedy generation: chunked prefill, then batched decode steps (README.md).
 
 ``generate(model, prompts)`` checks every prompt before any work (ids inside the vocabulary,
 non-empty, prompt plus ``max_new_tokens`` within the deployment's context, batch within

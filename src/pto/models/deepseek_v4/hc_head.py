@@ -1,6 +1,6 @@
 """Hyper-connection head: collapse the ``hc_mult`` streams into one row before the final norm.
 
-Math (v4flash-kernels.md B.3; dsv4-math.md 7.3; transformers ``DeepseekV4HyperHead``), per
+Math (pypto-lib `models/deepseek/v4-flash/hc_head.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`; transformers ``DeepseekV4HyperHead``), per
 token, FP32, ``N = hc_mult``:
 
     u     = flatten(x)                                             # [N*D]
@@ -13,7 +13,7 @@ No post, no comb, no Sinkhorn (unlike hc_pre). Then the final weighted RMSNorm
 
 Kernel (:func:`hc_head`): ``hc_head_rms`` (``inv_rms``), ``hc_head_linear`` (split-K
 ``x_flat @ hc_fn^T``: ``HEAD_OK`` K-slices atomically added into ``mixes_raw``, which is
-zero-initialised at allocation, v4flash-kernels.md C.1) and ``hc_head_mix`` (the gate and
+zero-initialised at allocation, pypto-lib commit 3b6971a3) and ``hc_head_mix`` (the gate and
 the weighted stream sum, BF16 ``rint``). ``seed_scopes=True`` keeps the seed form: static
 scratch at capacity and a ``hc_head_seed`` task zero-filling ``mixes_raw`` rows
 ``[0, t_pad)`` (bit-identical). Deviations: CPU-sized tiles (4 K-slices of the whole
@@ -38,11 +38,11 @@ from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_seed_capacity, c
 __all__ = ["TOLERANCES", "HC_HEAD_SCALE_REF", "HC_HEAD_BASE_REF", "hc_head_kernels", "hc_head", "golden_hc_head",
            "make_hc_head_inputs", "build_hc_head"]
 
-# Fixed real values of the reference test fixture (v4flash-kernels.md B.3).
+# Fixed real values of the reference test fixture (pypto-lib `models/deepseek/v4-flash/hc_head.py`).
 HC_HEAD_SCALE_REF = 0.0761
 HC_HEAD_BASE_REF = (5.92, -3.62, -2.93, -3.31)
 
-# y: ratio_allclose(1e-4, 1/128) (v4flash-kernels.md B.3 / C.2).
+# y: ratio_allclose(1e-4, 1/128) (pypto-lib `models/deepseek/v4-flash/hc_head.py`; the pypto-lib tests' tolerances).
 TOLERANCES: dict[str, tuple[float, float, float]] = {"y": (1e-4, 1 / 128, 0.005)}
 
 # ---- kernel ----
@@ -158,7 +158,7 @@ def golden_hc_head(
     *,
     float32: bool = False,
 ) -> torch.Tensor:  # [T, D] bf16 (fp32 with float32=True)
-    """hc head golden (v4flash-kernels.md B.3, dsv4-math.md 7.3), FP32: ``inv_rms`` over the
+    """hc head golden (pypto-lib `models/deepseek/v4-flash/hc_head.py`, transformers `models/deepseek_v4/modeling_deepseek_v4.py`), FP32: ``inv_rms`` over the
     flattened row with ``rms_norm_eps``; the mixes matmul summed per ``HC_K_CHUNK``-wide K chunk
     in chunk order, then scaled by ``inv_rms``; ``pre = sigmoid(mixes * scale + base) +
     hc_eps``; the weighted streams added as a pairwise tree; BF16 (RNE) unless ``float32``.
@@ -190,7 +190,7 @@ def golden_hc_head(
 
 
 def make_hc_head_inputs(cfg: DeepSeekV4Config, T: int, seed: int) -> dict[str, torch.Tensor]:
-    """Seeded fixture (v4flash-kernels.md B.3): ``x_hc ~ N(0, 1) * 0.05`` then ``hc_fn ~ N(0, 1) *
+    """Seeded fixture (pypto-lib `models/deepseek/v4-flash/hc_head.py`): ``x_hc ~ N(0, 1) * 0.05`` then ``hc_fn ~ N(0, 1) *
     0.0519`` from one ``torch.Generator(seed)``; the fixed real ``hc_scale = 0.0761`` and
     ``hc_base = (5.92, -3.62, -2.93, -3.31)``.
 
@@ -234,4 +234,4 @@ def build_hc_head(preset: str = "tiny", mode: str = "prefill", *, T: int | None 
 
 
 register(KernelCase("hc_head", build_hc_head, modes=("decode", "prefill"), seed_variant=True,
-                    description="hyper-connection head: split-K into init-0 mixes_raw, stream collapse (B.3)"))
+                    description="hyper-connection head: split-K into init-0 mixes_raw, stream collapse (pypto-lib `hc_head.py`)"))

@@ -1,6 +1,6 @@
 """Hyper-connection post-mix (mHC ``hc_post``): write the sublayer output back into the streams.
 
-Math (v4flash-kernels.md B.2; dsv4-math.md 7.2), FP32, ``N = hc_mult``:
+Math (pypto-lib `models/deepseek/v4-flash/hc_post.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`), FP32, ``N = hc_mult``:
 
     y[:, j, :] = post[:, j] * x + sum_i comb[:, i*N + j] * residual[:, i, :]
 
@@ -24,16 +24,16 @@ __all__ = ["TOLERANCES", "HC_POST_TOKEN_TILE", "HC_POST_PAD_TILE", "hc_post_kern
            "golden_hc_post_prefill", "make_hc_post_inputs", "build_case"]
 
 # Compare functions per output as ratio_allclose (atol, rtol, max_error_ratio). The
-# reference uses the default allclose with rtol = atol = 1e-3 (v4flash-kernels.md B.2 / C.2),
+# reference uses the default allclose with rtol = atol = 1e-3 (pypto-lib `models/deepseek/v4-flash/hc_post.py`; the pypto-lib tests' tolerances),
 # i.e. no element may be out of tolerance: max_error_ratio 0.
 TOLERANCES: dict[str, tuple[float, float, float]] = {
     "y": (1e-3, 1e-3, 0.0),
 }
 
 # ---- kernel ----
-# Tokens per hc_post block: one block = (4-token tile, output stream j) (v4flash-kernels.md B.2).
+# Tokens per hc_post block: one block = (4-token tile, output stream j) (pypto-lib `models/deepseek/v4-flash/hc_post.py`).
 HC_POST_TOKEN_TILE = 4
-# Rows per block of the prefill tail zero-fill ("hc_post_inactive_pad", B.2).
+# Rows per block of the prefill tail zero-fill ("hc_post_inactive_pad", pypto-lib `hc_post.py`).
 HC_POST_PAD_TILE = 16
 
 T_DYN = pl.dynamic("T")
@@ -69,7 +69,7 @@ def _store_stream_rows(y3, tile, t0: int, rows: int, j: int, D: int) -> None:
 def hc_post_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     """Build the hc_post DSL kernels for ``cfg`` (cached per config).
 
-    Tiling (v4flash-kernels.md B.2): ``spmd(ceil(T/4) * hc_mult)`` blocks, block ``b`` =
+    Tiling (pypto-lib `models/deepseek/v4-flash/hc_post.py`): ``spmd(ceil(T/4) * hc_mult)`` blocks, block ``b`` =
     (token tile ``b // hc_mult`` of :data:`HC_POST_TOKEN_TILE` rows, output stream
     ``b % hc_mult``), each a whole ``hidden_size`` row at once; the prefill tail is zeroed by
     ``spmd(ceil(inactive/16) * hc_mult)`` blocks of :data:`HC_POST_PAD_TILE` rows. ``T`` is a
@@ -120,7 +120,7 @@ def hc_post_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
         """hc_post on rows ``< num_tokens`` (clamped into ``[0, T]``); rows past it are zero."""
         t, res2, y2 = views(x, residual, y)
         active = pl.min(pl.max(num_tokens, 0), t)
-        if active > 0:  # orchestration-level conditional submission (B.2)
+        if active > 0:  # orchestration-level conditional submission (pypto-lib `hc_post.py`)
             for b in pl.spmd(-(-active // TT) * N, name_hint="hc_post_prefill"):
                 t0 = (b // N) * TT
                 _hc_post_block(x, res2, post, comb, y2, t0, min(TT, active - t0), b % N, N, D)
@@ -183,7 +183,7 @@ def golden_hc_post(
     post: torch.Tensor,  # [T, hc_mult] fp32
     comb: torch.Tensor,  # [T, hc_mult*hc_mult] fp32, comb[t, i*hc_mult + j]
 ) -> torch.Tensor:  # [T, hc_mult, D] fp32
-    """Hyper-connection post-mix golden (v4flash-kernels.md B.2, dsv4-math.md 7.2).
+    """Hyper-connection post-mix golden (pypto-lib `models/deepseek/v4-flash/hc_post.py`, transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
     ``y[:, j, :] = post[:, j] * x + sum_i comb[:, i*N + j] * residual[:, i, :]`` in FP32;
     the sum starts from the ``post * x`` term and adds input streams ``i = 0..N-1`` in
@@ -219,7 +219,7 @@ def golden_hc_post_prefill(
 ) -> torch.Tensor:  # [T, hc_mult, D] fp32
     """Prefill hc_post golden: :func:`golden_hc_post`, rows ``>= num_tokens`` exactly zero.
 
-    ``num_tokens`` is clamped into ``[0, T]`` as the kernel does (v4flash-kernels.md B.2),
+    ``num_tokens`` is clamped into ``[0, T]`` as the kernel does (pypto-lib `models/deepseek/v4-flash/hc_post.py`),
     so a negative count zeroes everything and a count above ``T`` keeps every row.
 
     Args:
@@ -273,7 +273,7 @@ def make_hc_post_inputs(cfg: DeepSeekV4Config, T: int, seed: int) -> dict[str, t
 
 
 def build_case(preset: str, mode: str, **options) -> CaseRun:
-    """Registry builder of the ``hc_post`` case (v4flash-kernels.md B.2).
+    """Registry builder of the ``hc_post`` case (pypto-lib `models/deepseek/v4-flash/hc_post.py`).
 
     Modes: ``"decode"`` runs ``hc_post`` on ``T = decode_batch * decode_seq`` rows;
     ``"prefill"`` runs ``hc_post_prefill`` on ``T = prefill_seq`` rows with

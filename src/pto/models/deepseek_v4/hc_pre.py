@@ -1,6 +1,6 @@
 """Hyper-connection pre-mix (mHC ``hc_pre``): collapse the ``hc_mult`` residual streams.
 
-Math (v4flash-kernels.md A.1; dsv4-math.md 7.1), per token, FP32, ``N = hc_mult``:
+Math (pypto-lib `models/deepseek/v4-flash/hc_pre.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`), per token, FP32, ``N = hc_mult``:
 
     u       = flatten(x)                                   # [N*D]
     mixes   = (hc_fn @ u) * rsqrt(mean(u^2) + rms_norm_eps) # [(2+N)*N], K summed per 256-chunk
@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 # K width of one chunk of the mixes matmul; the golden sums chunk partials in chunk order
-# (v4flash-kernels.md A.1 "golden sums per 256-wide K chunk in chunk order").
+# (pypto-lib `models/deepseek/v4-flash/hc_pre.py` "golden sums per 256-wide K chunk in chunk order").
 HC_K_CHUNK = 256
 
 # Real hc_scale / hc_base values used by the reference test fixture (hc_mult = 4).
@@ -70,7 +70,7 @@ HC_BASE_REF: tuple[float, ...] = (
 )
 
 # Compare functions per output as ratio_allclose (atol, rtol, max_error_ratio);
-# v4flash-kernels.md A.1 / C.2. The reference harness run also sets rtol=atol=1e-3.
+# pypto-lib `models/deepseek/v4-flash/hc_pre.py`; the pypto-lib tests' tolerances. The reference harness run also sets rtol=atol=1e-3.
 TOLERANCES: dict[str, tuple[float, float, float]] = {
     "x_mixed": (1e-4, 1 / 128, 0.005),
     "post": (2.5e-5, 5e-3, 0.005),
@@ -85,7 +85,7 @@ MIX_DYN = pl.dynamic("MIX")  # mix_hc = (2 + hc_mult) * hc_mult
 HCD_DYN = pl.dynamic("HC_DIM")  # hc_dim = hc_mult * hidden_size
 HCC_DYN = pl.dynamic("HC_HC")  # hc_mult * hc_mult
 
-# Tiling. Structure as in v4flash-kernels.md A.1 ("separate" variant): one task per work
+# Tiling. Structure as in pypto-lib `models/deepseek/v4-flash/hc_pre.py` ("separate" variant): one task per work
 # type, split-K factor 4 on the linear; tile sizes are CPU-sized (reference values in
 # brackets) so that each block is a few large tile ops instead of many small ones.
 HC_OK = 4  # K-slices of hc_pre_linear, atomically added into mixes_raw [4]
@@ -158,7 +158,7 @@ def hc_pre(
     cfg,
     seed_scopes: bool = False,
 ):
-    """Hyper-connection pre-mix, "separate" variant (v4flash-kernels.md A.1).
+    """Hyper-connection pre-mix, "separate" variant (pypto-lib `models/deepseek/v4-flash/hc_pre.py`).
 
     Stable inline signature:
     ``hc_pre(x, hc_fn, hc_scale, hc_base, x_mixed, post, comb, cfg, seed_scopes=False)
@@ -356,7 +356,7 @@ def golden_hc_pre(
     out_bf16: bool = True,
     return_pre: bool = False,
 ) -> tuple[torch.Tensor, ...]:
-    """Hyper-connection pre-mix golden (v4flash-kernels.md A.1, dsv4-math.md 7.1).
+    """Hyper-connection pre-mix golden (pypto-lib `models/deepseek/v4-flash/hc_pre.py`, transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
     Numerics: everything in FP32. ``inv_rms`` is the rsqrt of the mean of squares over
     the flattened ``hc_dim = hc_mult * D`` row plus ``cfg.rms_norm_eps``. The mixes
@@ -428,7 +428,7 @@ def golden_hc_pre(
 
 
 def make_hc_pre_inputs(cfg: DeepSeekV4Config, T: int, seed: int) -> dict[str, torch.Tensor]:
-    """Seeded fixture for :func:`golden_hc_pre` (v4flash-kernels.md A.1 test inputs).
+    """Seeded fixture for :func:`golden_hc_pre` (pypto-lib `models/deepseek/v4-flash/hc_pre.py` test inputs).
 
     ``x ~ N(0, 1) * 0.05`` then ``hc_fn ~ N(0, 1) * 0.0519`` (drawn in that order from a
     ``torch.Generator`` seeded with ``seed``); ``hc_scale`` and ``hc_base`` are the fixed
@@ -499,4 +499,4 @@ def build_hc_pre(preset: str = "tiny", mode: str = "prefill", *, T: int | None =
 
 
 register(KernelCase("hc_pre", build_hc_pre, modes=("decode", "prefill"), seed_variant=True,
-                    description="hyper-connection pre-mix, separate variant, split-K into init-0 mixes_raw (A.1)"))
+                    description="hyper-connection pre-mix, separate variant, split-K into init-0 mixes_raw (pypto-lib `hc_pre.py`)"))

@@ -1,6 +1,6 @@
 """LM head: FP32 logits of the final-normed hidden rows, and the whole model head chain.
 
-Math (v4flash-kernels.md B.24 on one rank; dsv4-math.md 1.3; transformers
+Math (pypto-lib `models/deepseek/v4-flash/lm_head.py` on one rank; transformers `models/deepseek_v4/modeling_deepseek_v4.py`; transformers
 ``DeepseekV4ForCausalLM.lm_head``, untied ``[V, D]``):
 
     logits = hidden @ weight^T              # [T, V] FP32, BF16 operands, FP32 accumulation
@@ -34,7 +34,7 @@ from pto.models.deepseek_v4.tiling import MATMUL_M_TILE, mode_tokens, need, roun
 __all__ = ["TOLERANCES", "LM_V_TILE", "lm_head_kernels", "lm_head", "golden_lm_head", "golden_final_logits",
            "make_lm_head_weight", "build_lm_head"]
 
-# Default allclose rtol = atol = 1e-3 (v4flash-kernels.md B.24 / C.2): every element.
+# Default allclose rtol = atol = 1e-3 (pypto-lib `models/deepseek/v4-flash/lm_head.py`; the pypto-lib tests' tolerances): every element.
 TOLERANCES: dict[str, tuple[float, float, float]] = {"logits": (1e-3, 1e-3, 0.0)}
 
 # ---- kernel ----
@@ -121,7 +121,7 @@ def golden_lm_head(
     hidden: torch.Tensor,  # [T, D] bf16 (fp32 for parity)
     weight: torch.Tensor,  # [V, D] bf16 (fp32 for parity)
 ) -> torch.Tensor:  # [T, V] fp32
-    """LM head golden (v4flash-kernels.md B.24): ``hidden @ weight^T`` in FP32 from the given
+    """LM head golden (pypto-lib `models/deepseek/v4-flash/lm_head.py`): ``hidden @ weight^T`` in FP32 from the given
     values, the weight widened ``GOLDEN_V_CHUNK`` rows at a time.
 
     Raises:
@@ -184,4 +184,4 @@ def build_lm_head(preset: str = "tiny", mode: str = "prefill", *, T: int | None 
 
 
 register(KernelCase("lm_head", build_lm_head, modes=("decode", "prefill"),
-                    description="LM head GEMM, FP32 logits, one rank (B.24)"))
+                    description="LM head GEMM, FP32 logits, one rank (pypto-lib `lm_head.py`)"))

@@ -1,8 +1,8 @@
 """Token embedding lookup, expanded to the ``hc_mult`` hyper-connection streams.
 
-Math (dsv4-math.md 1.1; transformers ``DeepseekV4Model.forward``): no scaling, every stream
+Math (transformers `models/deepseek_v4/modeling_deepseek_v4.py`; transformers ``DeepseekV4Model.forward``): no scaling, every stream
 starts as a copy of the token's embedding row, and the stream stays FP32 end to end
-(v4flash-kernels.md B.2):
+(pypto-lib `models/deepseek/v4-flash/hc_post.py`):
 
     x_hc[t, h, :] = fp32(embed[input_ids[t], :])        for h in 0 .. hc_mult-1
 
@@ -109,7 +109,7 @@ def golden_lookup_embedding(
     embed: torch.Tensor,  # [V, D] bf16 (fp32 for parity runs)
     hc_mult: int,
 ) -> torch.Tensor:  # [T, hc_mult, D] fp32
-    """Embedding rows copied to every hyper-connection stream (dsv4-math.md 1.1).
+    """Embedding rows copied to every hyper-connection stream (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
     ``x_hc[t, h] = embed[input_ids[t]]`` in FP32 (the BF16 table converts exactly, so the
     result is the same with ``float32`` parity inputs).

@@ -1,7 +1,7 @@
 """The DeepSeek-V4 golden forward: the whole model in FP32 torch, chained from the kernels'
 goldens, with a per-request cache so chunked prefill and decode steps are the same code.
 
-Composition (dsv4-math.md sections 1-8; v4flash-kernels.md B.28-B.32):
+Composition (transformers `models/deepseek_v4/modeling_deepseek_v4.py`; pypto-lib `models/deepseek/v4-flash/` decode_layer.py, prefill_layer.py, decode_fwd.py, prefill_fwd.py, host modules):
 
     e = embed[ids];  X = [e] * hc_mult                          # [S, N, D] residual streams
     per layer:  x, post, comb = hc_pre(X, hc_attn_*)             # golden_hc_pre (FP32 out)
@@ -60,7 +60,7 @@ __all__ = ["GoldenModel", "GoldenState", "LayerState", "linear", "rms_norm"]
 
 
 def rms_norm(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """RMSNorm over the last axis in FP32 (dsv4-math.md 2); weighted if ``weight`` is given."""
+    """RMSNorm over the last axis in FP32 (transformers `models/deepseek_v4/modeling_deepseek_v4.py`); weighted if ``weight`` is given."""
     y = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps)
     return y if weight is None else y * weight
 
@@ -164,7 +164,7 @@ class GoldenModel:
         channel. CSA (ratio 4): 8 slots, the first half of window ``w-1`` (``[:width]``,
         gates ``+ ape[:, :width]``; -inf for ``w = 0``) and the second half of window
         ``w`` (``[width:]``). Then weighted RMSNorm and compress RoPE at position
-        ``ratio * w`` (dsv4-math.md 5, 6.1).
+        ``ratio * w`` (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
         """
         out = []
         for w in range(first, first + count):
@@ -208,7 +208,7 @@ class GoldenModel:
         return entries
 
     def _indexer_select(self, w: dict, xn, q_res, pos, entries_i: torch.Tensor) -> torch.Tensor:
-        """``[S, T]`` bool: entries the lightning indexer selects per query (dsv4-math.md 6.3-6.4)."""
+        """``[S, T]`` bool: entries the lightning indexer selects per query (transformers `models/deepseek_v4/modeling_deepseek_v4.py`)."""
         cfg = self.cfg
         S, T = xn.shape[0], entries_i.shape[0]
         HI, dI, r = cfg.index_n_heads, cfg.index_head_dim, cfg.qk_rope_head_dim

@@ -1,6 +1,6 @@
 """MoE FFN sub-block of one layer (single rank): hc_pre -> gate -> experts -> combine -> hc_post.
 
-Chain (v4flash-kernels.md B.23 with expert parallelism collapsed to one rank; dsv4-math.md 7,
+Chain (pypto-lib `models/deepseek/v4-flash/moe.py` with expert parallelism collapsed to one rank; transformers `models/deepseek_v4/modeling_deepseek_v4.py`,
 8; transformers ``DeepseekV4DecoderLayer`` second half), ``T`` token rows of which the first
 ``num_tokens`` are active:
 
@@ -35,7 +35,7 @@ from pto.models.deepseek_v4.tiling import (check_num_tokens, check_token_capacit
 
 __all__ = ["TOLERANCES", "MOE_INPUTS", "moe_kernels", "moe", "golden_moe", "make_moe_inputs", "build_moe"]
 
-# v4flash-kernels.md B.23 / C.2: x_next ratio_reldiff(diff_thd=3e-3, pct_thd=0.05); rows past
+# pypto-lib `models/deepseek/v4-flash/moe.py`; the pypto-lib tests' tolerances: x_next ratio_reldiff(diff_thd=3e-3, pct_thd=0.05); rows past
 # num_tokens exactly zero.
 TOLERANCES: dict[str, tuple[float, float]] = {"x_next": (3e-3, 0.05)}
 
@@ -165,7 +165,7 @@ def golden_moe(
     float32: bool = False,
     return_intermediates: bool = False,
 ):
-    """Golden of the MoE sub-block (v4flash-kernels.md B.23 on one rank, dsv4-math.md 8).
+    """Golden of the MoE sub-block (pypto-lib `models/deepseek/v4-flash/moe.py` on one rank, transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
     Chains the sub-goldens: ``golden_hc_pre`` (hc_ffn weights) -> ``golden_gate`` ->
     ``golden_expert_shared`` and ``golden_expert_routed`` (one expert at a time) ->
@@ -277,4 +277,4 @@ def build_moe(preset: str = "tiny", mode: str = "prefill", *, T: int | None = No
 
 register(KernelCase("moe", build_moe, modes=("decode", "prefill"), seed_variant=True,
                     max_preset="demo",
-                    description="MoE FFN sub-block, one rank: hc_pre, gate, shared + routed experts, hc_post (B.23)"))
+                    description="MoE FFN sub-block, one rank: hc_pre, gate, shared + routed experts, hc_post (pypto-lib `moe.py`)"))

@@ -1,5 +1,5 @@
-"""Expert parallelism: the MoE sub-block and the LM head across ranks (v4flash-kernels.md B.23,
-B.24; dsl-api.md section 14), one process per rank over ``pld`` (pto.runtime.distributed).
+"""Expert parallelism: the MoE sub-block and the LM head across ranks (pypto-lib `models/deepseek/v4-flash/moe.py`,
+`lm_head.py`; hw-native-sys/pypto `docs/en/user/`), one process per rank over ``pld`` (pto.runtime.distributed).
 
 MoE (:func:`moe_ep_kernels` ``.moe_ep``), per rank on its own token rows (attention is data
 parallel: each rank holds the rows of its requests). Rank ``p`` owns the ``EL = E / N`` routed

@@ -1,6 +1,6 @@
 """Attention sub-block of ratio-4 (CSA) layers, prefill; and the CSA block shared with decode.
 
-Chain (v4flash-kernels.md B.14, B.19; dsv4-math.md 4, 6, 7), ``T`` token rows:
+Chain (pypto-lib `models/deepseek/v4-flash/decode_attention_csa.py`, `prefill_attention_csa.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`), ``T`` token rows:
 
     x_mixed, post, comb = hc_pre(x_hc) ; x_normed = rms_norm(x_mixed)
     cos_t, sin_t        = compress-profile table rows at position_ids
@@ -21,7 +21,7 @@ the compressor / indexer table shapes (``[L]`` vs ``[B, L]``), the attention cor
 ``hc_post_prefill`` vs ``hc_post``: :func:`csa_block_kernels` builds both from one body.
 
 Deviations from the reference: the indexer compressor is called by the block, not by the
-indexer (B.17); the indexer's cos / sin come from the tables by position (no
+indexer (pypto-lib `prefill_indexer.py`); the indexer's cos / sin come from the tables by position (no
 ``prefill_csa_idx_halfrope`` task); the sparse indices are the indexer's top-k directly (it
 already writes ``-1`` past the visible count, B.19's ``prefill_csa_sparse_idx_tile`` re-check
 is not needed); prefill attends every selected row (the reference attends 256 of 512).
@@ -55,7 +55,7 @@ __all__ = ["TOLERANCES", "CSA_ARGS", "CSA_OUTPUTS", "csa_block_kernels", "attent
            "golden_prefill_attention_csa", "csa_block_inputs", "make_prefill_csa_inputs", "csa_case",
            "build_prefill_attention_csa"]
 
-# v4flash-kernels.md B.19 / C.2 (run-level rtol=atol=1e-2): x_out valid_ratio_reldiff (diff_thd,
+# pypto-lib `models/deepseek/v4-flash/prefill_attention_csa.py`; the pypto-lib tests' tolerances (run-level rtol=atol=1e-2): x_out valid_ratio_reldiff (diff_thd,
 # pct_thd, max_diff_hd) relaxed as the reference does with compressed rows; caches ratio_allclose.
 TOLERANCES: dict[str, tuple[float, float, float]] = {
     "x_out": (8e-3, 0.005, 2.0),
@@ -138,7 +138,7 @@ def csa_block_kernels(cfg: DeepSeekV4Config, mode: str, seed_scopes: bool = Fals
                   idx_kv_scale: pl.InOut[pl.Tensor], idx_block_table: pl.Tensor, idx_slot_mapping: pl.Tensor,
                   idx_wq_b: pl.Tensor, idx_wq_b_scale: pl.Tensor, idx_weights_proj: pl.Tensor,
                   x_out: pl.Out[pl.Tensor[[T_DYN, HC, D], pl.FP32]], num_tokens: pl.Scalar[pl.INT32]):
-        """CSA attention sub-layer (B.19 / B.14); see :func:`csa_block_kernels`."""
+        """CSA attention sub-layer (pypto-lib `prefill_attention_csa.py` / pypto-lib `decode_attention_csa.py`); see :func:`csa_block_kernels`."""
         t = pl.tensor.dim(x_hc, 0)
         check_num_tokens(f"{prefix}_attention_csa", num_tokens, t)
         if mode == "decode" and int(num_tokens) != t:
@@ -394,7 +394,7 @@ def csa_case(entry, d: dict, cfg, mode: str, label: str) -> CaseRun:
 
 
 def build_prefill_attention_csa(preset: str, mode: str, **options) -> CaseRun:
-    """Registry builder of ``prefill_attention_csa`` (B.19). Mode ``"prefill"``; options ``T``
+    """Registry builder of ``prefill_attention_csa`` (pypto-lib `prefill_attention_csa.py`). Mode ``"prefill"``; options ``T``
     (default ``prefill_seq``), ``start_pos`` (default 0), ``num_tokens`` (default ``T``),
     ``block_table`` (``"permuted"`` default, or ``"identity"``), ``attn_sink``, ``seed``,
     ``seed_scopes``.
@@ -424,4 +424,4 @@ def build_prefill_attention_csa(preset: str, mode: str, **options) -> CaseRun:
 
 
 register(KernelCase("prefill_attention_csa", build_prefill_attention_csa, modes=("prefill",), seed_variant=True,
-                    description="ratio-4 prefill attention sub-layer: compressor, indexer top-k, sparse attn (B.19)"))
+                    description="ratio-4 prefill attention sub-layer: compressor, indexer top-k, sparse attn (pypto-lib `prefill_attention_csa.py`)"))

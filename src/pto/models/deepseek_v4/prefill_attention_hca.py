@@ -1,6 +1,6 @@
 """Prefill attention sub-block of ratio-128 (HCA, heavily compressed attention) layers.
 
-Chain (v4flash-kernels.md B.18; dsv4-math.md 3, 4, 5), one request, ``T`` token rows of which
+Chain (pypto-lib `models/deepseek/v4-flash/prefill_attention_hca.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`), one request, ``T`` token rows of which
 the first ``num_tokens`` are active:
 
     x_mixed, post, comb = hc_pre(x_hc) ; x_normed = rms_norm(x_mixed, attn_norm_w)
@@ -57,7 +57,7 @@ __all__ = [
     "PREFILL_HCA_ARGS",
 ]
 
-# v4flash-kernels.md B.18 / C.2 (run-level rtol=atol=1e-2); compressor outputs as A.4.
+# pypto-lib `models/deepseek/v4-flash/prefill_attention_hca.py`; the pypto-lib tests' tolerances (run-level rtol=atol=1e-2); compressor outputs as `prefill_compressor_ratio128.py`.
 TOLERANCES: dict[str, tuple[float, float, float]] = {
     "x_out": (5e-3, 0.005, 1.0),
     "kv_cache": (1e-4, 1 / 128, 0.005),
@@ -79,7 +79,7 @@ T_DYN = pl.dynamic("T")
 def prefill_attention_hca_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleNamespace:
     """Build the ratio-128 prefill attention sub-layer for ``cfg`` (cached per config / variant).
 
-    Composition (B.18; ``T`` dynamic, ``num_tokens`` active rows): ``attention_front``
+    Composition (pypto-lib `prefill_attention_hca.py`; ``T`` dynamic, ``num_tokens`` active rows): ``attention_front``
     (``hc_pre`` -> ``rms_norm`` -> ``late_dep`` -> ``materialize_rope_rows`` -> ``qkv_proj_rope``) ->
     ``prefill_swa_cache_write`` -> ``prefill_compressor_ratio128(x_normed, ...)`` ->
     ``prefill_swa_window_indices`` -> ``prefill_hca_cmp_indices`` (``at``: row ``t <
@@ -152,7 +152,7 @@ def prefill_attention_hca_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
                               wo_b_scale: pl.Tensor[[D], pl.FP32],
                               x_out: pl.Out[pl.Tensor[[T_DYN, HC, D], pl.FP32]],
                               num_tokens: pl.Scalar[pl.INT32]):
-        """Ratio-128 prefill attention sub-layer (B.18); returns ``(kv_cache, cmp_kv,
+        """Ratio-128 prefill attention sub-layer (pypto-lib `prefill_attention_hca.py`); returns ``(kv_cache, cmp_kv,
         compress_state, x_out)``."""
         t = pl.tensor.dim(x_hc, 0)
         active = check_num_tokens("prefill_attention_hca", num_tokens, t)
@@ -223,7 +223,7 @@ def golden_prefill_cmp_indices(
     cmp_cols: int | None = None,
 ) -> torch.Tensor:  # [T, n_cols] int32
     """Compressed candidates of a prefill HCA chunk: row ``t < num_tokens`` holds ``k`` for
-    ``k < (pos + 1) // 128``, the rest and rows ``>= num_tokens`` are ``-1`` (B.18).
+    ``k < (pos + 1) // 128``, the rest and rows ``>= num_tokens`` are ``-1`` (pypto-lib `prefill_attention_hca.py`).
 
     Raises:
         BindError: a token with more visible entries than ``cmp_cols`` (default ``n_cols``).
@@ -246,7 +246,7 @@ def golden_prefill_attention_hca(
     float32: bool = False,
     return_intermediates: bool = False,
 ):
-    """Golden of the ratio-128 prefill attention block (v4flash-kernels.md B.18): the
+    """Golden of the ratio-128 prefill attention block (pypto-lib `models/deepseek/v4-flash/prefill_attention_hca.py`): the
     sub-goldens in kernel order (module docstring) -- ``golden_materialize_rope_rows``,
     ``golden_attention_front`` (hc_pre, RMSNorm, q / kv), the cache scatter,
     ``golden_prefill_compressor_ratio128`` on ``x_normed``, ``build_window_indices``,
@@ -336,7 +336,7 @@ def make_prefill_hca_inputs(
 
 
 def build_case(preset: str, mode: str, **options) -> CaseRun:
-    """Registry builder of ``prefill_attention_hca`` (B.18).
+    """Registry builder of ``prefill_attention_hca`` (pypto-lib `prefill_attention_hca.py`).
 
     Mode ``"prefill"`` (``T = prefill_seq``). Options: ``T``, ``start_pos`` (default 0),
     ``num_tokens`` (default ``T``), ``block_table`` (``"identity"`` / ``"permuted"``),

@@ -1,6 +1,6 @@
 """Prefill attention sub-block of ratio-0 (sliding-window-only) layers.
 
-Chain (v4flash-kernels.md A.3; dsv4-math.md 4, 7), one request, ``T`` token rows of which
+Chain (pypto-lib `models/deepseek/v4-flash/prefill_attention_swa.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`), one request, ``T`` token rows of which
 the first ``num_tokens`` are active:
 
     x_mixed, post, comb = hc_pre(x_hc)                       # [T, D] bf16, [T, 4], [T, 16]
@@ -50,7 +50,7 @@ __all__ = [
     "make_swa_inputs",
 ]
 
-# v4flash-kernels.md A.3 / C.2 (run-level rtol=atol=1e-2 in the reference harness).
+# pypto-lib `models/deepseek/v4-flash/prefill_attention_swa.py`; the pypto-lib tests' tolerances (run-level rtol=atol=1e-2 in the reference harness).
 #   kv_cache: ratio_allclose (atol, rtol, max_error_ratio)
 #   x_out:    valid_ratio_reldiff (diff_thd, pct_thd, max_diff_hd) -- rows >= num_tokens
 #             must be exactly zero, then ratio_reldiff on the active rows.
@@ -67,7 +67,7 @@ def _lower_window(t: int, pos, W: int, BS: int, n_blocks: int, block_table, n_pa
     """``[1, W]`` INT32 window row of the token at ``pos``: keys ``pos+1-valid .. pos`` with
     ``valid = min(W, pos + 1)`` in columns ``0 .. valid-1``, each key ``k`` lowered to
     ``block_table[k // BS] * BS + k % BS`` one page segment at a time (``pl.arange``); a
-    negative table entry and the remaining columns stay ``-1`` (A.3 step 5).
+    negative table entry and the remaining columns stay ``-1`` (pypto-lib `prefill_attention_swa.py` step 5).
 
     Raises:
         BindError: a negative position, a position past the block table, or a table entry
@@ -99,7 +99,7 @@ def _lower_window(t: int, pos, W: int, BS: int, n_blocks: int, block_table, n_pa
 def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleNamespace:
     """Build the ratio-0 prefill attention sub-layer for ``cfg`` (cached per config / variant).
 
-    Composition (v4flash-kernels.md A.3; ``T`` dynamic, ``num_tokens`` active rows):
+    Composition (pypto-lib `models/deepseek/v4-flash/prefill_attention_swa.py`; ``T`` dynamic, ``num_tokens`` active rows):
     ``hc_pre`` -> ``rms_norm`` -> ``late_dep = task_dummy(deps=[rms_tid])`` ->
     ``materialize_rope_rows`` -> ``qkv_proj_rope(..., late_dep)`` ->
     ``at "prefill_swa_cache_write"`` (``kv[t]`` to flat cache row ``ori_slot_mapping[t]`` for
@@ -213,7 +213,7 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
                               wo_b_scale: pl.Tensor[[D], pl.FP32],
                               x_out: pl.Out[pl.Tensor[[T_DYN, HC, D], pl.FP32]],
                               num_tokens: pl.Scalar[pl.INT32]):
-        """Ratio-0 prefill attention sub-layer (A.3); returns ``(kv_cache, x_out)``."""
+        """Ratio-0 prefill attention sub-layer (pypto-lib `prefill_attention_swa.py`); returns ``(kv_cache, x_out)``."""
         t = pl.tensor.dim(x_hc, 0)
         active = check_num_tokens("prefill_attention_swa", num_tokens, t)
         x_mixed = pl.create_tensor([t, D], pl.BF16, capacity=cap)
@@ -318,7 +318,7 @@ def build_window_indices(
     block_table: torch.Tensor,  # [n_blocks] int32 logical page -> physical page, -1 = none
     cfg: DeepSeekV4Config,
 ) -> torch.Tensor:  # [T, sliding_window] int32
-    """Per-token sliding-window key rows (v4flash-kernels.md A.3 step 5).
+    """Per-token sliding-window key rows (pypto-lib `models/deepseek/v4-flash/prefill_attention_swa.py` step 5).
 
     For ``t < num_tokens`` with ``pos = positions[t]``: ``valid = min(W, pos + 1)`` keys
     ``pos + 1 - valid .. pos`` (ascending) fill columns ``0 .. valid-1``; key ``k`` becomes
@@ -383,7 +383,7 @@ def golden_prefill_attention_swa(
     return_intermediates: bool = False,
     float32: bool = False,
 ):
-    """Golden of the ratio-0 prefill attention block (v4flash-kernels.md A.3).
+    """Golden of the ratio-0 prefill attention block (pypto-lib `models/deepseek/v4-flash/prefill_attention_swa.py`).
 
     Chains the sub-goldens (module docstring): ``golden_hc_pre`` -> ``golden_rms_norm``
     (``attn_norm_w``, ``cfg.rms_norm_eps``) -> ``golden_materialize_rope_rows`` (main-profile
@@ -490,7 +490,7 @@ def make_swa_inputs(
     attn_sink: float | torch.Tensor = 0.0,
     weight_format: str = "int8",
 ) -> dict:
-    """Seeded fixture for :func:`golden_prefill_attention_swa` (v4flash-kernels.md A.3).
+    """Seeded fixture for :func:`golden_prefill_attention_swa` (pypto-lib `models/deepseek/v4-flash/prefill_attention_swa.py`).
 
     Token ``t`` sits at position ``start_pos + t`` (tail rows too). Draw order from one
     ``torch.Generator(seed)``: ``x_hc ~ N(0,1)*0.05`` (rows ``>= num_tokens`` then zeroed),
@@ -601,7 +601,7 @@ _SPEC_ORDER = ("x_hc", "hc_attn_fn", "hc_attn_scale", "hc_attn_base", "attn_norm
 
 
 def build_case(preset: str, mode: str, **options) -> CaseRun:
-    """Registry builder of the ``prefill_attention_swa`` case (v4flash-kernels.md A.3).
+    """Registry builder of the ``prefill_attention_swa`` case (pypto-lib `models/deepseek/v4-flash/prefill_attention_swa.py`).
 
     Mode ``"prefill"`` (``T = prefill_seq``, 128). Options: ``T``, ``start_pos`` (default 0),
     ``num_tokens`` (default ``T``), ``block_table`` (``"identity"`` or ``"permuted"``),

@@ -1,6 +1,6 @@
 """HCA (ratio-128) KV compressor, prefill: paged FP32 state plus compressed-cache writes.
 
-Math (v4flash-kernels.md A.4; dsv4-math.md 3, 5), ``M = 128``, ``d = head_dim``:
+Math (pypto-lib `models/deepseek/v4-flash/prefill_compressor_ratio128.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`), ``M = 128``, ``d = head_dim``:
 
     kv_t    = x_t @ wkv^T ; score_t = x_t @ wgate^T                     # FP32, [d] each
     state[row(p_t)] = [kv_t | score_t + ape[p_t % M]]                   # row width 2d
@@ -34,7 +34,7 @@ that is exact as long as a chunk plus the open part of its first window spans at
 kernel that pools from the state after scattering to match this golden.
 
 Kernel (:func:`prefill_compressor_ratio128`, test entry from
-:func:`prefill_compressor_ratio128_entry`): the A.4 task structure (write map, kv/score
+:func:`prefill_compressor_ratio128_entry`): the pypto-lib `prefill_compressor_ratio128.py` task structure (write map, kv/score
 projection, state scatter, softmax pool, rmsnorm_rope, finalize) over a chunk of any length:
 ``W = ceil(T / 128)`` write slots (the most windows ``T`` consecutive tokens can close),
 bounded by the declared capacity ``max_cmp_writes`` (``CapacityError`` at allocation, before
@@ -74,7 +74,7 @@ __all__ = [
 HCA_RATIO = 128  # tokens per compressed entry (ratio-128 layers); also ape rows
 
 # Compare functions per output as ratio_allclose (atol, rtol, max_error_ratio);
-# v4flash-kernels.md A.4 (run-level rtol=atol=1e-3 in the reference harness).
+# pypto-lib `models/deepseek/v4-flash/prefill_compressor_ratio128.py` (run-level rtol=atol=1e-3 in the reference harness).
 TOLERANCES: dict[str, tuple[float, float, float]] = {
     "cmp_kv": (1e-4, 1 / 128, 0.0),
     "compress_state": (1e-3, 1e-3, 0.0),
@@ -95,11 +95,11 @@ BS_DYN = pl.dynamic("BLOCK_SIZE")  # compressed-cache page rows (checked against
 APE_DYN = pl.dynamic("APE_ROWS")  # 128 (checked)
 
 HCA_C128_PROJ_T_TILE = 128  # token rows of a projection tile (the prefill tile; tail rows via valid_shape)
-HCA_C128_PROJ_N_TILE = 64  # kv and score columns per projection block (A.4: 32; see compressor_tiling)
-HCA_C128_PROJ_K_TILE = 512  # reduction chunk of the projections (A.4: 8 chunks of 512 at D = 4096)
+HCA_C128_PROJ_N_TILE = 64  # kv and score columns per projection block (pypto-lib `prefill_compressor_ratio128.py`: 32; see compressor_tiling)
+HCA_C128_PROJ_K_TILE = 512  # reduction chunk of the projections (pypto-lib `prefill_compressor_ratio128.py`: 8 chunks of 512 at D = 4096)
 HCA_C128_SCATTER_T_TILE = 16  # tokens per state-scatter block
-HCA_C128_POOL_H_TILE = 64  # channels per softmax-pool block (A.4: 64-column head blocks)
-HCA_C128_RMS_TILE = 8  # row granule of the pooled / normed pads (A.4: the 8-row RMS tile)
+HCA_C128_POOL_H_TILE = 64  # channels per softmax-pool block (pypto-lib `prefill_compressor_ratio128.py`: 64-column head blocks)
+HCA_C128_RMS_TILE = 8  # row granule of the pooled / normed pads (pypto-lib `prefill_compressor_ratio128.py`: the 8-row RMS tile)
 
 _NAME = "prefill_compressor_ratio128"
 
@@ -110,7 +110,7 @@ class CompressorTiling:
 
     Attributes:
         proj_t, proj_n, proj_k: projection tile rows (tokens), kv (and score) columns per block
-            (``min(64, head_dim)``) and reduction chunk (``min(512, hidden_size)``). A.4 uses
+            (``min(64, head_dim)``) and reduction chunk (``min(512, hidden_size)``). pypto-lib `prefill_compressor_ratio128.py` uses
             32-column blocks (16 at FLASH); 64 columns with the wkv and wgate rows in one
             product quarter the CPU matmul calls (CPU wall about 2x lower) at the price of 8
             instead of 16 blocks (simulated a2a3 makespan 60 instead of 47 us at FLASH).
@@ -278,7 +278,7 @@ def prefill_compressor_ratio128(
     max_cmp_writes=None,
     seed_scopes=False,
 ):
-    """Ratio-128 (HCA) KV compressor over one prefill chunk (v4flash-kernels.md A.4, generalised).
+    """Ratio-128 (HCA) KV compressor over one prefill chunk (pypto-lib `models/deepseek/v4-flash/prefill_compressor_ratio128.py`, generalised).
 
     Math: see the module docstring (:func:`golden_prefill_compressor_ratio128` is the
     contract). Any chunk length ``T >= 1`` and any positions: a window whose closing token
@@ -585,7 +585,7 @@ def golden_prefill_compressor_ratio128(
     state_slot_mapping: torch.Tensor,  # [T] int64 flat state row, -1 = skip
     cfg: DeepSeekV4Config,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([cmp_pages, block_size, 1, head_dim] bf16, state fp32)
-    """Ratio-128 compressor golden for any chunk (v4flash-kernels.md A.4, generalised).
+    """Ratio-128 compressor golden for any chunk (pypto-lib `models/deepseek/v4-flash/prefill_compressor_ratio128.py`, generalised).
 
     See the module docstring for the math and the chunking rules. Only active tokens
     (``t < num_tokens``) are used. A closing token (``(pos + 1) % 128 == 0``) with
@@ -716,7 +716,7 @@ def make_compressor_inputs(
     num_tokens: int,
     seed: int,
 ) -> dict:
-    """Seeded fixture for :func:`golden_prefill_compressor_ratio128` (v4flash-kernels.md A.4).
+    """Seeded fixture for :func:`golden_prefill_compressor_ratio128` (pypto-lib `models/deepseek/v4-flash/prefill_compressor_ratio128.py`).
 
     Token ``t`` sits at position ``start_pos + t``. Draw order from one
     ``torch.Generator(seed)``: ``x ~ N(0,1)`` ``[T, D]``; ``wkv ~ N(0, 0.0246)``,
@@ -854,4 +854,4 @@ def build_prefill_compressor_ratio128(preset: str = "tiny", mode: str = "prefill
 
 
 register(KernelCase(_NAME, build_prefill_compressor_ratio128, modes=("prefill",), seed_variant=True,
-                    description="HCA ratio-128 KV compressor, prefill: paged state, pooled pad init=0 (A.4)"))
+                    description="HCA ratio-128 KV compressor, prefill: paged state, pooled pad init=0 (pypto-lib `prefill_compressor_ratio128.py`)"))

@@ -1,7 +1,7 @@
 """CSA (ratio-4) KV compressor with overlapping windows, prefill; and the shared ratio-4 core.
 
-Math (v4flash-kernels.md B.10, B.15; dsv4-math.md 6.1), ``m = 4``, ``c`` = entry width
-(``head_dim`` for the main compressor, ``index_head_dim`` for the indexer's, B.11 / B.16):
+Math (pypto-lib `models/deepseek/v4-flash/decode_compressor_ratio4.py`, `prefill_compressor_ratio4.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`), ``m = 4``, ``c`` = entry width
+(``head_dim`` for the main compressor, ``index_head_dim`` for the indexer's, pypto-lib `decode_indexer_compressor.py` / pypto-lib `prefill_indexer_compressor.py`):
 
     [Ca | Cb]  = x_t @ wkv^T ; [Za | Zb] = x_t @ wgate^T                  # FP32, [2c] each
     state[row(p_t)] = [Ca | Cb | Za + ape[p_t % 4, :c] | Zb + ape[p_t % 4, c:]]   # width 4c
@@ -32,7 +32,7 @@ rows (one window), so window ``w`` of request ``b`` is physical page
 5. ``at`` ``<p>_rmsnorm_rope``: RMSNorm * ``norm_w`` and RoPE at ``4w`` over the ``W_pad`` rows.
 Then the caller's finalize (main: ``<p>_cache_write``, BF16 rint rows into ``cmp_kv``).
 
-Scratch is uninitialised, as in the reference (B.10 / B.15: no seed task, no ``init_value``):
+Scratch is uninitialised, as in the reference (pypto-lib `decode_compressor_ratio4.py` / pypto-lib `prefill_compressor_ratio4.py`: no seed task, no ``init_value``):
 rows of ``pooled_kv_pad [W_pad, c]`` that no window writes (pad rows, slots without a
 destination) stay undefined; RMSNorm, RoPE, the Hadamard product and the INT8 quantisation are
 row-wise and only rows with a destination are stored, so nothing undefined reaches an output
@@ -47,7 +47,7 @@ an inactive decode request and is skipped); ``state_slot_mapping[t]`` is ``-1`` 
 row or before the chunk; no two pages of one call share a physical page. ``CapacityError``
 when a call closes more windows than the declared ``max_cmp_writes``.
 
-Deviations from the reference kernel (B.15): any chunk length and start position (the
+Deviations from the reference kernel (pypto-lib `prefill_compressor_ratio4.py`): any chunk length and start position (the
 reference is static T = 128); the pool reads the chunk's own rows back from the state after
 the scatter instead of overlaying them from the projections (same values: FP32 both ways),
 so no ``pool_dep`` zero-read is needed; the pool is one 8-row column softmax instead of an
@@ -77,11 +77,11 @@ __all__ = [
 ]
 
 CSA_RATIO = 4  # tokens per compressed entry (ratio-4 layers); also ape rows
-CSA_STATE_PAGE = 4  # compressor-state page rows: one window (v4flash-kernels.md "Deployment")
+CSA_STATE_PAGE = 4  # compressor-state page rows: one window (pypto-lib `models/deepseek/v4-flash/config.py`)
 CSA_STATE_PAGES = 65  # physical state pages of the fixtures (CSA state 65 pages, reference)
 FP32_MAX = float(torch.finfo(torch.float32).max)
 
-# ratio_allclose (atol, rtol, max_error_ratio) per output (v4flash-kernels.md B.15 / C.2)
+# ratio_allclose (atol, rtol, max_error_ratio) per output (pypto-lib `models/deepseek/v4-flash/prefill_compressor_ratio4.py`; the pypto-lib tests' tolerances)
 TOLERANCES: dict[str, tuple[float, float, float]] = {
     "cmp_kv": (1e-4, 1 / 128, 0.0),
     "compress_state": (1e-3, 1e-3, 0.0),
@@ -98,7 +98,7 @@ D_DYN = pl.dynamic("D")  # hidden size (checked against cfg)
 
 C4_PROJ_T_TILE = 128  # token rows of a projection tile (fewer for short calls: round_up(T, 16))
 C4_PROJ_N_TILE = 64  # kv (and score) columns per projection block
-C4_PROJ_K_TILE = 512  # reduction chunk (B.15: K = 4096 in 8 chunks)
+C4_PROJ_K_TILE = 512  # reduction chunk (pypto-lib `prefill_compressor_ratio4.py`: K = 4096 in 8 chunks)
 C4_SCATTER_T_TILE = 16  # tokens per state-scatter block
 C4_POOL_H_TILE = 64  # channels per softmax-pool block
 C4_RMS_TILE = 8  # row granule of the pooled / normed pads
@@ -422,7 +422,7 @@ def compressor_ratio4_inline(mode: str):
         cfg,
         max_cmp_writes=None,
     ):
-        """CSA main KV compressor over one call (v4flash-kernels.md B.15 prefill / B.10 decode,
+        """CSA main KV compressor over one call (pypto-lib `models/deepseek/v4-flash/prefill_compressor_ratio4.py` prefill / `decode_compressor_ratio4.py` decode,
         generalised).
 
         Shapes (``d = head_dim``): compress_state ``[pages, 4, 4d]`` FP32 (kv a | kv b | score a
@@ -530,7 +530,7 @@ def golden_ratio4_pool(
     eps: float,
 ) -> torch.Tensor:  # [W, c] fp32
     """The 8-slot overlapping pool, RMSNorm and RoPE of closing tokens ``(req, pos)``, all at
-    once (dsv4-math.md 6.1; module docstring). Slots 0-3 (window ``w-1``, front halves) have
+    once (transformers `models/deepseek_v4/modeling_deepseek_v4.py`; module docstring). Slots 0-3 (window ``w-1``, front halves) have
     score ``-inf`` when ``w = 0`` or their page is negative."""
     c = state_flat.shape[1] // 4
     r = cos_table.shape[1]
@@ -607,7 +607,7 @@ def golden_prefill_compressor_ratio4(
     weight_format: str = "bf16",
     float32: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (cmp_kv, compress_state)
-    """CSA main compressor golden (dsv4-math.md 6.1; v4flash-kernels.md B.15), vectorised.
+    """CSA main compressor golden (transformers `models/deepseek_v4/modeling_deepseek_v4.py`; pypto-lib `models/deepseek/v4-flash/prefill_compressor_ratio4.py`), vectorised.
 
     Active tokens ``t < num_tokens`` scatter their state rows, then every closing token with
     ``cmp_slot_mapping[t] >= 0`` writes entry ``w = pos // 4`` (8-slot pool, RMSNorm,
@@ -776,4 +776,4 @@ def build_prefill_compressor_ratio4(preset: str = "tiny", mode: str = "prefill",
 
 
 register(KernelCase("prefill_compressor_ratio4", build_prefill_compressor_ratio4, modes=("prefill",),
-                    description="CSA ratio-4 overlapping KV compressor, prefill: paged state, pooled 8-slot windows (B.15)"))
+                    description="CSA ratio-4 overlapping KV compressor, prefill: paged state, pooled 8-slot windows (pypto-lib `prefill_compressor_ratio4.py`)"))

@@ -1,6 +1,6 @@
 """Lightning indexer, prefill: index queries, head weights, scores, top-k; and the shared core.
 
-Math (v4flash-kernels.md B.12, B.17; dsv4-math.md 6.3, 6.4), ``HI = index_n_heads``,
+Math (pypto-lib `models/deepseek/v4-flash/decode_indexer.py`, `prefill_indexer.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`), ``HI = index_n_heads``,
 ``c = index_head_dim``, ``K = index_topk``, per active token ``t`` at position ``p``:
 
     q      = dequant(qr_i8 @ wq_b_i8)                 # [HI, c]: i32 * qr_scale[t] * wq_b_scale
@@ -24,8 +24,8 @@ Shared core (:func:`indexer_topk_tasks`), prefill and decode (tokens request-maj
    Hadamard product, per-row INT8 codes and dequant scales.
 3. ``spmd`` ``<p>_weights_proj``: ``x @ weights_proj`` times the combined scale.
 4. (``seed_scopes`` only) ``spmd`` ``<p>_score_init``: ``score_wide`` rows set to the most
-   negative finite FP32 (the reference's 8 seed tasks, B.17); by default ``score_wide`` is
-   created with that ``init_value`` instead (C.1 style), bit-identical results.
+   negative finite FP32 (the reference's 8 seed tasks, pypto-lib `prefill_indexer.py`); by default ``score_wide`` is
+   created with that ``init_value`` instead (pypto-lib commit 3b6971a3 style), bit-identical results.
 5. ``spmd(T)`` ``<p>_score``: per active token, per visible key page: INT8 product, dequant,
    relu, head weights, head sum, key scale; columns ``>= n_vis`` masked (``pl.cmp`` /
    ``pl.select``) into ``score_wide [T, L]``.
@@ -35,7 +35,7 @@ Shared core (:func:`indexer_topk_tasks`), prefill and decode (tokens request-maj
 ``L`` = the smallest ``32 * 4^j`` holding the widest visible row rounded up to a key page;
 bounded by the declared capacity ``score_capacity`` (``CapacityError`` before any task).
 
-Deviations from the reference (B.17): no score cap (the reference scores at most 256
+Deviations from the reference (pypto-lib `prefill_indexer.py`): no score cap (the reference scores at most 256
 entries, INDEXER_SCORE_CAP, and keeps at most 256 of the top 512); the indexer compressor is
 *not* called from inside the indexer (the attention block calls it first; the indexer takes
 the finished key cache); cos / sin come from the full tables by position; ``x`` is ``[T, D]``.
@@ -61,12 +61,12 @@ __all__ = ["FP32_MAX", "indexer_sort_width", "indexer_score_capacity", "indexer_
            "golden_prefill_indexer", "make_indexer_inputs", "topk_set_compare", "build_prefill_indexer"]
 
 FP32_MAX = float(torch.finfo(torch.float32).max)
-IDX_Q_N_TILE = 256  # q-projection output columns per block (B.17: 8192 / 256 = 32 tasks)
+IDX_Q_N_TILE = 256  # q-projection output columns per block (pypto-lib `prefill_indexer.py`: 8192 / 256 = 32 tasks)
 IDX_Q_T_TILE = 128  # q-projection token rows (fewer for short calls)
 IDX_Q_K_TILE = 512  # q-projection reduction chunk
 IDX_QROW_TILE = 128  # index-query rows (tokens x heads) per rope/hadamard/quant block
-IDX_W_T_TILE = 32  # token rows per weights_proj block (B.17: 128 / 32)
-IDX_SEED_T_TILE = 16  # token rows per score_init block (B.17: 8 blocks of 16 at T = 128)
+IDX_W_T_TILE = 32  # token rows per weights_proj block (pypto-lib `prefill_indexer.py`: 128 / 32)
+IDX_SEED_T_TILE = 16  # token rows per score_init block (pypto-lib `prefill_indexer.py`: 8 blocks of 16 at T = 128)
 SORT_RUN = 32  # values per pl.sort32 run
 MERGE_WAYS = 4  # runs per pl.mrgsort (format 1)
 
@@ -284,7 +284,7 @@ def indexer_inline(mode: str):
         cfg,
         seed_scopes=False,
     ):
-        """Lightning indexer over one call (v4flash-kernels.md B.17 prefill / B.12 decode,
+        """Lightning indexer over one call (pypto-lib `models/deepseek/v4-flash/prefill_indexer.py` prefill / `decode_indexer.py` decode,
         generalised): shapes as :func:`indexer_topk_tasks` with ``idx_block_table [n]``
         (prefill, one request) or ``[B, n]`` (decode). Every row of ``cmp_topk_indices [T,
         index_topk]`` is written (``-1`` rows for inactive tokens).
@@ -363,7 +363,7 @@ def golden_indexer_query(
     weight_format: str = "int8",
     float32: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, HI, c] int8 or fp32, [T, HI] fp32)
-    """Index queries (dsv4-math.md 6.3; B.17): W8A8 dequant (``int8``) or a float product
+    """Index queries (transformers `models/deepseek_v4/modeling_deepseek_v4.py`; `prefill_indexer.py`): W8A8 dequant (``int8``) or a float product
     (``bf16``), RoPE on the last ``r`` channels, then BF16, Hadamard and per-row INT8
     (``float32``: no rounding, no quantisation, scale 1). Returns ``(q, dequant scale)``."""
     T = qr.shape[0]
@@ -434,7 +434,7 @@ def golden_prefill_indexer(
     float32: bool = False,
     return_scores: bool = False,
 ):
-    """Lightning indexer golden (dsv4-math.md 6.3-6.4; B.12 / B.17), vectorised over tokens and
+    """Lightning indexer golden (transformers `models/deepseek_v4/modeling_deepseek_v4.py`; `decode_indexer.py` / `prefill_indexer.py`), vectorised over tokens and
     keys; prefill (``[n]`` table) and decode (``[B, n]``, request-major tokens) alike.
 
     ``weight_format="bf16"`` takes a float ``qr`` (the q LoRA activation) and a float ``wq_b``;
@@ -625,4 +625,4 @@ def build_prefill_indexer(preset: str = "tiny", mode: str = "prefill", *, T: int
 
 
 register(KernelCase("prefill_indexer", build_prefill_indexer, modes=("prefill",), seed_variant=True,
-                    description="CSA lightning indexer, prefill: INT8 index scores, sort32/mrgsort top-k (B.17)"))
+                    description="CSA lightning indexer, prefill: INT8 index scores, sort32/mrgsort top-k (pypto-lib `prefill_indexer.py`)"))

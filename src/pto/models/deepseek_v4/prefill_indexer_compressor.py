@@ -1,6 +1,6 @@
 """Lightning-indexer key compressor (ratio 4, overlapping), prefill: INT8 key cache with scales.
 
-Math (v4flash-kernels.md B.11, B.16; dsv4-math.md 6.2): the ratio-4 core of
+Math (pypto-lib `models/deepseek/v4-flash/decode_indexer_compressor.py`, `prefill_indexer_compressor.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`): the ratio-4 core of
 :mod:`prefill_compressor_ratio4` at width ``c = index_head_dim`` (state ``[pages, 4, 4c]``,
 ``wkv`` / ``wgate [2c, D]``, ``ape [4, 2c]``, RMSNorm over ``c``, RoPE on the last
 ``qk_rope_head_dim`` channels at ``4w``), then per entry:
@@ -10,7 +10,7 @@ Math (v4flash-kernels.md B.11, B.16; dsv4-math.md 6.2): the ratio-4 core of
     idx_kv_cache[row] = q8 ; idx_kv_scale[row] = 1 / s
 
 The Hadamard is orthonormal in the model (a rotation of both the index queries and keys leaves
-``q . k`` unchanged; transformers applies none, dsv4-math.md 6.3), so the unquantised FP32
+``q . k`` unchanged; transformers applies none, transformers `models/deepseek_v4/modeling_deepseek_v4.py`), so the unquantised FP32
 golden mode (``float32=True``) stores ``entry @ hadamard`` unrounded with scale 1.
 
 Kernel: tasks 1-5 of the core named ``prefill_idx_c4_*``, then ``at``
@@ -48,9 +48,9 @@ __all__ = ["TOLERANCES", "IDX_KV_BLOCK_NUM", "indexer_cache_write", "indexer_com
            "random_hadamard", "indexer_cache_inputs", "make_prefill_indexer_compressor_inputs",
            "build_prefill_indexer_compressor"]
 
-IDX_KV_BLOCK_NUM = 64  # indexer key-cache pages (v4flash-kernels.md "Deployment", IDX_KV_BLOCK_NUM)
+IDX_KV_BLOCK_NUM = 64  # indexer key-cache pages (pypto-lib `models/deepseek/v4-flash/config.py`, IDX_KV_BLOCK_NUM)
 
-# ratio_allclose (atol, rtol, max_error_ratio) per output (v4flash-kernels.md B.16 / C.2)
+# ratio_allclose (atol, rtol, max_error_ratio) per output (pypto-lib `models/deepseek/v4-flash/prefill_indexer_compressor.py`; the pypto-lib tests' tolerances)
 TOLERANCES: dict[str, tuple[float, float, float]] = {
     "idx_kv_cache": (1, 0, 0.01),
     "idx_kv_scale": (1e-4, 1 / 128, 0.01),
@@ -125,7 +125,7 @@ def indexer_compressor_inline(mode: str):
         cfg,
         max_cmp_writes=None,
     ):
-        """Indexer key compressor over one call (v4flash-kernels.md B.16 prefill / B.11 decode,
+        """Indexer key compressor over one call (pypto-lib `models/deepseek/v4-flash/prefill_indexer_compressor.py` prefill / `decode_indexer_compressor.py` decode,
         generalised).
 
         Shapes (``c = index_head_dim``): compress_state ``[pages, 4, 4c]`` FP32;
@@ -243,7 +243,7 @@ def golden_prefill_indexer_compressor(
     weight_format: str = "bf16",
     float32: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # (idx_kv_cache, idx_kv_scale, compress_state)
-    """Indexer key compressor golden (dsv4-math.md 6.2; B.16), vectorised: the ratio-4 core
+    """Indexer key compressor golden (transformers `models/deepseek_v4/modeling_deepseek_v4.py`; `prefill_indexer_compressor.py`), vectorised: the ratio-4 core
     golden at width ``index_head_dim`` then :func:`golden_indexer_keys`. ``float32`` (parity
     mode) keeps the keys unquantised in an FP32 ``idx_kv_cache`` (scale 1). The compressor has
     no quantised weights; ``weight_format`` is accepted for a uniform signature. Works for
@@ -266,7 +266,7 @@ def golden_prefill_indexer_compressor(
 
 
 def random_hadamard(c: int, gen: torch.Generator) -> torch.Tensor:  # [c, c] bf16
-    """The fixtures' stand-in Hadamard (B.11): ``U(0, 1) * c^-0.5`` BF16 (not orthonormal)."""
+    """The fixtures' stand-in Hadamard (pypto-lib `decode_indexer_compressor.py`): ``U(0, 1) * c^-0.5`` BF16 (not orthonormal)."""
     return (torch.rand(c, c, generator=gen) * c ** -0.5).to(torch.bfloat16)
 
 
@@ -344,4 +344,4 @@ def build_prefill_indexer_compressor(preset: str = "tiny", mode: str = "prefill"
 
 
 register(KernelCase("prefill_indexer_compressor", build_prefill_indexer_compressor, modes=("prefill",),
-                    description="CSA indexer key compressor, prefill: ratio-4 pool, Hadamard, INT8 key cache (B.16)"))
+                    description="CSA indexer key compressor, prefill: ratio-4 pool, Hadamard, INT8 key cache (pypto-lib `prefill_indexer_compressor.py`)"))

@@ -1,6 +1,6 @@
 """Prefill sparse attention core with an attention sink, plus the grouped INT8 o-projection.
 
-Math (v4flash-kernels.md B.4; dsv4-math.md 3, 4), per active token ``t`` (``t < num_tokens``):
+Math (pypto-lib `models/deepseek/v4-flash/prefill_sparse_attn.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`), per active token ``t`` (``t < num_tokens``):
 
     keys_t  = [ori_kv rows swa_indices[t, :] >= 0] ++ [cmp_kv rows of cmp_indices[t, :] >= 0]
     s_h,j   = (q[t, h] . k_j) * head_dim^-0.5                     # FP32
@@ -16,7 +16,7 @@ tiles merge with ``alpha = exp(m - m_new)``, ``beta = exp(m_i - m_new)``; finall
 ``o = o / (l + exp(sink - m))``. A token with no valid key gets a zero row (never NaN).
 
 Two goldens of the tiling (``golden_attention_core(blocking=...)``): ``"packed"`` tiles the
-packed list of valid keys, as the reference golden does (B.4; the plain math, used for parity);
+packed list of valid keys, as the reference golden does (pypto-lib `prefill_sparse_attn.py`; the plain math, used for parity);
 ``"columns"`` runs the kernel's fixed column blocks (window, then compressed) and is what the
 registered case compares against. They differ only for a token whose window is not full while
 compressed keys are visible (start_pos 0, ratio 4: tokens 3 .. window-2), where the BF16
@@ -85,28 +85,28 @@ __all__ = [
     "make_sparse_attn_inputs",
 ]
 
-# Largest key tile of the online softmax (v4flash-kernels.md B.4 ATTN_TILE = 128).
+# Largest key tile of the online softmax (pypto-lib `models/deepseek/v4-flash/prefill_sparse_attn.py` ATTN_TILE = 128).
 ATTN_KEY_TILE_MAX = 128
 
 # Compare functions per output as ratio_allclose (atol, rtol, max_error_ratio);
-# v4flash-kernels.md B.4 / C.2 (run-level rtol=atol=1e-3 in the reference harness).
+# pypto-lib `models/deepseek/v4-flash/prefill_sparse_attn.py`; the pypto-lib tests' tolerances (run-level rtol=atol=1e-3 in the reference harness).
 TOLERANCES: dict[str, tuple[float, float, float]] = {
     "attn_out": (1e-4, 1 / 128, 0.005),
 }
 
 # ---- kernel ----
 # FP32_NEG_INF of the reference: the most negative finite FP32, the additive mask of an
-# invalid key (v4flash-kernels.md section 0); exp(s + NEG_INF - m) is exactly 0.
+# invalid key (pypto-lib `models/deepseek/v4-flash/` INT8 conventions); exp(s + NEG_INF - m) is exactly 0.
 FP32_MAX = float(torch.finfo(torch.float32).max)
-GATHER_TOK_TILE = 4  # tokens per gather_kv block (B.4 step 1)
-BIAS_TOK_TILE = 16  # token rows per build_bias block (B.4 step 2)
-ROPE_TOK_TILE = 64  # token rows per rope_cs / rope block (B.4 steps 5-6)
-ROPE_HEAD_TILE_MAX = 4  # heads per rope block (B.4 step 6)
-PROJ_A_N_TILE_MAX = 128  # o_lora columns per proj_a_mm task (B.4 step 7)
-QUANT_TOK_TILE = 32  # token rows per quant task (B.4 step 7: 4 chunks of 32 at T = 128)
-PROJ_B_D_SPLIT = 4  # output-column chunks of proj_b_mm (B.4 step 7: 4 x 1024 at FLASH)
-ACT_COL_TILE_MAX = 512  # output columns per proj_b_act block (B.4 step 8)
-ACT_TOK_TILE = 32  # token rows per proj_b_act block (B.4 step 8)
+GATHER_TOK_TILE = 4  # tokens per gather_kv block (pypto-lib `prefill_sparse_attn.py` step 1)
+BIAS_TOK_TILE = 16  # token rows per build_bias block (pypto-lib `prefill_sparse_attn.py` step 2)
+ROPE_TOK_TILE = 64  # token rows per rope_cs / rope block (pypto-lib `prefill_sparse_attn.py` steps 5-6)
+ROPE_HEAD_TILE_MAX = 4  # heads per rope block (pypto-lib `prefill_sparse_attn.py` step 6)
+PROJ_A_N_TILE_MAX = 128  # o_lora columns per proj_a_mm task (pypto-lib `prefill_sparse_attn.py` step 7)
+QUANT_TOK_TILE = 32  # token rows per quant task (pypto-lib `prefill_sparse_attn.py` step 7: 4 chunks of 32 at T = 128)
+PROJ_B_D_SPLIT = 4  # output-column chunks of proj_b_mm (pypto-lib `prefill_sparse_attn.py` step 7: 4 x 1024 at FLASH)
+ACT_COL_TILE_MAX = 512  # output columns per proj_b_act block (pypto-lib `prefill_sparse_attn.py` step 8)
+ACT_TOK_TILE = 32  # token rows per proj_b_act block (pypto-lib `prefill_sparse_attn.py` step 8)
 
 T_DYN = pl.dynamic("T")
 
@@ -119,7 +119,7 @@ class SparseAttnTiling:
         key_tile: key rows per online-softmax block (:func:`attn_key_tile`; 128 at FLASH).
         swa_blocks: key blocks holding the window columns (``sliding_window / key_tile``).
         max_compressed: compressed candidates a prefill token can have,
-            ``max(1, min(index_topk, window + window // 2))`` (192 at FLASH, B.4).
+            ``max(1, min(index_topk, window + window // 2))`` (192 at FLASH, pypto-lib `prefill_sparse_attn.py`).
         sparse_pad: key columns per token, ``round_up(window + max_compressed, key_tile)``
             (384 at FLASH); ``key_blocks = sparse_pad / key_tile``.
         cmp_cols: leading ``cmp_indices`` columns the kernel attends,
@@ -182,7 +182,7 @@ def sparse_attn_tiling(cfg: DeepSeekV4Config, max_compressed: int | None = None)
 
 def _invalid_bias(idx):
     """Additive mask tile from an INT32 index tile: 0 where ``idx >= 0``, ``-FP32_MAX`` where
-    ``idx < 0`` -- the reference's ``(clamp(idx + 1, 0, 1) - 1) * 3.4e38`` (B.4 step 2)."""
+    ``idx < 0`` -- the reference's ``(clamp(idx + 1, 0, 1) - 1) * 3.4e38`` (pypto-lib `prefill_sparse_attn.py` step 2)."""
     valid = pl.minimum(pl.maximum(pl.add(idx, 1), 0), 1)
     return pl.mul(pl.cast(pl.sub(valid, 1), pl.FP32), FP32_MAX)
 
@@ -190,7 +190,7 @@ def _invalid_bias(idx):
 def _rope_index_rows(r: int):
     """``(pair, swap, sign)`` ``[1, r]`` rows of the interleaved inverse RoPE: ``pair = j >> 1``
     (INT32), ``swap = j ^ 1`` (INT32), ``sign = +1`` on even / ``-1`` on odd ``j`` (FP32),
-    built from ``pl.arange`` with ``trunc`` casts ("RoPE tables" in v4flash-kernels.md)."""
+    built from ``pl.arange`` with ``trunc`` casts ("RoPE tables" in pypto-lib `models/deepseek/v4-flash/`)."""
     j = pl.arange(0, [1, r], dtype=pl.INT32)
     pair = pl.cast(pl.mul(pl.cast(j, pl.FP32), 0.5), pl.INT32, mode="trunc")
     parity = pl.sub(j, pl.mul(pair, 2))
@@ -203,7 +203,7 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
     """Build the prefill sparse-attention DSL kernel for ``cfg`` (cached per config and
     ``max_compressed``, see :func:`sparse_attn_tiling`).
 
-    Tasks (v4flash-kernels.md B.4; ``NB = key_blocks``, ``KT = key_tile``, ``T`` dynamic):
+    Tasks (pypto-lib `models/deepseek/v4-flash/prefill_sparse_attn.py`; ``NB = key_blocks``, ``KT = key_tile``, ``T`` dynamic):
 
     1. ``gather_kv`` ``spmd(ceil(T/4) * NB)``: block = (4 tokens, key block); per active
        token a zeroed ``[KT, head_dim]`` stage receives the valid rows (raw rows from
@@ -287,7 +287,7 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
                             wo_b: pl.Tensor[[D, G * LO], pl.INT8],
                             wo_b_scale: pl.Tensor[[D], pl.FP32],
                             attn_out: pl.Out[pl.Tensor[[T_DYN, D], pl.BF16]]):
-        """Sparse attention with sink, inverse RoPE and the grouped INT8 o-projection (B.4)."""
+        """Sparse attention with sink, inverse RoPE and the grouped INT8 o-projection (pypto-lib `prefill_sparse_attn.py`)."""
         t = pl.tensor.dim(q, 0)
         active = check_num_tokens("prefill_sparse_attn", num_tokens, t)
         ori_flat = pl.reshape(ori_kv, [P * BS, HD])
@@ -513,7 +513,7 @@ def prefill_sparse_attn(q: pl.Tensor, ori_kv: pl.Tensor, swa_indices: pl.Tensor,
 def attn_key_tile(cfg: DeepSeekV4Config) -> int:
     """Key rows per online-softmax tile: ``min(ATTN_KEY_TILE_MAX, cfg.sliding_window)``.
 
-    128 at FLASH (one window per tile, v4flash-kernels.md B.4), 64 at tiny.
+    128 at FLASH (one window per tile, pypto-lib `models/deepseek/v4-flash/prefill_sparse_attn.py`), 64 at tiny.
     """
     return min(ATTN_KEY_TILE_MAX, cfg.sliding_window)
 
@@ -534,7 +534,7 @@ def _check(fn: str, name: str, t: torch.Tensor, shape: tuple[int, ...], kind: st
 def quantize_wo_b(
     wo_b: torch.Tensor,  # [D, G*o_lora] float
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([D, G*o_lora] int8, [D] fp32)
-    """INT8 per-output-row quantisation of ``wo_b`` (v4flash-kernels.md section 0, B.4).
+    """INT8 per-output-row quantisation of ``wo_b`` (pypto-lib `models/deepseek/v4-flash/` INT8 conventions, `prefill_sparse_attn.py`).
 
     Row ``d`` is output channel ``d``: ``scale[d] = max(max|wo_b[d, :]|, 1e-4) / 127``,
     codes ``clamp(round_half_even(wo_b / scale), -127, 127)``; the same rule as
@@ -625,7 +625,7 @@ def _online_softmax_with_sink(
 def _key_tiles(swa_row, cmp_row, ori_flat, cmp_flat, cmp_block_table, block_size: int, tile: int,
                blocking: str) -> list:
     """One token's key tiles: ``"packed"`` tiles the list of valid keys (window, then
-    compressed) every ``tile`` rows, as the reference golden does (v4flash-kernels.md B.4);
+    compressed) every ``tile`` rows, as the reference golden does (pypto-lib `models/deepseek/v4-flash/prefill_sparse_attn.py`);
     ``"columns"`` keeps the kernel's fixed column blocks (window columns, then compressed
     columns, ``tile`` index columns each) and drops the invalid keys inside each block."""
     if blocking == "packed":
@@ -687,12 +687,12 @@ def golden_attention_core(
     float32: bool = False,
     blocking: str = "packed",
 ) -> torch.Tensor:  # [T, H, head_dim] bf16 (fp32 if not out_bf16 or float32)
-    """Sparse attention with sink and inverse RoPE, before the o-projection (B.4 steps 1-6).
+    """Sparse attention with sink and inverse RoPE, before the o-projection (pypto-lib `prefill_sparse_attn.py` steps 1-6).
 
     Per active token: :func:`gather_key_rows`, scores ``q . k * cfg.softmax_scale`` in FP32,
     online softmax over tiles of keys with BF16-rounded probabilities for PV (see the module
     docstring): ``blocking="packed"`` tiles the packed valid keys every ``key_tile`` rows (the
-    reference golden's order, B.4), ``"columns"`` runs the kernel's fixed column blocks
+    reference golden's order, pypto-lib `prefill_sparse_attn.py`), ``"columns"`` runs the kernel's fixed column blocks
     (``key_tile`` window columns per block, then ``key_tile`` compressed columns per block,
     invalid keys dropped inside each block: the target-order emulation, since the BF16
     rounding of the probabilities depends on the block maxima). The two agree exactly when
@@ -766,7 +766,7 @@ def golden_grouped_o_proj(
     out_bf16: bool = True,
     float32: bool = False,
 ) -> torch.Tensor:  # [T, D] bf16 (fp32 if not out_bf16 or float32)
-    """Grouped output projection (v4flash-kernels.md B.4 step 7-8; dsv4-math.md 4).
+    """Grouped output projection (pypto-lib `models/deepseek/v4-flash/prefill_sparse_attn.py` step 7-8; transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
     ``o`` is viewed ``[T, G, (H/G)*head_dim]`` (group g = consecutive heads, head-major);
     ``o_r[t, g] = o[t, g] @ wo_a[g]^T`` in FP32. ``"int8"``: ``codes, s = quantize_per_row_int8
@@ -843,7 +843,7 @@ def golden_prefill_sparse_attn(
     float32: bool = False,
     blocking: str = "packed",
 ) -> torch.Tensor:  # [T, D] bf16 (fp32 if not out_bf16 or float32)
-    """Prefill sparse attention + grouped o-projection golden (v4flash-kernels.md B.4).
+    """Prefill sparse attention + grouped o-projection golden (pypto-lib `models/deepseek/v4-flash/prefill_sparse_attn.py`).
 
     :func:`golden_attention_core` (BF16, as the kernel's ``o_packed``) followed by
     :func:`golden_grouped_o_proj`; rows ``t >= num_tokens`` of the result are zero.
@@ -969,7 +969,7 @@ _SPEC_ORDER = ("q", "ori_kv", "swa_indices", "cmp_kv", "cmp_block_table", "cmp_i
 
 
 def build_case(preset: str, mode: str, **options) -> CaseRun:
-    """Registry builder of the ``prefill_sparse_attn`` case (v4flash-kernels.md B.4).
+    """Registry builder of the ``prefill_sparse_attn`` case (pypto-lib `models/deepseek/v4-flash/prefill_sparse_attn.py`).
 
     Mode ``"prefill"`` (``T = prefill_seq``, 128). Options: ``T``, ``num_tokens`` (default
     ``T``), ``compress_ratio`` (0, 4 or 128: how many compressed candidates the fixture gives

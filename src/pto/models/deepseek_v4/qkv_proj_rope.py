@@ -1,6 +1,6 @@
 """MLA query / kv projections with RMSNorm, interleaved RoPE and the INT8 q-LoRA latent.
 
-Math (v4flash-kernels.md A.2; dsv4-math.md 2, 3), FP32 unless noted, ``n = nope_head_dim``:
+Math (pypto-lib `models/deepseek/v4-flash/qkv_proj_rope.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`), FP32 unless noted, ``n = nope_head_dim``:
 
     qr_f      = rmsnorm(x @ wq_a) * gamma_cq                    # [T, q_lora]
     qr, s_qr  = int8_per_row(qr_f)                               # W8A8 activation side
@@ -74,11 +74,11 @@ __all__ = [
     "make_qkv_inputs",
 ]
 
-INT8_SCALE_MAX = 127.0  # symmetric INT8 range +-127 (v4flash-kernels.md section 0)
+INT8_SCALE_MAX = 127.0  # symmetric INT8 range +-127 (pypto-lib `models/deepseek/v4-flash/` INT8 conventions)
 INT8_AMAX_EPS = 1e-4  # floor on amax so an all-zero row/column has a finite scale
 
 # Compare functions per output as ratio_allclose (atol, rtol, max_error_ratio);
-# v4flash-kernels.md A.2 / C.2. qr: every INT8 code within +-1. The reference harness
+# pypto-lib `models/deepseek/v4-flash/qkv_proj_rope.py`; the pypto-lib tests' tolerances. qr: every INT8 code within +-1. The reference harness
 # run also sets rtol=atol=5e-3. The registered case uses the q / kv entries; it compares
 # qr / qr_scale exactly against the split-K emulation (golden_qr_split_k).
 TOLERANCES: dict[str, tuple[float, float, float]] = {
@@ -98,7 +98,7 @@ HD_DYN = pl.dynamic("HEAD_DIM")  # head_dim
 R_DYN = pl.dynamic("ROPE_DIM")  # qk_rope_head_dim
 P_DYN = pl.dynamic("P")  # rope table rows (max positions)
 
-# Tiling. Tasks, split-K factors and the per-task work split follow v4flash-kernels.md A.2;
+# Tiling. Tasks, split-K factors and the per-task work split follow pypto-lib `models/deepseek/v4-flash/qkv_proj_rope.py`;
 # tile sizes are CPU-sized (reference values in brackets): the matmul tasks take all
 # t_pad rows (up to QKV_M_TILE) and their whole K-slice per step, the vector tasks 32 tokens.
 QR_OK = 2  # K-slices of qr_proj_matmul (atomic add into qr_fp32) [2]
@@ -199,7 +199,7 @@ def rotate_interleaved(y, cos, sin, swap):
 
 def int8_row_amax(x):
     """Tile half of the per-row INT8 activation quantisation (:func:`quantize_per_row_int8`,
-    v4flash-kernels.md section 0): ``max(row_max(|x|), INT8_AMAX_EPS)`` ``[M, 1]`` FP32 of
+    pypto-lib `models/deepseek/v4-flash/` INT8 conventions): ``max(row_max(|x|), INT8_AMAX_EPS)`` ``[M, 1]`` FP32 of
     the FP32 tile ``x [M, N]``; the caller forms the scale ``s = 127 / amax``."""
     return pl.maximum(pl.row_max(pl.abs(x)), INT8_AMAX_EPS)
 
@@ -240,7 +240,7 @@ def qkv_proj_rope(
     cfg,
     seed_scopes: bool = False,
 ):
-    """MLA q / kv projections with RMSNorm, INT8 q-LoRA latent and interleaved RoPE (A.2).
+    """MLA q / kv projections with RMSNorm, INT8 q-LoRA latent and interleaved RoPE (pypto-lib `qkv_proj_rope.py`).
 
     Stable inline signature:
     ``qkv_proj_rope(x, wq_a, wq_b, wq_b_scale, wkv, rope_cos, rope_sin, gamma_cq, gamma_ckv,
@@ -430,7 +430,7 @@ def materialize_rope_rows(
     rope_cos_t: pl.Out[pl.Tensor[[T_DYN, R_DYN], pl.BF16]],
     rope_sin_t: pl.Out[pl.Tensor[[T_DYN, R_DYN], pl.BF16]],
 ):
-    """Per-token RoPE rows for prefill (v4flash-kernels.md A.2 ``materialize_rope_rows``).
+    """Per-token RoPE rows for prefill (pypto-lib `models/deepseek/v4-flash/qkv_proj_rope.py` ``materialize_rope_rows``).
 
     Stable inline signature:
     ``materialize_rope_rows(freqs_cos, freqs_sin, position_ids, num_tokens, rope_cos_t,
@@ -542,7 +542,7 @@ def _check(fn: str, name: str, t: torch.Tensor, shape: tuple[int, ...], kind: st
 def quantize_per_row_int8(
     x: torch.Tensor,  # [..., K] float
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([..., K] int8, [..., 1] fp32)
-    """Symmetric per-row INT8 activation quantisation (v4flash-kernels.md section 0, W8A8).
+    """Symmetric per-row INT8 activation quantisation (pypto-lib `models/deepseek/v4-flash/` INT8 conventions, W8A8).
 
     Per row (last axis): ``amax = max(max|x|, 1e-4)``, ``s = 127 / amax`` (one IEEE division),
     ``q = int8(fp16(rint(x * s)))`` (round-half-even to an integer, through FP16 -- exact
@@ -574,7 +574,7 @@ def quantize_per_row_int8(
 def quantize_weight_per_column(
     w: torch.Tensor,  # [K, N] float (input dim K, output dim N)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([K, N] int8, [N] fp32)
-    """Symmetric per-output-column INT8 weight quantisation (v4flash-kernels.md section 0).
+    """Symmetric per-output-column INT8 weight quantisation (pypto-lib `models/deepseek/v4-flash/` INT8 conventions).
 
     Per column ``n``: ``scale[n] = max(max_k |w[k, n]|, 1e-4) / 127``,
     ``q[k, n] = clamp(round_half_even(w[k, n] / scale[n]), -127, 127)``. FP32 arithmetic.
@@ -603,7 +603,7 @@ def rope_interleaved(
     sin: torch.Tensor,  # same shape as cos
     inverse: bool = False,
 ) -> torch.Tensor:  # [T, ..., r], dtype of x
-    """Interleaved RoPE on the last axis (dsv4-math.md 3; v4flash-kernels.md "RoPE tables").
+    """Interleaved RoPE on the last axis (transformers `models/deepseek_v4/modeling_deepseek_v4.py`; pypto-lib `models/deepseek/v4-flash/rope_tables.py`).
 
     Pair ``i`` = channels ``(2i, 2i+1)`` rotates by frequency ``i``:
     ``y[2i] = x[2i]*c_i - x[2i+1]*s_i``, ``y[2i+1] = x[2i]*s_i + x[2i+1]*c_i`` with
@@ -673,7 +673,7 @@ def golden_qkv_proj_rope(
     weight_format: str = "int8",
     out_bf16: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q/KV LoRA projections + RMSNorm + RoPE golden (v4flash-kernels.md A.2).
+    """Q/KV LoRA projections + RMSNorm + RoPE golden (pypto-lib `models/deepseek/v4-flash/qkv_proj_rope.py`).
 
     Numerics (FP32 throughout, inputs used at their given precision, not re-rounded):
 
@@ -810,7 +810,7 @@ def golden_qr_split_k(
 def make_qkv_inputs(
     cfg: DeepSeekV4Config, T: int, seed: int, *, weight_format: str = "int8",
 ) -> dict[str, torch.Tensor]:
-    """Seeded fixture for :func:`golden_qkv_proj_rope` (v4flash-kernels.md A.2 test data).
+    """Seeded fixture for :func:`golden_qkv_proj_rope` (pypto-lib `models/deepseek/v4-flash/qkv_proj_rope.py` test data).
 
     Drawn from one ``torch.Generator`` seeded with ``seed``, in this order: ``x``,
     ``wq_a``, ``wq_b`` (float), ``wkv``, ``cos``, ``sin``, ``gamma_cq``, ``gamma_ckv``.
@@ -923,4 +923,4 @@ def build_qkv_proj_rope(preset: str = "tiny", mode: str = "prefill", *, T: int |
 
 
 register(KernelCase("qkv_proj_rope", build_qkv_proj_rope, modes=("decode", "prefill"), seed_variant=True,
-                    description="q/kv LoRA projections, INT8 q-b, RMSNorm, RoPE; init-0 split-K scratch (A.2)"))
+                    description="q/kv LoRA projections, INT8 q-b, RMSNorm, RoPE; init-0 split-K scratch (pypto-lib `qkv_proj_rope.py`)"))

@@ -1,6 +1,6 @@
 """Token RMSNorm: attention norm, FFN norm and the final norm.
 
-Math (v4flash-kernels.md B.1; dsv4-math.md section 2, "weighted RMSNorm"), per token row,
+Math (pypto-lib `models/deepseek/v4-flash/rmsnorm.py`; transformers `models/deepseek_v4/modeling_deepseek_v4.py`, "weighted RMSNorm"), per token row,
 all in FP32, mean over the hidden axis D:
 
     x_normed = bf16_rne((x * rsqrt(mean(x^2) + eps)) * w)
@@ -30,7 +30,7 @@ __all__ = ["TOLERANCES", "rms_norm", "rms_norm_tiling", "rms_norm_entry", "build
            "make_rms_norm_inputs"]
 
 # Compare functions per output as ratio_allclose (atol, rtol, max_error_ratio);
-# v4flash-kernels.md B.1 / C.2 (0.005 is ratio_allclose's default max_error_ratio).
+# pypto-lib `models/deepseek/v4-flash/rmsnorm.py`; the pypto-lib tests' tolerances (0.005 is ratio_allclose's default max_error_ratio).
 TOLERANCES: dict[str, tuple[float, float, float]] = {
     "x_normed": (1e-4, 1 / 128, 0.005),
 }
@@ -60,7 +60,7 @@ def rms_norm(
     x_normed: pl.Out[pl.Tensor[[T_DYN, D_DYN], pl.BF16]],
     cfg,
 ):
-    """Token RMSNorm ``x_normed = bf16_rne(x * rsqrt(mean(x^2) + eps) * w)`` (B.1).
+    """Token RMSNorm ``x_normed = bf16_rne(x * rsqrt(mean(x^2) + eps) * w)`` (pypto-lib `rmsnorm.py`).
 
     Stable inline signature: ``rms_norm(x, w, x_normed, cfg) -> task id``.
 
@@ -128,7 +128,7 @@ def golden_rms_norm(
     *,
     out_bf16: bool = True,
 ) -> torch.Tensor:  # [T, D] bf16 (fp32 when out_bf16=False)
-    """Weighted RMSNorm of every token row (v4flash-kernels.md B.1, dsv4-math.md 2).
+    """Weighted RMSNorm of every token row (pypto-lib `models/deepseek/v4-flash/rmsnorm.py`, transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
     ``y = (x * rsqrt(mean(x^2, -1) + eps)) * w`` computed in FP32 from the given
     values (inputs are not re-rounded), then cast to BF16 with round-to-nearest-even
@@ -160,7 +160,7 @@ def golden_rms_norm(
 
 
 def make_rms_norm_inputs(cfg: DeepSeekV4Config, T: int, seed: int) -> dict[str, torch.Tensor]:
-    """Seeded fixture for :func:`golden_rms_norm` (v4flash-kernels.md B.1 test data).
+    """Seeded fixture for :func:`golden_rms_norm` (pypto-lib `models/deepseek/v4-flash/rmsnorm.py` test data).
 
     ``x = randn - 0.5`` and ``w = 1 + 0.1 * randn``, both drawn in FP32 from a
     ``torch.Generator`` seeded with ``seed`` (in that order) and rounded to BF16.
@@ -215,4 +215,4 @@ def build_rms_norm(preset: str = "tiny", mode: str = "prefill", *, T: int | None
 
 
 register(KernelCase("rms_norm", build_rms_norm, modes=("decode", "prefill"), seed_variant=False,
-                    description="token RMSNorm, one spmd task (B.1)"))
+                    description="token RMSNorm, one spmd task (pypto-lib `rmsnorm.py`)"))

@@ -1,6 +1,6 @@
 """RoPE frequency tables (host-side torch, not a kernel) and per-token table rows.
 
-Two profiles (dsv4-math.md section 3; v4flash-kernels.md "RoPE tables"):
+Two profiles (transformers `models/deepseek_v4/modeling_deepseek_v4.py`; pypto-lib `models/deepseek/v4-flash/rope_tables.py`):
 
 * ``"main"``: base ``cfg.rope_theta`` (1e4), ``w_i = theta^(-2i/r)``, no scaling. Used only by
   sliding-only layers (``compress_ratio == 0``).
@@ -48,7 +48,7 @@ ROPE_PROFILES: tuple[str, ...] = ("main", "compress")
 
 
 def profile_for_ratio(ratio: int) -> str:
-    """RoPE profile of a layer from its compress ratio (dsv4-math.md 3, 10.1).
+    """RoPE profile of a layer from its compress ratio (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
     Args:
         ratio: ``cfg.compress_ratios[layer]``: 0 (SWA), 4 (CSA) or 128 (HCA).
@@ -68,7 +68,7 @@ def profile_for_ratio(ratio: int) -> str:
 
 
 def yarn_correction_range(cfg: DeepSeekV4Config) -> tuple[int, int]:
-    """YaRN correction range ``(low, high)`` of the compress profile (dsv4-math.md 3).
+    """YaRN correction range ``(low, high)`` of the compress profile (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
     ``low = floor(r * ln(orig / (beta_fast * 2 pi)) / (2 ln theta))`` and
     ``high = ceil(r * ln(orig / (beta_slow * 2 pi)) / (2 ln theta))`` with
@@ -100,7 +100,7 @@ def rope_inv_freq(cfg: DeepSeekV4Config, profile: str) -> torch.Tensor:  # [r/2]
     ``b_i = compress_rope_theta^(-2i/r)`` and ``b_i / factor`` with the linear ramp over
     :func:`yarn_correction_range` (``high`` nudged by 1e-3 if equal to ``low``); pairs below
     ``low`` keep ``b_i``, pairs at or above ``high`` get ``b_i / factor``. Computed in FP32
-    as transformers does (dsv4-math.md 3).
+    as transformers does (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
     Args:
         cfg: model config (``qk_rope_head_dim``, thetas, ``rope_scaling``).
@@ -166,7 +166,7 @@ def golden_materialize_rope_rows(
     out_cos: torch.Tensor,  # [T, r] same dtype as cos_table
     out_sin: torch.Tensor,  # [T, r] same dtype as sin_table
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, r], [T, r])
-    """Per-token RoPE rows (v4flash-kernels.md A.2 ``materialize_rope_rows``).
+    """Per-token RoPE rows (pypto-lib `models/deepseek/v4-flash/qkv_proj_rope.py` ``materialize_rope_rows``).
 
     Row ``t < num_tokens`` of the result is table row ``position_ids[t]`` (an exact copy,
     dtype of ``out_*``); rows ``t >= num_tokens`` keep the values of ``out_cos`` /

@@ -1,6 +1,6 @@
 """Greedy sampling: the next token id of every row of FP32 logits (argmax, lowest id on ties).
 
-Math (dsv4-math.md 1.3 and transformers' greedy ``generate``: ``torch.argmax``, whose ties go
+Math (transformers `models/deepseek_v4/modeling_deepseek_v4.py` and transformers' greedy ``generate``: ``torch.argmax``, whose ties go
 to the first maximal index):
 
     next_ids[t] = min { v : logits[t, v] = max_u logits[t, u] }

@@ -2,7 +2,7 @@
 
 The kernels are parametric in a :class:`DeepSeekV4Config`; the helpers here turn the
 config and the runtime token count ``T`` into the sizes every kernel agrees on
-(v4flash-kernels.md section 0 and A.1/A.2):
+(pypto-lib `models/deepseek/v4-flash/` (INT8 conventions; pypto-lib `models/deepseek/v4-flash/hc_pre.py`)/`qkv_proj_rope.py`):
 
 * ``VEC_T_TILE = 8`` rows: the token tile of the vector tasks (one block per 8 tokens);
 * ``MATMUL_M_TILE = 16`` rows: the cube row granule; split-K scratch is sized
@@ -17,7 +17,7 @@ from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 __all__ = ["VEC_T_TILE", "MATMUL_M_TILE", "round_up", "token_tile", "token_capacity", "mode_tokens", "need",
            "expect_tensor", "check_seed_capacity", "check_token_capacity"]
 
-VEC_T_TILE = 8  # token rows per vector block (v4flash-kernels.md A.1 / A.2 / B.1)
+VEC_T_TILE = 8  # token rows per vector block (pypto-lib `models/deepseek/v4-flash/hc_pre.py`; pypto-lib `models/deepseek/v4-flash/qkv_proj_rope.py`; pypto-lib `models/deepseek/v4-flash/rmsnorm.py`)
 MATMUL_M_TILE = 16  # cube row granule; runtime-sized matmul scratch rounds T up to this
 
 

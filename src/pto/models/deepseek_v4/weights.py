@@ -11,7 +11,7 @@ On open every stored tensor name is mapped to its canonical name
 ignored, as transformers ignores it) or a tensor of the wrong shape or dtype kind is a
 :class:`CheckpointError` naming it, before anything is returned.
 
-Stored formats converted at load (checkpoint-layout.md section 2): float (F32 / BF16 /
+Stored formats converted at load (transformers `models/deepseek_v4/` and the published DeepSeek-V4-Flash checkpoint): float (F32 / BF16 /
 F16) as is; F8_E4M3 + F8_E8M0 ``.scale`` (128 x 128 blocks, also accepted under
 transformers' ``.weight_scale_inv`` name); FP4 experts (int8 bytes of two e2m1 values +
 E8M0 per 32 inputs). Every float weight comes out FP32 (``tid2eid`` int64).
