@@ -1,10 +1,12 @@
-"""Ranks of the expert-parallel tests (tests/models/test_moe_ep.py), one process each through
+"""Ranks of the expert-parallel tests (tests/models/deepseek_v4/test_moe_ep.py), one process each through
 ``pto.runtime.distributed.spawn``: ``python ep_ranks.py SCENARIO OUT_DIR``.
 
 ``blocks``: the tiny MoE (a hash and a learned layer) and the vocabulary-parallel head, each
 rank with (a) every token row (the same rows as the single-rank reference) and (b) its own
 half of the rows (data parallel); the EP1 results come from the single-rank kernels in the
-same process. Everything runs in check mode. Results -> ``OUT_DIR/rank{r}.pt``.
+same process. Everything runs in check mode. ``generate OUT_DIR CKPT MAX_NEW check|fast``:
+:class:`EPModel` generation of :data:`PROMPTS` (tokens and logits kept). Results ->
+``OUT_DIR/rank{r}.pt``.
 """
 
 import os
@@ -65,11 +67,33 @@ def blocks(w, out_dir):
     torch.save(res, os.path.join(out_dir, f"rank{me}.pt"))
 
 
+PROMPTS = [[5, 17, 300], [7, 8, 9, 10, 11], [100], [42, 43]]
+
+
+def deployment():
+    from pto.models.deepseek_v4.config import get_deployment
+    return get_deployment("tiny").replace(max_context=64, rope_max_pos=64)
+
+
+def run_generate(w, out_dir, ckpt, max_new, check):
+    from pto.models.deepseek_v4.ep_model import EPModel
+    from pto.models.deepseek_v4.generate import generate
+    from pto.models.deepseek_v4.weights import open_checkpoint
+    model = EPModel(open_checkpoint(ckpt, "int8"), deployment(), check=check == "check")
+    res = generate(model, PROMPTS, max_new_tokens=int(max_new), eos_token_id=None, keep_logits=True)
+    torch.save({"tokens": res.tokens, "prompt_logits": res.prompt_logits, "step_logits": res.step_logits,
+                "tasks": dict(model.stats.tasks), "programs": dict(model.stats.programs)},
+               os.path.join(out_dir, f"rank{w.rank}.pt"))
+
+
 def main() -> int:
     scenario, out_dir = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
     w = dist.init()
-    {"blocks": blocks}[scenario](w, out_dir)
+    if scenario == "blocks":
+        blocks(w, out_dir)
+    else:
+        run_generate(w, out_dir, *sys.argv[3:])
     return 0
 
 

@@ -1,0 +1,190 @@
+"""The kernel model across ranks: attention data parallel over requests, MoE expert parallel,
+LM head vocabulary parallel (DESIGN section 12; v4flash-kernels.md B.23, B.24, B.28).
+
+:class:`EPModel` is a :class:`KernelModel` for one rank of a ``pld`` world of ``N`` ranks
+(``pto.runtime.distributed.init``), with the interface :func:`generate` drives. Every rank runs
+the same generate loop over the same prompts; a request belongs to one rank (contiguous
+blocks in creation order: with 4 requests and 2 ranks, requests 0-1 on rank 0 and 2-3 on
+rank 1), which alone runs its embedding and attention and holds its cache pages. Per layer:
+
+* attention: the owner's ``prefill_attention_*`` / ``decode_attention_*`` program on its own
+  requests' rows (a prefill chunk is one request, so the other ranks have no rows then);
+* MoE: :func:`moe_ep.moe_ep_kernels` on every rank (a rank without rows passes one zero row
+  with ``num_tokens = 0`` and still serves its experts); rank ``r`` keeps only the routed
+  experts ``[r*E/N, (r+1)*E/N)``;
+* head: :func:`moe_ep.lm_head_ep_kernels` on every rank with its vocabulary shard; every rank
+  gets the whole ``[rows, V]`` logits, so every rank's generate loop picks the same tokens.
+
+Each program with cross-rank traffic runs through ``pto.runtime.distributed.run`` (an
+end-of-program exchange on every rank); the others are local. Statistics per program name as
+:class:`KernelModel` (``stats``), per rank.
+"""
+
+import torch
+
+import pto.language.distributed as pld
+from pto.models.deepseek_v4.config import DeploymentConfig
+from pto.models.deepseek_v4.decode_attention_hca import decode_attention_hca_kernels
+from pto.models.deepseek_v4.decode_attention_swa import decode_attention_swa_kernels
+from pto.models.deepseek_v4.layer import KernelModel, KernelState
+from pto.models.deepseek_v4.moe import MOE_INPUTS
+from pto.models.deepseek_v4.moe_ep import (EPWindows, check_ep, expert_slice, lm_head_ep_kernels, moe_ep_kernels,
+                                          vocab_slice)
+from pto.models.deepseek_v4.prefill_attention_csa import csa_block_kernels
+from pto.models.deepseek_v4.prefill_attention_hca import prefill_attention_hca_kernels
+from pto.models.deepseek_v4.prefill_attention_swa import prefill_attention_swa_kernels
+from pto.models.deepseek_v4.weights import Checkpoint
+from pto.runtime import distributed as dist
+
+__all__ = ["EPModel", "ROUTED_KEYS"]
+
+_FAMILY = {0: "swa", 4: "csa", 128: "hca"}  # compress ratio -> attention kernel family
+ROUTED_KEYS = ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")  # the per-expert MoE inputs
+_N_MOE = len(MOE_INPUTS) - 2  # moe arguments of KernelModel.layer_args (no x_hc, no input_ids)
+_IDS_AT = MOE_INPUTS.index("input_ids") - 1  # input_ids' place among moe's arguments after x_hc
+
+
+class EPModel(KernelModel):
+    """One rank of the expert-parallel kernel model (see the module docstring).
+
+    Args:
+        checkpoint: an opened checkpoint with ``weight_format="int8"``.
+        deployment: as :class:`KernelModel`.
+        check: check mode for every program (cross-rank race check included).
+
+    Raises:
+        ConfigError: the world size is not one the config allows (:func:`moe_ep.check_ep`),
+            or :class:`KernelModel`'s errors.
+    """
+
+    def __init__(self, checkpoint: Checkpoint, deployment: DeploymentConfig | None = None, check: bool = False):
+        super().__init__(checkpoint, deployment, check=check, per_layer=True)
+        self.ep, self.rank = pld.world_size(), pld.rank()
+        check_ep(self.kcfg, self.ep)
+        k = self.kcfg
+        self.windows = EPWindows(k)
+        self._moe_ep = moe_ep_kernels(k, self.ep).moe_ep_test
+        self._head_ep = lm_head_ep_kernels(k, self.ep).lm_head_ep_test
+        self._head_shard = self._head_w[4][vocab_slice(k, self.ep, self.rank)].contiguous()
+        self._attn_entry = {
+            ("prefill", "swa"): prefill_attention_swa_kernels(k).prefill_attention_swa_test,
+            ("prefill", "csa"): csa_block_kernels(k, "prefill").entry,
+            ("prefill", "hca"): prefill_attention_hca_kernels(k).prefill_attention_hca_test,
+            ("decode", "swa"): decode_attention_swa_kernels(k).decode_attention_swa_test,
+            ("decode", "csa"): csa_block_kernels(k, "decode").entry,
+            ("decode", "hca"): decode_attention_hca_kernels(k).decode_attention_hca_test,
+        }
+        self._owner: dict[int, int] = {}
+        self._made = 0
+
+    # ---- requests and weights -------------------------------------------------------------------
+    def new_state(self) -> KernelState:
+        """A new request, owned by rank ``k * N // max_requests`` for the ``k``-th request made."""
+        st = super().new_state()
+        self._owner[st.rid] = min(self.ep - 1, self._made * self.ep // self.deployment.max_requests)
+        self._made += 1
+        return st
+
+    def owner(self, state: KernelState) -> int:
+        """The rank that runs ``state``'s attention and holds its cache pages."""
+        return self._owner[state.rid]
+
+    def ffn_weights(self, i: int) -> dict:
+        """Layer ``i``'s INT8 MoE inputs with the routed experts cut to this rank's."""
+        if i not in self._ffn_w:
+            f = dict(super().ffn_weights(i))
+            sl = expert_slice(self.kcfg, self.ep, self.rank)
+            for key in ROUTED_KEYS:
+                f[key] = f[key][sl].contiguous()
+            self._ffn_w[i] = f
+        return self._ffn_w[i]
+
+    # ---- one step ----------------------------------------------------------------------------
+    def _comm(self, name: str, entry, *args) -> None:
+        import time
+        t0 = time.perf_counter()
+        prog = dist.run(entry, *args, config=self.run_config)
+        self.stats.add(name, prog, time.perf_counter() - t0)
+
+    def _ep_step(self, ids: torch.Tensor, rids: list[int], pos: torch.Tensor, prefill: bool,
+                 counts: list[int]) -> torch.Tensor:
+        """This rank's rows (``ids``, possibly none) through every layer and the head; returns
+        the logits of every rank's rows, rank-major ``[sum(counts), V]``."""
+        phase, T, cfg = ("prefill" if prefill else "decode"), ids.numel(), self.cfg
+        HC, D = cfg.hc_mult, cfg.hidden_size
+        ids = ids.to(torch.int64)
+        if T:
+            X = torch.empty(T, HC, D)
+            self._run("lookup_embedding", self._embed, ids, self._embed_w, X)
+        else:  # a rank without rows: one zero row with no active token
+            X, ids = torch.zeros(1, HC, D), torch.zeros(1, dtype=torch.int64)
+        for i, ratio in enumerate(cfg.compress_ratios):
+            f = self.ffn_weights(i)
+            moe_args = [f.get(key) for key in MOE_INPUTS[1:]]
+            moe_args[_IDS_AT] = ids
+            if T:
+                args = self.layer_args(i, rids, pos, prefill)[:-_N_MOE]
+                x_mid = torch.empty_like(X)
+                fam = _FAMILY[ratio]
+                name = f"{phase}_attention_{fam}"
+                n_tok = [T] if prefill or fam == "csa" else []
+                self._run(name, self._attn_entry[(phase, fam)], X, *args, x_mid, *n_tok)
+            else:
+                x_mid = X
+            x_next = torch.empty_like(X)
+            self._comm("moe_ep", self._moe_ep, x_mid, *moe_args, *self.windows.moe_args(), x_next, i, T,
+                       self.windows.moe_epoch)
+            X = x_next
+        logits = torch.empty(sum(counts), cfg.vocab_size)
+        self._comm("lm_head_ep", self._head_ep, X, *self._head_w[:4], self._head_shard, *self.windows.head_args(),
+                   logits, counts, self.windows.head_epoch)
+        return logits
+
+    def forward(self, ids, state: KernelState) -> torch.Tensor:
+        """Prefill chunk of one request (every rank calls it; the owner computes the attention):
+        logits ``[S, V]`` FP32 on every rank.
+
+        Raises:
+            BindError / CapacityError: as :meth:`KernelModel.forward` (before any program).
+        """
+        ids = self.golden.check_ids(ids, state)
+        S = ids.numel()
+        o = self.owner(state)
+        mine = o == self.rank
+        if mine:
+            self.cache.reserve(state.rid, S)
+        counts = [S if r == o else 0 for r in range(self.ep)]
+        logits = self._ep_step(ids if mine else ids[:0], [state.rid], torch.arange(state.pos, state.pos + S), True,
+                               counts)
+        if mine:
+            self.cache.commit(state.rid, S)
+        state.pos += S
+        return logits
+
+    __call__ = forward
+
+    def decode(self, tokens: list[int], states: list[KernelState]) -> torch.Tensor:
+        """One decode step of ``B`` requests; each rank runs the attention of its own; logits
+        ``[B, V]`` FP32 (batch order) on every rank.
+
+        Raises:
+            BindError / CapacityError: as :meth:`KernelModel.decode`.
+        """
+        ids = self.golden.check_ids(tokens)
+        for t, st in zip(tokens, states):
+            self.golden.check_ids([t], st)
+        owners = [self.owner(st) for st in states]
+        order = sorted(range(len(states)), key=lambda b: (owners[b], b))  # rank-major rows of the head
+        counts = [owners.count(r) for r in range(self.ep)]
+        mine = [b for b in order if owners[b] == self.rank]
+        for b in mine:
+            self.cache.reserve(states[b].rid, 1)
+        rm = self._ep_step(ids[mine], [states[b].rid for b in mine], torch.tensor([states[b].pos for b in mine]),
+                           False, counts)
+        logits = torch.empty_like(rm)
+        logits[order] = rm
+        for b in mine:
+            self.cache.commit(states[b].rid, 1)
+        for st in states:
+            st.pos += 1
+        return logits
