@@ -2,12 +2,14 @@
 and against each other (tiny; FLASH slow).
 
 Compare functions are prefill_attention_csa.TOLERANCES (v4flash-kernels.md B.19 / C.2): x_out
-valid_ratio_reldiff(8e-3, 0.005, 2) over the active rows, caches and states ratio_allclose.
+valid_ratio_reldiff(3e-3, 0.005, 1) over the active rows (the SWA block's) against the golden of
+the kernel's column blocking, caches and states ratio_allclose.
 """
 
 import pytest
 import torch
 
+from pto.errors import BindError
 from pto.golden import get_case, ratio_allclose, run_jit
 from pto.models.deepseek_v4.config import get_config
 from pto.models.deepseek_v4.prefill_attention_csa import (CSA_ARGS, CSA_OUTPUTS, TOLERANCES, csa_block_kernels,
@@ -64,9 +66,14 @@ def test_partial_windows_attend_selected_compressed_rows():
     assert torch.equal(n_sel, ((pos + 1) // 4).clamp(max=TINY.index_topk).to(n_sel.dtype))
     assert int(n_sel[-1]) == 8 and int(n_sel[2]) == 0
     out = run(d)
-    want = golden_csa_block(d, TINY, "prefill")
-    x_out = want[CSA_OUTPUTS.index("x_out")]
-    assert (out["x_out"] - x_out).abs().max() < 2e-2 * x_out.abs().max()
+    x_out = golden_csa_block(d, TINY, "prefill", blocking="columns")[CSA_OUTPUTS.index("x_out")]
+    assert (out["x_out"] - x_out).abs().max() < 1e-6  # measured 3.0e-8: the kernel's key blocks
+    # the packed golden tiles the valid keys instead: BF16 probabilities round against other
+    # block maxima, and the INT8 o-projection turns that into whole-code steps (measured 1.7e-3)
+    packed = golden_csa_block(d, TINY, "prefill")[CSA_OUTPUTS.index("x_out")]
+    assert (out["x_out"] - packed).abs().max() > 1e-4
+    with pytest.raises(BindError, match="blocking"):
+        golden_csa_block(d, TINY, "prefill", blocking="rows")
 
 
 @pytest.mark.parametrize("splits", [(20, 28), (3, 1, 44)])

@@ -59,6 +59,18 @@ def test_cmp_indices_per_token():
     assert int((cmp_kv != d["cmp_kv"]).any(dim=-1).sum()) == 1  # exactly one entry written
 
 
+def test_packed_and_column_goldens_agree_bit_for_bit():
+    """The packed golden needs no looser tolerance here (unlike the CSA block): a token sees a
+    compressed entry only from position 127 on, where its window is full, so the packed valid
+    keys fall into the kernel's column blocks."""
+    d = make_prefill_hca_inputs(TINY, 48, 100, 48, seed=0)  # positions 100..147: 127 closes window 0
+    packed = golden_prefill_attention_hca(d, TINY, return_intermediates=True)
+    columns = golden_prefill_attention_hca(d, TINY, return_intermediates=True, blocking="columns")
+    assert int((packed[-1]["cmp_indices"] >= 0).sum()) == 21
+    for a, b in zip(packed[:-1], columns[:-1]):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("start,S", [(0, 1), (0, 2), (128, 2)])
 def test_prefill_then_decode_equals_longer_prefill(start, S):
     N, K = 120, 8  # the decode steps close the window at start + 127

@@ -245,6 +245,7 @@ def golden_prefill_attention_hca(
     weight_format: str = "int8",
     float32: bool = False,
     return_intermediates: bool = False,
+    blocking: str = "packed",
 ):
     """Golden of the ratio-128 prefill attention block (pypto-lib `models/deepseek/v4-flash/prefill_attention_hca.py`): the
     sub-goldens in kernel order (module docstring) -- ``golden_materialize_rope_rows``,
@@ -260,6 +261,9 @@ def golden_prefill_attention_hca(
         float32: parity mode (no BF16 rounding of intermediates; caches keep their dtypes).
         return_intermediates: also return ``{x_normed, q, kv, swa_indices, cmp_indices,
             attn_out}``.
+        blocking: key tiling of ``golden_attention_core`` (``"packed"`` or ``"columns"``, the
+            kernel's blocks). The two agree bit for bit here: a token sees a compressed entry
+            only from position 127 on, where its window is full.
 
     Returns:
         ``(kv_cache, cmp_kv, compress_state, x_out)`` (+ the intermediates dict).
@@ -293,7 +297,7 @@ def golden_prefill_attention_hca(
     attn_out = golden_prefill_sparse_attn(q, kv_cache, swa_indices, cmp_kv, i["cmp_block_table"], cmp_indices,
                                           i["attn_sink"], nt, rope_cos, rope_sin, i["wo_a"], i["wo_b"],
                                           i["wo_b_scale"], cfg, weight_format=weight_format,
-                                          cmp_candidate_limit=cmp_cols, float32=float32)
+                                          cmp_candidate_limit=cmp_cols, float32=float32, blocking=blocking)
     x_out = golden_hc_post_prefill(attn_out, i["x_hc"], post, comb, nt)
     if not return_intermediates:
         return kv_cache, cmp_kv, state, x_out
@@ -340,7 +344,8 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
 
     Mode ``"prefill"`` (``T = prefill_seq``). Options: ``T``, ``start_pos`` (default 0),
     ``num_tokens`` (default ``T``), ``block_table`` (``"identity"`` / ``"permuted"``),
-    ``seed_scopes``, ``seed``. Golden :func:`golden_prefill_attention_hca`; ``x_out``
+    ``seed_scopes``, ``seed``. Golden :func:`golden_prefill_attention_hca` (the kernel's column
+    blocking); ``x_out``
     ``valid_ratio_reldiff(num_tokens, *TOLERANCES["x_out"])``, the caches ``ratio_allclose``.
 
     Raises:
@@ -367,7 +372,8 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     specs.append(ScalarSpec("num_tokens", torch.int32, num_tokens))
 
     def golden(v: dict) -> None:
-        v["kv_cache"], v["cmp_kv"], v["compress_state"], v["x_out"] = golden_prefill_attention_hca(v, cfg)
+        v["kv_cache"], v["cmp_kv"], v["compress_state"], v["x_out"] = golden_prefill_attention_hca(
+            v, cfg, blocking="columns")
 
     compare = {"x_out": valid_ratio_reldiff(num_tokens, *TOLERANCES["x_out"])}
     compare.update({n: ratio_allclose(*TOLERANCES[n]) for n in outs})
