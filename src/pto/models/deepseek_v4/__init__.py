@@ -29,3 +29,4 @@ from pto.models.deepseek_v4 import prefill_attention_csa  # noqa: F401  (registe
 from pto.models.deepseek_v4 import decode_attention_csa  # noqa: F401  (registers "decode_attention_csa")
 from pto.models.deepseek_v4 import lm_head  # noqa: F401  (registers "lm_head")
 from pto.models.deepseek_v4 import sampling  # noqa: F401  (registers "greedy_sample")
+from pto.models.deepseek_v4 import mtp_projection  # noqa: F401  (registers "mtp_projection")

@@ -113,6 +113,9 @@ class Cache:
         cfg: model config (layer schedule, widths).
         dep: deployment config (pools, max requests, max context).
         dtype: storage of the kv / compressed tensors (BF16 as the kernels use it).
+        mtp_layers: multi-token-prediction layers after the main ones; each is a
+            sliding-window layer with its own ``kv`` tensor (``layers[num_hidden_layers + k]``)
+            on the shared ``swa_kv`` tables.
 
     Attributes:
         layers: per layer, a dict of tensors: ``kv`` (all layers), ``cmp_kv`` (CSA / HCA),
@@ -124,7 +127,7 @@ class Cache:
         CapacityError: a pool cannot hold even one request's state ring.
     """
 
-    def __init__(self, cfg: DeepSeekV4Config, dep: DeploymentConfig, dtype=torch.bfloat16):
+    def __init__(self, cfg: DeepSeekV4Config, dep: DeploymentConfig, dtype=torch.bfloat16, mtp_layers: int = 0):
         dep.validate(cfg)
         self.cfg, self.dep = cfg, dep
         d, dI = cfg.head_dim, cfg.index_head_dim
@@ -146,7 +149,7 @@ class Cache:
                 raise CapacityError(f"cache {kind!r}: {self.pools[kind].pages} pages cannot hold one "
                                     f"request's ring of {ring} pages")
         self.layers: list[dict[str, torch.Tensor]] = []
-        for ratio in cfg.compress_ratios:
+        for ratio in tuple(cfg.compress_ratios) + (0,) * mtp_layers:  # the MTP layers: sliding-window
             t = {"kv": torch.zeros(dep.ori_kv_block_num, bs, 1, d, dtype=dtype)}
             if ratio:
                 t["cmp_kv"] = torch.zeros(dep.cmp_kv_block_num, bs, 1, d, dtype=dtype)

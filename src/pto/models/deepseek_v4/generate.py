@@ -38,6 +38,8 @@ class GenerateResult:
         prefill_s: wall seconds of every prefill chunk.
         decode_s: wall seconds of every decode step.
         decode_steps: number of decode steps run.
+        mtp_drafts: MTP drafts verified (``generate(..., mtp=True)``; 0 without MTP).
+        mtp_accepted: drafts accepted (each one a token without its own decode step).
     """
 
     tokens: list[list[int]]
@@ -48,6 +50,18 @@ class GenerateResult:
     decode_s: float = 0.0
     decode_steps: int = 0
     timings: dict = field(default_factory=dict)
+    mtp_drafts: int = 0
+    mtp_accepted: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted over verified MTP drafts (0 when none was verified)."""
+        return self.mtp_accepted / self.mtp_drafts if self.mtp_drafts else 0.0
+
+    @property
+    def decode_steps_saved(self) -> int:
+        """Decode steps plain greedy would have run minus the steps run (= accepted drafts)."""
+        return self.mtp_accepted
 
     @property
     def new_tokens(self) -> int:
@@ -111,7 +125,8 @@ def check_prompts(prompts, cfg, deployment, max_new_tokens: int) -> list[list[in
 
 def generate(model, prompts, *, max_new_tokens: int = 8, chunk: int = 128,
              eos_token_id: int | None = -1, keep_logits: bool = False,
-             progress=None) -> GenerateResult:
+             progress=None, mtp: bool = False, drafts: str = "model",
+             reference: list[list[int]] | None = None) -> GenerateResult:
     """Greedy generation for a batch of prompts (see the module docstring).
 
     Args:
@@ -123,6 +138,13 @@ def generate(model, prompts, *, max_new_tokens: int = 8, chunk: int = 128,
             ``eos_token_id``; ``None`` never stops early.
         keep_logits: keep the prompt logits and each step's logits in the result.
         progress: optional callable ``progress(done_tokens, total_tokens, phase)``.
+        mtp: self-speculative decoding with the checkpoint's MTP layer
+            (:func:`pto.models.deepseek_v4.mtp.generate_mtp`): the same tokens, fewer decode
+            steps; ``res.acceptance_rate`` / ``res.decode_steps_saved`` report it.
+        drafts: with ``mtp``: ``"model"`` (default), ``"accept"`` / ``"reject"`` (forced from
+            ``reference``, the plain greedy tokens per request) or ``"none"`` (plain greedy in
+            the ``S = 2`` decode shape of the kernels).
+        reference: plain greedy tokens per request for the forced draft modes.
 
     Returns:
         :class:`GenerateResult`.
@@ -138,12 +160,17 @@ def generate(model, prompts, *, max_new_tokens: int = 8, chunk: int = 128,
     eos = cfg.eos_token_id if eos_token_id == -1 else eos_token_id
     B = len(prompts)
     total = sum(len(p) for p in prompts) + B * max_new_tokens
-    states = [model.new_state() for _ in range(B)]
     tokens: list[list[int]] = [[] for _ in range(B)]
     reasons = ["length"] * B
     prompt_logits = [] if keep_logits else None
     step_logits = [[] for _ in range(B)] if keep_logits else None
     res = GenerateResult(tokens, reasons, prompt_logits, step_logits)
+    if mtp:
+        from pto.models.deepseek_v4.mtp import generate_mtp
+        generate_mtp(model, prompts, res, chunk=chunk, max_new_tokens=max_new_tokens, eos=eos,
+                     keep_logits=keep_logits, drafts=drafts, reference=reference, progress=progress)
+        return res
+    states = [model.new_state() for _ in range(B)]
     running = []
     try:
         _run(model, prompts, states, res, chunk, max_new_tokens, eos, keep_logits, progress, total)

@@ -279,7 +279,8 @@ class KernelModel:
         self.ckpt = checkpoint
         self.cfg, self.deployment = self.golden.cfg, self.golden.deployment
         self.kcfg = kernel_config(self.cfg, self.deployment)
-        self.cache = Cache(self.cfg, self.deployment)
+        self.cache = Cache(self.cfg, self.deployment,
+                           mtp_layers=self.cfg.num_nextn_predict_layers if checkpoint.has_mtp else 0)
         self.run_config = RunConfig(heap_bytes=_HEAP_BYTES, check=check)
         self.per_layer = per_layer
         bf16 = torch.bfloat16
@@ -338,8 +339,11 @@ class KernelModel:
     def layer_args(self, i: int, rids: list[int], pos, prefill: bool) -> list:
         """Layer ``i``'s program arguments after ``x_hc`` (the attention block's, then the
         MoE block's without ``input_ids``): prefill = one request, ``[n]`` tables; decode =
-        ``B = len(rids)`` requests of one token, ``[B, n]`` tables."""
-        w, c, ratio = self.attn_weights(i), self.cache, self.cfg.compress_ratios[i]
+        ``B = len(rids)`` requests of ``S = len(pos) / B`` tokens, ``[B, n]`` tables. A token
+        at position ``-1`` is inactive (all its slots ``-1``: it writes nothing). Layer
+        ``num_hidden_layers`` is the MTP layer (sliding-window, its own ``kv``)."""
+        w, c, ratio = self.attn_weights(i), self.cache, self.ckpt.layer_ratio(i)
+        S = pos.numel() // len(rids)
         cos, sin = self._rope[profile_for_ratio(ratio)]
 
         def table(kind):
@@ -347,9 +351,8 @@ class KernelModel:
             return t[0] if prefill else torch.stack(t)
 
         def slots(kind):
-            if len(rids) == 1:
-                return c.slot_mapping(rids[0], pos, kind)
-            return torch.cat([c.slot_mapping(r, pos[b:b + 1], kind) for b, r in enumerate(rids)])
+            out = torch.cat([c.slot_mapping(r, pos[b * S:(b + 1) * S], kind) for b, r in enumerate(rids)])
+            return torch.where(pos < 0, torch.full_like(out, -1), out)
 
         head = [w["hc_attn_fn"], w["hc_attn_scale"], w["hc_attn_base"], w["attn_norm_w"], w["wq_a"],
                 w["wq_b"], w["wq_b_scale"], w["wkv"], w["gamma_cq"], w["gamma_ckv"], cos, sin]
@@ -383,6 +386,18 @@ class KernelModel:
             self._run(f"{phase}_fwd", getattr(self.programs, f"{phase}_fwd"), ids, self._embed_w, *args,
                       *self._head_w, logits, *n_tok)
             return logits
+        return self.step_hidden(ids, rids, pos, prefill)[0]
+
+    def step_hidden(self, ids: torch.Tensor, rids: list[int], pos: torch.Tensor, prefill: bool,
+                    num_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step through the per-layer programs: ``(logits [T, V], X [T, hc_mult, D])`` FP32,
+        ``X`` the last layer's streams before ``hc_head`` (the MTP layer's input). Decode
+        steps may carry ``S > 1`` tokens per request (``pos`` ``-1`` = inactive); prefill runs
+        ``num_tokens`` (default all) active rows. Caches are written, nothing is committed."""
+        phase, T = ("prefill" if prefill else "decode"), ids.numel()
+        ids = ids.to(torch.int64)
+        n_tok = [T if num_tokens is None else num_tokens] if prefill else []
+        logits = torch.empty(T, self.cfg.vocab_size)
         X = torch.empty(T, self.cfg.hc_mult, self.cfg.hidden_size)
         self._run("lookup_embedding", self._embed, ids, self._embed_w, X)
         for i, ratio in enumerate(self.cfg.compress_ratios):
@@ -392,7 +407,7 @@ class KernelModel:
                       i, *n_tok)
             X = x_out
         self._run("final_logits", self._final_logits, X, *self._head_w, logits)
-        return logits
+        return logits, X
 
     def forward(self, ids, state: KernelState) -> torch.Tensor:
         """Prefill chunk: logits ``[S, V]`` FP32 of ``ids`` at positions ``state.pos ..``.

@@ -231,7 +231,7 @@ class GoldenModel:
         """Attention block of layer ``i`` on normed input ``xn [S, D]`` at positions ``pos [S]``;
         appends to ``st``; returns ``[S, D]`` FP32."""
         cfg, w = self.cfg, self.layer_weights(i)
-        ratio = cfg.compress_ratios[i]
+        ratio = self.ckpt.layer_ratio(i)  # layer num_hidden_layers: the MTP layer (sliding-window)
         S, H, d, r, eps = xn.shape[0], cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim, \
             cfg.rms_norm_eps
         cos, sin = self._rope_rows(profile_for_ratio(ratio), pos)

@@ -1,0 +1,341 @@
+"""Multi-token prediction: the MTP draft layer and self-speculative greedy decoding.
+
+The MTP layer (checkpoint-layout.md section 4, the reference ``MTPBlock``; v4flash-kernels.md
+B.25-B.27) at position ``p`` reads the main model's streams ``X_p`` (before ``hc_head``) and
+the embedding of the token at ``p + 1``:
+
+    x = mtp_projection(embed[t_{p+1}], X_p)       # e_proj(enorm(e)) + h_proj(hnorm(X)), B.25
+    x = SWA attention + MoE of the MTP layer       # layer num_hidden_layers: ratio 0, learned routing
+    draft_{p+2} = argmax head(norm(hc_head(x)))    # its own hc_head / norm, the shared head
+
+at the main model's RoPE position ``p`` with its own sliding-window cache (``Cache.layers[L]``
+on the kernel path, a :class:`LayerState` on the golden path).
+
+Decoding (:func:`generate_mtp`): after the prefill, the MTP layer runs over every prompt
+position (chunk by chunk, before the chunk is committed, so its window pages are still held)
+and drafts ``d``. Each decode step feeds ``[t, d]`` at positions ``[p, p + 1]`` (the ``S = 2``
+decode shape, ``T = 2B``): ``t' = argmax logits[p]``; the draft is accepted iff ``t' == d``
+(then ``argmax logits[p + 1]`` is a second new token). A rejected draft's cache writes
+(its raw kv row, compressor-state rows, a compressed entry it closed, indexer keys) are undone
+from a snapshot taken before the step, so every cache equals plain greedy's. The MTP layer
+then runs over the committed positions (one or two active rows) and drafts the next token.
+
+Exactness: plain greedy in the same ``S = 2`` shape (the second token inactive, ``drafts=
+"none"``) gives logits bit-identical to the MTP run's verify rows, because a row's result does
+not depend on the other rows of the step. The golden model (``weight_format="bf16"``) verifies
+token by token (one ``S = 1`` forward for ``t``, a second for ``d`` only when accepted), so its
+tokens are plain greedy's by construction.
+
+Draft modes: ``"model"`` (the MTP layer's drafts), ``"accept"`` / ``"reject"`` (a plain greedy
+run's next token / a token known to be wrong, from ``reference``; the MTP layer still runs so
+its cache is kept), ``"none"`` (no draft: plain greedy in the ``S = 2`` shape).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from pto.errors import BindError, ConfigError
+from pto.models.deepseek_v4.lm_head import golden_final_logits
+from pto.models.deepseek_v4.model import GoldenModel, LayerState
+from pto.models.deepseek_v4.mtp_projection import golden_mtp_projection, mtp_projection_kernels
+from pto.models.deepseek_v4.qkv_proj_rope import quantize_weight_per_column
+from pto.models.deepseek_v4.weights import QuantWeight
+
+__all__ = ["DRAFT_MODES", "MtpLayer", "generate_mtp", "draft_rows"]
+
+DRAFT_MODES = ("model", "accept", "reject", "none")
+
+
+class MtpLayer:
+    """The MTP layer of a :class:`GoldenModel` or :class:`KernelModel` (module docstring).
+
+    Raises:
+        ConfigError: the checkpoint has no MTP layer (``Checkpoint.has_mtp``).
+    """
+
+    def __init__(self, model):
+        ckpt = model.ckpt
+        if not getattr(ckpt, "has_mtp", False):
+            raise ConfigError("mtp: the checkpoint has no MTP layer (mtp.0.* tensors with "
+                              "num_nextn_predict_layers > 0; write one with 'pto checkpoint tiny --mtp')")
+        self.model, self.cfg = model, model.cfg
+        self.L = self.cfg.num_hidden_layers
+        self.kernel = hasattr(model, "step_hidden")
+        w = ckpt.layer(self.L)
+        glob = ckpt.globals()
+        self.w = w
+        bf16 = torch.bfloat16
+        if self.kernel:
+            ew, es = quantize_weight_per_column(ckpt.tensor(f"mtp.0.e_proj.weight").T.contiguous())
+            hw, hs = quantize_weight_per_column(ckpt.tensor(f"mtp.0.h_proj.weight").T.contiguous())
+            self.proj_w = [w["enorm.weight"].to(bf16), w["hnorm.weight"].to(bf16), ew, es, hw, hs]
+            self.head_w = [w["hc_head_fn"], w["hc_head_scale"], w["hc_head_base"], w["norm.weight"].to(bf16),
+                           glob["head.weight"].to(bf16)]
+            self._proj = mtp_projection_kernels(model.kcfg).mtp_projection_test
+        else:
+            self.head_w = [w["hc_head_fn"], w["hc_head_scale"], w["hc_head_base"], w["norm.weight"],
+                           glob["head.weight"]]
+
+    # ---- golden ---------------------------------------------------------------------------
+    def golden(self, ids_next: torch.Tensor, X: torch.Tensor, pos: torch.Tensor, st: LayerState) -> torch.Tensor:
+        """Golden MTP layer: logits ``[S, V]`` FP32 from ``ids_next [S]`` and the main streams
+        ``X [S, HC, D]`` at positions ``pos``; appends to the MTP layer's ``st``."""
+        g: GoldenModel = self.model
+        w = self.w
+
+        def mat(leaf):
+            q = w[leaf]
+            return (q.codes.T, q.scale) if isinstance(q, QuantWeight) else (q.T, None)
+
+        emb = g.embed(ids_next)[:, 0]
+        x = golden_mtp_projection(emb, X, w["enorm.weight"], w["hnorm.weight"], *mat("e_proj.weight"),
+                                  *mat("h_proj.weight"), self.cfg.rms_norm_eps)
+        x = g.attn_sublayer(self.L, x, pos, st)
+        x = g.ffn_sublayer(self.L, x, ids_next)
+        return golden_final_logits(x, *self.head_w, self.cfg, float32=True)
+
+    # ---- kernels ---------------------------------------------------------------------------
+    def kernels(self, ids_next: torch.Tensor, X: torch.Tensor, rids: list[int], pos: torch.Tensor,
+                prefill: bool) -> torch.Tensor:
+        """MTP layer on the kernels: ``mtp_projection`` -> the SWA layer program with the MTP
+        weights and cache -> ``final_logits`` with the MTP head; logits ``[T, V]`` FP32."""
+        m = self.model
+        T = ids_next.numel()
+        ids_next = ids_next.to(torch.int64)
+        x_hc = torch.empty_like(X)
+        m._run("mtp_projection", self._proj, m._embed_w[ids_next], X, *self.proj_w, x_hc)
+        x_out = torch.empty_like(X)
+        name = f"{'prefill' if prefill else 'decode'}_layer_swa"
+        n_tok = [int((pos >= 0).sum())] if prefill else []
+        m._run(f"mtp_{name}", getattr(m.programs, name), x_hc, *m.layer_args(self.L, rids, pos, prefill),
+               ids_next, x_out, self.L, *n_tok)
+        logits = torch.empty(T, self.cfg.vocab_size)
+        m._run("mtp_final_logits", m._final_logits, x_out, *self.head_w, logits)
+        return logits
+
+
+def draft_rows(model, rid: int, q: int) -> list[tuple[torch.Tensor, int]]:
+    """Every cache row the main model's decode writes for request ``rid`` at position ``q``:
+    ``(flat tensor view, row)`` pairs -- the raw kv row of every layer, the compressor-state
+    rows and, when ``q`` closes a window, the compressed entry (and the indexer's key and
+    scale) of CSA / HCA layers (module ``cache`` docstring)."""
+    c, out = model.cache, []
+    pos = torch.tensor([q])
+
+    def add(t: torch.Tensor, kind: str):
+        row = int(c.slot_mapping(rid, pos, kind)[0])
+        if row >= 0:
+            out.append((t.reshape(-1, t.shape[-1]), row))
+
+    for i, ratio in enumerate(model.cfg.compress_ratios):
+        lay = c.layers[i]
+        add(lay["kv"], "swa_kv")
+        if ratio == 4:
+            for k in ("state", "idx_state"):
+                add(lay[k], "csa_state")
+            for k in ("cmp_kv", "idx_kv", "idx_kv_scale"):
+                add(lay[k], "csa_cmp")
+        elif ratio == 128:
+            add(lay["state"], "hca_state")
+            add(lay["cmp_kv"], "hca_cmp")
+    return out
+
+
+def _check_reference(reference, B: int, max_new_tokens: int, drafts: str) -> None:
+    if drafts not in DRAFT_MODES:
+        raise BindError(f"generate: mtp drafts must be one of {DRAFT_MODES}, got {drafts!r}")
+    if drafts in ("accept", "reject"):
+        if reference is None or len(reference) != B or any(len(r) < max_new_tokens for r in reference):
+            raise BindError(f"generate: drafts={drafts!r} needs reference= the plain greedy tokens of each of "
+                            f"the {B} requests ({max_new_tokens} each)")
+
+
+def generate_mtp(model, prompts: list[list[int]], res, *, chunk: int, max_new_tokens: int, eos,
+                 keep_logits: bool, drafts: str = "model", reference=None, progress=None) -> None:
+    """Greedy decoding with MTP drafts (module docstring); fills ``res`` (a
+    :class:`GenerateResult`) in place: tokens, stop reasons, logits, timings, ``decode_steps``,
+    ``mtp_drafts`` / ``mtp_accepted``.
+
+    Raises:
+        BindError: a bad ``drafts`` mode or ``reference``. ConfigError: no MTP layer (except
+            ``drafts="none"`` on the kernel path).
+    """
+    B = len(prompts)
+    _check_reference(reference, B, max_new_tokens, drafts)
+    kernel = hasattr(model, "step_hidden")
+    mtp = MtpLayer(model) if (drafts != "none" or not kernel) else None
+    if not kernel and drafts == "none":
+        raise BindError("generate: drafts='none' (the S = 2 decode shape) is a kernel-path mode")
+    V = model.cfg.vocab_size
+    states = [model.new_state() for _ in range(B)]
+    mtp_st = [LayerState(kv=torch.zeros(0, model.cfg.head_dim)) for _ in range(B)]
+    tokens, reasons = res.tokens, res.stop_reasons
+    total = sum(len(p) for p in prompts) + B * max_new_tokens
+    done = 0
+
+    def want_draft(r, k):  # the draft for request r's new token k (0-based), by mode
+        if drafts == "accept":
+            return reference[r][k]
+        if drafts == "reject":
+            return (reference[r][k] + 1) % V
+        return None
+
+    draft = [None] * B
+    running = []
+    try:
+        with torch.no_grad():
+            for r, p in enumerate(prompts):  # ---- prefill, the MTP layer chunk by chunk
+                t0 = time.perf_counter()
+                parts, hidden = [], []
+                chunks = list(range(0, len(p), chunk))
+                for ci, c0 in enumerate(chunks):
+                    ids = p[c0:c0 + chunk]
+                    if kernel:
+                        st = states[r]
+                        idt = model.golden.check_ids(ids, st)
+                        S = idt.numel()
+                        model.cache.reserve(st.rid, S)
+                        pos = torch.arange(st.pos, st.pos + S)
+                        logits, X = model.step_hidden(idt, [st.rid], pos, True)
+                        nxt = p[c0 + chunk] if ci + 1 < len(chunks) else int(logits[-1].argmax())
+                        if mtp is not None:
+                            ml = mtp.kernels(torch.tensor(ids[1:] + [nxt]), X, [st.rid], pos, True)
+                        model.cache.commit(st.rid, S)
+                        st.pos += S
+                    else:
+                        logits, X = _golden_forward(model, ids, states[r])
+                        hidden.append(X)
+                    parts.append(logits)
+                    done += len(ids)
+                    if progress:
+                        progress(done, total, "prefill")
+                if not kernel:  # the golden MTP layer over the whole prompt (full-history cache)
+                    nxt = int(parts[-1][-1].argmax())
+                    ml = mtp.golden(torch.tensor(p[1:] + [nxt]), torch.cat(hidden), torch.arange(len(p)), mtp_st[r])
+                res.prefill_s += time.perf_counter() - t0
+                last = parts[-1][-1]
+                if keep_logits:
+                    res.prompt_logits.append(torch.cat(parts))
+                    res.step_logits[r].append(last)
+                nxt = int(last.argmax())
+                tokens[r].append(nxt)
+                done += 1
+                if mtp is not None:
+                    draft[r] = int(ml[-1].argmax())
+                if eos is not None and nxt == eos:
+                    reasons[r] = "eos"
+                elif max_new_tokens > 1:
+                    running.append(r)
+            while running:  # ---- decode steps
+                t0 = time.perf_counter()
+                for r in running:
+                    forced = want_draft(r, len(tokens[r]))
+                    if forced is not None:
+                        draft[r] = forced
+                    if len(tokens[r]) + 1 >= max_new_tokens:  # no room for a second token
+                        draft[r] = None
+                if kernel:
+                    new = _kernel_step(model, mtp, [states[r] for r in running], [tokens[r][-1] for r in running],
+                                       [draft[r] if drafts != "none" else None for r in running])
+                else:
+                    new = [_golden_step(model, mtp, states[r], mtp_st[r], tokens[r][-1], draft[r]) for r in running]
+                res.decode_s += time.perf_counter() - t0
+                res.decode_steps += 1
+                still = []
+                for (got, rows, nd), r in zip(new, running):
+                    if draft[r] is not None:
+                        res.mtp_drafts += 1
+                        res.mtp_accepted += len(got) - 1
+                    for tok, row in zip(got, rows):
+                        if reasons[r] == "eos" or len(tokens[r]) >= max_new_tokens:
+                            break
+                        tokens[r].append(tok)
+                        done += 1
+                        if keep_logits:
+                            res.step_logits[r].append(row)
+                        if eos is not None and tok == eos:
+                            reasons[r] = "eos"
+                    draft[r] = nd
+                    if reasons[r] != "eos" and len(tokens[r]) < max_new_tokens:
+                        still.append(r)
+                if progress:
+                    progress(done, total, "decode")
+                running = still
+    finally:
+        if hasattr(model, "release_state"):
+            for st in states:
+                model.release_state(st)
+    if progress:
+        progress(total, total, "done")
+
+
+def _golden_forward(model: GoldenModel, ids, state) -> tuple[torch.Tensor, torch.Tensor]:
+    """:meth:`GoldenModel.forward` that also returns the last layer's streams ``X [S, HC, D]``."""
+    ids = model.check_ids(ids, state)
+    pos = torch.arange(state.pos, state.pos + ids.numel())
+    X = model.embed(ids)
+    for i in range(model.cfg.num_hidden_layers):
+        X = model.attn_sublayer(i, X, pos, state.layers[i])
+        X = model.ffn_sublayer(i, X, ids)
+    state.pos += ids.numel()
+    return model.logits(X), X
+
+
+def _golden_step(model, mtp: MtpLayer, st, mst: LayerState, tok: int, draft):
+    """One golden decode step: ``t`` (and the draft only if it is accepted), token by token;
+    then the MTP layer over the committed positions. Returns ``(new tokens, their logits
+    rows, next draft)``."""
+    p = st.pos
+    logits, X = _golden_forward(model, [tok], st)
+    got, rows, hid = [int(logits[0].argmax())], [logits[0]], [X]
+    if draft is not None and got[0] == draft:
+        l2, X2 = _golden_forward(model, [draft], st)
+        got.append(int(l2[0].argmax()))
+        rows.append(l2[0])
+        hid.append(X2)
+    n = len(got)
+    ml = mtp.golden(torch.tensor(got), torch.cat(hid), torch.arange(p, p + n), mst)
+    return got, rows, int(ml[-1].argmax())
+
+
+def _kernel_step(model, mtp, states, toks: list[int], drafts: list):
+    """One kernel decode step of ``B`` requests in the ``S = 2`` shape: rows ``[t, d]`` per
+    request (``d`` inactive when None); verify, undo a rejected draft's cache rows, the MTP
+    layer over the committed rows, commit. Returns per request ``(new tokens, logits rows,
+    next draft or None)``."""
+    g = model.golden
+    ids, pos = [], []
+    for st, t, d in zip(states, toks, drafts):
+        g.check_ids([t] if d is None else [t, d], st)
+        ids += [t, t if d is None else d]
+        pos += [st.pos, -1 if d is None else st.pos + 1]
+    rids = [st.rid for st in states]
+    for st in states:
+        model.cache.reserve(st.rid, 2)
+    saved = [[(v, row, v[row].clone()) for v, row in draft_rows(model, st.rid, st.pos + 1)]
+             if d is not None else [] for st, d in zip(states, drafts)]
+    pos_t = torch.tensor(pos)
+    logits, X = model.step_hidden(torch.tensor(ids), rids, pos_t, False)
+    out, m_ids, m_pos = [], [], []
+    for b, (st, d) in enumerate(zip(states, drafts)):
+        first = int(logits[2 * b].argmax())
+        if d is not None and first == d:
+            got, rows = [first, int(logits[2 * b + 1].argmax())], [logits[2 * b], logits[2 * b + 1]]
+        else:
+            got, rows = [first], [logits[2 * b]]
+            for v, row, old in saved[b]:  # undo the rejected draft's writes
+                v[row] = old
+        out.append((got, rows))
+        m_ids += [got[0], got[1] if len(got) > 1 else got[0]]
+        m_pos += [st.pos, st.pos + 1 if len(got) > 1 else -1]
+    nd = [None] * len(states)
+    if mtp is not None:
+        ml = mtp.kernels(torch.tensor(m_ids), X, rids, torch.tensor(m_pos), False)
+        nd = [int(ml[2 * b + len(got) - 1].argmax()) for b, (got, _) in enumerate(out)]
+    for st, (got, _) in zip(states, out):
+        model.cache.commit(st.rid, len(got))
+        st.pos += len(got)
+    return [(got, rows, n) for (got, rows), n in zip(out, nd)]
