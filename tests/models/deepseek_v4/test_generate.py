@@ -122,6 +122,16 @@ def test_cli_bad_input_exits_2(ckpt, capsys, argv, needle):
 def test_cli_bad_checkpoint_exits_2(tmp_path, capsys):
     assert main(["generate", str(tmp_path), "--input-ids", "1"]) == 2
     assert "no config.json" in capsys.readouterr().err
+    from safetensors.torch import load_file, save_file
+
+    bad = write_tiny_checkpoint(tmp_path / "bad", seed=0)
+    t = load_file(str(bad / "model.safetensors"))
+    t["model.layers.4.attn.wo_b.weight"] = torch.zeros(128, 64)
+    save_file(t, str(bad / "model.safetensors"))
+    assert main(["generate", str(bad), "--input-ids", "1 2"]) == 2
+    err = capsys.readouterr().err
+    assert "'model.layers.4.attn.wo_b.weight' has shape [128, 64]; expected [128, 128]" in err
+    assert err.count("\n") == 1  # one line, no traceback
     d = write_tiny_checkpoint(tmp_path / "t", seed=0)
     assert main(["checkpoint", "tiny", str(d)]) == 2
     assert "already holds" in capsys.readouterr().err
