@@ -20,7 +20,7 @@ from pto.models.deepseek_v4.model import GoldenModel
 from pto.models.deepseek_v4.weights import open_checkpoint
 
 SEED = 11
-PROMPT = 509  # dsv4-math.md section 0 demo length
+PROMPT = 509  # 3 closed HCA windows and a tail, 127 CSA entries of which top-16 is a strict subset
 NEW = 8
 
 

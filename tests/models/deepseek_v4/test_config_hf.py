@@ -26,7 +26,7 @@ def test_to_hf_from_hf_round_trip(preset):
 
 
 def test_from_hf_reads_the_official_flash_fields():
-    # checkpoint-layout.md section 5: the published config.json's legacy spellings
+    # the published DeepSeek-V4-Flash config.json spellings (legacy compress_ratios with the MTP entry, rope_scaling)
     flash = get_config("flash")
     hf = {"vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": 43,
           "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512,
