@@ -139,3 +139,20 @@ def test_layer_program_checks_shapes(km):
     with pytest.raises(BindError, match="wq_a"):
         km.programs.prefill_layer_swa.run(X, *args, torch.arange(T), torch.empty_like(X), 0, T)
     km.cache.release(rid)
+
+
+@pytest.mark.parametrize("n", [12, pytest.param(140, marks=pytest.mark.slow)])
+def test_forward_programs_pass_check_mode(tmp_path, n):
+    """prefill_fwd / decode_fwd in check mode (definedness sanitizer and race checker over the
+    whole step's graph) raise nothing and give the unchecked logits bit for bit; 140 tokens
+    close an HCA window inside a chunk and prefill in two chunks."""
+    d = write_tiny_checkpoint(tmp_path / "tiny", seed=6)
+    dep = get_deployment("tiny").replace(max_context=256, rope_max_pos=256)
+    ids = torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(6)).tolist()
+    runs = []
+    for check in (True, False):
+        km = KernelModel(open_checkpoint(d, "int8"), dep, check=check)
+        a, b = km.new_state(), km.new_state()
+        runs.append([km.forward(ids[:128], a), *([km.forward(ids[128:], a)] if n > 128 else []),
+                     km.forward(ids[:5], b), km.decode([3, 4], [a, b])])
+    assert all(torch.equal(x, y) for x, y in zip(*runs))
