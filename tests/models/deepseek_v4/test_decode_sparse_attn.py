@@ -137,3 +137,35 @@ def test_generic_core_with_top_k_like_compressed_columns():
     assert (out.float() - want.float()).abs().max() <= 2 ** -6
     core = golden_decode_attention_core(*[d[n] for n in HCA[:9]], cfg, float32=True)
     assert (core.double() - _reference_core(d, cfg, n_cmp)).abs().max() < 1e-5
+
+
+def test_shared_int8_row_quantiser_equals_the_former_decode_copy():
+    """The decode o-projection quantises with qkv_proj_rope.int8_quantize_rows and pl.recip
+    (its former copy: ``127 / amax`` as a number over a tile, ``1.0 / s``): codes and dequant
+    scales bit for bit, zero rows (the amax floor), tiny and huge rows included."""
+    import pto.language as pl
+    from pto.models.deepseek_v4.qkv_proj_rope import INT8_SCALE_MAX, int8_quantize_rows, int8_row_amax, int8_row_codes
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 96, generator=gen) * torch.logspace(-6, 4, 64)[:, None]
+    x[5] = 0.0
+    x[9, :] = 1e-5
+    M, N = x.shape
+
+    @pl.jit
+    def both(x: pl.Tensor[[M, N], pl.FP32], c_new: pl.Out[pl.Tensor[[M, N], pl.INT8]],
+             d_new: pl.Out[pl.Tensor[[M, 1], pl.FP32]], c_old: pl.Out[pl.Tensor[[M, N], pl.INT8]],
+             d_old: pl.Out[pl.Tensor[[M, 1], pl.FP32]]):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="quant"):
+            t = x[0:M, 0:N]
+            codes, s = int8_quantize_rows(t)
+            c_new[0:M, 0:N] = codes
+            d_new[0:M, 0:1] = pl.recip(s)
+            s_old = INT8_SCALE_MAX / int8_row_amax(t)
+            c_old[0:M, 0:N] = int8_row_codes(t, s_old)
+            d_old[0:M, 0:1] = 1.0 / s_old
+
+    outs = [torch.zeros(M, N, dtype=torch.int8), torch.zeros(M, 1), torch.zeros(M, N, dtype=torch.int8),
+            torch.zeros(M, 1)]
+    both(x, *outs)
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
+    assert int(outs[0].abs().amax(dim=1).min()) == 0 and int(outs[0].abs().max()) == 127

@@ -39,9 +39,11 @@ from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 from pto.models.deepseek_v4.decode_metadata import (HCA_RATIO, decode_block_tables, golden_decode_cmp_indices,
                                                     hca_cmp_cols, make_decode_metadata)
-from pto.models.deepseek_v4.prefill_sparse_attn import (FP32_MAX, _invalid_bias, _rope_index_rows, attn_key_tile,
-                                                        golden_grouped_o_proj, quantize_wo_b)
-from pto.models.deepseek_v4.qkv_proj_rope import INT8_SCALE_MAX, int8_row_amax, int8_row_codes, rope_interleaved
+from pto.models.deepseek_v4.prefill_sparse_attn import (BIAS_TOK_TILE, FP32_MAX, attn_key_tile, bias_block,
+                                                        gather_key_block, golden_grouped_o_proj, key_block_stats,
+                                                        merge_key_blocks, proj_b_act_task, quant_o_r_tile,
+                                                        quantize_wo_b, rope_index_rows)
+from pto.models.deepseek_v4.qkv_proj_rope import rope_interleaved
 from pto.models.deepseek_v4.rope import rope_tables
 from pto.models.deepseek_v4.tiling import round_up, token_capacity
 
@@ -73,7 +75,6 @@ DEFAULT_START_POS = {"flash": (8192, 127, 128, 255), "tiny": (300, 127, 1, 0)}
 CSA_START_POS = {"flash": (4090, 127, 6, 0), "tiny": (122, 60, 6, 0)}
 
 # ---- kernel ----
-BIAS_TOK_TILE = 16  # token rows per bias block
 PROJ_A_N_TILE_MAX = 128  # o_lora columns per proj_a_mm block (pypto-lib `decode_sparse_attn_swa.py`: 8 blocks of 128 per group)
 PROJ_B_D_TILE_MAX = 512  # output columns per proj_b_mm block (pypto-lib `decode_sparse_attn_swa.py`: 8 blocks of 512)
 QUANT_TOK_TILE = 16  # token rows per quant tile (T padded to 16 in pypto-lib `decode_sparse_attn_swa.py`)
@@ -165,31 +166,16 @@ def grouped_o_proj_tasks(o_packed, wo_a, wo_b, wo_b_scale, attn_out, t: int, dep
                 pl.assemble(o_r, acc, [0, g * LO + nf * NA])
             with pl.at(level=pl.Level.CORE_GROUP, name_hint="quant", deps=[pa.tid]) as q_tid:
                 for tc in pl.range(n_qt):
-                    t0 = tc * QUANT_TOK_TILE
-                    rows = min(QUANT_TOK_TILE, t - t0)
-                    x = pl.slice(o_r, [QUANT_TOK_TILE, LO], [t0, g * LO], valid_shape=[rows, LO])
-                    s_q = INT8_SCALE_MAX / int8_row_amax(x)
-                    pl.assemble(o_r_i8, int8_row_codes(x, s_q), [t0, g * LO])
-                    pl.assemble(act_scale_dq, pl.set_validshape(1.0 / s_q, rows, 1), [t0, g])
+                    quant_o_r_tile(o_r, o_r_i8, act_scale_dq, t, tc * QUANT_TOK_TILE, g, o_lora=LO,
+                                   tok_tile=QUANT_TOK_TILE)
             pb = pl.spmd(D // NB, name_hint="proj_b_mm", deps=[q_tid])
             for dc in pb:
                 acc = pl.matmul(o_r_i8[:, g * LO:(g + 1) * LO], wo_b[dc * NB:(dc + 1) * NB, g * LO:(g + 1) * LO],
                                 b_trans=True)
                 pl.assemble(partials, acc, [0, g * D + dc * NB])  # exact INT32
             proj_b_tids.append(pb.tid)
-    n_at = -(-t // ACT_TOK_TILE)
-    for b in pl.spmd((D // CT) * n_at, name_hint="proj_b_act", deps=proj_b_tids):
-        ci, ti = divmod(b, n_at)
-        c0, t0 = ci * CT, ti * ACT_TOK_TILE
-        rows = min(ACT_TOK_TILE, t - t0)
-        acc = None
-        for g in pl.range(G):
-            part = pl.slice(partials, [ACT_TOK_TILE, CT], [t0, g * D + c0], valid_shape=[rows, CT])
-            s_g = pl.slice(act_scale_dq, [ACT_TOK_TILE, 1], [t0, g], valid_shape=[rows, 1])
-            term = pl.row_expand_mul(pl.cast(part, pl.FP32, mode="rint"), s_g)
-            acc = term if acc is None else pl.add(acc, term)
-        acc = pl.col_expand_mul(acc, wo_b_scale_row[:, c0:c0 + CT])
-        pl.assemble(attn_out, pl.cast(acc, pl.BF16, mode="rint"), [t0, c0])
+    proj_b_act_task(partials, act_scale_dq, wo_b_scale_row, attn_out, t, proj_b_tids, groups=G, hidden=D,
+                    col_tile=CT, tok_tile=ACT_TOK_TILE)
 
 
 @functools.lru_cache(maxsize=None)
@@ -241,26 +227,10 @@ def decode_sparse_attn_kernels(cfg: DeepSeekV4Config, n_cmp: int) -> SimpleNames
     scale = cfg.softmax_scale
     cap = token_capacity(cfg)
 
-    def gather_rows(src_flat, idx, n: int, lower, stage):
-        """Copy the rows of the ``n`` index columns into ``stage`` one run of consecutive rows at
-        a time; ``lower(col, value)`` maps an index to a flat row (``-1`` skips)."""
-        rows = [lower(k, pl.read(idx, [0, k])) for k in range(n)]
-        k = 0
-        while k < n:
-            if rows[k] < 0:
-                k += 1
-                continue
-            k1 = k + 1
-            while k1 < n and rows[k1] == rows[k] + (k1 - k):
-                k1 += 1
-            stage = pl.assemble(stage, pl.slice(src_flat, [k1 - k, HD], [rows[k], 0]), [k, 0])
-            k = k1
-        return stage
-
     def body(q, ori_kv, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, rope_cos, rope_sin,
              wo_a, wo_b, wo_b_scale, attn_out):
         t = pl.tensor.dim(q, 0)
-        s_req = 1
+        s_req, cmp_flat = 1, None
         if NC:
             n_req = pl.tensor.dim(cmp_block_table, 0)
             if n_req < 1 or t % n_req:
@@ -280,86 +250,28 @@ def decode_sparse_attn_kernels(cfg: DeepSeekV4Config, n_cmp: int) -> SimpleNames
         o_packed3 = pl.reshape(o_packed, [G * t, HPG, HD])
 
         # 1. gather the valid key rows, one (token, key block) per block
+        geo = dict(key_tile=KT, key_blocks=NB, swa_blocks=NBS, n_cmp=NC, head_dim=HD, cmp_pages=CP, block_size=BS)
         gather = pl.spmd(t * NB, name_hint="decode_gather_kv")
         for b in gather:
             tok, kb = divmod(b, NB)
-            swa = kb < NBS
-            c0 = kb * KT if swa else (kb - NBS) * KT
-            n = KT if swa else min(KT, NC - c0)
-            if n <= 0:
-                continue  # pad block past the compressed columns
-            idx = pl.slice(swa_indices if swa else cmp_indices, [1, n], [tok, c0])
-            if pl.read(pl.row_max(idx), [0, 0]) < 0:
-                continue
-            stage = pl.full([KT, HD], pl.BF16, 0)
-            if swa:
-                stage = gather_rows(ori_flat, idx, n, lambda k, v: v, stage)
-            else:
-                req, pages = tok // s_req, {}
-
-                def lower(k, slot, tok=tok, c0=c0, req=req, pages=pages):
-                    if slot < 0:
-                        return -1
-                    page = slot // BS
-                    if page >= CP:
-                        raise BindError(f"decode_sparse_attn: cmp_indices[{tok}, {c0 + k}] = {slot} is past the "
-                                        f"compressed block table ({CP} pages of {BS})")
-                    if page not in pages:
-                        pages[page] = pl.read(cmp_block_table, [req, page])
-                    phys = pages[page]
-                    if not 0 <= phys < CP:
-                        raise BindError(f"decode_sparse_attn: cmp_indices[{tok}, {c0 + k}] = {slot} maps to "
-                                        f"cmp_block_table[{req}, {page}] = {phys}, not a page of cmp_kv")
-                    return phys * BS + slot % BS
-                stage = gather_rows(cmp_flat, idx, n, lower, stage)
-            pl.assemble(sparse_kv, stage, [(tok * NB + kb) * KT, 0])
+            gather_key_block("decode_sparse_attn", tok, kb, swa_indices, cmp_indices, ori_flat, cmp_flat,
+                             cmp_block_table, (tok // s_req,), sparse_kv, **geo)
 
         # 2. additive mask: 0 valid, -FP32_MAX for -1 and the pad columns
         for b in pl.spmd(-(-t // BIAS_TOK_TILE), name_hint="decode_build_bias"):
-            t0 = b * BIAS_TOK_TILE
-            rows = min(BIAS_TOK_TILE, t - t0)
-            sw = pl.slice(swa_indices, [BIAS_TOK_TILE, W], [t0, 0], valid_shape=[rows, W])
-            pl.assemble(sparse_bias, _invalid_bias(sw), [t0, 0])
-            if NC:
-                cm = pl.slice(cmp_indices, [BIAS_TOK_TILE, NC], [t0, 0], valid_shape=[rows, NC])
-                pl.assemble(sparse_bias, _invalid_bias(cm), [t0, W])
-            if PAD > W + NC:
-                pl.assemble(sparse_bias, pl.full([rows, PAD - W - NC], pl.FP32, -FP32_MAX), [t0, W + NC])
+            bias_block(b, t, swa_indices, cmp_indices, sparse_bias, window=W, n_cmp=NC, key_pad=PAD)
 
         # 3. (m, l, o) of every (token, key block), all heads at once
         for b in pl.spmd(t * NB, name_hint="decode_qk_pv", deps=[gather.tid]):
             tok, kb = divmod(b, NB)
-            hr = (tok * NB + kb) * H
-            bias = sparse_bias[tok:tok + 1, kb * KT:(kb + 1) * KT]
-            if pl.read(pl.row_max(bias), [0, 0]) < 0:
-                blk_m[hr:hr + H, :] = pl.full([H, 1], pl.FP32, -FP32_MAX)
-                blk_l[hr:hr + H, :] = pl.full([H, 1], pl.FP32, 0.0)
-                blk_o[hr:hr + H, :] = pl.full([H, HD], pl.FP32, 0.0)
-                continue
-            r0 = (tok * NB + kb) * KT
-            kv = sparse_kv[r0:r0 + KT, :]
-            s = pl.col_expand_add(pl.mul(pl.matmul(q[tok, :, :], kv, b_trans=True), scale), bias)  # [H, KT]
-            m = pl.row_max(s)
-            p = pl.exp(pl.row_expand_sub(s, m))
-            blk_m[hr:hr + H, :] = m
-            blk_l[hr:hr + H, :] = pl.row_sum(p)
-            blk_o[hr:hr + H, :] = pl.matmul(pl.cast(p, pl.BF16, mode="rint"), kv)
+            key_block_stats(lambda: q[tok, :, :], tok, kb, sparse_kv, sparse_bias, blk_m, blk_l, blk_o, scale=scale,
+                            key_tile=KT, key_blocks=NB, heads=H, head_dim=HD)
 
         # 4. merge the blocks, sink, inverse RoPE, pack group-major
         merge = pl.spmd(t, name_hint="decode_merge_norm")
         for tok in merge:
-            h0 = tok * NB * H
-            m, l, o = blk_m[h0:h0 + H, :], blk_l[h0:h0 + H, :], blk_o[h0:h0 + H, :]
-            for kb in pl.range(1, NB):
-                hr = h0 + kb * H
-                m_b = blk_m[hr:hr + H, :]
-                m_new = pl.maximum(m, m_b)
-                alpha, beta = pl.exp(pl.sub(m, m_new)), pl.exp(pl.sub(m_b, m_new))
-                l = pl.add(pl.mul(alpha, l), pl.mul(beta, blk_l[hr:hr + H, :]))
-                o = pl.add(pl.row_expand_mul(o, alpha), pl.row_expand_mul(blk_o[hr:hr + H, :], beta))
-                m = m_new
-            o = pl.row_expand_div(o, pl.add(l, pl.exp(pl.sub(sink_col[:, :], m))))
-            pair, swap, sign = _rope_index_rows(R)
+            o = merge_key_blocks(tok, blk_m, blk_l, blk_o, sink_col, key_blocks=NB, heads=H)
+            pair, swap, sign = rope_index_rows(R)
             cos_il = pl.gather(pl.cast(rope_cos[tok:tok + 1, :], pl.FP32), index=pair)  # [1, R]
             sin_signed = pl.mul(pl.gather(pl.cast(rope_sin[tok:tok + 1, :], pl.FP32), index=pair), sign)
             x = pl.slice(o, [H, R], [0, N])

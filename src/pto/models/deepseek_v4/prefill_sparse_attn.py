@@ -180,22 +180,191 @@ def sparse_attn_tiling(cfg: DeepSeekV4Config, max_compressed: int | None = None)
                             proj_b_n_tile=D // PROJ_B_D_SPLIT, act_col_tile=act)
 
 
-def _invalid_bias(idx):
-    """Additive mask tile from an INT32 index tile: 0 where ``idx >= 0``, ``-FP32_MAX`` where
-    ``idx < 0`` -- the reference's ``(clamp(idx + 1, 0, 1) - 1) * 3.4e38`` (pypto-lib `prefill_sparse_attn.py` step 2)."""
+def invalid_bias(idx):
+    """Additive mask tile of an index tile (pypto-lib `prefill_sparse_attn.py` step 2).
+
+    ``idx [M, N]`` INT32 key indices (any negative value is invalid) -> ``[M, N]`` FP32: 0 where
+    ``idx >= 0``, ``-FP32_MAX`` where ``idx < 0`` -- the reference's ``(clamp(idx + 1, 0, 1) - 1)
+    * 3.4e38``, so ``exp(s + bias - m)`` is exactly 0 on an invalid key. Shared by the prefill
+    and decode sparse-attention cores. Raises DslError for a non-integer tile (``pl.add``)."""
     valid = pl.minimum(pl.maximum(pl.add(idx, 1), 0), 1)
     return pl.mul(pl.cast(pl.sub(valid, 1), pl.FP32), FP32_MAX)
 
 
-def _rope_index_rows(r: int):
-    """``(pair, swap, sign)`` ``[1, r]`` rows of the interleaved inverse RoPE: ``pair = j >> 1``
-    (INT32), ``swap = j ^ 1`` (INT32), ``sign = +1`` on even / ``-1`` on odd ``j`` (FP32),
-    built from ``pl.arange`` with ``trunc`` casts ("RoPE tables" in pypto-lib `models/deepseek/v4-flash/`)."""
+def rope_index_rows(r: int):
+    """Index rows of the interleaved inverse RoPE ("RoPE tables" in pypto-lib `models/deepseek/v4-flash/`).
+
+    Returns ``(pair, swap, sign)``, each ``[1, r]``: ``pair = j >> 1`` INT32 (the cos / sin
+    column of channel ``j``), ``swap = j ^ 1`` INT32 (its partner channel), ``sign`` FP32 ``+1``
+    on even and ``-1`` on odd ``j``; built from ``pl.arange`` with ``trunc`` casts. ``r`` is the
+    (even) ``qk_rope_head_dim``. Shared by the prefill and decode sparse-attention cores."""
     j = pl.arange(0, [1, r], dtype=pl.INT32)
     pair = pl.cast(pl.mul(pl.cast(j, pl.FP32), 0.5), pl.INT32, mode="trunc")
     parity = pl.sub(j, pl.mul(pair, 2))
     sign = pl.sub(pl.full([1, r], pl.INT32, 1), pl.mul(parity, 2))
     return pair, pl.add(j, sign), pl.cast(sign, pl.FP32)
+
+
+# ---- block bodies shared with decode_sparse_attn (same ops in the same order) ----
+def _gather_rows(src_flat, idx, n: int, lower, stage, head_dim: int):
+    """Copy the rows of the ``n`` leading index columns of ``idx [1, >= n]`` into ``stage [KT,
+    head_dim]`` (column ``k`` to stage row ``k``), one slice per run of consecutive rows;
+    ``lower(col, value)`` maps an index to a flat row of ``src_flat`` (``-1`` skips)."""
+    rows = [lower(k, pl.read(idx, [0, k])) for k in range(n)]
+    k = 0
+    while k < n:
+        if rows[k] < 0:
+            k += 1
+            continue
+        k1 = k + 1
+        while k1 < n and rows[k1] == rows[k] + (k1 - k):
+            k1 += 1
+        stage = pl.assemble(stage, pl.slice(src_flat, [k1 - k, head_dim], [rows[k], 0]), [k, 0])
+        k = k1
+    return stage
+
+
+def gather_key_block(kernel: str, tok: int, kb: int, swa_indices, cmp_indices, ori_flat, cmp_flat, cmp_block_table,
+                     table_row: tuple, sparse_kv, *, key_tile: int, key_blocks: int, swa_blocks: int, n_cmp: int,
+                     head_dim: int, cmp_pages: int, block_size: int) -> None:
+    """Gather key block ``kb`` of token ``tok`` into ``sparse_kv`` rows ``(tok * key_blocks + kb)
+    * key_tile ..`` (inside a block of the core's gather task).
+
+    Blocks ``kb < swa_blocks`` take ``key_tile`` window columns of ``swa_indices [T, W]`` INT32
+    (physical flat rows of ``ori_flat``); the others take compressed columns of ``cmp_indices
+    [T, >= n_cmp]`` (logical slots, lowered through ``cmp_block_table[*table_row, slot //
+    block_size]``). A zeroed ``[key_tile, head_dim]`` BF16 stage receives the valid rows in runs;
+    a block past ``n_cmp`` or whose every index is ``-1`` writes nothing (the core's ``qk_pv``
+    skips it by its bias row).
+
+    Raises:
+        BindError: a compressed slot past the table (``cmp_pages`` pages), or one whose table
+            entry is not a page of ``cmp_kv``; the message names ``kernel``.
+    """
+    swa = kb < swa_blocks
+    c0 = kb * key_tile if swa else (kb - swa_blocks) * key_tile
+    n = key_tile if swa else min(key_tile, n_cmp - c0)
+    if n <= 0:
+        return  # padding block past the attended compressed columns
+    idx = pl.slice(swa_indices if swa else cmp_indices, [1, n], [tok, c0])
+    if pl.read(pl.row_max(idx), [0, 0]) < 0:
+        return
+    stage = pl.full([key_tile, head_dim], pl.BF16, 0)
+    if swa:
+        stage = _gather_rows(ori_flat, idx, n, lambda k, v: v, stage, head_dim)
+    else:
+        pages = {}
+        entry = "cmp_block_table[" + "".join(f"{r}, " for r in table_row)
+
+        def lower(k, slot):
+            if slot < 0:
+                return -1
+            page = slot // block_size
+            if page >= cmp_pages:
+                raise BindError(f"{kernel}: cmp_indices[{tok}, {c0 + k}] = {slot} is past the compressed block "
+                                f"table ({cmp_pages} pages of {block_size})")
+            if page not in pages:
+                pages[page] = pl.read(cmp_block_table, [*table_row, page])
+            phys = pages[page]
+            if not 0 <= phys < cmp_pages:
+                raise BindError(f"{kernel}: cmp_indices[{tok}, {c0 + k}] = {slot} maps to {entry}{page}] = {phys}, "
+                                "not a page of cmp_kv")
+            return phys * block_size + slot % block_size
+        stage = _gather_rows(cmp_flat, idx, n, lower, stage, head_dim)
+    pl.assemble(sparse_kv, stage, [(tok * key_blocks + kb) * key_tile, 0])
+
+
+def bias_block(b: int, t: int, swa_indices, cmp_indices, sparse_bias, *, window: int, n_cmp: int,
+               key_pad: int) -> None:
+    """Block ``b`` of the core's bias task: rows ``b * BIAS_TOK_TILE ..`` of ``sparse_bias [T,
+    key_pad]`` FP32 -- :func:`invalid_bias` of the window columns, of the ``n_cmp`` compressed
+    columns, and ``-FP32_MAX`` on the padding columns."""
+    t0 = b * BIAS_TOK_TILE
+    rows = min(BIAS_TOK_TILE, t - t0)
+    sw = pl.slice(swa_indices, [BIAS_TOK_TILE, window], [t0, 0], valid_shape=[rows, window])
+    pl.assemble(sparse_bias, invalid_bias(sw), [t0, 0])
+    if n_cmp:
+        cm = pl.slice(cmp_indices, [BIAS_TOK_TILE, n_cmp], [t0, 0], valid_shape=[rows, n_cmp])
+        pl.assemble(sparse_bias, invalid_bias(cm), [t0, window])
+    if key_pad > window + n_cmp:
+        pl.assemble(sparse_bias, pl.full([rows, key_pad - window - n_cmp], pl.FP32, -FP32_MAX),
+                    [t0, window + n_cmp])
+
+
+def key_block_stats(load_q, tok: int, kb: int, sparse_kv, sparse_bias, blk_m, blk_l, blk_o, *, scale: float,
+                    key_tile: int, key_blocks: int, heads: int, head_dim: int) -> None:
+    """Online-softmax statistics of key block ``kb`` of token ``tok``, every head at once:
+    ``s = q @ kv^T * scale + bias`` FP32 ``[H, KT]``, ``m = row_max s``, ``p = exp(s - m)``,
+    ``l = row_sum p``, ``o = bf16(p) @ kv`` into rows ``(tok * key_blocks + kb) * heads ..`` of
+    ``blk_m / blk_l [.., 1]`` and ``blk_o [.., head_dim]``. ``load_q()`` returns the token's
+    ``[H, head_dim]`` BF16 query tile (called only for a block with a valid key). A fully
+    masked block (its bias row all ``-FP32_MAX``) is not loaded: it stores ``(-FP32_MAX, 0,
+    0)``, which the merge weighs by ``exp(-FP32_MAX - m) = 0`` (alone: ``o / inf = 0``)."""
+    hr = (tok * key_blocks + kb) * heads
+    bias = sparse_bias[tok:tok + 1, kb * key_tile:(kb + 1) * key_tile]
+    if pl.read(pl.row_max(bias), [0, 0]) < 0:
+        blk_m[hr:hr + heads, :] = pl.full([heads, 1], pl.FP32, -FP32_MAX)
+        blk_l[hr:hr + heads, :] = pl.full([heads, 1], pl.FP32, 0.0)
+        blk_o[hr:hr + heads, :] = pl.full([heads, head_dim], pl.FP32, 0.0)
+        return
+    r0 = (tok * key_blocks + kb) * key_tile
+    kv = sparse_kv[r0:r0 + key_tile, :]
+    s = pl.col_expand_add(pl.mul(pl.matmul(load_q(), kv, b_trans=True), scale), bias)  # [H, KT] FP32
+    m = pl.row_max(s)
+    p = pl.exp(pl.row_expand_sub(s, m))
+    blk_m[hr:hr + heads, :] = m
+    blk_l[hr:hr + heads, :] = pl.row_sum(p)
+    blk_o[hr:hr + heads, :] = pl.matmul(pl.cast(p, pl.BF16, mode="rint"), kv)
+
+
+def merge_key_blocks(tok: int, blk_m, blk_l, blk_o, sink_col, *, key_blocks: int, heads: int):
+    """Merge token ``tok``'s key blocks in order (``alpha = exp(m - m_new)``, ``beta = exp(m_b -
+    m_new)``) and normalise with the sink in the denominator: ``o / (l + exp(sink - m))``;
+    returns the ``[H, head_dim]`` FP32 tile. ``sink_col [H, 1]`` FP32."""
+    h0 = tok * key_blocks * heads
+    m, l, o = blk_m[h0:h0 + heads, :], blk_l[h0:h0 + heads, :], blk_o[h0:h0 + heads, :]
+    for kb in pl.range(1, key_blocks):
+        hr = h0 + kb * heads
+        m_b = blk_m[hr:hr + heads, :]
+        m_new = pl.maximum(m, m_b)
+        alpha, beta = pl.exp(pl.sub(m, m_new)), pl.exp(pl.sub(m_b, m_new))
+        l = pl.add(pl.mul(alpha, l), pl.mul(beta, blk_l[hr:hr + heads, :]))
+        o = pl.add(pl.row_expand_mul(o, alpha), pl.row_expand_mul(blk_o[hr:hr + heads, :], beta))
+        m = m_new
+    return pl.row_expand_div(o, pl.add(l, pl.exp(pl.sub(sink_col[:, :], m))))
+
+
+def quant_o_r_tile(o_r, o_r_i8, act_scale_dq, t: int, t0: int, g: int, *, o_lora: int, tok_tile: int) -> None:
+    """Per-(token, group) INT8 quantisation of ``o_r`` rows ``t0 .. t0 + tok_tile`` (clipped to
+    ``t``), group ``g``'s ``o_lora`` columns (``int8_quantize_rows``): codes into ``o_r_i8``,
+    the dequant scale ``1 / s`` into column ``g`` of ``act_scale_dq [T, G]``."""
+    rows = min(tok_tile, t - t0)
+    x = pl.slice(o_r, [tok_tile, o_lora], [t0, g * o_lora], valid_shape=[rows, o_lora])
+    codes, s_q = int8_quantize_rows(x)
+    pl.assemble(o_r_i8, codes, [t0, g * o_lora])
+    pl.assemble(act_scale_dq, pl.set_validshape(pl.recip(s_q), rows, 1), [t0, g])
+
+
+def proj_b_act_task(partials, act_scale_dq, wo_b_scale_row, attn_out, t: int, deps: list, *, groups: int,
+                    hidden: int, col_tile: int, tok_tile: int):
+    """The ``proj_b_act`` task, ``spmd((D / col_tile) * ceil(T / tok_tile))`` after ``deps``:
+    ``sum_g float(partials[:, g*D + c]) * act_scale_dq[:, g]`` in group order, ``* wo_b_scale``,
+    BF16 (``rint``) into ``attn_out [T, D]``. Returns the task id."""
+    n_at = -(-t // tok_tile)
+    task = pl.spmd((hidden // col_tile) * n_at, name_hint="proj_b_act", deps=deps)
+    for b in task:
+        ci, ti = divmod(b, n_at)
+        c0, t0 = ci * col_tile, ti * tok_tile
+        rows = min(tok_tile, t - t0)
+        acc = None
+        for g in pl.range(groups):
+            part = pl.slice(partials, [tok_tile, col_tile], [t0, g * hidden + c0], valid_shape=[rows, col_tile])
+            s_g = pl.slice(act_scale_dq, [tok_tile, 1], [t0, g], valid_shape=[rows, 1])
+            term = pl.row_expand_mul(pl.cast(part, pl.FP32, mode="rint"), s_g)
+            acc = term if acc is None else pl.add(acc, term)
+        acc = pl.col_expand_mul(acc, wo_b_scale_row[:, c0:c0 + col_tile])
+        pl.assemble(attn_out, pl.cast(acc, pl.BF16, mode="rint"), [t0, c0])
+    return task.tid
 
 
 @functools.lru_cache(maxsize=None)
@@ -256,22 +425,6 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
     scale = cfg.softmax_scale
     cap = token_capacity(cfg)  # bound of the runtime token count (CapacityError before any task)
 
-    def gather_rows(src_flat, idx, n: int, lower, stage):
-        """Copy the rows of the ``n`` leading index columns into ``stage``, one slice per run
-        of consecutive rows; ``lower(col, value)`` maps an index to a flat row (or -1)."""
-        rows = [lower(k, pl.read(idx, [0, k])) for k in range(n)]
-        k = 0
-        while k < n:
-            if rows[k] < 0:
-                k += 1
-                continue
-            k1 = k + 1
-            while k1 < n and rows[k1] == rows[k] + (k1 - k):
-                k1 += 1
-            stage = pl.assemble(stage, pl.slice(src_flat, [k1 - k, HD], [rows[k], 0]), [k, 0])
-            k = k1
-        return stage
-
     @pl.jit.inline
     def prefill_sparse_attn(q: pl.Tensor[[T_DYN, H, HD], pl.BF16],
                             ori_kv: pl.Tensor[[P, BS, 1, HD], pl.BF16],
@@ -313,92 +466,30 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
 
         # 1. gather the key rows of every active token, one key block per block; a block whose
         #    every index is -1 is left unwritten (qk_pv skips it by its bias row)
+        geo = dict(key_tile=KT, key_blocks=NB, swa_blocks=NBS, n_cmp=NCMP, head_dim=HD, cmp_pages=CP, block_size=BS)
         for b in pl.spmd(-(-t // GATHER_TOK_TILE) * NB, name_hint="gather_kv"):
             tile, kb = divmod(b, NB)
-            swa = kb < NBS
-            c0 = kb * KT if swa else (kb - NBS) * KT
-            n = KT if swa else min(KT, NCMP - c0)
-            if n <= 0:
-                continue  # padding block past the attended compressed columns
             for tok in range(tile * GATHER_TOK_TILE, min((tile + 1) * GATHER_TOK_TILE, active)):
-                idx = pl.slice(swa_indices if swa else cmp_indices, [1, n], [tok, c0])
-                if pl.read(pl.row_max(idx), [0, 0]) < 0:
-                    continue
-                stage = pl.full([KT, HD], pl.BF16, 0)
-                if swa:
-                    stage = gather_rows(ori_flat, idx, n, lambda k, v: v, stage)
-                else:
-                    pages = {}
-
-                    def lower(k, slot, tok=tok, c0=c0, pages=pages):
-                        if slot < 0:
-                            return -1
-                        page = slot // BS
-                        if page >= CP:
-                            raise BindError(f"prefill_sparse_attn: cmp_indices[{tok}, {c0 + k}] = {slot} "
-                                            f"is past the compressed block table ({CP} pages of {BS})")
-                        if page not in pages:
-                            pages[page] = pl.read(cmp_block_table, [page])
-                        phys = pages[page]
-                        if not 0 <= phys < CP:
-                            raise BindError(f"prefill_sparse_attn: cmp_indices[{tok}, {c0 + k}] = {slot} "
-                                            f"maps to cmp_block_table[{page}] = {phys}, not a page of cmp_kv")
-                        return phys * BS + slot % BS
-                    stage = gather_rows(cmp_flat, idx, n, lower, stage)
-                pl.assemble(sparse_kv, stage, [(tok * NB + kb) * KT, 0])
+                gather_key_block("prefill_sparse_attn", tok, kb, swa_indices, cmp_indices, ori_flat, cmp_flat,
+                                 cmp_block_table, (), sparse_kv, **geo)
 
         # 2. additive mask: 0 for a valid column, -FP32_MAX for -1 and for the padding columns
         for b in pl.spmd(-(-t // BIAS_TOK_TILE), name_hint="build_bias"):
-            t0 = b * BIAS_TOK_TILE
-            rows = min(BIAS_TOK_TILE, t - t0)
-            sw = pl.slice(swa_indices, [BIAS_TOK_TILE, W], [t0, 0], valid_shape=[rows, W])
-            pl.assemble(sparse_bias, _invalid_bias(sw), [t0, 0])
-            if NCMP:
-                cm = pl.slice(cmp_indices, [BIAS_TOK_TILE, NCMP], [t0, 0], valid_shape=[rows, NCMP])
-                pl.assemble(sparse_bias, _invalid_bias(cm), [t0, W])
-            if PAD > W + NCMP:
-                pl.assemble(sparse_bias, pl.full([rows, PAD - W - NCMP], pl.FP32, -FP32_MAX), [t0, W + NCMP])
+            bias_block(b, t, swa_indices, cmp_indices, sparse_bias, window=W, n_cmp=NCMP, key_pad=PAD)
 
         # 3. per active token and key block, every head at once: (m, l, o) of the block
         for tok in pl.spmd(t, name_hint="qk_pv"):
             if tok < active:
                 qt = q[tok, :, :]  # [H, HD]
                 for kb in pl.range(NB):
-                    hr = (tok * NB + kb) * H
-                    bias = sparse_bias[tok:tok + 1, kb * KT:(kb + 1) * KT]
-                    if pl.read(pl.row_max(bias), [0, 0]) < 0:
-                        # fully masked block: (m, l, o) = (-FP32_MAX, 0, 0) merges exactly like
-                        # the computed one (its weight exp(-FP32_MAX - m) is 0; alone, o/inf = 0)
-                        blk_m[hr:hr + H, :] = pl.full([H, 1], pl.FP32, -FP32_MAX)
-                        blk_l[hr:hr + H, :] = pl.full([H, 1], pl.FP32, 0.0)
-                        blk_o[hr:hr + H, :] = pl.full([H, HD], pl.FP32, 0.0)
-                        continue
-                    r0 = (tok * NB + kb) * KT
-                    kv = sparse_kv[r0:r0 + KT, :]
-                    s = pl.mul(pl.matmul(qt, kv, b_trans=True), scale)  # [H, KT] FP32
-                    s = pl.col_expand_add(s, bias)
-                    m = pl.row_max(s)
-                    p = pl.exp(pl.row_expand_sub(s, m))
-                    blk_m[hr:hr + H, :] = m
-                    blk_l[hr:hr + H, :] = pl.row_sum(p)
-                    blk_o[hr:hr + H, :] = pl.matmul(pl.cast(p, pl.BF16, mode="rint"), kv)
+                    key_block_stats(lambda: qt, tok, kb, sparse_kv, sparse_bias, blk_m, blk_l, blk_o, scale=scale,
+                                    key_tile=KT, key_blocks=NB, heads=H, head_dim=HD)
 
         # 4. merge the key blocks (golden order), attention sink, split nope / rope parts
         merge = pl.spmd(t, name_hint="merge_norm")
         for tok in merge:
             if tok < active:
-                h0 = tok * NB * H
-                m, l, o = blk_m[h0:h0 + H, :], blk_l[h0:h0 + H, :], blk_o[h0:h0 + H, :]
-                for kb in pl.range(1, NB):
-                    hr = h0 + kb * H
-                    m_b = blk_m[hr:hr + H, :]
-                    m_new = pl.maximum(m, m_b)
-                    alpha, beta = pl.exp(pl.sub(m, m_new)), pl.exp(pl.sub(m_b, m_new))
-                    l = pl.add(pl.mul(alpha, l), pl.mul(beta, blk_l[hr:hr + H, :]))
-                    o = pl.add(pl.row_expand_mul(o, alpha), pl.row_expand_mul(blk_o[hr:hr + H, :], beta))
-                    m = m_new
-                denom = pl.add(l, pl.exp(pl.sub(sink_col[:, :], m)))
-                o = pl.row_expand_div(o, denom)
+                o = merge_key_blocks(tok, blk_m, blk_l, blk_o, sink_col, key_blocks=NB, heads=H)
                 nope = pl.cast(pl.slice(o, [H, N], [0, 0]), pl.BF16, mode="rint")
                 rope = pl.slice(o, [H, R], [0, N])
             else:
@@ -414,7 +505,7 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
         for b in pl.spmd(-(-t // ROPE_TOK_TILE), name_hint="rope_cs"):
             t0 = b * ROPE_TOK_TILE
             rows, act_rows = min(ROPE_TOK_TILE, t - t0), max(0, min(ROPE_TOK_TILE, active - t0))
-            pair, _, sign = _rope_index_rows(R)
+            pair, _, sign = rope_index_rows(R)
             cos = pl.fillpad(pl.slice(rope_cos, [ROPE_TOK_TILE, R], [t0, 0], valid_shape=[act_rows, R]))
             sin = pl.fillpad(pl.slice(rope_sin, [ROPE_TOK_TILE, R], [t0, 0], valid_shape=[act_rows, R]))
             cos_il = pl.gather(pl.cast(cos, pl.FP32), index=pair)
@@ -429,7 +520,7 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
             ht, tt = divmod(b, n_rt)
             t0 = tt * ROPE_TOK_TILE
             rows = min(ROPE_TOK_TILE, t - t0)
-            _, swap, _ = _rope_index_rows(R)
+            _, swap, _ = rope_index_rows(R)
             cos = pl.slice(rope_cos_il, [ROPE_TOK_TILE, R], [t0, 0], valid_shape=[rows, R])
             sin = pl.slice(rope_sin_signed, [ROPE_TOK_TILE, R], [t0, 0], valid_shape=[rows, R])
             x3 = pl.slice(stage3, [ROPE_TOK_TILE, HT, R], [t0, ht * HT, 0], valid_shape=[rows, HT, R])
@@ -458,12 +549,8 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
             for tc in pl.parallel(n_qt):
                 for g in pl.range(G):
                     with pl.at(level=pl.Level.CORE_GROUP, name_hint="quant", deps=proj_a_tids[g]) as tid:
-                        t0 = tc * QUANT_TOK_TILE
-                        rows = min(QUANT_TOK_TILE, t - t0)
-                        x = pl.slice(o_r, [QUANT_TOK_TILE, LO], [t0, g * LO], valid_shape=[rows, LO])
-                        codes, s_q = int8_quantize_rows(x)
-                        pl.assemble(o_r_i8, codes, [t0, g * LO])
-                        pl.assemble(act_scale_dq, pl.set_validshape(pl.recip(s_q), rows, 1), [t0, g])
+                        quant_o_r_tile(o_r, o_r_i8, act_scale_dq, t, tc * QUANT_TOK_TILE, g, o_lora=LO,
+                                       tok_tile=QUANT_TOK_TILE)
                     quant_tids[g].append(tid)
             for dc in pl.parallel(PROJ_B_D_SPLIT):
                 for g in pl.range(G):
@@ -474,19 +561,8 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
                     proj_b_tids.append(tid)
 
         # 8. dequantise, sum over groups in order, per-row weight scale, BF16
-        n_at = -(-t // ACT_TOK_TILE)
-        for b in pl.spmd((D // CT) * n_at, name_hint="proj_b_act", deps=proj_b_tids):
-            ci, ti = divmod(b, n_at)
-            c0, t0 = ci * CT, ti * ACT_TOK_TILE
-            rows = min(ACT_TOK_TILE, t - t0)
-            acc = None
-            for g in pl.range(G):
-                part = pl.slice(partials, [ACT_TOK_TILE, CT], [t0, g * D + c0], valid_shape=[rows, CT])
-                s_g = pl.slice(act_scale_dq, [ACT_TOK_TILE, 1], [t0, g], valid_shape=[rows, 1])
-                term = pl.row_expand_mul(pl.cast(part, pl.FP32, mode="rint"), s_g)
-                acc = term if acc is None else pl.add(acc, term)
-            acc = pl.col_expand_mul(acc, wo_b_scale_row[:, c0:c0 + CT])
-            pl.assemble(attn_out, pl.cast(acc, pl.BF16, mode="rint"), [t0, c0])
+        proj_b_act_task(partials, act_scale_dq, wo_b_scale_row, attn_out, t, proj_b_tids, groups=G, hidden=D,
+                        col_tile=CT, tok_tile=ACT_TOK_TILE)
         return attn_out
 
     prefill_sparse_attn_test = pl.jit.entry(prefill_sparse_attn, name="prefill_sparse_attn_test")
