@@ -236,8 +236,8 @@ def test_gather_errors():
         pl.gather(x, dim=-1, index=Tile(torch.zeros(3, 1, dtype=torch.int32)))
     with pytest.raises(DslError, match="integer"):
         pl.gather(x, dim=-1, index=Tile(torch.zeros(2, 1)))
-    with pytest.raises(DslError, match="mask_pattern"):
-        pl.gather(x, mask_pattern=2)
+    with pytest.raises(DslError, match="index= is required"):
+        pl.gather(x)  # neither index= nor mask_pattern= (mask patterns: test_sort_select_ops.py)
 
 
 def test_transpose_swaps_data_and_valid_shape():
