@@ -125,7 +125,7 @@ class World:
         self.windows: list[Window] = []
         self._by_key: dict = {}
         self.buffers: list = []
-        self.cv = threading.Condition()
+        self.cv = threading.Condition(threading.RLock())  # re-entrant: _drain applies under it
         self.transport = transport
         self.dead: dict[int, str] = {}
         self.epoch = 0  # programs finished (end markers sent)
@@ -135,6 +135,7 @@ class World:
         self.writes: list = []  # (src, src task name, src task id, window id, box, seq, epoch)
         self.notifies: dict = {}  # (window id, element) -> {src: stores acquired by the latest notify}
         self.events: list[RemoteEvent] = []
+        self._stash: dict[int, list] = {}  # source -> messages waiting for a window (see receive)
 
     # ---- windows ----------------------------------------------------------------------------
     def alloc(self, name: str, nbytes: int):
@@ -145,9 +146,11 @@ class World:
 
     def register_window(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """Register view ``t`` as the next window (id = registration order)."""
-        w = Window(len(self.windows), name, t)
-        self.windows.append(w)
-        self._by_key[(t.data_ptr(), tuple(t.shape), t.dtype)] = w
+        with self.cv:
+            w = Window(len(self.windows), name, t)
+            self.windows.append(w)
+            self._by_key[(t.data_ptr(), tuple(t.shape), t.dtype)] = w
+        self._drain()
         return t
 
     def window_of(self, gm, what: str) -> Window:
@@ -262,7 +265,26 @@ class World:
             self.cv.notify_all()
 
     def receive(self, src: int, kind: int, meta, data) -> None:
-        """Apply one message from ``src`` (called by the transport's receiver thread)."""
+        """Apply one message from ``src`` (called by the transport's receiver thread).
+
+        A peer may run ahead of this rank's host code (its first program's stores arrive while
+        this rank is still allocating windows): a message for a window not registered yet, and
+        every later one from the same source (FIFO order), waits in a per-source queue that
+        :meth:`register_window` drains."""
+        with self.cv:
+            q = self._stash.setdefault(src, [])
+            if q or (kind in (_PUT, _NOTIFY) and meta[0] >= len(self.windows)):
+                q.append((kind, meta, data))
+                return
+        self._apply(src, kind, meta, data)
+
+    def _drain(self) -> None:
+        with self.cv:  # under the lock: a source's newer messages wait until its queue is empty
+            for src, q in self._stash.items():
+                while q and not (q[0][0] in (_PUT, _NOTIFY) and q[0][1][0] >= len(self.windows)):
+                    self._apply(src, *q.pop(0))
+
+    def _apply(self, src: int, kind: int, meta, data) -> None:
         if kind == _PUT:
             self._apply_put(src, meta, data)
         elif kind == _NOTIFY:
