@@ -83,6 +83,14 @@ __all__ = [
     "golden_grouped_o_proj",
     "golden_prefill_sparse_attn",
     "make_sparse_attn_inputs",
+    "invalid_bias",
+    "rope_index_rows",
+    "gather_key_block",
+    "bias_block",
+    "key_block_stats",
+    "merge_key_blocks",
+    "quant_o_r_tile",
+    "proj_b_act_task",
 ]
 
 # Largest key tile of the online softmax (pypto-lib `models/deepseek/v4-flash/prefill_sparse_attn.py` ATTN_TILE = 128).
