@@ -56,6 +56,7 @@ class JitFunction:
         self.__wrapped__ = fn
         self._sig = None
         self._anns = None
+        self._positional = None  # [(name, default)] when every parameter is plain positional-or-keyword
 
     def signature(self):
         """(inspect.Signature, {name: annotation}) with annotations evaluated.
@@ -71,6 +72,9 @@ class JitFunction:
                 raise DslError(f"kernel {self.__name__}: cannot evaluate its annotations ({e}); "
                                "kernel modules must not use postponed annotations") from None
             self._sig = inspect.signature(self.fn)
+            params = self._sig.parameters.values()
+            if all(q.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for q in params):
+                self._positional = [(q.name, q.default) for q in params]
             # a bare ``pl.Tensor`` is a GM tensor of any shape and dtype
             self._anns = {k: (TensorType(None, None) if v is Tensor else v) for k, v in anns.items()}
         return self._sig, self._anns
@@ -146,14 +150,21 @@ def bind_arguments(jf: JitFunction, args, kwargs, gm: bool) -> list[Param]:
             requires grad, or a bad scalar — naming the parameter.
     """
     sig, anns = jf.signature()
-    try:
-        ba = sig.bind(*args, **kwargs)
-    except TypeError as e:
-        raise BindError(f"kernel {jf.__name__}: {e}") from None
-    ba.apply_defaults()
+    plain = jf._positional
+    if (plain is not None and not kwargs and len(args) <= len(plain)
+            and all(d is not inspect.Parameter.empty for _, d in plain[len(args):])):
+        # positional arguments only: what sig.bind + apply_defaults gives, without their cost
+        items = [(name, value) for (name, _), value in zip(plain, args)] + plain[len(args):]
+    else:
+        try:
+            ba = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise BindError(f"kernel {jf.__name__}: {e}") from None
+        ba.apply_defaults()
+        items = ba.arguments.items()
     dyn: dict = {}
     out = []
-    for name, value in ba.arguments.items():
+    for name, value in items:
         ann = anns.get(name)
         if isinstance(ann, TensorType):
             if gm:

@@ -406,10 +406,12 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
     if vstops == stops:
         return Tile(src.clone(), mask, valid)
     fill = 0 if pad is None else _pad_scalar(src.dtype, pad)
-    data = torch.full(shape, fill, dtype=src.dtype)
-    vkey = tuple(_pyslice(0, b - a) for a, b in zip(starts, vstops))
-    data[vkey] = src
+    pads = []  # (before, after) per dim, last dim first: the valid values, then the pad value
+    for n, v in zip(reversed(shape), reversed(valid)):
+        pads += (0, n - v)
+    data = torch.constant_pad_nd(src, pads, fill)
     if mask is not None:
+        vkey = tuple(_pyslice(0, b - a) for a, b in zip(starts, vstops))
         full_mask = torch.zeros(shape, dtype=torch.int32)
         full_mask[vkey] = mask
         mask = full_mask
@@ -674,6 +676,18 @@ def read(src, idx):
     which raises UndefinedValueError when used as an index, loop bound or
     branch condition and propagates through arithmetic and tile ops.
     """
+    if type(src) is Tile and src.mask is None:
+        # fast path: in-bounds int indices into an all-defined tile (the general path below
+        # reads the same element and raises the errors)
+        d = src.data
+        key = (idx,) if type(idx) is int else tuple(idx) if type(idx) in (list, tuple) else ()
+        shape = d.shape
+        if len(key) == len(shape) and key:
+            for i, n in zip(key, shape):
+                if type(i) is not int or not 0 <= i < n:
+                    break
+            else:
+                return d[key].item()
     if not isinstance(idx, (list, tuple)):
         idx = [idx]
     if isinstance(src, Tile):

@@ -177,6 +177,28 @@ def tile_key(shape, key, op: str) -> tuple:
     """
     if type(key) is not tuple:
         key = (key,)
+    if len(key) <= len(shape):
+        # fast path: in-bounds ints and unit-step slices with int or omitted bounds (the same key
+        # as the general loop below, which handles everything else and raises the errors)
+        out = []
+        for k, n in zip(key, shape):
+            tk = type(k)
+            if tk is int:
+                if 0 <= k < n:
+                    out.append(k)
+                    continue
+            elif tk is slice and k.step is None:
+                a, b = k.start, k.stop
+                if a is None:
+                    a = 0
+                if b is None:
+                    b = n
+                if type(a) is int and type(b) is int and 0 <= a <= b <= n:
+                    out.append(slice(a, b))
+                    continue
+            break
+        else:
+            return tuple(out)
     if any(k is Ellipsis for k in key):
         at = [i for i, k in enumerate(key) if k is Ellipsis]
         if len(at) > 1:

@@ -206,5 +206,5 @@ class RingHeap:
         n = 1
         for s in shape:
             n *= s
-        nbytes = n * torch.empty((), dtype=dtype).element_size()
+        nbytes = n * dtype.itemsize
         return self.storage[offset:offset + nbytes].view(dtype).view(list(shape))
