@@ -28,14 +28,13 @@ import pto.language as pl
 from pto.errors import BindError, ConfigError
 from pto.golden import (CaseRun, KernelCase, ScalarSpec, TensorSpec, ratio_allclose, register,
                         valid_ratio_reldiff)
+from pto.models.deepseek_v4.attention_front import attention_front, golden_attention_front
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 from pto.models.deepseek_v4.hc_post import golden_hc_post_prefill, hc_post_kernels
-from pto.models.deepseek_v4.hc_pre import HC_BASE_REF, HC_SCALE_REF, golden_hc_pre, hc_pre
+from pto.models.deepseek_v4.hc_pre import HC_BASE_REF, HC_SCALE_REF
 from pto.models.deepseek_v4.prefill_sparse_attn import (golden_prefill_sparse_attn, prefill_sparse_attn_kernels,
                                                         quantize_wo_b)
-from pto.models.deepseek_v4.qkv_proj_rope import (golden_qkv_proj_rope, materialize_rope_rows, qkv_proj_rope,
-                                                  quantize_weight_per_column)
-from pto.models.deepseek_v4.rms_norm import golden_rms_norm, rms_norm
+from pto.models.deepseek_v4.qkv_proj_rope import materialize_rope_rows, quantize_weight_per_column
 from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
 from pto.models.deepseek_v4.tiling import check_num_tokens, check_token_capacity, token_capacity
 
@@ -100,8 +99,8 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
     """Build the ratio-0 prefill attention sub-layer for ``cfg`` (cached per config / variant).
 
     Composition (pypto-lib `models/deepseek/v4-flash/prefill_attention_swa.py`; ``T`` dynamic, ``num_tokens`` active rows):
-    ``hc_pre`` -> ``rms_norm`` -> ``late_dep = task_dummy(deps=[rms_tid])`` ->
-    ``materialize_rope_rows`` -> ``qkv_proj_rope(..., late_dep)`` ->
+    ``attention_front`` (``hc_pre`` -> ``rms_norm`` -> ``late_dep = task_dummy(deps=[rms_tid])``
+    -> ``materialize_rope_rows`` -> ``qkv_proj_rope(..., late_dep)``) ->
     ``at "prefill_swa_cache_write"`` (``kv[t]`` to flat cache row ``ori_slot_mapping[t]`` for
     ``t < num_tokens``, ``-1`` skips; consecutive slots copied as one run) ->
     ``at "prefill_swa_window_indices"`` (per token ``[1, W]`` rows through ``block_table``) ->
@@ -215,17 +214,14 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
                               num_tokens: pl.Scalar[pl.INT32]):
         """Ratio-0 prefill attention sub-layer (pypto-lib `prefill_attention_swa.py`); returns ``(kv_cache, x_out)``."""
         t = pl.tensor.dim(x_hc, 0)
-        active = check_num_tokens("prefill_attention_swa", num_tokens, t)
-        x_mixed = pl.create_tensor([t, D], pl.BF16, capacity=cap)
-        post = pl.create_tensor([t, HC], pl.FP32, capacity=cap)
-        comb = pl.create_tensor([t, HC * HC], pl.FP32, capacity=cap)
-        x_normed = pl.create_tensor([t, D], pl.BF16, capacity=cap)
-        rope_cos_t = pl.create_tensor([t, R], pl.BF16, capacity=cap)
-        rope_sin_t = pl.create_tensor([t, R], pl.BF16, capacity=cap)
-        q = pl.create_tensor([t, H, HD], pl.BF16, capacity=cap)
-        kv = pl.create_tensor([t, HD], pl.BF16, capacity=cap)
-        qr = pl.create_tensor([t, LQ], pl.INT8, capacity=cap)
-        qr_scale = pl.create_tensor([t, 1], pl.FP32, capacity=cap)
+        check_num_tokens("prefill_attention_swa", num_tokens, t)
+        # the seed variant of this block covers the dummy compressed metadata only (the front
+        # keeps its allocation-time fills)
+        f = attention_front(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, wq_a, wq_b, wq_b_scale, wkv,
+                            gamma_cq, gamma_ckv,
+                            lambda cos_t, sin_t: materialize_rope_rows(freqs_cos, freqs_sin, position_ids, num_tokens,
+                                                                       cos_t, sin_t),
+                            cfg, False)
         swa_indices = pl.create_tensor([t, W], pl.INT32, capacity=cap)
         attn_out = pl.create_tensor([t, D], pl.BF16, capacity=cap)
         if seed_scopes:
@@ -236,14 +232,7 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
             cmp_indices = pl.create_tensor([t, TOPK], pl.INT32, init_value=-1, capacity=cap)
         cmp_kv = pl.create_tensor([CP, BS, 1, HD], pl.BF16)  # never read: every cmp index is -1
 
-        hc_pre(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, x_mixed, post, comb, cfg)
-        rms_tid = rms_norm(x_mixed, attn_norm_w, x_normed, cfg)
-        late_dep = pl.system.task_dummy(deps=[rms_tid])
-        materialize_rope_rows(freqs_cos, freqs_sin, position_ids, num_tokens, rope_cos_t, rope_sin_t)
-        qkv_proj_rope(x_normed, wq_a, wq_b, wq_b_scale, wkv, rope_cos_t, rope_sin_t, gamma_cq, gamma_ckv,
-                      q, kv, qr, qr_scale, late_dep, cfg)
-
-        swa_cache_write(kv, ori_slot_mapping, num_tokens, kv_cache)
+        swa_cache_write(f.kv, ori_slot_mapping, num_tokens, kv_cache)
         swa_window_indices(position_ids, block_table, num_tokens, swa_indices)
 
         if seed_scopes:
@@ -252,9 +241,9 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
             with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_empty_cmp_meta"):
                 pl.assemble(cmp_indices, pl.full([t, TOPK], pl.INT32, -1), [0, 0])
 
-        attn(q, kv_cache, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, num_tokens,
-             rope_cos_t, rope_sin_t, wo_a, wo_b, wo_b_scale, attn_out)
-        hc_post_prefill(attn_out, x_hc, post, comb, x_out, num_tokens)
+        attn(f.q, kv_cache, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, num_tokens,
+             f.rope_cos_t, f.rope_sin_t, wo_a, wo_b, wo_b_scale, attn_out)
+        hc_post_prefill(attn_out, x_hc, f.post, f.comb, x_out, num_tokens)
         return kv_cache, x_out
 
     prefill_attention_swa_test = pl.jit.entry(prefill_attention_swa, name="prefill_attention_swa_test")
@@ -385,9 +374,9 @@ def golden_prefill_attention_swa(
 ):
     """Golden of the ratio-0 prefill attention block (pypto-lib `models/deepseek/v4-flash/prefill_attention_swa.py`).
 
-    Chains the sub-goldens (module docstring): ``golden_hc_pre`` -> ``golden_rms_norm``
-    (``attn_norm_w``, ``cfg.rms_norm_eps``) -> ``golden_materialize_rope_rows`` (main-profile
-    ``freqs_cos/sin`` rows at ``position_ids``; inactive rows zero) -> ``golden_qkv_proj_rope``
+    Chains the sub-goldens (module docstring): ``golden_materialize_rope_rows`` (main-profile
+    ``freqs_cos/sin`` rows at ``position_ids``; inactive rows zero) -> ``golden_attention_front``
+    (``golden_hc_pre`` -> ``golden_rms_norm`` with ``cfg.rms_norm_eps`` -> ``golden_qkv_proj_rope``)
     -> scatter ``kv[t]`` into a clone of ``kv_cache`` at flat row ``ori_slot_mapping[t]``
     (``t < num_tokens`` and slot ``>= 0``) -> :func:`build_window_indices` ->
     ``golden_prefill_sparse_attn`` with a zero ``cmp_kv [cmp_kv_block_num, block_size, 1,
@@ -440,17 +429,12 @@ def golden_prefill_attention_swa(
         raise BindError(f"{fn}: num_tokens={num_tokens} outside [0, {T}]")
     hd, r = cfg.head_dim, cfg.qk_rope_head_dim
 
-    bf16 = not float32
-    x_mixed, post, comb = golden_hc_pre(x_hc, i["hc_attn_fn"], i["hc_attn_scale"],
-                                        i["hc_attn_base"], cfg, out_bf16=bf16)
-    x_normed = golden_rms_norm(x_mixed, i["attn_norm_w"], cfg.rms_norm_eps, out_bf16=bf16)
     zeros_rows = torch.zeros(T, r, dtype=i["freqs_cos"].dtype)
     rope_cos, rope_sin = golden_materialize_rope_rows(i["freqs_cos"], i["freqs_sin"],
                                                       i["position_ids"], num_tokens,
                                                       zeros_rows, zeros_rows)
-    q, kv, _, _ = golden_qkv_proj_rope(x_normed, i["wq_a"], i["wq_b"], i["wq_b_scale"], i["wkv"],
-                                       rope_cos, rope_sin, i["gamma_cq"], i["gamma_ckv"], cfg,
-                                       weight_format=weight_format, out_bf16=bf16)
+    f = golden_attention_front(i, rope_cos, rope_sin, cfg, weight_format=weight_format, float32=float32)
+    x_mixed, post, comb, x_normed, q, kv = (f[k] for k in ("x_mixed", "post", "comb", "x_normed", "q", "kv"))
 
     kv_cache = i["kv_cache"].clone()
     flat = kv_cache.view(-1, hd)
