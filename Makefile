@@ -15,8 +15,8 @@ TSTAMP := $(VENV)/.pto-test-installed
 demo: $(STAMP)
 	$(VENV)/bin/pto demo
 	@set -e; d=$$(mktemp -d); trap 'rm -rf "$$d"' EXIT; \
-	$(VENV)/bin/pto checkpoint tiny "$$d/tiny" --seed 0; \
-	$(VENV)/bin/pto generate "$$d/tiny" --input-ids "5 17 300 42 7 99" --max-new-tokens 8 --weights int8
+	$(VENV)/bin/pto checkpoint tiny "$$d/tiny" --seed 0 --mtp; \
+	$(VENV)/bin/pto generate "$$d/tiny" --input-ids "5 17 300 42 7 99" --max-new-tokens 8 --weights int8 --mtp
 
 test: $(TSTAMP)
 	$(PY) -m pytest -q

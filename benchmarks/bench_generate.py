@@ -13,11 +13,17 @@ the best run is reported (the machine is shared):
   with the per-kernel wall split (where the time goes: runtime vs the kernels' tile math is
   in ``benchmarks/bench_overhead.py``).
 
-Columns: prefill wall (ms), decode ms per token, tokens/s, peak RSS (MiB), and each pto
-engine's ratios to transformers (wall = prefill + decode). Target of issue 15: the kernel
-path within 3x of transformers' wall.
+* ``kernels+mtp``: the kernel path with self-speculative decoding by the checkpoint's MTP
+  layer (``generate(mtp=True)``; each decode step verifies a draft and drafts the next);
+  ``kernels+mtp-accept``: the same with every draft taken from a plain greedy run (all
+  accepted: two tokens per step, the upper bound of MTP on this machine).
+
+Columns: prefill wall (ms), decode ms per token, tokens/s, peak RSS (MiB), decode steps and
+the MTP acceptance rate, and each pto engine's ratios to transformers (wall = prefill +
+decode). Target of issue 15: the kernel path within 3x of transformers' wall.
 
     python benchmarks/bench_generate.py [--prompt 509] [--new 8] [--repeat 2] [--chunk 128]
+        [--engines transformers,golden,kernels,kernels+mtp,kernels+mtp-accept]
 """
 
 from __future__ import annotations
@@ -66,17 +72,24 @@ def _pto(ckpt: str, ids: list[int], new: int, repeat: int, engine: str, chunk: i
     from pto.models.deepseek_v4.weights import open_checkpoint
 
     dep = get_deployment("tiny")
-    if engine == "kernels":
+    kernels = engine.startswith("kernels")
+    if kernels:
         model = KernelModel(open_checkpoint(ckpt, "int8"), dep)
     else:
         model = GoldenModel(open_checkpoint(ckpt, "bf16"), dep)
+    mtp = {}
+    if engine.startswith("kernels+mtp"):
+        mtp = {"mtp": True}
+        if engine.endswith("-accept"):  # drafts from a plain greedy run: every one accepted
+            plain = generate(model, [ids], max_new_tokens=new, chunk=chunk, eos_token_id=None)
+            mtp.update(drafts="accept", reference=plain.tokens)
     best = None
     for k in range(repeat + 1):
-        if engine == "kernels" and k == 1:
+        if kernels and k == 1:
             model.stats.__init__()  # count the timed runs only
-        res = generate(model, [ids], max_new_tokens=new, chunk=chunk, eos_token_id=None)
+        res = generate(model, [ids], max_new_tokens=new, chunk=chunk, eos_token_id=None, **mtp)
         run = {"prefill_s": res.prefill_s, "decode_s": res.decode_s, "steps": res.decode_steps,
-               "tokens": res.tokens[0]}
+               "tokens": res.tokens[0], "accept": res.acceptance_rate if mtp else None}
         if best is None or run["prefill_s"] + run["decode_s"] < best["prefill_s"] + best["decode_s"]:
             best = run
     if engine == "kernels":
@@ -107,7 +120,7 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     results = {}
     with tempfile.TemporaryDirectory(prefix="pto_bench_gen_") as tmp:
-        ckpt = str(write_tiny_checkpoint(f"{tmp}/tiny", seed=0))
+        ckpt = str(write_tiny_checkpoint(f"{tmp}/tiny", seed=0, mtp=True))
         for engine in args.engines.split(","):
             q = ctx.Queue()
             p = ctx.Process(target=_worker, args=(engine, ckpt, ids, args.new, args.repeat, args.chunk, q))
@@ -118,19 +131,21 @@ def main() -> None:
     con = Console(width=140)
     table = Table(title=f"generate: tiny checkpoint, {args.prompt}-token prompt, {args.new} new tokens, "
                         f"1 thread, best of {args.repeat}")
-    for col in ("engine", "prefill ms", "decode ms/token", "tokens/s", "peak RSS MiB", "wall / HF",
-                "prefill / HF", "decode / HF", "tokens = HF"):
+    for col in ("engine", "prefill ms", "decode ms/token", "tokens/s", "peak RSS MiB", "decode steps",
+                "MTP accept", "wall / HF", "prefill / HF", "decode / HF", "tokens = HF"):
         table.add_column(col, justify="left" if col == "engine" else "right")
     ref = results.get("transformers")
     for engine, r in results.items():
         wall = r["prefill_s"] + r["decode_s"]
-        dec = 1e3 * r["decode_s"] / max(r["steps"], 1)
-        cells = [engine, f"{1e3 * r['prefill_s']:.0f}", f"{dec:.1f}", f"{args.new / wall:.1f}", f"{r['rss_mib']:.0f}"]
+        dec = 1e3 * r["decode_s"] / max(args.new - 1, 1)  # per decoded token (MTP: fewer steps)
+        acc = r.get("accept")
+        cells = [engine, f"{1e3 * r['prefill_s']:.0f}", f"{dec:.1f}", f"{args.new / wall:.1f}", f"{r['rss_mib']:.0f}",
+                 str(r["steps"]), "-" if acc is None else f"{100 * acc:.0f}%"]
         if ref is not None:
             ref_wall = ref["prefill_s"] + ref["decode_s"]
-            ref_dec = ref["decode_s"] / max(ref["steps"], 1)
+            ref_dec = ref["decode_s"] / max(args.new - 1, 1)
             cells += [f"{wall / ref_wall:.2f}x", f"{r['prefill_s'] / ref['prefill_s']:.2f}x",
-                      f"{(r['decode_s'] / max(r['steps'], 1)) / ref_dec:.2f}x",
+                      f"{(r['decode_s'] / max(args.new - 1, 1)) / ref_dec:.2f}x",
                       "yes" if r["tokens"] == ref["tokens"] else f"no ({r['tokens']})"]
         else:
             cells += ["-"] * 4

@@ -999,6 +999,8 @@ def _generate_args(p):
     p.add_argument("--json", action="store_true", help="print one JSON object (tokens, timings)")
     p.add_argument("--stats", action="store_true",
                    help="kernel path: per program kind the runs, tasks, edges, edges per task, heap peak, wall")
+    p.add_argument("--mtp", action="store_true",
+                   help="self-speculative decoding with the checkpoint's MTP layer (same tokens, fewer decode steps)")
 
 
 def _parse_ids(text: str, where: str) -> list[int]:
@@ -1079,13 +1081,17 @@ def cmd_generate(args) -> int:
             bar.update(task, completed=done, total=total, description=phase)
 
         res = generate(model, prompts, max_new_tokens=args.max_new_tokens, chunk=args.chunk,
-                       progress=progress)
+                       progress=progress, mtp=args.mtp)
     wall = time.perf_counter() - t0
     out = {"tokens": res.tokens, "stop_reasons": res.stop_reasons,
            "prompt_tokens": [len(p) for p in prompts], "weights": args.weights,
            "backend": backend, "prefill_s": round(res.prefill_s, 6),
            "decode_ms_per_token": round(res.decode_ms_per_token, 3),
-           "tokens_per_s": round(res.tokens_per_s, 3), "wall_s": round(wall, 6)}
+           "tokens_per_s": round(res.tokens_per_s, 3), "wall_s": round(wall, 6),
+           "decode_steps": res.decode_steps}
+    if args.mtp:
+        out.update(mtp_drafts=res.mtp_drafts, mtp_accepted=res.mtp_accepted,
+                   acceptance_rate=round(res.acceptance_rate, 4), decode_steps_saved=res.decode_steps_saved)
     if text is not None:
         out["text"] = [text.decode(t) for t in res.tokens]
     if backend == "kernels":
@@ -1110,6 +1116,10 @@ def cmd_generate(args) -> int:
               f"{res.decode_ms_per_token:.2f} ms/token, {res.tokens_per_s:.1f} tokens/s "
               f"(weights {args.weights}, {'DSL kernels' if backend == 'kernels' else 'golden FP32 forward'})",
               highlight=False)
+    if args.mtp:
+        con.print(f"MTP: {res.mtp_accepted}/{res.mtp_drafts} drafts accepted (acceptance rate "
+                  f"{100 * res.acceptance_rate:.1f} %), {res.decode_steps} decode steps, "
+                  f"{res.decode_steps_saved} saved", highlight=False)
     return 0
 
 
