@@ -133,6 +133,32 @@ def test_stable_sqrt_softplus_against_float64():
     assert abs(float(y[0, i20]) ** 2 - 2.061153622e-9) < 1e-13  # a naive log(1+exp(x)) gives 0
 
 
+@pytest.mark.parametrize("n,k", [(16, 4), (40, 6), (256, 6), (384, 8)])
+def test_topk_is_the_prefix_of_a_stable_descending_sort(n, k):
+    """The router's top-k (sort32 + mrgsort; E = 16 tiny, 256 FLASH, 384 pro, 40 a padded
+    width) against torch's stable descending argsort, ties included: rows of one repeated
+    value, rows with few distinct values, a row whose ties straddle the k-th place."""
+    gen = torch.Generator().manual_seed(n)
+    v = torch.randn(12, n, generator=gen)
+    v[0] = 0.5  # all tied: experts 0 .. k-1
+    v[1] = torch.randint(0, 3, (n,), generator=gen).float()  # few distinct values
+    v[2, :] = -1.0
+    v[2, [n - 1, n // 2, 3]] = 2.0  # ties inside the top-k, listed lowest id first
+    v[3] = torch.randn(n, generator=gen).round(decimals=1)
+    m = v.shape[0]
+
+    @pl.jit
+    def topk(x: pl.Tensor[[m, n], pl.FP32], idx: pl.Out[pl.Tensor[[m, k], pl.INT32]]):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="topk"):
+            idx[0:m, 0:k] = gate_mod._topk_indices(x[0:m, 0:n], k)
+
+    got = torch.zeros(m, k, dtype=torch.int32)
+    topk(v, got)
+    want = torch.sort(v, dim=1, descending=True, stable=True).indices[:, :k].to(torch.int32)
+    assert torch.equal(got, want)
+    assert got[0].tolist() == list(range(k)) and got[2, :3].tolist() == [3, n // 2, n - 1]
+
+
 def test_gate_hash_id_out_of_vocab_is_bind_error_before_any_task():
     cr = build_gate("tiny", "prefill", T=10, layer_id=0)
     vals = [s.create_tensor() if hasattr(s, "create_tensor") else s.to_python() for s in cr.specs]

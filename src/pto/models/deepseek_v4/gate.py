@@ -26,11 +26,10 @@ on the scalar ``layer_id``: ``route_hash`` (table rows of ``tid2eid``, gather of
 or ``route_topk``; ``gate_inactive_pad`` zero-fills rows ``>= num_tokens``. Deviations:
 ``ffn_norm`` quantises in the same task (the reference's separate ``x_norm_quant``) and casts
 INT32 codes straight to INT8 (:func:`int8_codes`; same values); the
-top-k is ``K`` rounds of "row max, lowest column holding it, mask it" on the whole
-``[tokens, E]`` tile (the DSL has no ``sort32`` / ``mrgsort`` yet; the selected list is the
-prefix of a stable descending sort, i.e. ties go to the lowest expert id, as the reference
-golden's stable argsort); the comparisons it needs are spelled as saturating products
-(:func:`positive_step`), not compare ops; the reference's softplus (``relu(x) +
+top-k is ``pl.sort32`` + ``pl.mrgsort`` of the whole ``[tokens, E]`` tile with the expert ids
+carried along (the selected list is the prefix of a stable descending sort, i.e. ties go to
+the lowest expert id, as the reference golden's stable argsort); the softplus range switch is
+spelled as a saturating product (:func:`positive_step`), not a compare op; the reference's softplus (``relu(x) +
 log(1 + exp(-|x|))`` above -10, ``exp(x)`` below) loses up to 1e-3 relative near -10 in
 FP32, so ``log1p`` uses Goldberg's correction instead (same values up to rounding).
 """
@@ -106,19 +105,21 @@ def stable_sqrt_softplus(z):
 def _topk_indices(v, k: int):
     """``[M, k]`` INT32: per row the columns of the ``k`` largest values of the FP32 tile
     ``v [M, N]`` in descending order, ties to the lowest column (a stable descending sort's
-    prefix). Each round: ``m = row_max``; among columns with ``m - v <= 0`` the lowest
-    (``row_min`` of ``col + N * step(m - v)``); that column is then set to ``-FP32_MAX``."""
+    prefix, as the reference golden's stable argsort). ``pl.sort32`` of the row with the column
+    ids ``0 .. N-1`` (``N`` padded to a multiple of 32 with ``-FP32_MAX``, after every real
+    column), ``pl.mrgsort`` of 4 runs at a time up to one run, the first ``k`` pairs' indices.
+    Both sorts are stable, so equal values keep ascending column order."""
     m_rows, n = v.shape
-    col = pl.col_expand(pl.full([m_rows, n], pl.FP32, 0.0), pl.cast(pl.arange(0, [1, n], pl.INT32), pl.FP32))
-    out = pl.full([m_rows, k], pl.INT32, 0)
-    for r in range(k):
-        m = pl.row_max(v)
-        key = col + positive_step(pl.neg(pl.row_expand_sub(v, m))) * float(n)
-        pick = pl.row_min(key)  # [M, 1] FP32, an exact integer
-        out = pl.assemble(out, pl.cast(pick, pl.INT32, mode="rint"), [0, r])
-        hit = 1.0 - positive_step(pl.abs(pl.row_expand_sub(col, pick)))
-        v = pl.minimum(v, (1.0 - hit) * FP32_MAX - hit * FP32_MAX)
-    return out
+    n32 = round_up(n, 32)
+    if n32 > n:
+        v = pl.assemble(pl.full([m_rows, n32], pl.FP32, -FP32_MAX), v, [0, 0])
+    pairs = pl.sort32(v, pl.arange(0, [1, n32], pl.UINT32))  # [M, 2 * n32]: runs of 32 pairs
+    run_lanes = 64
+    while run_lanes < 2 * n32:
+        pairs = pl.mrgsort(pairs, block_len=run_lanes)
+        run_lanes *= 4
+    return pl.gather(pl.slice(pairs, [m_rows, 2 * k], [0, 0]), mask_pattern=pl.MaskPattern.P1010,
+                     output_dtype=pl.INT32)
 
 
 def _normalise(s, scale: float):
