@@ -999,6 +999,9 @@ def _generate_args(p):
     p.add_argument("--json", action="store_true", help="print one JSON object (tokens, timings)")
     p.add_argument("--stats", action="store_true",
                    help="kernel path: per program kind the runs, tasks, edges, edges per task, heap peak, wall")
+    p.add_argument("--ep", type=int, default=None, metavar="N",
+                   help="expert parallelism: start N ranks (torch.distributed, gloo) on this machine; under "
+                        "torchrun the world size (docs/distributed.md)")
     p.add_argument("--mtp", action="store_true",
                    help="self-speculative decoding with the checkpoint's MTP layer (same tokens, fewer decode steps)")
 
@@ -1020,6 +1023,12 @@ def cmd_generate(args) -> int:
     print the tokens and timings. Any bad input (unreadable prompt, ids outside the
     vocabulary, empty or too long prompt, malformed checkpoint) exits 2 before any work."""
     import json
+
+    from pto.models.deepseek_v4.ep_model import ep_launch
+
+    code = ep_launch(args)  # --ep N: check, start N ranks, their exit code; in a rank: join the world
+    if code is not None:
+        return code
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -1060,7 +1069,9 @@ def cmd_generate(args) -> int:
         dep = DeploymentConfig.sized(ckpt.config, 4, n, block_size=16 if ckpt.config.hidden_size <= 1024 else 128)
         if backend == "kernels":
             from pto.models.deepseek_v4.layer import KernelModel
-            model = KernelModel(ckpt, dep)
+            import pto.language.distributed as pld
+            from pto.models.deepseek_v4.ep_model import EPModel
+            model = (EPModel if pld.world_size() > 1 else KernelModel)(ckpt, dep)
         else:
             model = GoldenModel(ckpt, dep)
         from pto.models.deepseek_v4.generate import check_prompts
@@ -1182,6 +1193,7 @@ def main(argv=None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what `pto generate --ep N` gives its ranks
     if getattr(args, "_handler", None) is None:
         parser.print_help()
         return 2

@@ -188,3 +188,56 @@ class EPModel(KernelModel):
         for st in states:
             st.pos += 1
         return logits
+
+
+def ep_launch(args):
+    """The ``--ep`` part of ``pto generate`` (called first by the command).
+
+    * In a rank of a multi-rank run (``WORLD_SIZE > 1`` in the environment: a rank spawned by
+      ``--ep N`` or started by ``torchrun``): join the world (``pto.runtime.distributed.init``),
+      silence stdout on ranks other than 0, return None (the command goes on with
+      :class:`EPModel`).
+    * Otherwise with ``--ep N > 1``: check the request against the checkpoint's config
+      before any process starts, then start ``N`` ranks of the same command line and return
+      the exit code (0 when every rank succeeded).
+    * Otherwise (no ``--ep`` or ``--ep 1``): None.
+
+    Raises:
+        ConfigError: ``--ep`` with a non-kernel backend, a world size the config does not
+            allow (:func:`moe_ep.check_ep`), an ``--ep`` that differs from ``WORLD_SIZE``, or
+            an unreadable checkpoint config.
+    """
+    import os
+    import sys
+
+    from pto.errors import ConfigError, PtoError
+    from pto.models.deepseek_v4.weights import open_checkpoint
+
+    ep = getattr(args, "ep", None)
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if ep is None and world == 1:
+        return None
+    if world > 1:
+        if ep is not None and ep != world:
+            raise ConfigError(f"--ep {ep} but this rank runs in a world of WORLD_SIZE={world}")
+        dist.init()
+        if pld.rank() != 0:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - one rank prints the result
+        return None
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+        raise ConfigError(f"--ep must be a positive integer, got {ep!r}")
+    backend = args.backend if args.backend != "auto" else ("kernels" if args.weights == "int8" else "golden")
+    if ep > 1 and backend != "kernels":
+        raise ConfigError(f"--ep {ep}: expert parallelism runs on the kernel path (--weights int8)")
+    try:
+        cfg = open_checkpoint(args.checkpoint, args.weights).config
+    except PtoError as e:
+        raise ConfigError(f"{type(e).__name__}: {e}") from None
+    check_ep(cfg, ep)
+    if ep == 1:
+        return None
+    argv = list(getattr(args, "argv", None) or sys.argv[1:])
+    return dist.spawn(argv, ep)
+
+
+__all__ += ["ep_launch"]
