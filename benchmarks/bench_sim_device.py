@@ -23,6 +23,7 @@ allocation-time fills (windows and each allocation's cost), also for docs/perfor
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from dataclasses import dataclass, field
 
@@ -100,12 +101,14 @@ FIGURES: list = [
            note="serial chain of tiny vector ops: the cost model has no per-op latency"),
     Figure("qkv_proj_rope decode, Total Test Time", 221.67,
            "pypto-lib PR #648 (a2a3 device 3, 3-run mean, L2 swimlane on)", ("qkv_proj_rope",), "effective", SEED,
-           note="per-core GM bandwidth is the fair share of 1.6 TB/s; the weight-streaming matmuls reach less"),
+           note=("a standalone Total Test Time also counts per-launch prep outside the orch/sched windows and "
+                 "runs with the L2 swimlane on; per task the model is fast too (next row)")),
     Figure("qkv_proj_rope q_head_rms_nope_rope avg exec", 19.13, "pypto-lib PR #648",
            ("qkv_proj_rope",), "task:qproj_dequant_rms_nope_rope", SEED),
     Figure("prefill indexer, standalone, 128 tokens, start-pos 896 (before the PR)", 952.9,
            "pypto-lib PR #834 (a2a3, 20 rounds)", ("prefill_indexer",), "effective", INIT,
-           mode="prefill", build={"T": 128, "start_pos": 896}),
+           mode="prefill", build={"T": 128, "start_pos": 896},
+           note="per-token score and top-k chains of small vector ops: no per-op latency in the model"),
     Figure("prefill sparse attention, standalone, ratio 4, 128 tokens (before the PR)", 635.2,
            "pypto-lib PR #834 (a2a3, median of 3 x 20-round means)", ("prefill_sparse_attn",), "effective",
            mode="prefill", build={"T": 128, "compress_ratio": 4}),
@@ -121,15 +124,19 @@ def _registered() -> dict:
 _PROGRAMS: dict = {}
 
 
-def run_case(case, preset: str, mode: str, options: dict):
-    """Run ``case`` once (seeded inputs, no check mode); cached per (name, preset, mode, options)."""
+def run_case(case, preset: str, mode: str, options: dict, cache: bool = True):
+    """Run ``case`` once (seeded inputs, no check mode); cached per (name, preset, mode, options)
+    unless ``cache`` is False (a Program holds its heap: the seed table runs dozens)."""
     key = (case.name, preset, mode, tuple(sorted(options.items())))
-    if key not in _PROGRAMS:
-        cr = case.build(preset, mode, **options)
-        torch.manual_seed(0)
-        vals = [s.to_python() if isinstance(s, ScalarSpec) else s.create_tensor() for s in cr.specs]
-        _PROGRAMS[key] = cr.fn.run(*vals, config=pto.RunConfig(check=False))
-    return _PROGRAMS[key]
+    if key in _PROGRAMS:
+        return _PROGRAMS[key]
+    cr = case.build(preset, mode, **options)
+    torch.manual_seed(0)
+    vals = [s.to_python() if isinstance(s, ScalarSpec) else s.create_tensor() for s in cr.specs]
+    prog = cr.fn.run(*vals, config=pto.RunConfig(check=False))
+    if cache:
+        _PROGRAMS[key] = prog
+    return prog
 
 
 def _window(sim, name: str) -> float:
@@ -187,18 +194,23 @@ def rows(preset: str = "flash", machine_name: str = "a2a3") -> list:
     return out
 
 
-def seed_vs_init(preset: str = "flash", machine_name: str = "a2a3", modes=("decode", "prefill")) -> list:
+def seed_vs_init(preset: str = "flash", machine_name: str = "a2a3", modes=("decode", "prefill"),
+                 skip=()) -> list:
     """Seed tasks against allocation-time fills for every registered model kernel with a seed
-    variant: one dict per (kernel, mode) with both variants' tasks, fill bytes, simulated
-    windows and the per-allocation comparison (:func:`pto.runtime.simulate.fill_vs_seed`)."""
+    variant (but those named in ``skip``): one dict per (kernel, mode) with both variants'
+    tasks, fill bytes, simulated windows and the per-allocation comparison
+    (:func:`pto.runtime.simulate.fill_vs_seed`)."""
     machine = get_machine(machine_name)
     out = []
-    for case in sorted((c for c in all_cases(group="model") if c.seed_variant), key=lambda c: c.name):
+    cases = (c for c in all_cases(group="model") if c.seed_variant and c.name not in skip)
+    for case in sorted(cases, key=lambda c: c.name):
         for mode in (m for m in modes if m in case.modes):
-            ps, pi = run_case(case, preset, mode, SEED), run_case(case, preset, mode, INIT)
+            ps, pi = run_case(case, preset, mode, SEED, cache=False), run_case(case, preset, mode, INIT, cache=False)
             ss, si = simulate(ps, machine), simulate(pi, machine)
             out.append({"kernel": case.name, "mode": mode, "seed": ss, "init": si,
                         "allocations": fill_vs_seed(ps, pi, machine)})
+            del ps, pi
+            gc.collect()  # a Program and its heap are a reference cycle: free them before the next kernel
     return out
 
 
@@ -252,10 +264,12 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print a markdown table instead of the rich table")
     ap.add_argument("--seed-table", action="store_true",
                     help="print the seed-task vs init_value table of every seed-variant kernel (markdown)")
+    ap.add_argument("--skip", nargs="*", default=[], metavar="NAME",
+                    help="kernels the seed table leaves out (e.g. moe: all 256 FLASH experts take ~12 GB)")
     args = ap.parse_args(argv)
     machine = get_machine(args.machine)
     if args.seed_table:
-        print(seed_markdown(seed_vs_init(args.preset, args.machine), args.preset, machine))
+        print(seed_markdown(seed_vs_init(args.preset, args.machine, skip=args.skip), args.preset, machine))
         return 0
     table_rows = rows(args.preset, args.machine)
     if args.markdown:
