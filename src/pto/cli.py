@@ -915,18 +915,14 @@ def cmd_diff(args) -> int:
         table.add_row(name, fmt(a), fmt(b), sign + fmt(abs(b - a)))
 
     st = [p.stats for p in progs]
-    row("tasks", st[0].tasks, st[1].tasks, count)
-    row("edges", st[0].edges, st[1].edges, count)
-    row("blocks", sims[0].blocks, sims[1].blocks, count)
-    row("heap peak", st[0].heap_peak_bytes, st[1].heap_peak_bytes, fmt_bytes)
-    row("scratch", st[0].scratch_bytes, st[1].scratch_bytes, fmt_bytes)
-    row("init fills", sims[0].fills, sims[1].fills, count)
-    row("AICPU fill time", sims[0].fill_us, sims[1].fill_us, us)
-    row("orchestration window", sims[0].orch_us, sims[1].orch_us, us)
-    row("scheduler window", sims[0].sched_us, sims[1].sched_us, us)
-    row("effective (union)", sims[0].effective_us, sims[1].effective_us, us)
-    row("makespan (cores)", sims[0].makespan_us, sims[1].makespan_us, us)
-    row("critical path", sims[0].critical_path_us, sims[1].critical_path_us, us)
+    for name, src, attr, fmt in (
+            ("tasks", st, "tasks", count), ("edges", st, "edges", count), ("blocks", sims, "blocks", count),
+            ("heap peak", st, "heap_peak_bytes", fmt_bytes), ("scratch", st, "scratch_bytes", fmt_bytes),
+            ("init fills", sims, "fills", count), ("AICPU fill time", sims, "fill_us", us),
+            ("orchestration window", sims, "orch_us", us), ("scheduler window", sims, "sched_us", us),
+            ("effective (union)", sims, "effective_us", us), ("makespan (cores)", sims, "makespan_us", us),
+            ("critical path", sims, "critical_path_us", us)):
+        row(name, getattr(src[0], attr), getattr(src[1], attr), fmt)
     outs = [_outputs(p) for p in progs]
     for name in dict.fromkeys([*outs[0], *outs[1]]):
         a, b = outs[0].get(name), outs[1].get(name)
@@ -999,6 +995,8 @@ def _generate_args(p):
     p.add_argument("--json", action="store_true", help="print one JSON object (tokens, timings)")
     p.add_argument("--stats", action="store_true",
                    help="kernel path: per program kind the runs, tasks, edges, edges per task, heap peak, wall")
+    p.add_argument("--check", action="store_true",
+                   help="kernel path: run every step program in check mode (definedness sanitizer, race checker)")
     p.add_argument("--ep", type=int, default=None, metavar="N",
                    help="expert parallelism: start N ranks (torch.distributed, gloo) on this machine; under "
                         "torchrun the world size (docs/distributed.md)")
@@ -1071,8 +1069,15 @@ def cmd_generate(args) -> int:
             from pto.models.deepseek_v4.layer import KernelModel
             import pto.language.distributed as pld
             from pto.models.deepseek_v4.ep_model import EPModel
-            model = (EPModel if pld.world_size() > 1 else KernelModel)(ckpt, dep)
+            if pld.world_size() > 1:
+                if args.check:
+                    raise ConfigError("--check runs one rank's kernel path; drop --ep")
+                model = EPModel(ckpt, dep)
+            else:
+                model = KernelModel(ckpt, dep, check=args.check)
         else:
+            if args.check:
+                raise ConfigError("--check runs the kernels in check mode: it needs --weights int8")
             model = GoldenModel(ckpt, dep)
         from pto.models.deepseek_v4.generate import check_prompts
         check_prompts(prompts, model.cfg, dep, args.max_new_tokens)
