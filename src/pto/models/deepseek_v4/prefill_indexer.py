@@ -8,7 +8,8 @@ Math (pypto-lib `models/deepseek/v4-flash/decode_indexer.py`, `prefill_indexer.p
     q8, sq = int8 per (t, h) row of bf16(q) @ hadamard   # sq = dequant scale 1/s
     w      = (x_t @ weights_proj) * HI^-0.5 * c^-0.5  # [HI]
     I[s]   = ks[s] * sum_h w_h * relu(float(q8_h . k8_s) * sq_h)   for s < n_vis = (p + 1) // 4
-    top    = the first min(K, n_vis) indices of a stable descending sort of I, then -1
+    top    = the first min(K, n_vis) indices of a stable descending sort of I, then -1;
+             a pick >= n_vis (only when a visible score is -inf) is -1 too
 
 ``k8`` / ``ks`` are the INT8 key cache rows and scales of the indexer compressor
 (:mod:`prefill_indexer_compressor`), logical entry ``s`` of request ``b`` at flat row
@@ -30,7 +31,11 @@ Shared core (:func:`indexer_topk_tasks`), prefill and decode (tokens request-maj
    relu, head weights, head sum, key scale; columns ``>= n_vis`` masked (``pl.cmp`` /
    ``pl.select``) into ``score_wide [T, L]``.
 6. ``spmd(T)`` ``<p>_topk``: ``pl.sort32`` + ``pl.mrgsort`` chain over the ``L``-wide row,
-   ``pl.gather(P1010)`` indices, ``-1`` past ``n_vis`` (and for inactive tokens).
+   ``pl.gather(P1010)`` indices, ``-1`` in columns past ``n_vis``, for picks ``>= n_vis``
+   and for inactive tokens: the output never names an entry past the causal bound ``(p +
+   1) // 4``, which the sparse-attention cores do not re-check. The masked columns hold
+   ``-FP32_MAX``, so a pick past the bound needs a visible score of ``-inf`` (an overflowed
+   ``ks * sum``); it then sorts after the masked columns and is dropped, not attended.
 
 ``L`` = the smallest ``32 * 4^j`` holding the widest visible row rounded up to a key page;
 bounded by the declared capacity ``score_capacity`` (``CapacityError`` before any task).
@@ -254,7 +259,8 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
                 run *= MERGE_WAYS
             idx = pl.gather(pl.slice(pairs, [1, 2 * Kc], [0, 0]), mask_pattern=pl.MaskPattern.P1010,
                             output_dtype=pl.INT32)
-            out = pl.assemble(out, pl.select(pl.cmp(kcol, nv, "lt"), idx, -1), [0, 0])
+            causal = pl.select(pl.cmp(idx, nv, "lt"), idx, -1)  # never an entry past (p + 1) // 4
+            out = pl.assemble(out, pl.select(pl.cmp(kcol, nv, "lt"), causal, -1), [0, 0])
         cmp_topk_indices[t:t + 1, 0:K] = out
     return cmp_topk_indices
 
@@ -404,12 +410,13 @@ def golden_indexer_scores(
 
 
 def golden_indexer_topk(score: torch.Tensor, n_vis: torch.Tensor, K: int) -> torch.Tensor:  # [T, K] int32
-    """First ``min(K, n_vis[t])`` indices of a stable descending sort of each row, then ``-1``."""
+    """First ``min(K, n_vis[t])`` indices of a stable descending sort of each row, then ``-1``;
+    an index ``>= n_vis[t]`` among them (a visible score of ``-inf``) is ``-1`` as well."""
     T, N = score.shape
     order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :K]
     out = torch.full((T, K), -1, dtype=torch.int64)
     out[:, :order.shape[1]] = order
-    keep = torch.arange(K)[None, :] < n_vis[:, None]
+    keep = (torch.arange(K)[None, :] < n_vis[:, None]) & (out < n_vis[:, None])
     return torch.where(keep, out, -1).to(torch.int32)
 
 
