@@ -687,7 +687,7 @@ def read(src, idx):
                 if type(i) is not int or not 0 <= i < n:
                     break
             else:
-                return d[key].item()
+                return _tile_value(src, d, key)
     if not isinstance(idx, (list, tuple)):
         idx = [idx]
     if isinstance(src, Tile):
@@ -705,6 +705,36 @@ def read(src, idx):
     idx = [_idx(i, "an index") for i in idx]
     _check_element_index("read", src, idx)
     return _read_elem(src, idx)
+
+
+_VALS_MAX = 1 << 16  # largest tile (elements) whose values pl.read caches as a Python list
+
+
+def _tile_value(tile: Tile, d: torch.Tensor, key: tuple):
+    """``d[key].item()`` for the in-bounds int ``key`` of ``tile`` (``d`` its data). From the
+    second read of a rank-1 or rank-2 tile on, the values come from a Python list of the whole
+    tile (``tolist``: the same numbers as ``item``), kept while the tensor's in-place version
+    counter is unchanged: a kernel reading a tile element by element (index lists) pays one
+    conversion instead of one torch call per element."""
+    vals = getattr(tile, "_vals", None)
+    if vals is not None and vals[0] is d:
+        try:
+            version = d._version
+        except RuntimeError:  # an inference-mode tensor has no version counter
+            return d[key].item()
+        if vals[1] == version:
+            lst = vals[2]
+            if lst is None:
+                if len(key) > 2 or d.numel() > _VALS_MAX:
+                    return d[key].item()
+                lst = d.tolist()
+                tile._vals = (d, version, lst)
+            return lst[key[0]] if len(key) == 1 else lst[key[0]][key[1]]
+    try:
+        tile._vals = (d, d._version, None)  # first read: remember it, convert on the next one
+    except RuntimeError:
+        pass
+    return d[key].item()
 
 
 def _check_element_index(op: str, t: GMTensor, idx: list) -> None:

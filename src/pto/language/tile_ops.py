@@ -77,7 +77,7 @@ class Tile:
     Python operators map to the DSL ops (``a + b`` is ``pl.add(a, b)``).
     """
 
-    __slots__ = ("data", "mask", "valid", "_mown")
+    __slots__ = ("data", "mask", "valid", "_mown", "_vals")
     __array_priority__ = 100
 
     def __init__(self, data: torch.Tensor, mask: torch.Tensor | None = None, valid=None):
