@@ -30,6 +30,7 @@ from pto.models.deepseek_v4 import decode_attention_csa  # noqa: F401  (register
 from pto.models.deepseek_v4 import lm_head  # noqa: F401  (registers "lm_head")
 from pto.models.deepseek_v4 import sampling  # noqa: F401  (registers "greedy_sample")
 from pto.models.deepseek_v4 import mtp_projection  # noqa: F401  (registers "mtp_projection")
+from pto.models.deepseek_v4 import mtp_layer  # noqa: F401  (registers "mtp_layer")
 
 # the model: checkpoints, the golden forward, the kernel path, generation
 from pto.models.deepseek_v4.weights import open_checkpoint  # noqa: E402,F401

@@ -40,7 +40,8 @@ import torch
 from pto.errors import BindError, ConfigError
 from pto.models.deepseek_v4.lm_head import golden_final_logits
 from pto.models.deepseek_v4.model import GoldenModel, LayerState
-from pto.models.deepseek_v4.mtp_projection import golden_mtp_projection, mtp_projection_kernels
+from pto.models.deepseek_v4.mtp_layer import mtp_layer_kernels
+from pto.models.deepseek_v4.mtp_projection import golden_mtp_projection
 from pto.models.deepseek_v4.qkv_proj_rope import quantize_weight_per_column
 from pto.models.deepseek_v4.weights import QuantWeight
 
@@ -69,12 +70,12 @@ class MtpLayer:
         self.w = w
         bf16 = torch.bfloat16
         if self.kernel:
-            ew, es = quantize_weight_per_column(ckpt.tensor(f"mtp.0.e_proj.weight").T.contiguous())
-            hw, hs = quantize_weight_per_column(ckpt.tensor(f"mtp.0.h_proj.weight").T.contiguous())
+            ew, es = quantize_weight_per_column(ckpt.tensor("mtp.0.e_proj.weight").T.contiguous())
+            hw, hs = quantize_weight_per_column(ckpt.tensor("mtp.0.h_proj.weight").T.contiguous())
             self.proj_w = [w["enorm.weight"].to(bf16), w["hnorm.weight"].to(bf16), ew, es, hw, hs]
             self.head_w = [w["hc_head_fn"], w["hc_head_scale"], w["hc_head_base"], w["norm.weight"].to(bf16),
                            glob["head.weight"].to(bf16)]
-            self._proj = mtp_projection_kernels(model.kcfg).mtp_projection_test
+            self._programs = mtp_layer_kernels(model.kcfg)
         else:
             self.head_w = [w["hc_head_fn"], w["hc_head_scale"], w["hc_head_base"], w["norm.weight"],
                            glob["head.weight"]]
@@ -100,20 +101,19 @@ class MtpLayer:
     # ---- kernels ---------------------------------------------------------------------------
     def kernels(self, ids_next: torch.Tensor, X: torch.Tensor, rids: list[int], pos: torch.Tensor,
                 prefill: bool) -> torch.Tensor:
-        """MTP layer on the kernels: ``mtp_projection`` -> the SWA layer program with the MTP
-        weights and cache -> ``final_logits`` with the MTP head; logits ``[T, V]`` FP32."""
+        """MTP layer on the kernels, one program (``mtp_layer.mtp_{decode,prefill}_layer``:
+        projection, the SWA layer body with the MTP weights and its cache layer, the MTP head);
+        logits ``[T, V]`` FP32. The embedding rows are the shared BF16 table's."""
         m = self.model
         T = ids_next.numel()
         ids_next = ids_next.to(torch.int64)
-        x_hc = torch.empty_like(X)
-        m._run("mtp_projection", self._proj, m._embed_w[ids_next], X, *self.proj_w, x_hc)
         x_out = torch.empty_like(X)
-        name = f"{'prefill' if prefill else 'decode'}_layer_swa"
-        n_tok = [int((pos >= 0).sum())] if prefill else []
-        m._run(f"mtp_{name}", getattr(m.programs, name), x_hc, *m.layer_args(self.L, rids, pos, prefill),
-               ids_next, x_out, self.L, *n_tok)
         logits = torch.empty(T, self.cfg.vocab_size)
-        m._run("mtp_final_logits", m._final_logits, x_out, *self.head_w, logits)
+        phase = "prefill" if prefill else "decode"
+        n_tok = [int((pos >= 0).sum())] if prefill else []
+        m._run(f"mtp_{phase}_layer", getattr(self._programs, f"mtp_{phase}_layer"), m._embed_w[ids_next], X,
+               *self.proj_w, *m.layer_args(self.L, rids, pos, prefill), ids_next, *self.head_w, x_out, logits,
+               *n_tok)
         return logits
 
 
