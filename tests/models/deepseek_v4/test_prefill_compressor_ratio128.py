@@ -359,3 +359,17 @@ def test_flash_split_equals_single_call():
     cmp_b, state_b, _ = run_kernel(FLASH, chunk(d, 50, 128, cmp_a, state_a), check=False)
     assert torch.equal(cmp_b, cmp_one) and torch.equal(state_b, state_one)
     assert_matches_golden(FLASH, d, cmp_one, state_one)
+
+
+def test_pooled_pad_init_is_kept_as_the_reference_but_not_load_bearing():
+    """pooled_kv_pad keeps the reference's init=0 (v4flash-kernels.md A.4 / C.1); dropping it
+    (check mode: undefined rows poisoned) changes no output bit: rows are normalised one by one
+    and only rows with a destination reach cmp_kv."""
+    cr = get_case("prefill_compressor_ratio128").build("tiny", "prefill", T=40, start_pos=100)
+    kept = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, cr.rtol, cr.atol, check=True)
+    dropped = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, cr.rtol, cr.atol, check=True,
+                      config=pto.RunConfig(drop_init=("pooled_kv_pad",)))
+    assert kept.passed and dropped.passed, (kept.error, dropped.error)
+    assert kept.program.stats.init_bytes > 0
+    for k in kept.actual:
+        assert torch.equal(kept.actual[k], dropped.actual[k]), k

@@ -390,6 +390,8 @@ def prefill_compressor_ratio128(
     if seed_scopes:
         pooled_kv_pad = pl.create_tensor([w_pad, d], pl.FP32, capacity=[tl.pad_capacity])
     else:
+        # kept as the reference (v4flash-kernels.md A.4 / C.1: init=0), though not load-bearing: rows are
+        # normalised one by one and only rows with a destination are written out (drop_init passes)
         pooled_kv_pad = pl.create_tensor([w_pad, d], pl.FP32, init_value=0, capacity=[tl.pad_capacity])
     normed_kv_pad = pl.create_tensor([w_pad, d], pl.FP32, capacity=[tl.pad_capacity])
 
