@@ -16,7 +16,7 @@ from pto.models.deepseek_v4.weights import Checkpoint, QuantWeight, attention_in
 
 
 def test_flash_mtp_layer_has_the_published_shard_count():
-    # checkpoint-layout.md 4 (MTPc): the real MTP shard holds 1575 tensors, all under mtp.0.
+    # the published DeepSeek-V4-Flash MTP shard (model-00046-of-00046) holds 1575 tensors, all mtp.0.*
     want = expected_mtp_tensors(get_config("flash"))
     assert all(k.startswith("mtp.0.") for k in want)
     scaled = [k for k in want if k[len("mtp.0."):] in FP8_WEIGHTS + MTP_FP8_WEIGHTS

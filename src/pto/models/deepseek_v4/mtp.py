@@ -1,10 +1,10 @@
 """Multi-token prediction: the MTP draft layer and self-speculative greedy decoding.
 
-The MTP layer (checkpoint-layout.md section 4, the reference ``MTPBlock``; v4flash-kernels.md
-B.25-B.27) at position ``p`` reads the main model's streams ``X_p`` (before ``hc_head``) and
+The MTP layer (DeepSeek-V4-Flash ``inference/model.py`` ``MTPBlock``; pypto-lib
+`models/deepseek/v4-flash/` ``mtp_projection.py``, ``decode_mtp.py``, ``prefill_mtp.py``) at position ``p`` reads the main model's streams ``X_p`` (before ``hc_head``) and
 the embedding of the token at ``p + 1``:
 
-    x = mtp_projection(embed[t_{p+1}], X_p)       # e_proj(enorm(e)) + h_proj(hnorm(X)), B.25
+    x = mtp_projection(embed[t_{p+1}], X_p)       # e_proj(enorm(e)) + h_proj(hnorm(X))
     x = SWA attention + MoE of the MTP layer       # layer num_hidden_layers: ratio 0, learned routing
     draft_{p+2} = argmax head(norm(hc_head(x)))    # its own hc_head / norm, the shared head
 

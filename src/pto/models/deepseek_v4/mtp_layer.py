@@ -1,19 +1,20 @@
 """The MTP draft layer as one program: projection, sliding-window attention + MoE, head.
 
-Chain (v4flash-kernels.md B.26 decode, B.27 prefill; checkpoint-layout.md section 4):
+Chain (pypto-lib `models/deepseek/v4-flash/decode_mtp.py`, `prefill_mtp.py`; DeepSeek-V4-Flash
+``inference/model.py`` ``MTPBlock``):
 
-    x_hc   = mtp_projection(emb, prev_hc)              # B.25: e_proj(enorm(e)) + h_proj(hnorm(X))
+    x_hc   = mtp_projection(emb, prev_hc)              # e_proj(enorm(e)) + h_proj(hnorm(X))
     x_out  = MoE(SWA attention(x_hc))                  # the layer body of a ratio-0 layer, layer_id L
     logits = lm_head(rms_norm(hc_head(x_out)))         # the MTP layer's hc_head / norm, shared head
 
 ``mtp_decode_layer``: ``B`` requests of ``S`` tokens (``[B, n]`` tables; the decode SWA
-block, B.6); ``mtp_prefill_layer``: one request, ``T`` rows of which ``num_tokens`` are
-active (A.3). ``layer_id`` is ``num_hidden_layers`` (learned routing with the router bias;
-the MTP layer has no hash table). Outputs: ``x_out [T, hc_mult, D]`` FP32 (B.26's
+block of `decode_attention_swa.py`); ``mtp_prefill_layer``: one request, ``T`` rows of which ``num_tokens`` are
+active (`prefill_attention_swa.py`). ``layer_id`` is ``num_hidden_layers`` (learned routing with the router bias;
+the MTP layer has no hash table). Outputs: ``x_out [T, hc_mult, D]`` FP32 (`decode_mtp.py`'s
 ``next_pre_hc_hidden``, the streams a second MTP depth would read) and ``logits [T, V]``.
 
 Deviations: the reference returns the normed hidden (``hidden_out``) and applies the
-TP-sharded LM head outside (B.24); here the head runs inside the program (the shared head
+TP-sharded LM head outside (`lm_head.py`); here the head runs inside the program (the shared head
 on one rank), so the draft is one program per step.
 """
 
@@ -38,9 +39,9 @@ from pto.models.deepseek_v4.tiling import mode_tokens, token_capacity
 
 __all__ = ["TOLERANCES", "HEAD_ARGS", "mtp_layer_kernels", "golden_mtp_layer", "build_case"]
 
-REFERENCE = "pypto-lib models/deepseek/v4-flash/{decode,prefill}_mtp.py @ 3b6971a3 (v4flash-kernels.md B.26, B.27)"
+REFERENCE = "pypto-lib models/deepseek/v4-flash/{decode,prefill}_mtp.py @ 3b6971a3"
 
-# ratio_reldiff (diff_thd, pct_thd): B.26's next_pre_hc_hidden / kv_cache; logits as hidden_out
+# ratio_reldiff (diff_thd, pct_thd): decode_mtp.py's next_pre_hc_hidden / kv_cache; logits as its hidden_out
 TOLERANCES: dict[str, tuple[float, float]] = {"x_out": (0.02, 0.05), "logits": (0.02, 0.10),
                                               "kv_cache": (0.01, 0.05)}
 HEAD_ARGS = ("mtp_hc_fn", "mtp_hc_scale", "mtp_hc_base", "mtp_norm_w", "head_w")
@@ -172,4 +173,4 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
 
 
 register(KernelCase("mtp_layer", build_case, modes=("decode", "prefill"), max_preset="demo",
-                    description="MTP draft layer: mtp_projection, SWA attention + MoE (layer L), its head (B.26/B.27)"))
+                    description="MTP draft layer: mtp_projection, SWA attention + MoE (layer L), its head (pypto-lib `decode_mtp.py` / `prefill_mtp.py`)"))

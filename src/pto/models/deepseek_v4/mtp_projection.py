@@ -1,7 +1,8 @@
 """MTP input projection: the draft layer's residual streams from the next token's embedding
 and the main model's last hidden streams.
 
-Math (v4flash-kernels.md B.25; checkpoint-layout.md section 4, the reference ``MTPBlock``),
+Math (pypto-lib `models/deepseek/v4-flash/mtp_projection.py`; DeepSeek-V4-Flash
+``inference/model.py`` ``MTPBlock``),
 per token row ``t`` and stream ``h < hc_mult``:
 
     e[t]       = e_proj(enorm(emb[t]))                       # [D]
@@ -10,7 +11,7 @@ per token row ``t`` and stream ``h < hc_mult``:
 ``emb [T, D]`` BF16 is the embedding row of the token *after* position ``t`` (the main
 model's table, shared), ``prev [T, HC, D]`` FP32 the main model's streams at ``t`` before its
 ``hc_head``; ``enorm`` / ``hnorm`` are weighted RMSNorms over ``D`` in FP32. ``e_proj`` /
-``h_proj`` are W8A8 (v4flash-kernels.md section 0): INT8 weights ``[in, out]`` with one FP32
+``h_proj`` are W8A8 (the pypto-lib kernels' rule): INT8 weights ``[in, out]`` with one FP32
 scale per output column, activations quantised per row (``s = 127 / max(amax, 1e-4)``),
 INT32 products, dequant ``acc * (1 / s) * scale``.
 
@@ -20,7 +21,7 @@ the per-row INT8 codes of the embedding row and of every stream into GM scratch 
 ``mtp_projection_linear`` (token tile x output-column tile: the ``e_proj`` matmul once and the
 ``h_proj`` matmul per stream, dequant, add, store the valid rows).
 
-Deviations from B.25, one a line:
+Deviations from pypto-lib `mtp_projection.py`, one a line:
 * no SmoothQuant factors (``e_proj_smooth`` / ``h_proj_smooth``): the published checkpoint has
   none, so they would be ones;
 * the norms run on whole ``D`` rows (the reference sums 128-wide chunks: FP32 order only);
@@ -44,9 +45,9 @@ from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, expect_tensor, mode_to
 __all__ = ["TOLERANCES", "MTP_PROJ_ARGS", "mtp_projection_kernels", "golden_mtp_projection",
            "make_mtp_projection_inputs", "build_case"]
 
-REFERENCE = "pypto-lib models/deepseek/v4-flash/mtp_projection.py @ 3b6971a3 (v4flash-kernels.md B.25)"
+REFERENCE = "pypto-lib models/deepseek/v4-flash/mtp_projection.py @ 3b6971a3"
 
-# ratio_allclose (atol, rtol, max_error_ratio): B.25's 1e-3 / 1e-3 / 0.05
+# ratio_allclose (atol, rtol, max_error_ratio): the pypto-lib test's 1e-3 / 1e-3 / 0.05
 TOLERANCES: dict[str, tuple[float, float, float]] = {"x_hc": (1e-3, 1e-3, 0.05)}
 
 MTP_PROJ_ARGS = ("emb", "prev_hc", "enorm_w", "hnorm_w", "e_proj_w", "e_proj_scale", "h_proj_w",
@@ -166,7 +167,7 @@ def golden_mtp_projection(
     h_proj_scale,  # [D] fp32 or None
     eps: float,
 ) -> torch.Tensor:  # [T, HC, D] fp32
-    """``e_proj(enorm(emb)) + h_proj(hnorm(prev_hc))`` broadcast over the streams (B.25).
+    """``e_proj(enorm(emb)) + h_proj(hnorm(prev_hc))`` broadcast over the streams (pypto-lib `mtp_projection.py`).
 
     With INT8 weights (scales given) each matrix is W8A8 by the kernels' rule
     (``quantize_per_row_int8`` of the normed rows, exact integer products in FP64, ``(acc *
@@ -221,4 +222,4 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
 
 
 register(KernelCase("mtp_projection", build_case, modes=("decode", "prefill"),
-                    description="MTP input projection: e_proj(enorm(emb)) + h_proj(hnorm(streams)), W8A8 (B.25)"))
+                    description="MTP input projection: e_proj(enorm(emb)) + h_proj(hnorm(streams)), W8A8 (pypto-lib `mtp_projection.py`)"))

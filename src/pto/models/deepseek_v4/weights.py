@@ -7,8 +7,9 @@ name -> file), or several files without an index. Files are opened with
 
 On open every stored tensor name is mapped to its canonical name
 (:func:`pto.models.deepseek_v4.checkpoint.canonical_name`) and the set is checked against
-:func:`expected_tensors` of the config: a missing tensor, an extra tensor (``mtp.*`` is
-ignored, as transformers ignores it) or a tensor of the wrong shape or dtype kind is a
+:func:`expected_tensors` of the config (plus :func:`expected_mtp_tensors` when the directory
+holds ``mtp.*`` and ``num_nextn_predict_layers > 0``; otherwise ``mtp.*`` is ignored, as
+transformers ignores it): a missing tensor, an extra tensor or a tensor of the wrong shape or dtype kind is a
 :class:`CheckpointError` naming it, before anything is returned.
 
 Stored formats converted at load (transformers `models/deepseek_v4/` and the published DeepSeek-V4-Flash checkpoint): float (F32 / BF16 /
