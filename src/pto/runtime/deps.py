@@ -21,7 +21,7 @@ allocation, not a task, so it adds no edge.
 
 from __future__ import annotations
 
-__all__ = ["DepTracker", "RowIndex", "coalesce", "EDGE_KINDS", "derive_kinds"]
+__all__ = ["DepTracker", "KindTracker", "RowIndex", "coalesce", "EDGE_KINDS", "derive_kinds"]
 
 EDGE_KINDS = ("RAW", "WAW", "atomic", "explicit", "join")  # see TaskGraph.edge_kinds
 
@@ -179,41 +179,12 @@ _EDGE_KIND = {(0, 1): "RAW", (0, 2): "atomic", (1, 1): "WAW", (1, 2): "atomic", 
 class DepTracker:
     """Producer registry of one program (see the module docstring).
 
-    Args:
-        record_kinds: also record why each derived edge exists, in ``kinds``:
-            {task id: {predecessor id: set of kinds}}, kinds ``"RAW"`` (a read waits for a plain
-            writer), ``"WAW"`` (a plain write waits for a plain writer) and ``"atomic"`` (an
-            atomic add and a plain access of one region: an atomic add waiting for a plain
-            writer, a plain read or write waiting for an atomic adder). Off in a program's own
-            tracker (a run pays nothing for it); :func:`derive_kinds` replays a finished graph
-            with it on. ``kinds`` is None when off.
+    :class:`KindTracker` also records why each edge exists; a program's own tracker does
+    not (a run pays nothing for it).
     """
 
-    def __init__(self, record_kinds: bool = False):
+    def __init__(self):
         self.reg: dict[int, RowIndex] = {}  # buffer id -> registered producers
-        self.kinds: dict | None = {} if record_kinds else None
-
-    def _record_kinds(self, tid: int, records) -> None:
-        """Classify the edges task ``tid`` is about to get from footprint ``records``
-        (``(buffer, box, access kind)``): the same lookups as the derivation, made before
-        it registers anything, so every derived predecessor gets its kinds."""
-        out: dict = {}
-        reg = self.reg
-        for buf, box, kind in records:
-            if buf.untracked:
-                continue
-            entries = reg.get(buf.id)
-            if entries is None or not entries.levels:
-                continue
-            for e in entries.overlapping(box):
-                k = _EDGE_KIND.get((kind, e[2]))
-                if k is not None and e[1] != tid:
-                    ks = out.get(e[1])
-                    if ks is None:
-                        out[e[1]] = {k}
-                    else:
-                        ks.add(k)
-        self.kinds[tid] = out
 
     def derive_raw(self, tid: int, fps: list, manual: bool) -> set:
         """:meth:`derive` for footprint records ``(buffer, box, kind)`` with at
@@ -223,8 +194,6 @@ class DepTracker:
         preds = set()
         if manual:
             return preds
-        if self.kinds is not None:
-            self._record_kinds(tid, fps)
         reg = self.reg
         writes = atomics = False
         for buf, box, kind in fps:
@@ -264,9 +233,6 @@ class DepTracker:
         preds = set()
         if manual:
             return preds
-        if self.kinds is not None:
-            self._record_kinds(tid, [(buf, box, k) for buf, boxes in grouped.items() for k in (0, 1, 2)
-                                     for box in boxes[k] or ()])
         reg = self.reg
         for buf, (reads, writes, atomics) in grouped.items():
             if buf.untracked:
@@ -293,13 +259,61 @@ class DepTracker:
         return preds
 
 
+class KindTracker(DepTracker):
+    """A :class:`DepTracker` that also records why each derived edge exists, in ``kinds``:
+    {task id: {predecessor id: set of kinds}}, kinds ``"RAW"`` (a read waits for a plain
+    writer), ``"WAW"`` (a plain write waits for a plain writer) and ``"atomic"`` (an atomic
+    add and a plain access of one region: an atomic add waiting for a plain writer, a plain
+    read or write waiting for an atomic adder). Used by :func:`derive_kinds` to replay a
+    finished graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.kinds: dict = {}
+
+    def _record_kinds(self, tid: int, records) -> None:
+        """Classify the edges task ``tid`` is about to get from footprint ``records``
+        (``(buffer, box, access kind)``): the same lookups as the derivation, made before
+        it registers anything, so every derived predecessor gets its kinds."""
+        out: dict = {}
+        reg = self.reg
+        for buf, box, kind in records:
+            if buf.untracked:
+                continue
+            entries = reg.get(buf.id)
+            if entries is None or not entries.levels:
+                continue
+            for e in entries.overlapping(box):
+                k = _EDGE_KIND.get((kind, e[2]))
+                if k is not None and e[1] != tid:
+                    ks = out.get(e[1])
+                    if ks is None:
+                        out[e[1]] = {k}
+                    else:
+                        ks.add(k)
+        self.kinds[tid] = out
+
+    def derive_raw(self, tid: int, fps: list, manual: bool) -> set:
+        """:meth:`DepTracker.derive_raw`, recording the kinds first."""
+        if not manual:
+            self._record_kinds(tid, fps)
+        return super().derive_raw(tid, fps, manual)
+
+    def derive(self, tid: int, grouped: dict, manual: bool) -> set:
+        """:meth:`DepTracker.derive`, recording the kinds first."""
+        if not manual:
+            self._record_kinds(tid, [(buf, box, k) for buf, boxes in grouped.items() for k in (0, 1, 2)
+                                     for box in boxes[k] or ()])
+        return super().derive(tid, grouped, manual)
+
+
 def derive_kinds(tasks) -> dict:
     """The kinds of every derived edge of a finished graph: {task id: {predecessor id: set
-    of kinds}} (see :class:`DepTracker`). Derivation is a function of the tasks' footprints
+    of kinds}} (see :class:`KindTracker`). Derivation is a function of the tasks' footprints
     (``Task.grouped``), their order and their manual flags only, so a replay through a fresh
-    tracker with ``record_kinds`` gives the run's derived edges exactly, with their kinds,
+    :class:`KindTracker` gives the run's derived edges exactly, with their kinds,
     and a run pays nothing for it."""
-    tracker = DepTracker(record_kinds=True)
+    tracker = KindTracker()
     for t in tasks:
         g = t.grouped
         if not g:
