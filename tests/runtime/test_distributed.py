@@ -17,20 +17,44 @@ from pto.runtime import distributed as dist
 KERNELS = os.path.join(os.path.dirname(__file__), "dist_kernels.py")
 
 
-def _spawn(scenario, tmp_path, timeout_s):
+def _spawn(scenario, tmp_path, timeout_s, grace_s=15):
     t0 = time.monotonic()
-    code = dist.spawn([scenario, str(tmp_path)], 2, script=KERNELS, timeout_s=timeout_s, grace_s=15)
-    return code, time.monotonic() - t0
+    code = dist.spawn([scenario, str(tmp_path)], 2, script=KERNELS, timeout_s=timeout_s, grace_s=grace_s)
+    wall = time.monotonic() - t0
+    assert _ranks_alive(tmp_path) == []  # no orphan: every rank has exited
+    return code, wall
 
 
-def test_exchange_two_ranks_check_mode(tmp_path):
+def _ranks_alive(tmp_path) -> list[int]:
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if str(tmp_path).encode() in f.read():
+                        pids.append(int(d))
+            except OSError:
+                pass
+    return pids
+
+
+def test_exchange_two_ranks_check_mode_and_host_function(tmp_path):
     code, _ = _spawn("exchange", tmp_path, 60)
     assert code == 0
     for r in (0, 1):
         got = torch.load(tmp_path / f"rank{r}.pt")
-        # program e (1, 2): row p holds 10 * p + e, stored by rank p; both programs in check mode
-        want = torch.tensor([[[10.0 * p + e] * 4 for p in (0, 1)] for e in (1, 2)])
+        # calls 1, 2 through @pl.jit.host (each rank runs its device=r program), then 3, 4 through
+        # distributed.run; row p holds 10 * p + e, stored by rank p; every program in check mode
+        want = torch.tensor([[[10.0 * p + e] * 4 for p in (0, 1)] for e in (1, 2, 3, 4)])
         assert torch.equal(got, want)
+
+
+@pytest.mark.slow
+def test_stuck_rank_is_killed_after_its_peer_times_out(tmp_path, capfd):
+    code, wall = _spawn("hang", tmp_path, 3, grace_s=2)
+    assert code == 1 and wall < 40
+    assert ("rank 0: task 'wait_rows' waits on window 'flag' counter [0, 0] >= 2, value 1: not notified within "
+            "3 s") in capfd.readouterr().err
 
 
 def test_wait_never_notified_times_out_on_every_rank(tmp_path, capfd):

@@ -456,10 +456,28 @@ def program(cls) -> ProgramClass:
     return ProgramClass(cls)
 
 
+class _Skipped:
+    """What a chip program called with ``device=`` another rank returns on this rank."""
+
+    result = None
+
+    def __repr__(self) -> str:
+        return "<chip program of another rank>"
+
+
+_SKIPPED = _Skipped()
+
+
 class HostFunction:
     """``@pl.jit.host``: the host-level orchestrator. On one device it is plain Python that
     calls ``@pl.jit`` chip programs; ``run(..., config=...)`` runs it with every chip program
     under that RunConfig and returns the last chip Program.
+
+    Across ranks (``pld``, one process per rank) every rank runs the host function: a chip
+    program called with ``device=r`` runs only on rank ``r`` (the reference's ``for r in
+    pl.range(pld.world_size()): kernel(..., device=r)`` runs each rank's own program), and in
+    a world of more than one rank each chip program ends with the ranks' end-of-program
+    exchange (``pto.runtime.distributed``).
     """
 
     def __init__(self, fn):
@@ -468,7 +486,28 @@ class HostFunction:
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
-        return self.fn(*args, **kwargs)
+        return self._call(None, [], args, kwargs)
+
+    def _call(self, config, last, args, kwargs):
+        st = _ctx.state
+        factory = st.program_factory
+
+        def on_rank(jf, a, kw, cfg):
+            dev = kw.pop("device", None) if "device" in kw else None
+            from pto.language import distributed as pld
+            if dev is not None and dev != pld.rank():
+                return _SKIPPED
+            prog = factory(jf, a, kw, cfg if cfg is not None else config)
+            if pld.world_size() > 1:
+                pld.world().end_program(prog)
+            last.append(prog)
+            return prog
+
+        st.program_factory = on_rank
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            st.program_factory = factory
 
     def signature(self):
         """(inspect.Signature, {name: annotation}) of the host function."""
@@ -481,20 +520,8 @@ class HostFunction:
         Returns:
             the last chip ``Program`` it ran (None if none).
         """
-        st = _ctx.state
-        factory = st.program_factory
         last = []
-
-        def with_config(jf, a, kw, cfg):
-            prog = factory(jf, a, kw, cfg if cfg is not None else config)
-            last.append(prog)
-            return prog
-
-        st.program_factory = with_config
-        try:
-            self.fn(*args, **kwargs)
-        finally:
-            st.program_factory = factory
+        self._call(config, last, args, kwargs)
         return last[-1] if last else None
 
 

@@ -500,8 +500,15 @@ def init(timeout_s: float | None = None) -> World:
         import datetime
 
         import torch.distributed as dist
+        from torch.distributed.rendezvous import rendezvous
         try:
-            dist.init_process_group("gloo", rank=rank, world_size=size, timeout=datetime.timedelta(seconds=t))
+            # the rendezvous (every rank joining) is bounded by the wait timeout; the group's own
+            # timeout is not, since it bounds each blocking recv of the receiver threads, and a
+            # peer may rightly send nothing for a long time (a dead peer closes the connection;
+            # a stuck one is caught by the waits' own deadline)
+            store, rank, size = next(rendezvous("env://", rank, size, timeout=datetime.timedelta(seconds=t)))
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
+                                    timeout=datetime.timedelta(days=7))
         except Exception as e:  # noqa: BLE001 - rendezvous failures come in several classes
             raise DistributedError(f"rank {rank}: cannot join the gloo group of {size} ranks at "
                                    f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}: "
