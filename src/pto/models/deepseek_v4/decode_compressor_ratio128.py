@@ -40,7 +40,7 @@ from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.decode_metadata import HCA_RATIO, decode_block_tables, make_decode_metadata
 from pto.models.deepseek_v4.decode_sparse_attn import decode_case_options
-from pto.models.deepseek_v4.prefill_compressor_ratio128 import compressor_tiling, hca_state_rows
+from pto.models.deepseek_v4.prefill_compressor_ratio128 import compressor_tiling, hca_state_rows, pooled_rmsnorm_rope
 from pto.models.deepseek_v4.qkv_proj_rope import rope_interleaved
 from pto.models.deepseek_v4.rope import rope_tables
 from pto.models.deepseek_v4.tiling import MATMUL_M_TILE, round_up, token_capacity
@@ -241,24 +241,14 @@ def decode_compressor_ratio128_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="decode_hca_c128_rmsnorm_rope_cache_write",
                    deps=[pool_tid]):
             if closing:
-                pooled = pooled_kv[0:t_pad, 0:d]
-                inv = pl.rsqrt(pl.row_sum(pooled * pooled) / float(d) + cfg.rms_norm_eps)  # [t_pad, 1]
-                y = pl.col_expand_mul(pl.row_expand_mul(pooled, inv), pl.cast(norm_w_row[0:1, 0:d], pl.FP32))
                 cos_w = pl.full([t_pad, r], pl.FP32, 0.0)
                 sin_w = pl.full([t_pad, r], pl.FP32, 0.0)
                 for tok, _, p, _ in closing:
                     w0 = p + 1 - M  # RoPE at the window start
                     cos_w = pl.assemble(cos_w, pl.cast(cos_table[w0:w0 + 1, 0:r], pl.FP32), [tok, 0])
                     sin_w = pl.assemble(sin_w, pl.cast(sin_table[w0:w0 + 1, 0:r], pl.FP32), [tok, 0])
-                j = pl.arange(0, [1, r], pl.INT32)
-                half = pl.cast(pl.cast(j, pl.FP32) * 0.5, pl.INT32, mode="trunc")  # j >> 1
-                parity = j - half * 2  # j & 1
-                partner = j + 1 - parity * 2  # j ^ 1
-                sign = pl.cast(parity * 2 - 1, pl.FP32)  # -1 on even channels, +1 on odd
-                x_rope = pl.slice(y, [t_pad, r], [0, n_nope])
-                rotated = (x_rope * pl.gather(cos_w, index=half)
-                           + pl.col_expand_mul(pl.gather(x_rope, index=partner), sign) * pl.gather(sin_w, index=half))
-                normed = pl.assemble(y, rotated, [0, n_nope])
+                normed = pooled_rmsnorm_rope(pooled_kv[0:t_pad, 0:d], norm_w_row, cos_w, sin_w, eps=cfg.rms_norm_eps,
+                                             n_nope=n_nope)
                 for tok, _, _, dst in closing:
                     row = pl.slice(normed, [1, d], [tok, 0])
                     kv[tok:tok + 1, 0:d] = row

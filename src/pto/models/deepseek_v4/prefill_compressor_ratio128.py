@@ -62,6 +62,7 @@ __all__ = [
     "TOLERANCES",
     "CompressorTiling",
     "compressor_tiling",
+    "pooled_rmsnorm_rope",
     "prefill_compressor_ratio128",
     "prefill_compressor_ratio128_entry",
     "hca_state_rows",
@@ -139,6 +140,29 @@ class CompressorTiling:
         """Row capacity of the pooled / normed pads: ``round_up(max_cmp_writes, rms_rows)``."""
         return _round_up(self.max_cmp_writes, self.rms_rows)
 
+
+def pooled_rmsnorm_rope(pooled, norm_w_row, cos_w, sin_w, *, eps: float, n_nope: int):
+    """RMSNorm then forward interleaved RoPE of pooled compressed rows (v4flash-kernels.md A.4 step 5;
+    shared by the prefill and decode ratio-128 compressors; call it inside a block).
+
+    ``pooled [M, d]`` FP32 rows, ``norm_w_row [1, d]`` BF16 tensor view (gamma), ``cos_w /
+    sin_w [M, r]`` FP32 rows of the window starts (zero for a row without a window):
+    ``y = pooled * rsqrt(mean(pooled^2) + eps) * gamma``; the trailing ``r`` channels (from
+    ``n_nope``) become ``y[j] * cos[j >> 1] + y[j ^ 1] * (-1 even / +1 odd) * sin[j >> 1]``.
+    Returns the ``[M, d]`` FP32 tile; rows are independent."""
+    m, d = pooled.shape
+    r = cos_w.shape[1]
+    inv = pl.rsqrt(pl.row_sum(pooled * pooled) / float(d) + eps)  # [M, 1]
+    y = pl.col_expand_mul(pl.row_expand_mul(pooled, inv), pl.cast(norm_w_row[0:1, 0:d], pl.FP32))
+    j = pl.arange(0, [1, r], pl.INT32)
+    half = pl.cast(pl.cast(j, pl.FP32) * 0.5, pl.INT32, mode="trunc")  # j >> 1
+    parity = j - half * 2  # j & 1
+    partner = j + 1 - parity * 2  # j ^ 1
+    sign = pl.cast(parity * 2 - 1, pl.FP32)  # -1 on even channels, +1 on odd
+    x_rope = pl.slice(y, [m, r], [0, n_nope])
+    rotated = (x_rope * pl.gather(cos_w, index=half)
+               + pl.col_expand_mul(pl.gather(x_rope, index=partner), sign) * pl.gather(sin_w, index=half))
+    return pl.assemble(y, rotated, [0, n_nope])
 
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
@@ -473,9 +497,6 @@ def prefill_compressor_ratio128(
         pooled_kv_pad[i:i + 1, h0:h0 + PH] = pl.col_sum(weights * kv_w)
 
     with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_hca_c128_rmsnorm_rope"):
-        pooled = pooled_kv_pad[0:w_pad, 0:d]
-        inv = pl.rsqrt(pl.row_sum(pooled * pooled) / float(d) + cfg.rms_norm_eps)  # [w_pad, 1]
-        y = pl.col_expand_mul(pl.row_expand_mul(pooled, inv), pl.cast(norm_w_row[0:1, 0:d], pl.FP32))
         cos_w = pl.full([w_pad, r], pl.FP32, 0.0)
         sin_w = pl.full([w_pad, r], pl.FP32, 0.0)
         for i in pl.range(n_writes):
@@ -483,15 +504,8 @@ def prefill_compressor_ratio128(
                 w0 = pl.read(write_pos_map, [0, i]) + 1 - M  # RoPE at the window start
                 cos_w = pl.assemble(cos_w, pl.cast(cos_table[w0:w0 + 1, 0:r], pl.FP32), [i, 0])
                 sin_w = pl.assemble(sin_w, pl.cast(sin_table[w0:w0 + 1, 0:r], pl.FP32), [i, 0])
-        j = pl.arange(0, [1, r], pl.INT32)
-        half = pl.cast(pl.cast(j, pl.FP32) * 0.5, pl.INT32, mode="trunc")  # j >> 1
-        parity = j - half * 2  # j & 1
-        partner = j + 1 - parity * 2  # j ^ 1
-        sign = pl.cast(parity * 2 - 1, pl.FP32)  # -1 on even channels, +1 on odd
-        x_rope = pl.slice(y, [w_pad, r], [0, n_nope])
-        rotated = (x_rope * pl.gather(cos_w, index=half)
-                   + pl.col_expand_mul(pl.gather(x_rope, index=partner), sign) * pl.gather(sin_w, index=half))
-        normed_kv_pad[0:w_pad, 0:d] = pl.assemble(y, rotated, [0, n_nope])
+        normed_kv_pad[0:w_pad, 0:d] = pooled_rmsnorm_rope(pooled_kv_pad[0:w_pad, 0:d], norm_w_row, cos_w, sin_w,
+                                                          eps=cfg.rms_norm_eps, n_nope=n_nope)
 
     with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_hca_c128_kv_finalize"):
         for i in pl.range(n_writes):
