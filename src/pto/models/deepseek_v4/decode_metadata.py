@@ -48,6 +48,7 @@ from pto.models.deepseek_v4.config import DeepSeekV4Config
 
 __all__ = [
     "HCA_RATIO",
+    "scatter_rows_by_slot",
     "hca_cmp_cols",
     "decode_positions",
     "page_rows",
@@ -236,6 +237,22 @@ def make_decode_metadata(
 
 
 # ---- kernel ----
+def scatter_rows_by_slot(rows, slot_mapping, n: int, cache_flat) -> None:
+    """Copy ``rows[t]`` (``rows [T, W]``) to row ``slot_mapping[t]`` of ``cache_flat [R, W]``
+    for ``t < n`` inside a block (the raw-cache write of every attention block, pypto-lib
+    `prefill_attention_swa.py` step 4): ``-1`` skips a token, a run of consecutive slots is
+    one copy, a repeated slot keeps the later token. ``slot_mapping [T]`` INT64."""
+    tok = 0
+    while tok < n:
+        slot = pl.read(slot_mapping, [tok])
+        end = tok + 1
+        if slot >= 0:
+            while end < n and pl.read(slot_mapping, [end]) == slot + (end - tok):
+                end += 1
+            pl.assemble(cache_flat, rows[tok:end, :], [slot, 0])
+        tok = end
+
+
 T_DYN = pl.dynamic("T")
 B_DYN = pl.dynamic("B")
 
@@ -339,15 +356,7 @@ def decode_metadata_kernels(cfg: DeepSeekV4Config, n_cmp_cols: int | None = None
         t = pl.tensor.dim(kv, 0)
         cache_flat = pl.reshape(kv_cache, [P * BS, HD])
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="decode_cache_write") as tid:
-            tok = 0
-            while tok < t:
-                slot = pl.read(ori_slot_mapping, [tok])
-                end = tok + 1
-                if slot >= 0:
-                    while end < t and pl.read(ori_slot_mapping, [end]) == slot + (end - tok):
-                        end += 1
-                    pl.assemble(cache_flat, kv[tok:end, :], [slot, 0])
-                tok = end
+            scatter_rows_by_slot(kv, ori_slot_mapping, t, cache_flat)
         return tid
 
     @pl.jit.inline

@@ -30,6 +30,7 @@ from pto.golden import (CaseRun, KernelCase, ScalarSpec, TensorSpec, ratio_allcl
                         valid_ratio_reldiff)
 from pto.models.deepseek_v4.attention_front import attention_front, golden_attention_front
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
+from pto.models.deepseek_v4.decode_metadata import scatter_rows_by_slot
 from pto.models.deepseek_v4.hc_post import golden_hc_post_prefill, hc_post_kernels
 from pto.models.deepseek_v4.hc_pre import HC_BASE_REF, HC_SCALE_REF
 from pto.models.deepseek_v4.prefill_sparse_attn import (golden_prefill_sparse_attn, prefill_sparse_attn_kernels,
@@ -149,15 +150,7 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
         active = check_num_tokens("prefill_attention_swa", num_tokens, pl.tensor.dim(kv, 0))
         cache_flat = pl.reshape(kv_cache, [P * BS, HD])
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_cache_write") as tid:
-            tok = 0
-            while tok < active:
-                slot = pl.read(ori_slot_mapping, [tok])
-                end = tok + 1
-                if slot >= 0:
-                    while end < active and pl.read(ori_slot_mapping, [end]) == slot + (end - tok):
-                        end += 1
-                    pl.assemble(cache_flat, kv[tok:end, :], [slot, 0])
-                tok = end
+            scatter_rows_by_slot(kv, ori_slot_mapping, active, cache_flat)
         return tid
 
     @pl.jit.inline
