@@ -127,7 +127,8 @@ def test_sim_tasks_table_and_json(capsys):
     for r in tt:  # a predecessor never ends after its successor's latest start
         for s in tt:
             if r["id"] in prog.graph[s["id"]].preds:
-                assert r["end_us"] + r["slack_us"] <= s["end_us"] + s["slack_us"] - (s["end_us"] - s["start_us"]) + 1e-9
+                assert r["end_us"] + r["slack_us"] <= s["end_us"] + s["slack_us"] - (s["end_us"] - s["ready_us"]) + 1e-9
+    assert all(r["slack_us"] < 1e-9 for r in tt if r["critical"])  # the critical path has no slack
     code, table, _ = run_cli(capsys, "sim", "hc_pre", "--preset", "tiny", "--tasks")
     rows = [r for r in table_rows(table) if len(r) == 8]
     assert len(rows) == len(tt)

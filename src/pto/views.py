@@ -170,10 +170,10 @@ def sim_task_rows(sim, program) -> list[dict]:
     ``critical`` (on the critical path).
 
     Slack is how much later the task could end without moving the end of the schedule
-    (``sched_us``), holding every other duration fixed and ignoring core contention: a
-    backward pass over the graph, latest end = min over successors of (their latest end
-    - their duration), ``sched_us`` for a task without successors; slack = latest end -
-    end (>= 0)."""
+    (``sched_us``), holding every other task's ready-to-end time fixed (its dispatch and
+    any wait for a core included) and ignoring core contention: a backward pass over the
+    graph, latest end = min over successors of (their latest end - (their end - their
+    ready)), ``sched_us`` for a task without successors; slack = latest end - end (>= 0)."""
     tasks = program.graph.tasks
     spans = sim.task_spans
     cores: dict = {}
@@ -185,8 +185,8 @@ def sim_task_rows(sim, program) -> list[dict]:
         ready, start, end = spans[t.id]
         le = sim.sched_us
         for s in succs[t.id]:
-            s_ready, s_start, s_end = spans[s]
-            le = min(le, latest[s] - (s_end - s_start))
+            s_ready, _, s_end = spans[s]
+            le = min(le, latest[s] - (s_end - s_ready))
         latest[t.id] = max(le, end)
     on_path = set(sim.critical_path_ids)
     rows = []
