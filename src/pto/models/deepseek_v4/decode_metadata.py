@@ -49,6 +49,7 @@ from pto.models.deepseek_v4.config import DeepSeekV4Config
 __all__ = [
     "HCA_RATIO",
     "scatter_rows_by_slot",
+    "window_row",
     "hca_cmp_cols",
     "decode_positions",
     "page_rows",
@@ -237,6 +238,40 @@ def make_decode_metadata(
 
 
 # ---- kernel ----
+def window_row(kernel: str, tok: int, pos: int, block_table, table_row: tuple, *, window: int, block_size: int,
+               n_blocks: int, n_pages: int):
+    """``[1, window]`` INT32 sliding-window row of token ``tok`` at position ``pos >= 0`` (pypto-lib
+    `prefill_attention_swa.py` step 5; inside a block): keys ``pos+1-valid .. pos`` with ``valid =
+    min(window, pos + 1)`` in columns ``0 .. valid-1``, key ``k`` lowered to ``block_table[*table_row,
+    k // block_size] * block_size + k % block_size`` one page segment at a time (``pl.arange``); a
+    negative table entry and the remaining columns stay ``-1``. ``table_row`` is ``()`` for a
+    prefill table ``[n_blocks]``, ``(request,)`` for a decode table ``[B, n_blocks]``.
+
+    Raises:
+        BindError: naming ``kernel``, a position past the block table, or a table entry naming a
+            page outside the ``n_pages`` of the cache.
+    """
+    valid = min(window, pos + 1)
+    key = pos + 1 - valid
+    if pos // block_size >= n_blocks:
+        raise BindError(f"{kernel}: position_ids[{tok}] = {pos} needs page {pos // block_size}, block_table "
+                        f"{'rows have' if table_row else 'has'} {n_blocks} entries")
+    row = pl.full([1, window], pl.INT32, -1)
+    col = 0
+    while col < valid:
+        off = key % block_size
+        seg = min(block_size - off, valid - col)
+        entry = [*table_row, key // block_size]
+        phys = pl.read(block_table, entry)
+        if phys >= n_pages:
+            raise BindError(f"{kernel}: block_table[{', '.join(map(str, entry))}] = {phys} is not a page of the "
+                            f"{n_pages}-page kv cache (position_ids[{tok}] = {pos})")
+        if phys >= 0:
+            row = pl.assemble(row, pl.arange(phys * block_size + off, [1, seg], dtype=pl.INT32), [0, col])
+        key, col = key + seg, col + seg
+    return row
+
+
 def scatter_rows_by_slot(rows, slot_mapping, n: int, cache_flat) -> None:
     """Copy ``rows[t]`` (``rows [T, W]``) to row ``slot_mapping[t]`` of ``cache_flat [R, W]``
     for ``t < n`` inside a block (the raw-cache write of every attention block, pypto-lib
@@ -299,26 +334,6 @@ def decode_metadata_kernels(cfg: DeepSeekV4Config, n_cmp_cols: int | None = None
             raise BindError(f"decode metadata: T={t} tokens is not a multiple of the B={b} block-table rows")
         return t, t // b
 
-    def window_row(tok: int, req: int, pos: int, block_table):
-        valid = min(W, pos + 1)
-        key = pos + 1 - valid
-        if pos // BS >= NBLK:
-            raise BindError(f"decode_window_indices: position_ids[{tok}] = {pos} needs page {pos // BS}, "
-                            f"block_table rows have {NBLK} entries")
-        row = pl.full([1, W], pl.INT32, -1)
-        col = 0
-        while col < valid:
-            off = key % BS
-            seg = min(BS - off, valid - col)
-            phys = pl.read(block_table, [req, key // BS])
-            if phys >= P:
-                raise BindError(f"decode_window_indices: block_table[{req}, {key // BS}] = {phys} is not a page "
-                                f"of the {P}-page kv cache (position_ids[{tok}] = {pos})")
-            if phys >= 0:
-                row = pl.assemble(row, pl.arange(phys * BS + off, [1, seg], dtype=pl.INT32), [0, col])
-            key, col = key + seg, col + seg
-        return row
-
     @pl.jit.inline
     def decode_window_indices(position_ids: pl.Tensor[[T_DYN], pl.INT32],
                               block_table: pl.Tensor[[B_DYN, NBLK], pl.INT32],
@@ -328,7 +343,9 @@ def decode_metadata_kernels(cfg: DeepSeekV4Config, n_cmp_cols: int | None = None
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="decode_window_indices") as tid:
             for tok in pl.range(t):
                 pos = pl.read(position_ids, [tok])
-                row = pl.full([1, W], pl.INT32, -1) if pos < 0 else window_row(tok, tok // s, pos, block_table)
+                row = pl.full([1, W], pl.INT32, -1) if pos < 0 else window_row(
+                    "decode_window_indices", tok, pos, block_table, (tok // s,), window=W, block_size=BS,
+                    n_blocks=NBLK, n_pages=P)
                 pl.assemble(swa_indices, row, [tok, 0])
         return tid
 

@@ -30,7 +30,7 @@ from pto.golden import (CaseRun, KernelCase, ScalarSpec, TensorSpec, ratio_allcl
                         valid_ratio_reldiff)
 from pto.models.deepseek_v4.attention_front import attention_front, golden_attention_front
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
-from pto.models.deepseek_v4.decode_metadata import scatter_rows_by_slot
+from pto.models.deepseek_v4.decode_metadata import scatter_rows_by_slot, window_row
 from pto.models.deepseek_v4.hc_post import golden_hc_post_prefill, hc_post_kernels
 from pto.models.deepseek_v4.hc_pre import HC_BASE_REF, HC_SCALE_REF
 from pto.models.deepseek_v4.prefill_sparse_attn import (golden_prefill_sparse_attn, prefill_sparse_attn_kernels,
@@ -61,38 +61,6 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {
 
 # ---- kernel ----
 T_DYN = pl.dynamic("T")
-
-
-def _lower_window(t: int, pos, W: int, BS: int, n_blocks: int, block_table, n_pages: int):
-    """``[1, W]`` INT32 window row of the token at ``pos``: keys ``pos+1-valid .. pos`` with
-    ``valid = min(W, pos + 1)`` in columns ``0 .. valid-1``, each key ``k`` lowered to
-    ``block_table[k // BS] * BS + k % BS`` one page segment at a time (``pl.arange``); a
-    negative table entry and the remaining columns stay ``-1`` (pypto-lib `prefill_attention_swa.py` step 5).
-
-    Raises:
-        BindError: a negative position, a position past the block table, or a table entry
-            naming a page outside the ``n_pages`` of the cache.
-    """
-    if pos < 0:
-        raise BindError(f"prefill_attention_swa: position_ids[{t}] = {pos} is negative")
-    valid = min(W, pos + 1)
-    key = pos + 1 - valid
-    if pos // BS >= n_blocks:
-        raise BindError(f"prefill_attention_swa: position_ids[{t}] = {pos} needs page {pos // BS}, "
-                        f"block_table has {n_blocks} entries")
-    row = pl.full([1, W], pl.INT32, -1)
-    col = 0
-    while col < valid:
-        off = key % BS
-        seg = min(BS - off, valid - col)
-        phys = pl.read(block_table, [key // BS])
-        if phys >= n_pages:
-            raise BindError(f"prefill_attention_swa: block_table[{key // BS}] = {phys} is not a page of the "
-                            f"{n_pages}-page kv cache (position_ids[{t}] = {pos})")
-        if phys >= 0:
-            row = pl.assemble(row, pl.arange(phys * BS + off, [1, seg], dtype=pl.INT32), [0, col])
-        key, col = key + seg, col + seg
-    return row
 
 
 @functools.lru_cache(maxsize=None)
@@ -167,7 +135,11 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_window_indices") as tid:
             for tok in pl.range(t):
                 if tok < active:
-                    row = _lower_window(tok, pl.read(position_ids, [tok]), W, BS, NBLK, block_table, P)
+                    pos = pl.read(position_ids, [tok])
+                    if pos < 0:
+                        raise BindError(f"prefill_attention_swa: position_ids[{tok}] = {pos} is negative")
+                    row = window_row("prefill_attention_swa", tok, pos, block_table, (), window=W, block_size=BS,
+                                     n_blocks=NBLK, n_pages=P)
                 else:
                     row = pl.full([1, W], pl.INT32, -1)
                 pl.assemble(swa_indices, row, [tok, 0])
