@@ -631,10 +631,15 @@ def _reduce(op: str, x, dim: int, fn) -> Tile:
     return Tile(out, mask)
 
 
+def _sum_keepdim(d: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum along ``dim`` (kept), floats accumulated in FP32, in ``d``'s dtype."""
+    s = d.sum(dim=dim, keepdim=True, dtype=torch.float32) if d.dtype.is_floating_point else d.sum(dim=dim, keepdim=True)
+    return s if s.dtype is d.dtype else s.to(d.dtype)
+
+
 def row_sum(x, tmp_tile=None) -> Tile:
     """Sum along the last axis: ``[M, N] -> [M, 1]``; padding participates."""
-    return _reduce("row_sum", x, 1, lambda d, a: d.sum(dim=a, keepdim=True, dtype=torch.float32).to(d.dtype)
-                   if d.dtype.is_floating_point else d.sum(dim=a, keepdim=True).to(d.dtype))
+    return _reduce("row_sum", x, 1, _sum_keepdim)
 
 
 def row_max(x, tmp_tile=None) -> Tile:
@@ -649,8 +654,7 @@ def row_min(x, tmp_tile=None) -> Tile:
 
 def col_sum(x, tmp_tile=None) -> Tile:
     """Sum along the first axis: ``[M, N] -> [1, N]``."""
-    return _reduce("col_sum", x, 0, lambda d, a: d.sum(dim=a, keepdim=True, dtype=torch.float32).to(d.dtype)
-                   if d.dtype.is_floating_point else d.sum(dim=a, keepdim=True).to(d.dtype))
+    return _reduce("col_sum", x, 0, _sum_keepdim)
 
 
 def col_max(x, tmp_tile=None) -> Tile:
@@ -672,7 +676,8 @@ def _expand(op: str, lhs, rhs, axis: str, fn) -> Tile:
     if rhs.mask is not None:
         mask = _and(mask, rhs.mask.expand(m, n).contiguous())  # broadcast the [M,1] / [1,N] mask
     _count(out.numel())
-    return Tile(out.to(lhs.data.dtype), mask, lhs.valid)
+    dt = lhs.data.dtype
+    return Tile(out if out.dtype is dt else out.to(dt), mask, lhs.valid)
 
 
 def row_expand(lhs, rhs) -> Tile:
