@@ -393,6 +393,9 @@ def row_sorted(cmp):
     def sorted_cmp(actual, expected, **kw):
         return cmp(actual.sort(dim=-1).values, expected.sort(dim=-1).values, **kw)
     sorted_cmp.__name__ = f"row_sorted({getattr(cmp, '__name__', 'compare')})"
+    if hasattr(cmp, "margin"):  # the inner compare's margin on the sorted rows
+        sorted_cmp.margin = lambda actual, expected, **kw: cmp.margin(actual.sort(dim=-1).values,
+                                                                      expected.sort(dim=-1).values, **kw)
     return sorted_cmp
 
 
