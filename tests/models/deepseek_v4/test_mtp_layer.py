@@ -9,7 +9,7 @@ from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
 from pto.models.deepseek_v4.config import DeploymentConfig
 from pto.models.deepseek_v4.layer import KernelModel
 from pto.models.deepseek_v4.model import GoldenModel
-from pto.models.deepseek_v4.mtp import MtpLayer, _golden_forward
+from pto.models.deepseek_v4.mtp import MtpLayer
 from pto.models.deepseek_v4.mtp_layer import build_case
 from pto.models.deepseek_v4.model import LayerState
 from pto.models.deepseek_v4.weights import Checkpoint
@@ -37,7 +37,7 @@ def test_kernel_drafts_match_the_golden_mtp_layer(tmp_path):
     k_main, X = km.step_hidden(torch.tensor(ids), [st.rid], pos, True)
     k_logits = MtpLayer(km).kernels(torch.tensor(nxt), X, [st.rid], pos, True)
     gst = gm.new_state()
-    g_main, Xg = _golden_forward(gm, ids, gst)
+    g_main, Xg = gm.forward_hidden(ids, gst)
     g_logits = MtpLayer(gm).golden(torch.tensor(nxt), Xg, pos, LayerState(kv=torch.zeros(0, ck.config.head_dim)))
     rel = float((k_logits - g_logits).norm() / g_logits.norm())
     rel_main = float((k_main - g_main).norm() / g_main.norm())

@@ -307,6 +307,13 @@ class GoldenModel:
         Raises:
             BindError / CapacityError: see :meth:`check_ids` (nothing is appended then).
         """
+        return self.forward_hidden(ids, state)[0]
+
+    __call__ = forward
+
+    def forward_hidden(self, ids, state: GoldenState | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` that also returns the last layer's streams ``X [S, hc_mult, D]`` FP32
+        (before ``hc_head``: the MTP layer's input). Same errors as :meth:`forward`."""
         state = self.new_state() if state is None else state
         ids = self.check_ids(ids, state)
         pos = torch.arange(state.pos, state.pos + ids.numel())
@@ -315,9 +322,7 @@ class GoldenModel:
             X = self.attn_sublayer(i, X, pos, state.layers[i])
             X = self.ffn_sublayer(i, X, ids)
         state.pos += ids.numel()
-        return self.logits(X)
-
-    __call__ = forward
+        return self.logits(X), X
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """``[S]`` ids -> ``[S, hc_mult, D]`` FP32 streams (``golden_lookup_embedding``)."""

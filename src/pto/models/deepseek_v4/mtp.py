@@ -206,7 +206,7 @@ def generate_mtp(model, prompts: list[list[int]], res, *, chunk: int, max_new_to
                         model.cache.commit(st.rid, S)
                         st.pos += S
                     else:
-                        logits, X = _golden_forward(model, ids, states[r])
+                        logits, X = model.forward_hidden(ids, states[r])
                         hidden.append(X)
                     parts.append(logits)
                     done += len(ids)
@@ -272,27 +272,15 @@ def generate_mtp(model, prompts: list[list[int]], res, *, chunk: int, max_new_to
         progress(total, total, "done")
 
 
-def _golden_forward(model: GoldenModel, ids, state) -> tuple[torch.Tensor, torch.Tensor]:
-    """:meth:`GoldenModel.forward` that also returns the last layer's streams ``X [S, HC, D]``."""
-    ids = model.check_ids(ids, state)
-    pos = torch.arange(state.pos, state.pos + ids.numel())
-    X = model.embed(ids)
-    for i in range(model.cfg.num_hidden_layers):
-        X = model.attn_sublayer(i, X, pos, state.layers[i])
-        X = model.ffn_sublayer(i, X, ids)
-    state.pos += ids.numel()
-    return model.logits(X), X
-
-
 def _golden_step(model, mtp: MtpLayer, st, mst: LayerState, tok: int, draft):
     """One golden decode step: ``t`` (and the draft only if it is accepted), token by token;
     then the MTP layer over the committed positions. Returns ``(new tokens, their logits
     rows, next draft)``."""
     p = st.pos
-    logits, X = _golden_forward(model, [tok], st)
+    logits, X = model.forward_hidden([tok], st)
     got, rows, hid = [int(logits[0].argmax())], [logits[0]], [X]
     if draft is not None and got[0] == draft:
-        l2, X2 = _golden_forward(model, [draft], st)
+        l2, X2 = model.forward_hidden([draft], st)
         got.append(int(l2[0].argmax()))
         rows.append(l2[0])
         hid.append(X2)
