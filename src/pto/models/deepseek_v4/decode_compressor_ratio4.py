@@ -15,7 +15,7 @@ instead of ``[B, S]`` tensors (the same values, row-major); the reference's extr
 import torch
 
 from pto.errors import ConfigError
-from pto.golden import CaseRun, KernelCase, ratio_allclose, register
+from pto.golden import CaseRun, KernelCase, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 from pto.models.deepseek_v4.prefill_compressor_ratio4 import (
     CSA_RATIO,
@@ -23,8 +23,8 @@ from pto.models.deepseek_v4.prefill_compressor_ratio4 import (
     compressor_ratio4_entry,
     compressor_ratio4_inline,
     golden_prefill_compressor_ratio4,
+    ratio4_case,
     ratio4_fixture,
-    ratio4_specs,
 )
 
 __all__ = ["decode_compressor_ratio4", "decode_compressor_ratio4_entry", "golden_decode_compressor_ratio4",
@@ -97,13 +97,8 @@ def build_decode_compressor_ratio4(preset: str = "tiny", mode: str = "decode", *
     inputs = make_decode_compressor_ratio4_inputs(cfg, starts, num_tokens, seed)
     entry = decode_compressor_ratio4_entry(cfg, max_cmp_writes)
 
-    def golden(v: dict) -> None:
-        v["cmp_kv"], v["compress_state"] = golden_decode_compressor_ratio4(**{k: v[k] for k in _ARG_ORDER}, cfg=cfg)
-
-    compare = {k: ratio_allclose(*tol) for k, tol in TOLERANCES.items()}
-    label = f"{preset} {mode} starts={inputs['position_ids'][::cfg.decode_seq].tolist()}"
-    return CaseRun(entry, ratio4_specs(inputs, _ARG_ORDER, ("cmp_kv", "compress_state")), golden, compare,
-                   rtol=1e-3, atol=1e-3, label=label)
+    return ratio4_case(entry, inputs, _ARG_ORDER, ("cmp_kv", "compress_state"), golden_decode_compressor_ratio4,
+                       TOLERANCES, cfg, f"{preset} {mode} starts={inputs['position_ids'][::cfg.decode_seq].tolist()}")
 
 
 register(KernelCase("decode_compressor_ratio4", build_decode_compressor_ratio4, modes=("decode",),

@@ -8,10 +8,10 @@ Hadamard and INT8 key-cache finalize of :mod:`prefill_indexer_compressor`; tasks
 """
 
 from pto.errors import ConfigError
-from pto.golden import CaseRun, KernelCase, ratio_allclose, register
+from pto.golden import CaseRun, KernelCase, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
 from pto.models.deepseek_v4.decode_compressor_ratio4 import decode_start_positions
-from pto.models.deepseek_v4.prefill_compressor_ratio4 import ratio4_fixture, ratio4_specs
+from pto.models.deepseek_v4.prefill_compressor_ratio4 import ratio4_case, ratio4_fixture
 from pto.models.deepseek_v4.prefill_indexer_compressor import (
     _ARG_ORDER,
     _OUTPUTS,
@@ -70,15 +70,8 @@ def build_decode_indexer_compressor(preset: str = "tiny", mode: str = "decode", 
     inputs = make_decode_indexer_compressor_inputs(cfg, starts, num_tokens, seed)
     entry = decode_indexer_compressor_entry(cfg, None)
 
-    def golden(v: dict) -> None:
-        out = golden_decode_indexer_compressor(**{k: v[k] for k in _ARG_ORDER}, cfg=cfg)
-        for k, t in zip(_OUTPUTS, out):
-            v[k] = t
-
-    compare = {k: ratio_allclose(*tol) for k, tol in TOLERANCES.items()}
-    label = f"{preset} {mode} starts={inputs['position_ids'][::cfg.decode_seq].tolist()}"
-    return CaseRun(entry, ratio4_specs(inputs, _ARG_ORDER, _OUTPUTS), golden, compare, rtol=1e-3, atol=1e-3,
-                   label=label)
+    return ratio4_case(entry, inputs, _ARG_ORDER, _OUTPUTS, golden_decode_indexer_compressor, TOLERANCES, cfg,
+                       f"{preset} {mode} starts={inputs['position_ids'][::cfg.decode_seq].tolist()}")
 
 
 register(KernelCase("decode_indexer_compressor", build_decode_indexer_compressor, modes=("decode",),

@@ -73,7 +73,7 @@ __all__ = [
     "ratio4_compress_tasks", "rope_rotate_rows", "compressor_ratio4_inline", "compressor_ratio4_entry",
     "prefill_compressor_ratio4", "prefill_compressor_ratio4_entry",
     "ratio4_state_rows", "golden_ratio4_pool", "golden_prefill_compressor_ratio4", "ratio4_fixture",
-    "make_prefill_compressor_ratio4_inputs", "ratio4_specs", "prefill_case_tokens", "build_prefill_compressor_ratio4",
+    "make_prefill_compressor_ratio4_inputs", "ratio4_specs", "ratio4_case", "prefill_case_tokens", "build_prefill_compressor_ratio4",
 ]
 
 CSA_RATIO = 4  # tokens per compressed entry (ratio-4 layers); also ape rows
@@ -737,6 +737,20 @@ def ratio4_specs(inputs: dict, order: tuple, outputs: tuple) -> list:
     return specs
 
 
+def ratio4_case(entry, inputs: dict, order: tuple, outputs: tuple, golden_fn, tolerances: dict, cfg,
+                label: str) -> CaseRun:
+    """CaseRun of a ratio-4 compressor case (main or indexer, prefill or decode): specs by
+    :func:`ratio4_specs`; the golden calls ``golden_fn(**inputs in order, cfg=cfg)`` and stores
+    its results under ``outputs`` in order; ``ratio_allclose(*tol)`` per ``tolerances`` entry;
+    run tolerances 1e-3."""
+    def golden(v: dict) -> None:
+        for k, t in zip(outputs, golden_fn(**{n: v[n] for n in order}, cfg=cfg)):
+            v[k] = t
+
+    compare = {k: ratio_allclose(*tol) for k, tol in tolerances.items()}
+    return CaseRun(entry, ratio4_specs(inputs, order, outputs), golden, compare, rtol=1e-3, atol=1e-3, label=label)
+
+
 def prefill_case_tokens(kernel: str, preset: str, mode: str, T: int | None) -> tuple[DeepSeekV4Config, int]:
     """``(cfg, T)`` of a prefill-only KernelCase builder (``T`` defaults to ``prefill_seq``).
 
@@ -766,13 +780,8 @@ def build_prefill_compressor_ratio4(preset: str = "tiny", mode: str = "prefill",
     entry = prefill_compressor_ratio4_entry(cfg, max_cmp_writes)
     inputs = make_prefill_compressor_ratio4_inputs(cfg, T, start_pos, nt, seed)
 
-    def golden(v: dict) -> None:
-        v["cmp_kv"], v["compress_state"] = golden_prefill_compressor_ratio4(**{k: v[k] for k in _ARG_ORDER}, cfg=cfg)
-
-    compare = {k: ratio_allclose(*tol) for k, tol in TOLERANCES.items()}
-    label = f"{preset} {mode} T={T} start_pos={start_pos} num_tokens={nt}"
-    return CaseRun(entry, ratio4_specs(inputs, _ARG_ORDER, ("cmp_kv", "compress_state")), golden, compare,
-                   rtol=1e-3, atol=1e-3, label=label)
+    return ratio4_case(entry, inputs, _ARG_ORDER, ("cmp_kv", "compress_state"), golden_prefill_compressor_ratio4,
+                       TOLERANCES, cfg, f"{preset} {mode} T={T} start_pos={start_pos} num_tokens={nt}")
 
 
 register(KernelCase("prefill_compressor_ratio4", build_prefill_compressor_ratio4, modes=("prefill",),

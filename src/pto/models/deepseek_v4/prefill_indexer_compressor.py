@@ -27,7 +27,7 @@ import torch
 
 import pto.language as pl
 from pto.errors import BindError
-from pto.golden import CaseRun, KernelCase, ratio_allclose, register
+from pto.golden import CaseRun, KernelCase, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.prefill_compressor_ratio4 import (
     CSA_RATIO,
@@ -36,9 +36,9 @@ from pto.models.deepseek_v4.prefill_compressor_ratio4 import (
     _table_dims,
     golden_ratio4_compress,
     prefill_case_tokens,
+    ratio4_case,
     ratio4_compress_tasks,
     ratio4_fixture,
-    ratio4_specs,
     ratio4_tiling,
 )
 from pto.models.deepseek_v4.qkv_proj_rope import int8_quantize_rows, quantize_per_row_int8
@@ -332,15 +332,8 @@ def build_prefill_indexer_compressor(preset: str = "tiny", mode: str = "prefill"
     inputs = make_prefill_indexer_compressor_inputs(cfg, T, start_pos, nt, seed)
     entry = prefill_indexer_compressor_entry(cfg, None)
 
-    def golden(v: dict) -> None:
-        out = golden_prefill_indexer_compressor(**{k: v[k] for k in _ARG_ORDER}, cfg=cfg)
-        for k, t in zip(_OUTPUTS, out):
-            v[k] = t
-
-    compare = {k: ratio_allclose(*tol) for k, tol in TOLERANCES.items()}
-    label = f"{preset} {mode} T={T} start_pos={start_pos} num_tokens={nt}"
-    return CaseRun(entry, ratio4_specs(inputs, _ARG_ORDER, _OUTPUTS), golden, compare, rtol=1e-3, atol=1e-3,
-                   label=label)
+    return ratio4_case(entry, inputs, _ARG_ORDER, _OUTPUTS, golden_prefill_indexer_compressor, TOLERANCES, cfg,
+                       f"{preset} {mode} T={T} start_pos={start_pos} num_tokens={nt}")
 
 
 register(KernelCase("prefill_indexer_compressor", build_prefill_indexer_compressor, modes=("prefill",),
