@@ -794,7 +794,9 @@ def cmd_trace(args) -> int:
     except OSError as e:
         raise ConfigError(f"cannot write {args.out!r}: {e.strerror}") from None
     n = sum(1 for e in tr["traceEvents"] if e["ph"] == "X")
-    console().print(f"wrote {args.out}: {n} spans ({what})", highlight=False, markup=False)
+    arrows = sum(1 for e in tr["traceEvents"] if e["ph"] == "s")
+    console().print(f"wrote {args.out}: {n} spans, {arrows} dependency arrows ({what})", highlight=False,
+                    markup=False)
     return 0
 
 
