@@ -3,8 +3,8 @@
 For every registered model kernel (``pto.golden.all_cases(group="model")``)
 at the given preset (default ``flash``) and mode (default ``prefill``; cases
 without it are skipped), build the inputs once, then run the kernel
-unchecked and in check mode (definedness sanitizer + race checker, DESIGN
-sections 5 and 6) alternately on fresh copies of the inputs, at least
+unchecked and in check mode (definedness sanitizer + race checker, docs/dsl.md
+"Check mode") alternately on fresh copies of the inputs, at least
 ``--repeat`` times each and until each variant has run ``--min-seconds``,
 and print the best walls (the machine is shared; the minimum is the least
 disturbed run), their ratio (target <= 3x) and where the checked run's

@@ -1,4 +1,4 @@
-"""Weighted RMSNorm of BF16 token rows (dsv4-math.md section 2):
+"""Weighted RMSNorm of BF16 token rows (transformers `models/deepseek_v4/modeling_deepseek_v4.py`):
 
     y[t, :] = bf16_rne(x[t, :] * rsqrt(sum_j x[t, j]^2 / D + eps) * w)
 

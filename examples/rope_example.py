@@ -1,4 +1,4 @@
-"""Interleaved RoPE on BF16 rows of ``HD = 64`` (dsv4-math.md section 3):
+"""Interleaved RoPE on BF16 rows of ``HD = 64`` (transformers `models/deepseek_v4/modeling_deepseek_v4.py`):
 pairs ``(x[2i], x[2i+1])`` rotate by the angle whose ``cos``/``sin`` the caller
 passes per row as ``[T, HD/2]`` FP32 tables:
 

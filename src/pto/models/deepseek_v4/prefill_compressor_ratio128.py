@@ -142,7 +142,7 @@ class CompressorTiling:
 
 
 def pooled_rmsnorm_rope(pooled, norm_w_row, cos_w, sin_w, *, eps: float, n_nope: int):
-    """RMSNorm then forward interleaved RoPE of pooled compressed rows (v4flash-kernels.md A.4 step 5;
+    """RMSNorm then forward interleaved RoPE of pooled compressed rows (pypto-lib `models/deepseek/v4-flash/prefill_compressor_ratio128.py` step 5;
     shared by the prefill and decode ratio-128 compressors; call it inside a block).
 
     ``pooled [M, d]`` FP32 rows, ``norm_w_row [1, d]`` BF16 tensor view (gamma), ``cos_w /
@@ -414,7 +414,7 @@ def prefill_compressor_ratio128(
     if seed_scopes:
         pooled_kv_pad = pl.create_tensor([w_pad, d], pl.FP32, capacity=[tl.pad_capacity])
     else:
-        # kept as the reference (v4flash-kernels.md A.4 / C.1: init=0), though not load-bearing: rows are
+        # kept as the reference (pypto-lib `models/deepseek/v4-flash/prefill_compressor_ratio128.py`; pypto-lib commit 3b6971a3: init=0), though not load-bearing: rows are
         # normalised one by one and only rows with a destination are written out (drop_init passes)
         pooled_kv_pad = pl.create_tensor([w_pad, d], pl.FP32, init_value=0, capacity=[tl.pad_capacity])
     normed_kv_pad = pl.create_tensor([w_pad, d], pl.FP32, capacity=[tl.pad_capacity])
