@@ -1,4 +1,4 @@
-"""Compare functions: exact formulas and thresholds (golden-harness.md section 4; golden/compare.py)."""
+"""Compare functions: exact formulas and thresholds (pypto-lib `golden/`; golden/compare.py)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""run_jit, specs, and golden-data save/replay (golden-harness.md sections 1-5; golden/harness.py, spec.py)."""
+"""run_jit, specs, and golden-data save/replay (pypto-lib `golden/`; golden/harness.py, spec.py)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Argument binding (DESIGN section 3.1; language/jit.py): each mismatch is a
+"""Argument binding (docs/dsl.md; language/jit.py): each mismatch is a
 BindError naming the kernel, the parameter and both values."""
 
 import pytest

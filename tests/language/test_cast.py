@@ -1,5 +1,5 @@
 """pl.cast: every rounding mode on ties and directed cases, saturation, and a
-hypothesis comparison against an exact float64 / grid reference (dsl-api.md section 12)."""
+hypothesis comparison against an exact float64 / grid reference (hw-native-sys/pypto `docs/en/user/`)."""
 
 import bisect
 import math

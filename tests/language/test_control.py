@@ -1,4 +1,4 @@
-"""Task scopes, loops and system constructs (dsl-api.md sections 4-6; language/control.py, system.py)."""
+"""Task scopes, loops and system constructs (hw-native-sys/pypto `docs/en/user/`; language/control.py, system.py)."""
 
 import pytest
 import torch

@@ -1,5 +1,5 @@
 """pl.sort32 / pl.mrgsort / pl.gather(mask_pattern=) / pl.cmp / pl.select against torch
-(dsl-api.md section 13; docs/dsl.md "Sort, top-k, compare and select")."""
+(hw-native-sys/pypto `docs/en/user/`; docs/dsl.md "Sort, top-k, compare and select")."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
 """GM tensor operations: loads with valid shapes and padding, stores of the valid
 region, atomic adds, scalar reads/writes, views, and their errors
-(dsl-api.md sections 7-8; language/tensor_ops.py)."""
+(hw-native-sys/pypto `docs/en/user/`; language/tensor_ops.py)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Every tile op against a torch reference (dsl-api.md sections 7-13; tile_ops.py).
+"""Every tile op against a torch reference (hw-native-sys/pypto `docs/en/user/`; tile_ops.py).
 
 Tile ops run outside a program too (on plain ``Tile`` values), which is how
 they are tested here; counting and footprints are covered in tests/runtime.

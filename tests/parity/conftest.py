@@ -1,7 +1,7 @@
 """Transformers parity fixtures: a tiny random DeepSeek-V4 checkpoint and one captured forward.
 
 The session fixture :func:`hf_run` builds ``transformers.DeepseekV4ForCausalLM`` (5.23.0) at
-the ``tiny`` preset of :mod:`pto.models.deepseek_v4.config` (dsv4-math.md section 0, TINY
+the ``tiny`` preset of :mod:`pto.models.deepseek_v4.config` (transformers `models/deepseek_v4/modeling_deepseek_v4.py`, TINY
 column): hidden 128, 8 heads of 128 (rope 64 = partial rotary 0.5), q_lora 64, o_groups 4 x
 o_lora 32, window 64, layers sliding, sliding, CSA, HCA, CSA, HCA, hash MoE on layers 0-2,
 16 experts top-4 (sqrtsoftplus, x1.5, swiglu limit 10), indexer 16 heads x 128 top-16,
@@ -23,7 +23,7 @@ dropped; 115 CSA entries of which the indexer keeps 16 per late query (a strict 
 
 The golden argument mapping (HF ``nn.Linear`` weights are ``[out, in]``; the goldens take
 ``[in, out]`` for the qkv projections and the HF layout for the o-projection and the
-compressor, dsv4-math.md section 9) lives in :class:`ParityRun`.
+compressor, transformers `models/deepseek_v4/modeling_deepseek_v4.py`) lives in :class:`ParityRun`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ PARITY_SEED = 20260611  # generator seed of the weights and the token ids
 PARITY_TOKENS = 461  # S: 3 closed HCA windows + a 77-token tail; 115 CSA entries
 # torch intra-op threads for the forward and the tests: the tensors are tiny, and on the
 # shared 2-core machine one thread avoids oversubscription stalls (results differ from a
-# 2-thread run only in the last bits, dsv4-math.md 10.18).
+# 2-thread run only in the last bits, transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 PARITY_THREADS = 1
 
 _LAYER_TYPE_OF_RATIO = {

@@ -2,7 +2,7 @@
 
 * Saved as safetensors and reloaded bit for bit (asserted while building); the file uses the
   upstream leaf names with a ``model.`` prefix, except ``head.weight``,
-  ``model.embed_tokens.weight`` and ``model.hc_head.*`` (dsv4-math.md 9).
+  ``model.embed_tokens.weight`` and ``model.hc_head.*`` (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 * Parameters that HF initialises to zero (sinks, compressor / indexer position biases, HC
   bases, router bias, hash table) are non-zero; hash rows hold K distinct valid expert ids;
   norm weights are around 1.

@@ -1,5 +1,5 @@
 """Parity of the CSA goldens (ratio-4 compressor, indexer compressor, indexer top-k, the CSA
-attention sub-layer) with transformers on the team's tiny checkpoint (dsv4-math.md 6).
+attention sub-layer) with transformers on the team's tiny checkpoint (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
 For each CSA layer (2 and 4) of the S = 461-token forward (115 compressed entries; the
 indexer keeps 16 per late query, a strict subset) the goldens run in their unquantised FP32

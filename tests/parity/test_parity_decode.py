@@ -4,7 +4,7 @@ transformers (``past_key_values``, a ``DynamicCache`` of sliding / HCA layers) p
 first :data:`PREFILL` = 380 tokens of the tiny checkpoint's sequence, then decodes 8 tokens one
 at a time (positions 380..387; a second run decodes them two at a time, S = 2, so that 383
 closes the window as the second token of its step), so the HCA window 256..383 closes inside
-the decode, at position 383 (dsv4-math.md 5: the entry is emitted once its window is complete, rotated at
+the decode, at position 383 (transformers `models/deepseek_v4/modeling_deepseek_v4.py`: the entry is emitted once its window is complete, rotated at
 its start 256). Forward hooks record, per layer and step, the attention input streams
 (``attn_hc`` input), the ``self_attn`` output and the stream after hc_post (``ffn_hc``
 input), and for HCA layers the compressor's running entry list.
@@ -208,7 +208,7 @@ KERNEL_SHARE_REL_RMS = 3e-2  # post * attn_out alone (test_parity_swa: attn_out 
 
 def _kernel_inputs(d: dict) -> dict:
     """FP32 parity inputs cast the way the kernels take them: BF16 weights, tables, norms and
-    caches, W8A8 q-b / o-b (v4flash-kernels.md section 0); FP32 hc parameters, sink, ape, state."""
+    caches, W8A8 q-b / o-b (pypto-lib `models/deepseek/v4-flash/` INT8 conventions); FP32 hc parameters, sink, ape, state."""
     from pto.models.deepseek_v4.prefill_sparse_attn import quantize_wo_b
     from pto.models.deepseek_v4.qkv_proj_rope import quantize_weight_per_column
     bf16 = torch.bfloat16

@@ -1,4 +1,4 @@
-"""Parity of ``golden_hc_pre`` with transformers' ``DeepseekV4HyperConnection`` (dsv4-math.md 7.1).
+"""Parity of ``golden_hc_pre`` with transformers' ``DeepseekV4HyperConnection`` (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
 For every layer and both hyper-connections (``attn_hc`` before attention, ``ffn_hc`` before
 the MoE) the golden runs on the stream the HF module received and must reproduce HF's

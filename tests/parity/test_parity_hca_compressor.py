@@ -1,6 +1,6 @@
 """Parity of ``golden_prefill_compressor_ratio128`` with transformers' HCA compressor.
 
-Reference: dsv4-math.md 5 (HF) and v4flash-kernels.md A.4 (kernel contract).
+Reference: transformers `models/deepseek_v4/modeling_deepseek_v4.py` (HF) and pypto-lib `models/deepseek/v4-flash/prefill_compressor_ratio128.py` (kernel contract).
 
 One golden call over all S = 461 tokens of an HCA layer (HF's ``input_layernorm`` output,
 HF's compressor weights, an empty FP32 state, an FP32 compressed pool with identity page
@@ -14,7 +14,7 @@ tables) must reproduce:
   window (``pos = 128 w + 127``) and rotates it at ``pos + 1 - 128``; no other row of the
   pool is written;
 * their visibility: HF's block bias lets token ``t`` see entry ``w`` iff ``w < (t+1) // 128``,
-  i.e. iff the closing token of ``w`` is at or before ``t`` (the kernels' rule, B.18);
+  i.e. iff the closing token of ``w`` is at or before ``t`` (the kernels' rule, pypto-lib `prefill_attention_hca.py`);
 * the state rows ``[kv | score + ape[pos % 128]]`` against HF's ``kv_proj`` / ``gate_proj``
   outputs plus ``position_bias``.
 

@@ -1,5 +1,5 @@
 """Parity of the MoE, embedding and head goldens (and the MoE kernel) with transformers
-(dsv4-math.md 1, 7.3, 8).
+(transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
 For every layer (0-2 hash-routed, 3-5 learned) ``golden_moe`` (``weight_format="bf16"`` =
 unquantised, ``float32=True`` = no BF16 rounding) runs the FFN half of the decoder layer from

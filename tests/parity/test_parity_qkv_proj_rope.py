@@ -1,4 +1,4 @@
-"""Parity of ``golden_qkv_proj_rope`` with transformers' attention q / kv paths (dsv4-math.md 3, 4).
+"""Parity of ``golden_qkv_proj_rope`` with transformers' attention q / kv paths (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
 Per layer the golden (``weight_format="bf16"``: no quantisation; ``out_bf16=False``) runs on
 HF's ``input_layernorm`` output with HF's weights (transposed to the golden's ``[in, out]``
@@ -11,12 +11,12 @@ layout) and the pto RoPE tables of the layer's profile. Compared with HF:
 * ``kv`` after the weighted RMSNorm and RoPE = HF's ``kv_norm`` output rotated the same way.
 
 Sliding layers (0, 1) use the main profile (theta 1e4); CSA (2, 4) and HCA (3, 5) layers use
-the compress profile (theta 1.6e5 + YaRN) for their ordinary q / kv too (dsv4-math.md 10.1).
+the compress profile (theta 1.6e5 + YaRN) for their ordinary q / kv too (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 The HF cos / sin must equal the pto tables bit for bit.
 
 Tolerance: FP32 on both sides with the same operation order, so the results are bit
 identical on this machine (max abs error 0); the bound atol = rtol = 1e-5 leaves room for
-summation-order differences of other BLAS builds / thread counts (dsv4-math.md 10.18).
+summation-order differences of other BLAS builds / thread counts (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 """
 
 import pytest

@@ -1,5 +1,5 @@
 """Parity of ``golden_prefill_sparse_attn`` with compressed keys against transformers' CSA / HCA
-attention (dsv4-math.md 4, 5, 6.4).
+attention (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
 For the compressed layers the attention golden (``weight_format="bf16"``, ``float32=True``)
 gets:

@@ -1,4 +1,4 @@
-"""Parity of the SWA attention sub-layer golden with transformers (dsv4-math.md 4, 7.2).
+"""Parity of the SWA attention sub-layer golden with transformers (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
 ``golden_prefill_attention_swa`` (``weight_format="bf16"`` = unquantised, ``float32=True`` =
 no BF16 rounding anywhere) runs a sliding layer's whole attention sub-layer from the layer's
@@ -52,7 +52,7 @@ def _rows(inputs: dict, lo: int, hi: int, kv_cache: torch.Tensor) -> dict:
 
 
 def _kernel_numerics_inputs(inputs: dict, weight_format: str) -> dict:
-    """The FP32 parity inputs cast the way the kernels receive them (v4flash-kernels.md A.3)."""
+    """The FP32 parity inputs cast the way the kernels receive them (pypto-lib `models/deepseek/v4-flash/prefill_attention_swa.py`)."""
     bf16 = torch.bfloat16
     d = dict(inputs)
     for k in ("wq_a", "wkv", "attn_norm_w", "gamma_cq", "gamma_ckv", "wo_a", "freqs_cos",

@@ -1,6 +1,6 @@
 """prefill_sparse_attn: the kernel runs its online softmax over fixed column blocks (window
 block, then compressed blocks) while the golden packed the valid keys and tiled that list (the
-reference golden's order, v4flash-kernels.md B.4), so the BF16 rounding of the probabilities
+reference golden's order, pypto-lib `models/deepseek/v4-flash/prefill_sparse_attn.py`), so the BF16 rounding of the probabilities
 fell in different places for every token whose window is not full while compressed entries
 are visible (start_pos 0, compress_ratio 4: tokens 3 .. window-2). No fixture had such a
 token (every token had a full window). Against the packed golden, 22-25 % of ``attn_out``

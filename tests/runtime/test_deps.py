@@ -1,4 +1,4 @@
-"""Exact edge sets of small hand-written programs (DESIGN section 4; runtime/deps.py)."""
+"""Exact edge sets of small hand-written programs (docs/dsl.md; runtime/deps.py)."""
 
 import pytest
 import torch

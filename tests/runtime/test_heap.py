@@ -1,5 +1,5 @@
 """Ring heap: allocation-time init values, capacity, exhaustion, peak statistics,
-FIFO reuse across scopes (DESIGN section 3; runtime/heap.py)."""
+FIFO reuse across scopes (docs/dsl.md; runtime/heap.py)."""
 
 import pytest
 import torch

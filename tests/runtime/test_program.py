@@ -1,4 +1,4 @@
-"""Program statistics and failure behaviour (DESIGN sections 3, 9; runtime/program.py)."""
+"""Program statistics and failure behaviour (docs/dsl.md, 9; runtime/program.py)."""
 
 import pytest
 import torch

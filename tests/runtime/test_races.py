@@ -1,4 +1,4 @@
-"""Check mode, part 2: the race checker (DESIGN section 6, issue 6).
+"""Check mode, part 2: the race checker (docs/dsl.md, issue 6).
 
 Every racy kernel here computes the right answer on the CPU (eager execution
 in program order is one valid schedule); the checker must still report that

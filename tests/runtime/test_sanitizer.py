@@ -1,4 +1,4 @@
-"""Check mode, part 1: the definedness sanitizer (DESIGN section 5, issue 6).
+"""Check mode, part 1: the definedness sanitizer (docs/dsl.md, issue 6).
 
 * every tile op propagates definedness masks by its rule, checked against an
   independent element-by-element reference (and a coverage test that fails
@@ -878,7 +878,7 @@ def test_dropping_the_cmp_indices_sentinel_is_caught():
 def test_cmp_block_table_init_is_dead_in_the_swa_block():
     """Finding: prefill_attention_swa's ``cmp_block_table`` (init_value=0) is
     never read, because every compressed index is -1 and the sparse gather
-    consults the table only for slots >= 0 (reference v4flash-kernels.md A.3:
+    consults the table only for slots >= 0 (reference pypto-lib `models/deepseek/v4-flash/prefill_attention_swa.py`:
     "the block table content is therefore irrelevant"). Dropping its
     init_value is therefore not observable, and check mode rightly passes."""
     res = _run_case("prefill_attention_swa", "prefill", drop=["cmp_block_table"])
@@ -895,7 +895,7 @@ def test_compressor_pooled_pad_init_keeps_discarded_rows_only():
     never written to ``cmp_kv``, so with the init_value dropped the NaN rows
     are consumed by the rmsnorm_rope task and discarded: check mode passes
     and so does the golden comparison. The init makes the discarded rows
-    deterministic (reference A.4), it does not guard an output."""
+    deterministic (reference pypto-lib `prefill_compressor_ratio128.py`), it does not guard an output."""
     res = _run_case("prefill_compressor_ratio128", "prefill", drop=["pooled_kv_pad"])
     prog = res.program
     assert res.passed and prog.dropped_init == ["pooled_kv_pad"]

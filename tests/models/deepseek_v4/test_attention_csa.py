@@ -1,7 +1,7 @@
 """The CSA attention blocks (prefill_attention_csa, decode_attention_csa) against their goldens
 and against each other (tiny; FLASH slow).
 
-Compare functions are prefill_attention_csa.TOLERANCES (v4flash-kernels.md B.19 / C.2): x_out
+Compare functions are prefill_attention_csa.TOLERANCES (pypto-lib `models/deepseek/v4-flash/prefill_attention_csa.py`; the pypto-lib tests' tolerances): x_out
 valid_ratio_reldiff(3e-3, 0.005, 1) over the active rows (the SWA block's) against the golden of
 the kernel's column blocking, caches and states ratio_allclose.
 """
@@ -140,7 +140,7 @@ def test_float32_golden_mode_stays_close_to_the_int8_golden():
 
 
 def test_prefill_block_attends_every_selected_row_at_flash():
-    """The CSA prefill core has index_topk compressed columns (no 256-candidate cap, B.4)."""
+    """The CSA prefill core has index_topk compressed columns (no 256-candidate cap, pypto-lib `prefill_sparse_attn.py`)."""
     from pto.models.deepseek_v4.prefill_sparse_attn import sparse_attn_tiling
     flash = get_config("flash")
     tl = sparse_attn_tiling(flash, flash.index_topk)

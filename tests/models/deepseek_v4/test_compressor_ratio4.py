@@ -1,8 +1,8 @@
 """The CSA (ratio-4) compressors, prefill and decode, against their goldens (tiny; FLASH slow).
 
-Compare functions are the module's TOLERANCES (v4flash-kernels.md B.15 / C.2): cmp_kv
+Compare functions are the module's TOLERANCES (pypto-lib `models/deepseek/v4-flash/prefill_compressor_ratio4.py`; the pypto-lib tests' tolerances): cmp_kv
 ratio_allclose(1e-4, 1/128, 0), compress_state ratio_allclose(1e-3, 1e-3, 0). The golden is
-checked against a float64 per-window loop written from dsv4-math.md 6.1.
+checked against a float64 per-window loop written from transformers `models/deepseek_v4/modeling_deepseek_v4.py`.
 """
 
 import pytest
@@ -64,7 +64,7 @@ def written_rows(before, after):
 
 
 def reference_entry(d, p_close, cfg=TINY):
-    """Entry closed at ``p_close`` from dsv4-math.md 6.1 in float64, one window at a time, from
+    """Entry closed at ``p_close`` from transformers `models/deepseek_v4/modeling_deepseek_v4.py` in float64, one window at a time, from
     the chunk's projections (positions in the chunk) or the input state (earlier positions)."""
     c = cfg.head_dim
     pos = d["position_ids"].long().tolist()
@@ -204,7 +204,7 @@ def test_task_and_edge_counts_and_no_initialised_scratch():
         "prefill_c4_write_map", "prefill_c4_kv_score_proj", "prefill_c4_state_scatter", "prefill_c4_softmax_pool",
         "prefill_c4_rmsnorm_rope", "prefill_c4_cache_write"]
     assert prog.stats.edges == 7
-    assert prog.stats.init_bytes == 0  # B.15: uninitialised scratch; undefined pad rows never reach cmp_kv
+    assert prog.stats.init_bytes == 0  # pypto-lib `prefill_compressor_ratio4.py`: uninitialised scratch; undefined pad rows never reach cmp_kv
 
 
 def test_capacity_overflow_raises_before_any_task():

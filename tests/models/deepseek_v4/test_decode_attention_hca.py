@@ -1,4 +1,4 @@
-"""decode_attention_hca (v4flash-kernels.md B.13) at the tiny preset.
+"""decode_attention_hca (pypto-lib `models/deepseek/v4-flash/decode_attention_hca.py`) at the tiny preset.
 
 The kernel against its golden in check mode (B = 4 at positions 0, 1, 127, 300; windows not
 yet full; requests with no compressed rows; an inactive request; S = 1 and 2; the seed

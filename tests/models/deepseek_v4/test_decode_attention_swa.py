@@ -1,4 +1,4 @@
-"""decode_attention_swa (v4flash-kernels.md B.6) at the tiny preset.
+"""decode_attention_swa (pypto-lib `models/deepseek/v4-flash/decode_attention_swa.py`) at the tiny preset.
 
 Prefill of N tokens then K decode steps equals one prefill of N + K tokens (cache and block
 outputs), B = 4 requests at positions 0, 1, 127, 300 with the SWA pages of two requests

@@ -1,4 +1,4 @@
-"""decode_compressor_ratio128 (v4flash-kernels.md B.9) at the tiny preset.
+"""decode_compressor_ratio128 (pypto-lib `models/deepseek/v4-flash/decode_compressor_ratio128.py`) at the tiny preset.
 
 The kernel against its golden in check mode over start sets crossing 127/128/255/256 with
 S = 1 and 2 and an inactive request; a step at (start_pos + 1) % 128 == 0 writes exactly one

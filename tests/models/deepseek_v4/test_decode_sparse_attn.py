@@ -1,8 +1,8 @@
-"""Decode sparse-attention cores (decode_sparse_attn.py, B.5 / B.7) at the tiny preset.
+"""Decode sparse-attention cores (decode_sparse_attn.py, pypto-lib `decode_sparse_attn_swa.py` / pypto-lib `decode_sparse_attn_hca.py`) at the tiny preset.
 
 The kernels against their goldens in check mode (B = 4 at positions 0, 1, 127, 300 with S = 1
 and 2, an inactive request, reversed page tables); the golden against a float64 per-token
-reference written from dsv4-math.md 4 (sink in the denominator, inverse RoPE); invariance
+reference written from transformers `models/deepseek_v4/modeling_deepseek_v4.py` (sink in the denominator, inverse RoPE); invariance
 under a permutation of the physical pages; FLASH as slow.
 """
 
@@ -114,7 +114,7 @@ def test_physical_page_permutation_is_invisible():
 def test_flash(name):
     res = _case(name, preset="flash")
     tl = decode_sparse_attn_kernels(get_config("flash"), 0 if name.endswith("swa") else 128).tiling
-    assert tl.key_blocks == (1 if name.endswith("swa") else 2)  # B.5 / B.7 SPARSE_BLOCKS
+    assert tl.key_blocks == (1 if name.endswith("swa") else 2)  # pypto-lib `decode_sparse_attn_swa.py` / pypto-lib `decode_sparse_attn_hca.py` SPARSE_BLOCKS
 
 
 def test_generic_core_with_top_k_like_compressed_columns():

@@ -1,5 +1,5 @@
 """expert_routed (one rank: group by expert, W8A8 SwiGLU, weighted combine) vs its golden and
-transformers' ``DeepseekV4Experts`` (v4flash-kernels.md B.21, dsv4-math.md 8): every token
+transformers' ``DeepseekV4Experts`` (pypto-lib `models/deepseek/v4-flash/expert_routed.py`, transformers `models/deepseek_v4/modeling_deepseek_v4.py`): every token
 to one expert, an expert with no token (no block, no work), inactive rows, T not a multiple
 of the tiles, the swiglu_limit clamp, bad expert ids."""
 

@@ -1,5 +1,5 @@
 """expert_shared (W8A8 SwiGLU with the swiglu_limit clamp) vs its golden and transformers'
-``DeepseekV4MLP`` (v4flash-kernels.md B.22, dsv4-math.md 8): the seed_scopes variant is
+``DeepseekV4MLP`` (pypto-lib `models/deepseek/v4-flash/expert_shared.py`, transformers `models/deepseek_v4/modeling_deepseek_v4.py`): the seed_scopes variant is
 bit-identical, h_i8 is zero-initialised at allocation (its pad rows feed the w2 matmul),
 and with large weights 10-20 % of the gate / up pre-activations cross the limit."""
 

@@ -1,5 +1,5 @@
-"""gate (MoE router) vs its golden, hand-computed routes and float64 (v4flash-kernels.md B.20,
-dsv4-math.md 8): learned and hash layers, the stable sqrt-softplus at -20 / -200 / +100,
+"""gate (MoE router) vs its golden, hand-computed routes and float64 (pypto-lib `models/deepseek/v4-flash/gate.py`,
+transformers `models/deepseek_v4/modeling_deepseek_v4.py`): learned and hash layers, the stable sqrt-softplus at -20 / -200 / +100,
 the score-correction bias used for selection only, inactive rows, parallel hash tiles."""
 
 import math

@@ -1,5 +1,5 @@
 """hc_head (final hyper-connection collapse) vs its golden and transformers'
-``DeepseekV4HyperHead`` (v4flash-kernels.md B.3, dsv4-math.md 7.3): the seed_scopes variant
+``DeepseekV4HyperHead`` (pypto-lib `models/deepseek/v4-flash/hc_head.py`, transformers `models/deepseek_v4/modeling_deepseek_v4.py`): the seed_scopes variant
 is bit-identical, mixes_raw is zero-initialised at allocation and that zero is
 load-bearing, exact task names and edges."""
 

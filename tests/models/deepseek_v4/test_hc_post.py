@@ -1,4 +1,4 @@
-"""hc_post / hc_post_prefill DSL kernels against their goldens (v4flash-kernels.md B.2).
+"""hc_post / hc_post_prefill DSL kernels against their goldens (pypto-lib `models/deepseek/v4-flash/hc_post.py`).
 
 The kernel computes ``post*x`` then adds the input streams in order, exactly as the golden,
 so results are compared bit for bit (the registered tolerance is allclose 1e-3).

@@ -1,4 +1,4 @@
-"""hc_pre DSL kernel ("separate" variant) vs its golden (v4flash-kernels.md A.1): tiny
+"""hc_pre DSL kernel ("separate" variant) vs its golden (pypto-lib `models/deepseek/v4-flash/hc_pre.py`): tiny
 preset at every tail shape, the seed_scopes variant bit-identical, exact task names and
 edges of both graphs, the init-0 split-K scratch, capacity and tiling errors; FLASH twins
 are slow."""

@@ -3,7 +3,7 @@
 The kernel's INT8 scores follow the golden's operation order, so selections are compared
 exactly (order included) where the fixture has no near-ties; the registered cases use
 topk_set_compare (sets, boundary ties within rounding allowed). The golden's score is checked
-against a float64 per-head loop written from dsv4-math.md 6.3.
+against a float64 per-head loop written from transformers `models/deepseek_v4/modeling_deepseek_v4.py`.
 """
 
 import pytest

@@ -1,6 +1,6 @@
 """The indexer key compressors (prefill and decode) against their goldens (tiny; FLASH slow).
 
-Compare functions are the module's TOLERANCES (v4flash-kernels.md B.16 / C.2): idx_kv_cache
+Compare functions are the module's TOLERANCES (pypto-lib `models/deepseek/v4-flash/prefill_indexer_compressor.py`; the pypto-lib tests' tolerances): idx_kv_cache
 ratio_allclose(1, 0, 0.01), idx_kv_scale (1e-4, 1/128, 0.01), compress_state (1e-3, 1e-3, 0).
 """
 

@@ -1,6 +1,6 @@
 """lm_head (FP32 logits), the model head chain hc_head -> rms_norm -> lm_head, and greedy
 sampling (argmax, lowest id on ties) vs their goldens and float64 / torch references
-(v4flash-kernels.md B.24, dsv4-math.md 1.3)."""
+(pypto-lib `models/deepseek/v4-flash/lm_head.py`, transformers `models/deepseek_v4/modeling_deepseek_v4.py`)."""
 
 import pytest
 import torch

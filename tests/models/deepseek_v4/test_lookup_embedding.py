@@ -1,4 +1,4 @@
-"""lookup_embedding vs its golden and transformers' convention (dsv4-math.md 1.1): every
+"""lookup_embedding vs its golden and transformers' convention (transformers `models/deepseek_v4/modeling_deepseek_v4.py`): every
 stream is an exact FP32 copy of the table row, ids 0 and vocab_size - 1 included; an id
 outside the vocabulary is a BindError naming its position before any task runs."""
 

@@ -1,5 +1,5 @@
 """moe (single-rank FFN sub-block: hc_pre -> gate -> shared + routed experts -> hc_post) vs
-its golden (v4flash-kernels.md B.23): hash and learned layers, the seed_scopes variant
+its golden (pypto-lib `models/deepseek/v4-flash/moe.py`): hash and learned layers, the seed_scopes variant
 bit-identical, rows of inactive or padded tokens exactly zero (9 tokens in 8-row tiles),
 and the chained golden checked against its pieces."""
 

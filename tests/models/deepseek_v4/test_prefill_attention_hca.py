@@ -1,4 +1,4 @@
-"""prefill_attention_hca (v4flash-kernels.md B.18) at the tiny preset, and the HCA decode path
+"""prefill_attention_hca (pypto-lib `models/deepseek/v4-flash/prefill_attention_hca.py`) at the tiny preset, and the HCA decode path
 continuing it.
 
 The kernel against its golden in check mode (start of a sequence, a chunk after pre-filled

@@ -1,4 +1,4 @@
-"""prefill_attention_swa DSL sub-layer (v4flash-kernels.md A.3) at the tiny preset.
+"""prefill_attention_swa DSL sub-layer (pypto-lib `models/deepseek/v4-flash/prefill_attention_swa.py`) at the tiny preset.
 
 Window visibility (the index builder exactly, and end to end by perturbation), a start
 position well past the window with a pre-filled cache and a permuted block table, inactive

@@ -1,7 +1,7 @@
 """The ratio-128 prefill compressor DSL kernel against its golden (tiny preset; FLASH slow).
 
 Every run is in check mode (definedness sanitizer + race checker) unless it is a timing or
-a FLASH run. Compare functions are the module's TOLERANCES (v4flash-kernels.md A.4):
+a FLASH run. Compare functions are the module's TOLERANCES (pypto-lib `models/deepseek/v4-flash/prefill_compressor_ratio128.py`):
 cmp_kv ratio_allclose(1e-4, 1/128, 0), compress_state ratio_allclose(1e-3, 1e-3, 0).
 """
 
@@ -362,7 +362,7 @@ def test_flash_split_equals_single_call():
 
 
 def test_pooled_pad_init_is_kept_as_the_reference_but_not_load_bearing():
-    """pooled_kv_pad keeps the reference's init=0 (v4flash-kernels.md A.4 / C.1); dropping it
+    """pooled_kv_pad keeps the reference's init=0 (pypto-lib `models/deepseek/v4-flash/prefill_compressor_ratio128.py`; pypto-lib commit 3b6971a3); dropping it
     (check mode: undefined rows poisoned) changes no output bit: rows are normalised one by one
     and only rows with a destination reach cmp_kv."""
     cr = get_case("prefill_compressor_ratio128").build("tiny", "prefill", T=40, start_pos=100)

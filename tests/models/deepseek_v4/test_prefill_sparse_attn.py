@@ -1,4 +1,4 @@
-"""prefill_sparse_attn DSL kernel (v4flash-kernels.md B.4) at the tiny preset: golden
+"""prefill_sparse_attn DSL kernel (pypto-lib `models/deepseek/v4-flash/prefill_sparse_attn.py`) at the tiny preset: golden
 comparisons, the -1 sentinel (nothing gathered, zero row, no NaN), the never-read compressed
 cache, the task graph of the manual-scope o-projection, tiling and input errors."""
 
@@ -41,7 +41,7 @@ def _reads(prog, task_name, buffer):
 
 def test_tiling_follows_the_config():
     f, t = sparse_attn_tiling(FLASH), sparse_attn_tiling(TINY)
-    # FLASH is the reference's ATTN_TILE 128 x 3 blocks, SPARSE_PAD 384, cmp columns 0:256 (B.4)
+    # FLASH is the reference's ATTN_TILE 128 x 3 blocks, SPARSE_PAD 384, cmp columns 0:256 (pypto-lib `prefill_sparse_attn.py`)
     assert (f.key_tile, f.key_blocks, f.swa_blocks, f.max_compressed, f.sparse_pad, f.cmp_cols) == \
         (128, 3, 1, 192, 384, 256)
     assert (f.rope_head_tile, f.proj_a_n_tile, f.proj_b_n_tile, f.act_col_tile) == (4, 128, 1024, 512)

@@ -1,4 +1,4 @@
-"""qkv_proj_rope DSL kernel vs its golden (v4flash-kernels.md A.2): tiny preset at every
+"""qkv_proj_rope DSL kernel vs its golden (pypto-lib `models/deepseek/v4-flash/qkv_proj_rope.py`): tiny preset at every
 tail shape, the seed_scopes variant bit-identical, exact task names and edges of both
 graphs, the init-0 split-K scratch sized from t_pad, the INT8 quantiser on all-zero rows,
 capacity and tiling errors, the late_dep gate, and materialize_rope_rows; FLASH twins slow."""

@@ -1,4 +1,4 @@
-"""rms_norm DSL kernel vs its golden (v4flash-kernels.md B.1): tiny preset at every tail
+"""rms_norm DSL kernel vs its golden (pypto-lib `models/deepseek/v4-flash/rmsnorm.py`): tiny preset at every tail
 shape, the task graph, the returned task id, tiling and shape errors; FLASH twins slow."""
 
 import pytest
