@@ -31,7 +31,7 @@ import pto.language as pl
 from pto.errors import BindError, ConfigError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
-from pto.models.deepseek_v4.hc_pre import HC_K_CHUNK
+from pto.models.deepseek_v4.hc_pre import HC_K_CHUNK, inv_rms_rows
 from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_seed_capacity, check_token_capacity, mode_tokens, need,
                                            round_up, token_capacity, token_tile)
 
@@ -106,11 +106,7 @@ def hc_head_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleN
 
         TT = token_tile(t, HEAD_T_TILE)
         for b in pl.spmd(-(-t // TT), name_hint="hc_head_rms", allow_early_resolve=True):
-            t0 = b * TT
-            rows = min(TT, t - t0)
-            xt = pl.slice(x_flat, [TT, HCD], [t0, 0], valid_shape=[rows, HCD])
-            inv = pl.rsqrt(pl.row_sum(xt * xt) / float(HCD) + rms_eps, high_precision=True)
-            pl.assemble(inv_rms, pl.set_validshape(inv, rows, 1), [t0, 0])
+            inv_rms_rows(x_flat, inv_rms, t, b * TT, TT, rms_eps)
 
         MT = min(HEAD_M_TILE, t_pad)
         for b in pl.spmd(-(-t_pad // MT) * HEAD_OK, name_hint="hc_head_linear", allow_early_resolve=True):

@@ -46,6 +46,7 @@ from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_seed_capacity, c
 
 __all__ = [
     "hc_pre",
+    "inv_rms_rows",
     "hc_pre_tiling",
     "hc_pre_entry",
     "build_hc_pre",
@@ -78,6 +79,17 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {
 }
 
 # ---- kernel ----
+def inv_rms_rows(x_flat, inv_rms, t: int, t0: int, tile: int, eps: float) -> None:
+    """Rows ``t0 .. t0 + tile`` (clipped to ``t``) of ``inv_rms [T, 1]`` FP32 from ``x_flat [T, n]``
+    FP32 inside a block: ``rsqrt(mean(x^2) + eps)`` over the whole row (``high_precision``
+    rsqrt); the RMS half of hc_pre and hc_head (pypto-lib `hc_pre.py` / `hc_head.py` step 1)."""
+    n = pl.tensor.dim(x_flat, 1)
+    rows = min(tile, t - t0)
+    xt = pl.slice(x_flat, [tile, n], [t0, 0], valid_shape=[rows, n])
+    inv = pl.rsqrt(pl.row_sum(xt * xt) / float(n) + eps, high_precision=True)
+    pl.assemble(inv_rms, pl.set_validshape(inv, rows, 1), [t0, 0])
+
+
 T_DYN = pl.dynamic("T")  # runtime token count
 HC_DYN = pl.dynamic("HC")  # hc_mult
 D_DYN = pl.dynamic("D")  # hidden_size
@@ -229,11 +241,7 @@ def hc_pre(
     # 1. inv_rms = rsqrt(mean(x_flat^2) + eps) per token
     RT = token_tile(t, tl.rms_t)
     for b in pl.spmd(-(-t // RT), name_hint="hc_pre_rms", allow_early_resolve=True):
-        t0 = b * RT
-        rows = min(RT, t - t0)
-        xt = pl.slice(x_flat, [RT, hc_dim], [t0, 0], valid_shape=[rows, hc_dim])
-        inv = pl.rsqrt(pl.row_sum(xt * xt) / float(hc_dim) + rms_eps, high_precision=True)
-        pl.assemble(inv_rms, pl.set_validshape(inv, rows, 1), [t0, 0])
+        inv_rms_rows(x_flat, inv_rms, t, b * RT, RT, rms_eps)
 
     # 2. mixes_raw += x_flat[:, K-slice] @ hc_fn[:, K-slice]^T  (split-K, atomic add)
     LM, k_slice, k_tile = tl.lin_m, tl.k_slice, tl.k_tile
