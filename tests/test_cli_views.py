@@ -184,3 +184,16 @@ def test_json_writes_non_finite_numbers_as_strings():
     from pto.views import to_json
     assert json.loads(to_json({"a": float("inf"), "b": [float("nan")], "c": (1, 2)})) == {"a": "inf", "b": ["nan"],
                                                                                       "c": [1, 2]}
+
+
+def test_demo_shows_live_progress_on_a_terminal():
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, FORCE_COLOR="1", PTO_THREADS="1")  # rich treats stderr as a terminal
+    out = subprocess.run([sys.executable, "-m", "pto.cli", "demo", "--group", "example"], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert out.returncode == 0
+    # a bar redrawn in place ("\x1b[2K": erase the line) from 0 of 5 runs to 5 of 5
+    assert "\x1b[2K" in out.stderr and "0/5" in out.stderr and "5/5" in out.stderr
+    assert "5/5 passed" in out.stdout
