@@ -15,6 +15,14 @@ def build_past_capacity_check(monkeypatch, build, *args, **kwargs):
     return build(*args, **kwargs)
 
 
+def assert_graph(graph, tasks: list, named_edges: set, n_edges: int) -> None:
+    """``graph`` (a ``TaskGraph``) has exactly the task names ``tasks`` in submission order,
+    the ``(producer, consumer)`` name pairs ``named_edges`` and ``n_edges`` edges in all."""
+    assert [t.name for t in graph.tasks] == tasks
+    assert graph.named_edges() == named_edges
+    assert len(graph.edges()) == n_edges
+
+
 def find_buffer(prog, name: str):
     """The first root buffer of ``prog`` named ``name`` (a ``pto.runtime.Buffer``)."""
     return next(b for b in prog.buffers if b.name == name)

@@ -13,7 +13,7 @@ from pto.golden import run_jit
 from pto.models.deepseek_v4.config import get_config
 from pto.models.deepseek_v4.hc_pre import build_hc_pre, hc_pre_entry, hc_pre_tiling
 
-from dsv4_checks import assert_capacity_error_before_any_task, build_past_capacity_check, find_buffer
+from dsv4_checks import assert_capacity_error_before_any_task, assert_graph, build_past_capacity_check, find_buffer
 
 TINY = get_config("tiny")
 TASKS = ["hc_pre_rms", "hc_pre_linear", "split_pre_post", "comb_sinkhorn", "mix_x"]
@@ -46,12 +46,8 @@ def test_hc_pre_matches_golden_and_seed_variant_is_bit_identical(T):
 
 @pytest.mark.parametrize("T", [1, 7, 8, 16, 24, 128])
 def test_hc_pre_graph_has_no_seed_task(T):
-    g = _run("tiny", "prefill", T).program.graph
-    assert [t.name for t in g.tasks] == TASKS
-    assert g.named_edges() == EDGES and len(g.edges()) == 5
-    gs = _run("tiny", "prefill", T, True).program.graph
-    assert [t.name for t in gs.tasks] == ["hc_pre_seed"] + TASKS
-    assert gs.named_edges() == SEED_EDGES and len(gs.edges()) == 8
+    assert_graph(_run("tiny", "prefill", T).program.graph, TASKS, EDGES, 5)
+    assert_graph(_run("tiny", "prefill", T, True).program.graph, ["hc_pre_seed"] + TASKS, SEED_EDGES, 8)
 
 
 @pytest.mark.parametrize("T", [7, 24])

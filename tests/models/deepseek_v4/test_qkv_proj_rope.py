@@ -18,7 +18,7 @@ from pto.models.deepseek_v4.qkv_proj_rope import (INT8_AMAX_EPS, INT8_SCALE_MAX,
 from pto.models.deepseek_v4.rms_norm import rms_norm
 from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
 
-from dsv4_checks import assert_capacity_error_before_any_task, build_past_capacity_check, find_buffer
+from dsv4_checks import assert_capacity_error_before_any_task, assert_graph, build_past_capacity_check, find_buffer
 
 TINY = get_config("tiny")
 OUTPUTS = ("q", "kv", "qr", "qr_scale")
@@ -64,12 +64,8 @@ def test_qkv_matches_golden_and_seed_variant_is_bit_identical(T):
 
 @pytest.mark.parametrize("T", [1, 7, 8, 16, 24, 128])
 def test_qkv_graph_has_no_seed_task(T):
-    g = _run("tiny", "prefill", T).program.graph
-    assert [t.name for t in g.tasks] == TASKS
-    assert g.named_edges() == EDGES and len(g.edges()) == 7
-    gs = _run("tiny", "prefill", T, True).program.graph
-    assert [t.name for t in gs.tasks] == SEED_TASKS
-    assert gs.named_edges() == SEED_EDGES and len(gs.edges()) == 11
+    assert_graph(_run("tiny", "prefill", T).program.graph, TASKS, EDGES, 7)
+    assert_graph(_run("tiny", "prefill", T, True).program.graph, SEED_TASKS, SEED_EDGES, 11)
 
 
 @pytest.mark.parametrize("T", [7, 24])
