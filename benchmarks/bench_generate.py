@@ -16,14 +16,16 @@ the best run is reported (the machine is shared):
 * ``kernels+mtp``: the kernel path with self-speculative decoding by the checkpoint's MTP
   layer (``generate(mtp=True)``; each decode step verifies a draft and drafts the next);
   ``kernels+mtp-accept``: the same with every draft taken from a plain greedy run (all
-  accepted: two tokens per step, the upper bound of MTP on this machine).
+  accepted: two tokens per step, the upper bound of MTP on this machine);
+  ``kernels+mtp-none``: plain greedy through the same per-layer programs and ``S = 2`` decode
+  steps with the second token inactive (what MTP costs before any draft is accepted).
 
 Columns: prefill wall (ms), decode ms per token, tokens/s, peak RSS (MiB), decode steps and
 the MTP acceptance rate, and each pto engine's ratios to transformers (wall = prefill +
 decode). Target of issue 15: the kernel path within 3x of transformers' wall.
 
     python benchmarks/bench_generate.py [--prompt 509] [--new 8] [--repeat 2] [--chunk 128]
-        [--engines transformers,golden,kernels,kernels+mtp,kernels+mtp-accept]
+        [--engines transformers,golden,kernels,kernels+mtp-none,kernels+mtp,kernels+mtp-accept]
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ def _pto(ckpt: str, ids: list[int], new: int, repeat: int, engine: str, chunk: i
         if engine.endswith("-accept"):  # drafts from a plain greedy run: every one accepted
             plain = generate(model, [ids], max_new_tokens=new, chunk=chunk, eos_token_id=None)
             mtp.update(drafts="accept", reference=plain.tokens)
+        elif engine.endswith("-none"):  # no drafts: plain greedy through the MTP path's S = 2 steps
+            mtp.update(drafts="none")
     best = None
     for k in range(repeat + 1):
         if kernels and k == 1:
@@ -128,7 +132,7 @@ def main() -> None:
             results[engine] = q.get()
             p.join()
 
-    con = Console(width=140)
+    con = Console(width=180)
     table = Table(title=f"generate: tiny checkpoint, {args.prompt}-token prompt, {args.new} new tokens, "
                         f"1 thread, best of {args.repeat}")
     for col in ("engine", "prefill ms", "decode ms/token", "tokens/s", "peak RSS MiB", "decode steps",

@@ -161,10 +161,12 @@ def generate_mtp(model, prompts: list[list[int]], res, *, chunk: int, max_new_to
 
     Raises:
         BindError: a bad ``drafts`` mode or ``reference``. ConfigError: no MTP layer (except
-            ``drafts="none"`` on the kernel path).
+            ``drafts="none"`` on the kernel path), or an expert-parallel model.
     """
     B = len(prompts)
     _check_reference(reference, B, max_new_tokens, drafts)
+    if getattr(model, "ep", 1) > 1:  # EPModel: its MoE runs across ranks, step_hidden does not
+        raise ConfigError("generate: mtp=True with expert parallelism (--ep) is not supported yet")
     kernel = hasattr(model, "step_hidden")
     mtp = MtpLayer(model) if (drafts != "none" or not kernel) else None
     if not kernel and drafts == "none":
