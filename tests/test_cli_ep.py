@@ -39,6 +39,11 @@ def test_ep_needs_the_kernel_path(ckpt, capsys):
     assert "--ep 2: expert parallelism runs on the kernel path (--weights int8)" in capsys.readouterr().err
 
 
+def test_ep_rejects_mtp(ckpt, capsys):
+    assert main(["generate", ckpt, *ARGS, "--ep", "2", "--mtp"]) == 2
+    assert "--ep 2: --mtp (self-speculative decoding) runs on one rank only" in capsys.readouterr().err
+
+
 def _tokens(out: str) -> list:
     return json.loads(out.strip().splitlines()[-1])["tokens"]
 

@@ -23,6 +23,7 @@ end-of-program exchange on every rank); the others are local. Statistics per pro
 import torch
 
 import pto.language.distributed as pld
+from pto.errors import ConfigError
 from pto.models.deepseek_v4.config import DeploymentConfig
 from pto.models.deepseek_v4.decode_attention_hca import decode_attention_hca_kernels
 from pto.models.deepseek_v4.decode_attention_swa import decode_attention_swa_kernels
@@ -98,6 +99,15 @@ class EPModel(KernelModel):
                 f[key] = f[key][sl].contiguous()
             self._ffn_w[i] = f
         return self._ffn_w[i]
+
+    def step_hidden(self, *args, **kwargs):
+        """Not across ranks: MTP decoding (``generate(mtp=True)``) runs on one rank.
+
+        Raises:
+            ConfigError: always.
+        """
+        raise ConfigError("EPModel: MTP self-speculative decoding is not supported across ranks (run it "
+                          "without --ep)")
 
     # ---- one step ----------------------------------------------------------------------------
     def _comm(self, name: str, entry, *args) -> None:
@@ -210,7 +220,7 @@ def ep_launch(args):
     import os
     import sys
 
-    from pto.errors import ConfigError, PtoError
+    from pto.errors import PtoError
     from pto.models.deepseek_v4.weights import open_checkpoint
 
     ep = getattr(args, "ep", None)
@@ -229,6 +239,8 @@ def ep_launch(args):
     backend = args.backend if args.backend != "auto" else ("kernels" if args.weights == "int8" else "golden")
     if ep > 1 and backend != "kernels":
         raise ConfigError(f"--ep {ep}: expert parallelism runs on the kernel path (--weights int8)")
+    if ep > 1 and getattr(args, "mtp", False):
+        raise ConfigError(f"--ep {ep}: --mtp (self-speculative decoding) runs on one rank only")
     try:
         cfg = open_checkpoint(args.checkpoint, args.weights).config
     except PtoError as e:
