@@ -795,8 +795,8 @@ def cmd_trace(args) -> int:
         raise ConfigError(f"cannot write {args.out!r}: {e.strerror}") from None
     n = sum(1 for e in tr["traceEvents"] if e["ph"] == "X")
     arrows = sum(1 for e in tr["traceEvents"] if e["ph"] == "s")
-    console().print(f"wrote {args.out}: {n} spans, {arrows} dependency arrows ({what})", highlight=False,
-                    markup=False)
+    console().print(f"wrote {args.out}: {n} spans, {arrows} dependency arrow{'s' if arrows != 1 else ''} ({what})",
+                    highlight=False, markup=False)
     return 0
 
 
