@@ -114,6 +114,27 @@ def test_kernel_mtp_ragged_batch(ckpts):
     assert r.mtp_drafts > 0
 
 
+def test_golden_mtp_ragged_batch(ckpts):
+    m = _model(ckpts[("fp8", 1)], "bf16")
+    prompts = [PROMPTS[0], PROMPTS[1][:3], PROMPTS[1]]
+    alone = [_run(m, [p], 20).tokens[0] for p in prompts]
+    for drafts in ("model", "accept", "reject"):
+        r = _run(m, prompts, 20, mtp=True, drafts=drafts, reference=alone)
+        assert r.tokens == alone, drafts
+    assert r.mtp_drafts == 3 * 18 and r.mtp_accepted == 0
+
+
+def test_kernel_mtp_in_check_mode(ckpts):
+    # the definedness sanitizer and race checker on every program of an MTP run (inactive rows,
+    # a rejected draft's restored rows, the MTP layer's prefill and decode programs)
+    ck = Checkpoint(ckpts[("hf", 0)], "int8")
+    m = KernelModel(ck, DeploymentConfig.sized(ck.config, 2, 64, block_size=16), check=True)
+    p = [PROMPTS[1][:5]]
+    ref = _run(m, p, 4)
+    for drafts in ("accept", "reject"):
+        assert _run(m, p, 4, mtp=True, drafts=drafts, reference=ref.tokens).tokens == ref.tokens
+
+
 def test_bad_mtp_inputs(ckpts, tmp_path):
     m = _model(ckpts[("hf", 0)], "bf16")
     with pytest.raises(BindError, match="drafts must be one of"):
