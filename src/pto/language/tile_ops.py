@@ -559,6 +559,22 @@ def _round_to_int(v: torch.Tensor, mode: str) -> torch.Tensor:
     raise DslError(f"pl.cast: mode {mode!r} is not supported for integer targets")
 
 
+_EXACT_CASTS: dict = {}  # (source torch dtype, float target torch dtype) -> every value converts exactly
+
+
+def _exact_float_cast(src: torch.dtype, dst: torch.dtype) -> bool:
+    """Whether every ``src`` value is exactly representable in the float dtype ``dst``
+    (bool; a float no wider, except BF16 -> FP16; an integer of at most 2 bytes into FP32)."""
+    hit = _EXACT_CASTS.get((src, dst))
+    if hit is None:
+        hit = _EXACT_CASTS[(src, dst)] = (
+            src == torch.bool
+            or (src.is_floating_point and torch.finfo(src).bits <= torch.finfo(dst).bits
+                and not (src == torch.bfloat16 and dst == torch.float16))
+            or (not src.is_floating_point and src.itemsize <= 2 and dst == torch.float32))
+    return hit
+
+
 def cast(x, target_type, mode="round") -> Tile:
     """Convert a tile to ``target_type`` with an Ascend rounding mode.
 
@@ -594,10 +610,7 @@ def cast(x, target_type, mode="round") -> Tile:
     if dst.torch == torch.bool:
         out = src != 0
     elif dst.is_float:
-        exact = (src.dtype == torch.bool or
-                 (src.dtype.is_floating_point and torch.finfo(src.dtype).bits <= torch.finfo(dst.torch).bits
-                  and not (src.dtype == torch.bfloat16 and dst.torch == torch.float16))
-                 or (not src.dtype.is_floating_point and src.element_size() <= 2 and dst.torch == torch.float32))
+        exact = _exact_float_cast(src.dtype, dst.torch)
         if exact or (src.dtype.is_floating_point and mode in ("none", "rint")):
             out = src.to(dst.torch)  # float -> narrower float: one correctly rounded (RNE) conversion
         else:
