@@ -154,8 +154,27 @@ def test_check_json_matches_the_pass_line(capsys):
     code, line, _ = run_cli(capsys, "check", "gate", "--preset", "tiny")
     assert line.startswith(f"PASS gate decode: max error {cli.fmt_err(doc['max_abs_error'])}, {doc['tasks']} "
                            f"tasks, {doc['edges']} edges, heap peak {cli.fmt_bytes(doc['heap_peak_bytes'])}")
-    code, _, err = run_cli(capsys, "check", "gate", "--preset", "tiny", "--json", "--drop-init", "all")
-    assert code == 2 and "--json" in err
+
+
+
+def test_check_json_of_the_drop_init_sweep_and_the_block_order_check(capsys):
+    code, out, _ = run_cli(capsys, "check", "example_splitk_matmul", "--drop-init", "all", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert (doc["passed"], doc["caught"], doc["total"]) == (True, 1, 1)
+    (a,) = doc["allocations"]
+    assert (a["name"], a["init_value"], a["caught"], a["by"]) == ("acc", 0, True, "UndefinedOutputError")
+    code, table, _ = run_cli(capsys, "check", "example_splitk_matmul", "--drop-init", "all")
+    assert f"{doc['caught']} of {doc['total']} init_value(s) load-bearing" in table
+    assert [r[:5] for r in table_rows(table)] == [[a["name"], a["site"], "0", "yes", a["by"]]]
+    code, out, _ = run_cli(capsys, "check", "example_splitk_matmul", "--block-order", "reverse", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    (o,) = doc["outputs"]
+    assert (doc["order"], doc["stable"], o["name"], o["identical"]) == ("reverse", False, "c", False)
+    code, table, _ = run_cli(capsys, "check", "example_splitk_matmul", "--block-order", "reverse")
+    assert table_rows(table)[0][:5] == ["c", "no", f"{o['differing']}/{o['numel']}", cli.fmt_err(o["max_abs"]),
+                                        str(o["max_ulps"])]
 
 
 def test_demo_json_matches_the_table(capsys):

@@ -546,15 +546,12 @@ def cmd_check(args) -> int:
     (``RunConfig.drop_init``: a name that drops nothing is a ConfigError). ``--json``: one
     document (:func:`_check_doc`) instead of the PASS / FAIL line."""
     target = _target_from_args(args)
-    if args.json and ("all" in args.drop_init or getattr(args, "block_order", None) is not None):
-        raise ConfigError("--json prints the result of one check run; --drop-init all and --block-order print "
-                          "tables only")
     if args.block_order is not None:
         if args.drop_init:
             raise ConfigError("--block-order compares schedules of the kernel as it is; it takes no --drop-init")
-        return _block_order_check(target, args.block_order, args.block_order_seed)
+        return _block_order_check(target, args.block_order, args.block_order_seed, args.json)
     if "all" in args.drop_init:
-        return _drop_init_all(target, args.drop_init)
+        return _drop_init_all(target, args.drop_init, args.json)
     drop = tuple(args.drop_init)
     title = target.title
     if args.drop_init:
@@ -617,11 +614,13 @@ def _check_doc(title: str, prog, passed: bool, error: str | None, res=None) -> d
             "outputs": _outputs_doc(res) if res is not None else []}
 
 
-def _block_order_check(target: Target, order: str, seed: int) -> int:
+def _block_order_check(target: Target, order: str, seed: int, as_json: bool = False) -> int:
     """``pto check KERNEL --block-order reverse|shuffle``: program order and the other schedule
     on the same inputs, both in check mode; a table of every output (bit-identical or not,
     differing elements, max abs, max ulps, through which atomic-add tasks). Exit 1 on a
-    check-mode error; a schedule-sensitive output is a finding, not a failure."""
+    check-mode error; a schedule-sensitive output is a finding, not a failure. ``as_json``:
+    ``{"kernel", "passed", "error", "order", "seed", "stable", "reordered", "outputs": [{"name",
+    "identical", "differing", "numel", "max_abs", "max_ulps", "through"}]}``."""
     from pto.golden.schedule import schedule_sensitivity
     if target.program is not None:
         raise ConfigError(f"{target.name} returned a Program that was already run; --block-order needs a kernel it "
@@ -638,8 +637,16 @@ def _block_order_check(target: Target, order: str, seed: int) -> int:
     try:
         rep = schedule_sensitivity(fn, vals, order, seed, check=True)
     except PtoError as e:
+        if as_json:
+            return _print_json({"kernel": target.title, "passed": False, "error": f"{type(e).__name__}: {e}"}, 1)
         con.print(f"FAIL {target.title}: {type(e).__name__}: {e}", highlight=False, markup=False)
         return 1
+    if as_json:
+        return _print_json({"kernel": target.title, "passed": True, "error": None, "order": order, "seed": seed,
+                            "stable": rep.stable, "reordered": list(rep.reordered),
+                            "outputs": [{"name": o.name, "identical": o.identical, "differing": o.differing,
+                                         "numel": o.numel, "max_abs": o.max_abs, "max_ulps": o.max_ulps,
+                                         "through": list(o.through)} for o in rep.outputs]}, 0)
     table = Table(title=f"{target.title}: block order {what} vs program order, bit for bit (check mode)")
     for col, just in (("output", "left"), ("bit-identical", "center"), ("differing", "right"),
                       ("max abs", "right"), ("max ulps", "right"), ("through atomic task(s)", "left")):
@@ -660,10 +667,19 @@ def _block_order_check(target: Target, order: str, seed: int) -> int:
     return 0
 
 
-def _drop_init_all(target: Target, names: list) -> int:
+def _print_json(doc: dict, code: int) -> int:
+    """Print ``doc`` as one JSON document (:func:`pto.views.to_json`) and return ``code``."""
+    from pto.views import to_json
+    print(to_json(doc))
+    return code
+
+
+def _drop_init_all(target: Target, names: list, as_json: bool = False) -> int:
     """``pto check KERNEL --drop-init all``: a passing check-mode run, then one run per
     allocation with an init_value, with it dropped; a table of what caught each (exit 1 when
-    the baseline run fails)."""
+    the baseline run fails). ``as_json``: ``{"kernel", "passed" (the baseline run), "error",
+    "golden", "allocations": [{"name", "count", "site", "init_value", "caught", "by", "detail"}],
+    "caught", "total"}``."""
     from pto.golden.mutation import drop_init_sweep
     from pto.runtime.sanitizer import short_site
     if names != ["all"]:
@@ -684,14 +700,24 @@ def _drop_init_all(target: Target, names: list) -> int:
     try:
         base = run(RunConfig(check=True))
     except PtoError as e:
+        if as_json:
+            return _print_json({"kernel": title, "passed": False, "error": f"{type(e).__name__}: {e}"}, 1)
         con.print(f"FAIL {title}: {type(e).__name__}: {e}", highlight=False, markup=False)
         return 1
     if not isinstance(base, Program):
         if not base.passed:
+            if as_json:
+                return _print_json({"kernel": title, "passed": False, "error": base.error}, 1)
             con.print(f"FAIL {title}: {base.error}", highlight=False, markup=False)
             return 1
         base = base.program
     rows = drop_init_sweep(run, base)
+    if as_json:
+        return _print_json({"kernel": title, "passed": True, "error": None, "golden": cr is not None,
+                            "allocations": [{"name": r.name, "count": r.count, "site": short_site(r.site),
+                                             "init_value": r.init_value, "caught": r.caught, "by": r.by,
+                                             "detail": r.detail} for r in rows],
+                            "caught": sum(r.caught for r in rows), "total": len(rows)}, 0)
     table = Table(title=f"{title}: each init_value dropped in turn (check mode{', golden' if cr else ''})")
     for col in ("allocation", "site", "init", "caught", "by"):
         table.add_column(col, no_wrap=True)
