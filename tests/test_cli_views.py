@@ -216,3 +216,19 @@ def test_demo_shows_live_progress_on_a_terminal():
     # a bar redrawn in place ("\x1b[2K": erase the line) from 0 of 5 runs to 5 of 5
     assert "\x1b[2K" in out.stderr and "0/5" in out.stderr and "5/5" in out.stderr
     assert "passed in" in out.stdout
+
+
+def test_diff_json_matches_the_table(capsys):
+    args = ("diff", "example_splitk_matmul", "--opt", "seed_scopes=True")
+    code, out, _ = run_cli(capsys, *args, "--json")
+    assert code == 0
+    doc = json.loads(out)
+    f = doc["figures"]
+    assert doc["variants"] == ["base", "seed_scopes=True"] and f["tasks"] == [2, 3] and doc["outputs"] == {"c": True}
+    (fs,) = doc["fill_vs_seed"]
+    assert fs["buffer"] == "acc" and fs["bytes"] == 16384
+    code, table, _ = run_cli(capsys, *args)
+    rows = {r[0]: r[1:3] for r in table_rows(table)}
+    assert rows["tasks"] == [str(v) for v in f["tasks"]] and rows["edges"] == [str(v) for v in f["edges"]]
+    assert rows["effective (union)"] == [f"{v:.2f} us" for v in f["effective_us"]]
+    assert rows["heap peak"] == [cli.fmt_bytes(v) for v in f["heap_peak_bytes"]]

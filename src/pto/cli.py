@@ -889,11 +889,39 @@ def _sim_rows(sim) -> list:
             ("AIC utilisation", f"{sim.utilisation['aic']:.1%}"), ("AIV utilisation", f"{sim.utilisation['aiv']:.1%}")]
 
 
+def _diff_doc(title: str, label: list, progs: list, sims: list, machine) -> dict:
+    """The ``pto diff --json`` document: ``kernel``, ``machine``, ``variants`` (the two labels),
+    ``figures`` ({name: [base, other]}: tasks, edges, blocks, heap_peak_bytes, scratch_bytes,
+    fills, fill_us, orch_us, sched_us, effective_us, makespan_us, critical_path_us),
+    ``outputs`` ({name: bit-identical}), ``critical_path`` (names, per variant) and
+    ``fill_vs_seed`` (per ``init_value`` allocation of one variant against the seed task of the
+    other: buffer, bytes, fill_us, fill_cost_us, seed_task, seed_block_us, seed_cost_us,
+    cheaper)."""
+    from pto.runtime.simulate import fill_vs_seed
+    st = [p.stats for p in progs]
+    figures = {"tasks": [s.tasks for s in st], "edges": [s.edges for s in st], "blocks": [s.blocks for s in sims],
+               "heap_peak_bytes": [s.heap_peak_bytes for s in st], "scratch_bytes": [s.scratch_bytes for s in st]}
+    for key in ("fills", "fill_us", "orch_us", "sched_us", "effective_us", "makespan_us", "critical_path_us"):
+        figures[key] = [getattr(s, key) for s in sims]
+    outs = [_outputs(p) for p in progs]
+    same = {n: outs[0].get(n) is not None and outs[1].get(n) is not None and _bit_identical(outs[0][n], outs[1][n])
+            for n in dict.fromkeys([*outs[0], *outs[1]])}
+    init_i = 0 if sims[0].fills > sims[1].fills else 1 if sims[1].fills > sims[0].fills else None
+    rows = fill_vs_seed(progs[1 - init_i], progs[init_i], machine) if init_i is not None else []
+    return {"kernel": title, "machine": machine.name, "variants": label, "figures": figures, "outputs": same,
+            "critical_path": [list(s.critical_path) for s in sims],
+            "fill_vs_seed": [{"buffer": r.buffer, "bytes": r.nbytes, "fill_us": r.fill_us,
+                              "fill_cost_us": r.fill_cost_us, "seed_task": r.seed_task,
+                              "seed_block_us": r.seed_block_us, "seed_cost_us": r.seed_cost_us,
+                              "cheaper": r.cheaper} for r in rows]}
+
+
 def _diff_args(p):
     add_target_args(p)
     p.add_argument("--base-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="build option of the base variant (default: none); --opt gives the other variant")
     p.add_argument("--machine", default="a2a3", help="machine model for the simulated times: a2a3 (default) or a5")
+    add_json_arg(p)
 
 
 def _outputs(prog: Program) -> dict:
@@ -926,6 +954,8 @@ def cmd_diff(args) -> int:
     progs = [t.run_program(check=False) for t in targets]
     sims = [simulate(p, machine) for p in progs]
     label = [", ".join(f"{k}={v}" for k, v in o.items()) or "base" for o in (base_opts, opts)]
+    if args.json:
+        return _print_json(_diff_doc(targets[0].title, label, progs, sims, machine), 0)
     table = Table(title=f"{targets[0].title}: {label[0]} vs {label[1]} (simulated {machine.name})",
                   title_justify="left", caption="simulated times are estimates; see docs/performance.md",
                   caption_justify="left")
