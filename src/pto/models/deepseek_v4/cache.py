@@ -288,7 +288,8 @@ class Cache:
     def slot_mapping(self, rid: int, positions: torch.Tensor, kind: str = "swa_kv") -> torch.Tensor:
         """INT64 cache row of each position (``-1`` without a page): raw rows for
         ``swa_kv``, state rows for ``*_state``; for ``*_cmp`` the entry row of a position
-        that closes a window (``(p + 1) % ratio == 0``), ``-1`` elsewhere."""
+        that closes a window (``(p + 1) % ratio == 0``), ``-1`` elsewhere. A negative position
+        (an inactive decode token) maps to ``-1``."""
         table = self.block_table(rid, kind).to(torch.int64)
         pos = positions.to(torch.int64)
         if kind.endswith("_cmp"):
@@ -305,7 +306,7 @@ class Cache:
         phys = torch.where(blk < table.numel(), table[blk.clamp(max=table.numel() - 1)],
                            torch.full_like(blk, -1))
         row = phys * page + key % page
-        return torch.where(closes & (phys >= 0), row, torch.full_like(row, -1))
+        return torch.where(closes & (phys >= 0) & (pos >= 0), row, torch.full_like(row, -1))
 
     def kv_rows(self, layer: int, rid: int, positions: torch.Tensor) -> torch.Tensor:
         """``[n, d]`` FP32 raw kv rows of ``positions`` from layer ``layer``'s SWA cache.

@@ -351,8 +351,7 @@ class KernelModel:
             return t[0] if prefill else torch.stack(t)
 
         def slots(kind):
-            out = torch.cat([c.slot_mapping(r, pos[b * S:(b + 1) * S], kind) for b, r in enumerate(rids)])
-            return torch.where(pos < 0, torch.full_like(out, -1), out)
+            return torch.cat([c.slot_mapping(r, pos[b * S:(b + 1) * S], kind) for b, r in enumerate(rids)])
 
         head = [w["hc_attn_fn"], w["hc_attn_scale"], w["hc_attn_base"], w["attn_norm_w"], w["wq_a"],
                 w["wq_b"], w["wq_b_scale"], w["wkv"], w["gamma_cq"], w["gamma_ckv"], cos, sin]

@@ -22,7 +22,8 @@ then runs over the committed positions (one or two active rows) and drafts the n
 
 Exactness: plain greedy in the same ``S = 2`` shape (the second token inactive, ``drafts=
 "none"``) gives logits bit-identical to the MTP run's verify rows, because a row's result does
-not depend on the other rows of the step. The golden model (``weight_format="bf16"``) verifies
+not depend on the other rows of the step; the tests find plain ``generate()`` (``S = 1`` steps
+through ``decode_fwd``) bit-identical too, so no plain run needs the ``S = 2`` shape. The golden model (``weight_format="bf16"``) verifies
 token by token (one ``S = 1`` forward for ``t``, a second for ``d`` only when accepted), so its
 tokens are plain greedy's by construction.
 
