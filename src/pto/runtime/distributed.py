@@ -18,9 +18,9 @@ atomics on signal words; gloo (torch.distributed on CPU) offers two-sided point-
   raise :class:`pto.errors.DistributedError` naming the rank, the window and the counter;
 * a store or notify to this rank itself is applied at once in the calling thread.
 
-After a program (:func:`run`), every rank sends an end marker to every peer and waits for
-theirs, so all traffic of the program has been applied; in check mode the cross-rank race
-check then runs: a task that read a window region a peer wrote during the program must be
+After a program in check mode (:func:`run`), every rank sends an end marker to every peer
+and waits for theirs, so all traffic of the program has been applied, then runs the
+cross-rank race check: a task that read a window region a peer wrote during the program must be
 reachable in the task graph from a task whose wait acquired that write (a notify from the
 writer, issued after the write, counted toward the satisfied condition), else RaceError
 naming both ranks and both tasks. Stores into a rank's own window are ordered by its graph.
@@ -302,15 +302,18 @@ class World:
 
     # ---- program boundaries ------------------------------------------------------------------
     def end_program(self, prog) -> None:
-        """After one program on every rank: exchange end markers (all its traffic is then
-        applied), run the cross-rank race check in check mode, reset the per-program records.
+        """After one program on every rank: count it; in check mode exchange end markers (all
+        its traffic is then applied everywhere) and run the cross-rank race check; reset the
+        per-program records. Outside check mode nothing waits here: a program that reuses a
+        window orders the reuse by its own notify / wait chain, as on the device.
 
         Raises:
             DistributedError: a peer did not finish the program within ``timeout_s`` or died.
             RaceError: see the module docstring.
         """
         self.epoch += 1
-        if self.size > 1:
+        check = prog is not None and getattr(prog, "check", False)
+        if self.size > 1 and check:
             for p in range(self.size):
                 if p != self.rank:
                     self.transport.send(p, _END, self.epoch, None)
@@ -328,7 +331,7 @@ class World:
                         raise DistributedError(f"{what} within {self.timeout_s:g} s ({TIMEOUT_ENV})")
                     self.cv.wait(min(left, 1.0))
         try:
-            if prog is not None and getattr(prog, "check", False):
+            if check:
                 self._check_races(prog)
         finally:
             with self.cv:
@@ -386,8 +389,9 @@ def local_world() -> World:
 
 
 class GlooTransport:
-    """Point-to-point messages over a gloo process group: header (kind, meta bytes, data
-    bytes) int64, pickled meta, raw data bytes, in one FIFO channel per pair of ranks."""
+    """Point-to-point messages over a gloo process group: a header (kind, meta bytes, data
+    bytes) int64, then one payload (pickled meta, raw data bytes), in one FIFO channel per
+    pair of ranks."""
 
     def __init__(self, world: World):
         import torch.distributed as dist
@@ -409,22 +413,18 @@ class GlooTransport:
         Raises:
             DistributedError: the channel to ``peer`` failed (the peer died).
         """
-        mb = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8)
-        db = None
+        mb = pickle.dumps((meta, None if data is None else (data.dtype, tuple(data.shape))))
+        payload = torch.frombuffer(bytearray(mb), dtype=torch.uint8)
+        nd = 0
         if data is not None:
             db = data.contiguous().view(-1).view(torch.uint8)
-        dt = b"" if data is None else pickle.dumps((data.dtype, tuple(data.shape)))
-        hb = torch.frombuffer(bytearray(dt), dtype=torch.uint8) if dt else None
-        head = torch.tensor([kind, mb.numel(), 0 if db is None else db.numel(), 0 if hb is None else hb.numel()],
-                            dtype=torch.int64)
+            nd = db.numel()
+            payload = torch.cat([payload, db])
+        head = torch.tensor([kind, len(mb), nd], dtype=torch.int64)
         try:
             with self.lock:
-                self.dist.send(head, peer)
-                self.dist.send(mb, peer)
-                if db is not None:
-                    self.dist.send(hb, peer)
-                    if db.numel():
-                        self.dist.send(db, peer)
+                self.dist.send(head, peer)  # two sends a message: sizes, then meta and data bytes
+                self.dist.send(payload, peer)
         except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError subclasses
             self.world.peer_failed(peer, f"send failed: {str(e).splitlines()[0][:200]}")
             raise DistributedError(f"rank {self.world.rank}: sending to rank {peer} failed (rank {peer} died?): "
@@ -434,21 +434,16 @@ class GlooTransport:
         w = self.world
         try:
             while True:
-                head = torch.empty(4, dtype=torch.int64)
+                head = torch.empty(3, dtype=torch.int64)
                 self.dist.recv(head, src)
-                kind, nm, nd, nh = (int(x) for x in head)
-                mb = torch.empty(nm, dtype=torch.uint8)
-                self.dist.recv(mb, src)
-                meta = pickle.loads(mb.numpy().tobytes())
+                kind, nm, nd = (int(x) for x in head)
+                payload = torch.empty(nm + nd, dtype=torch.uint8)
+                self.dist.recv(payload, src)
+                meta, spec = pickle.loads(payload[:nm].numpy().tobytes())
                 data = None
-                if nh:
-                    hb = torch.empty(nh, dtype=torch.uint8)
-                    self.dist.recv(hb, src)
-                    dtype, shape = pickle.loads(hb.numpy().tobytes())
-                    db = torch.empty(nd, dtype=torch.uint8)
-                    if nd:
-                        self.dist.recv(db, src)
-                    data = db.view(dtype).view(shape)
+                if spec is not None:
+                    dtype, shape = spec
+                    data = payload[nm:].clone().view(dtype).view(shape)
                 if kind == _CLOSE:
                     self.closed.add(src)
                     return
