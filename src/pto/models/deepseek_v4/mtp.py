@@ -1,8 +1,9 @@
 """Multi-token prediction: the MTP draft layer and self-speculative greedy decoding.
 
 The MTP layer (DeepSeek-V4-Flash ``inference/model.py`` ``MTPBlock``; pypto-lib
-`models/deepseek/v4-flash/` ``mtp_projection.py``, ``decode_mtp.py``, ``prefill_mtp.py``) at position ``p`` reads the main model's streams ``X_p`` (before ``hc_head``) and
-the embedding of the token at ``p + 1``:
+`models/deepseek/v4-flash/` ``mtp_projection.py``, ``decode_mtp.py``, ``prefill_mtp.py``) at
+position ``p`` reads the main model's streams ``X_p`` (before ``hc_head``) and the embedding
+of the token at ``p + 1``:
 
     x = mtp_projection(embed[t_{p+1}], X_p)       # e_proj(enorm(e)) + h_proj(hnorm(X))
     x = SWA attention + MoE of the MTP layer       # layer num_hidden_layers: ratio 0, learned routing
@@ -22,10 +23,11 @@ then runs over the committed positions (one or two active rows) and drafts the n
 
 Exactness: plain greedy in the same ``S = 2`` shape (the second token inactive, ``drafts=
 "none"``) gives logits bit-identical to the MTP run's verify rows, because a row's result does
-not depend on the other rows of the step; the tests find plain ``generate()`` (``S = 1`` steps
-through ``decode_fwd``) bit-identical too, so no plain run needs the ``S = 2`` shape. The golden model (``weight_format="bf16"``) verifies
-token by token (one ``S = 1`` forward for ``t``, a second for ``d`` only when accepted), so its
-tokens are plain greedy's by construction.
+not depend on the other rows of the step; the tests find plain ``generate()`` (``S = 1``
+steps through ``decode_fwd``) bit-identical too, so no plain run needs the ``S = 2`` shape.
+The golden model (:class:`GoldenModel`, either weight format) verifies token by token (one
+``S = 1`` forward for ``t``, a second for ``d`` only when accepted), so its tokens and logits
+are plain greedy's by construction and its full-history cache never holds a rejected token.
 
 Draft modes: ``"model"`` (the MTP layer's drafts), ``"accept"`` / ``"reject"`` (a plain greedy
 run's next token / a token known to be wrong, from ``reference``; the MTP layer still runs so
