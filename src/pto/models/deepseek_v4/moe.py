@@ -33,7 +33,8 @@ from pto.models.deepseek_v4.hc_pre import golden_hc_pre, hc_pre, make_hc_pre_inp
 from pto.models.deepseek_v4.tiling import (check_num_tokens, check_token_capacity, mode_tokens, token_capacity,
                                            token_tile)
 
-__all__ = ["TOLERANCES", "MOE_INPUTS", "moe_kernels", "moe", "golden_moe", "make_moe_inputs", "build_moe"]
+__all__ = ["TOLERANCES", "MOE_INPUTS", "moe_kernels", "moe", "moe_front", "moe_back", "golden_moe", "make_moe_inputs",
+           "build_moe"]
 
 # pypto-lib `models/deepseek/v4-flash/moe.py`; the pypto-lib tests' tolerances: x_next ratio_reldiff(diff_thd=3e-3, pct_thd=0.05); rows past
 # num_tokens exactly zero.
@@ -74,11 +75,8 @@ def moe_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleNames
     """
     D, HC, MIX = cfg.hidden_size, cfg.hc_mult, cfg.mix_hc
     E, K, V, Fd = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.vocab_size, cfg.moe_intermediate_size
-    cap = token_capacity(cfg)
-    gate = gate_kernels(cfg).gate
-    shared = expert_shared_kernels(cfg, seed_scopes).expert_shared
     routed = expert_routed_kernels(cfg).expert_routed
-    hc_post_prefill = hc_post_kernels(cfg).hc_post_prefill
+    gate_kernels(cfg), expert_shared_kernels(cfg, seed_scopes), hc_post_kernels(cfg)  # ConfigError now, not at run
 
     @pl.jit.inline
     def moe(x_hc: pl.Tensor[[T_DYN, HC, D], pl.FP32],
@@ -106,37 +104,68 @@ def moe_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleNames
             layer_id: pl.Scalar[pl.INT32],
             num_tokens: pl.Scalar[pl.INT32]):
         """MoE FFN sub-block (module docstring); returns ``x_next``."""
-        t = pl.tensor.dim(x_hc, 0)
-        active = check_num_tokens("moe", num_tokens, t)
-        x_mixed = pl.create_tensor([t, D], pl.BF16, capacity=cap, name="x_mixed")
-        post = pl.create_tensor([t, HC], pl.FP32, capacity=cap, name="post")
-        comb = pl.create_tensor([t, HC * HC], pl.FP32, capacity=cap, name="comb")
-        x_norm_i8 = pl.create_tensor([t, D], pl.INT8, capacity=cap, name="x_norm_i8")
-        x_norm_scale = pl.create_tensor([t, 1], pl.FP32, capacity=cap, name="x_norm_scale")
-        indices = pl.create_tensor([t, K], pl.INT32, capacity=cap, name="indices")
-        weights = pl.create_tensor([t, K], pl.FP32, capacity=cap, name="weights")
-        sh = pl.create_tensor([t, D], pl.BF16, capacity=cap, name="sh")
-        routed_y = pl.create_tensor([t, D], pl.FP32, capacity=cap, name="routed_y")
-        ffn_out = pl.create_tensor([t, D], pl.BF16, capacity=cap, name="ffn_out")
-
-        hc_pre(x_hc, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, x_mixed, post, comb, cfg, seed_scopes)
-        gate(x_mixed, norm_w, gate_w, gate_bias, tid2eid, input_ids, x_norm_i8, x_norm_scale, indices, weights,
-             layer_id, num_tokens)
-        shared(x_norm_i8, x_norm_scale, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale, sh)
-        routed(x_norm_i8, x_norm_scale, indices, weights, w1, w1_scale, w3, w3_scale, w2, w2_scale, routed_y)
-        if active > 0:
-            TT = token_tile(active, MOE_T_TILE)
-            for b in pl.spmd(-(-active // TT), name_hint="moe_shared_routed", allow_early_resolve=True):
-                t0 = b * TT
-                rows = min(TT, active - t0)
-                s = pl.cast(pl.slice(sh, [TT, D], [t0, 0], valid_shape=[rows, D]), pl.FP32, mode="none")
-                y = s + pl.slice(routed_y, [TT, D], [t0, 0], valid_shape=[rows, D])
-                pl.assemble(ffn_out, pl.set_validshape(pl.cast(y, pl.BF16, mode="rint"), rows, D), [t0, 0])
-        hc_post_prefill(ffn_out, x_hc, post, comb, x_next, num_tokens)
+        f = moe_front(cfg, seed_scopes, "moe", x_hc, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, norm_w, gate_w,
+                      gate_bias, tid2eid, input_ids, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale,
+                      layer_id, num_tokens)
+        routed(f.x_norm_i8, f.x_norm_scale, f.indices, f.weights, w1, w1_scale, w3, w3_scale, w2, w2_scale,
+               f.routed_y)
+        moe_back(cfg, f, x_hc, x_next, num_tokens)
         return x_next
 
     moe_test = pl.jit.entry(moe, name="moe_test")
     return SimpleNamespace(moe=moe, moe_test=moe_test, seed_scopes=seed_scopes)
+
+
+def moe_front(cfg: DeepSeekV4Config, seed_scopes: bool, kernel: str, x_hc, hc_ffn_fn, hc_ffn_scale, hc_ffn_base,
+              norm_w, gate_w, gate_bias, tid2eid, input_ids, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2,
+              sh_w2_scale, layer_id, num_tokens) -> SimpleNamespace:
+    """Inside a MoE program (this one and ``moe_ep``): the scratch of :func:`moe_kernels` and
+    the tasks before the routed experts, ``hc_pre`` -> ``gate`` -> ``expert_shared`` (GM
+    tensors as :func:`moe_kernels`' parameters).
+
+    Returns:
+        namespace ``t`` (rows), ``active`` (checked ``num_tokens``) and the scratch tensors
+        ``x_mixed, post, comb, x_norm_i8, x_norm_scale, indices, weights, sh, routed_y,
+        ffn_out`` (``routed_y`` [T, D] FP32 is for the caller's routed experts to fill).
+
+    Raises:
+        BindError: ``num_tokens`` outside ``[0, T]`` (naming ``kernel``); the composed kernels'.
+    """
+    D, HC, K, cap = cfg.hidden_size, cfg.hc_mult, cfg.num_experts_per_tok, token_capacity(cfg)
+    t = pl.tensor.dim(x_hc, 0)
+    f = SimpleNamespace(t=t, active=check_num_tokens(kernel, num_tokens, t))
+    f.x_mixed = pl.create_tensor([t, D], pl.BF16, capacity=cap, name="x_mixed")
+    f.post = pl.create_tensor([t, HC], pl.FP32, capacity=cap, name="post")
+    f.comb = pl.create_tensor([t, HC * HC], pl.FP32, capacity=cap, name="comb")
+    f.x_norm_i8 = pl.create_tensor([t, D], pl.INT8, capacity=cap, name="x_norm_i8")
+    f.x_norm_scale = pl.create_tensor([t, 1], pl.FP32, capacity=cap, name="x_norm_scale")
+    f.indices = pl.create_tensor([t, K], pl.INT32, capacity=cap, name="indices")
+    f.weights = pl.create_tensor([t, K], pl.FP32, capacity=cap, name="weights")
+    f.sh = pl.create_tensor([t, D], pl.BF16, capacity=cap, name="sh")
+    f.routed_y = pl.create_tensor([t, D], pl.FP32, capacity=cap, name="routed_y")
+    f.ffn_out = pl.create_tensor([t, D], pl.BF16, capacity=cap, name="ffn_out")
+    hc_pre(x_hc, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, f.x_mixed, f.post, f.comb, cfg, seed_scopes)
+    gate_kernels(cfg).gate(f.x_mixed, norm_w, gate_w, gate_bias, tid2eid, input_ids, f.x_norm_i8, f.x_norm_scale,
+                           f.indices, f.weights, layer_id, num_tokens)
+    expert_shared_kernels(cfg, seed_scopes).expert_shared(f.x_norm_i8, f.x_norm_scale, sh_w1, sh_w1_scale, sh_w3,
+                                                          sh_w3_scale, sh_w2, sh_w2_scale, f.sh)
+    return f
+
+
+def moe_back(cfg: DeepSeekV4Config, f: SimpleNamespace, x_hc, x_next, num_tokens) -> None:
+    """Inside a MoE program, after the routed experts filled ``f.routed_y``: task
+    ``moe_shared_routed`` (``ffn_out = bf16_rne(sh + routed_y)`` on the active rows), then
+    ``hc_post_prefill`` into ``x_next``."""
+    D, active = cfg.hidden_size, f.active
+    if active > 0:
+        TT = token_tile(active, MOE_T_TILE)
+        for b in pl.spmd(-(-active // TT), name_hint="moe_shared_routed", allow_early_resolve=True):
+            t0 = b * TT
+            rows = min(TT, active - t0)
+            s = pl.cast(pl.slice(f.sh, [TT, D], [t0, 0], valid_shape=[rows, D]), pl.FP32, mode="none")
+            y = s + pl.slice(f.routed_y, [TT, D], [t0, 0], valid_shape=[rows, D])
+            pl.assemble(f.ffn_out, pl.set_validshape(pl.cast(y, pl.BF16, mode="rint"), rows, D), [t0, 0])
+    hc_post_kernels(cfg).hc_post_prefill(f.ffn_out, x_hc, f.post, f.comb, x_next, num_tokens)
 
 
 @pl.jit.inline

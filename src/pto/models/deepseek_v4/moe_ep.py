@@ -51,15 +51,11 @@ import pto.language.distributed as pld
 from pto.errors import BindError, ConfigError, DslError
 from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.expert_routed import COMBINE_D_TILE, expert_routed_kernels
-from pto.models.deepseek_v4.expert_shared import expert_shared_kernels
-from pto.models.deepseek_v4.gate import gate_kernels
 from pto.models.deepseek_v4.hc_head import hc_head_kernels
-from pto.models.deepseek_v4.hc_post import hc_post_kernels
-from pto.models.deepseek_v4.hc_pre import hc_pre
 from pto.models.deepseek_v4.lm_head import lm_head_kernels
-from pto.models.deepseek_v4.moe import MOE_T_TILE
+from pto.models.deepseek_v4.moe import moe_back, moe_front, moe_kernels
 from pto.models.deepseek_v4.rms_norm import rms_norm
-from pto.models.deepseek_v4.tiling import check_num_tokens, token_capacity, token_tile
+from pto.models.deepseek_v4.tiling import token_capacity
 
 __all__ = ["EP_SIZES", "check_ep", "local_config", "shard_config", "EPWindows", "moe_ep_kernels",
            "lm_head_ep_kernels", "expert_slice", "vocab_slice", "shard_moe_weights", "expert_weight_bytes"]
@@ -185,13 +181,10 @@ def moe_ep_kernels(cfg: DeepSeekV4Config, ep: int) -> SimpleNamespace:
     lcfg = local_config(cfg, ep)
     D, HC, MIX = cfg.hidden_size, cfg.hc_mult, cfg.mix_hc
     E, K, V, Fd = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.vocab_size, cfg.moe_intermediate_size
-    cap_t = token_capacity(cfg)
-    CAP = cap_t * K
+    CAP = token_capacity(cfg) * K
     N = ep
-    gate = gate_kernels(cfg).gate
-    shared = expert_shared_kernels(cfg).expert_shared
     routed = expert_routed_kernels(lcfg).expert_routed
-    hc_post_prefill = hc_post_kernels(cfg).hc_post_prefill
+    moe_kernels(cfg)  # ConfigError now for a config the single-rank MoE cannot tile
     CT = min(COMBINE_D_TILE, D)
     while D % CT:
         CT //= 2
@@ -233,29 +226,16 @@ def moe_ep_kernels(cfg: DeepSeekV4Config, ep: int) -> SimpleNamespace:
         if pld.world_size() != N:
             raise DslError(f"moe_ep built for {N} ranks runs in a world of {pld.world_size()}")
         me = pld.rank()
-        t = pl.tensor.dim(x_hc, 0)
+        f = moe_front(cfg, False, "moe_ep", x_hc, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, norm_w, gate_w, gate_bias,
+                      tid2eid, input_ids, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale, layer_id,
+                      num_tokens)
+        t, active = f.t, f.active
         tk = t * K
-        active = check_num_tokens("moe_ep", num_tokens, t)
-        x_mixed = pl.create_tensor([t, D], pl.BF16, capacity=cap_t, name="x_mixed")
-        post = pl.create_tensor([t, HC], pl.FP32, capacity=cap_t, name="post")
-        comb = pl.create_tensor([t, HC * HC], pl.FP32, capacity=cap_t, name="comb")
-        x_norm_i8 = pl.create_tensor([t, D], pl.INT8, capacity=cap_t, name="x_norm_i8")
-        x_norm_scale = pl.create_tensor([t, 1], pl.FP32, capacity=cap_t, name="x_norm_scale")
-        indices = pl.create_tensor([t, K], pl.INT32, capacity=cap_t, name="indices")
-        weights = pl.create_tensor([t, K], pl.FP32, capacity=cap_t, name="weights")
-        sh = pl.create_tensor([t, D], pl.BF16, capacity=cap_t, name="sh")
         route_slot = pl.create_tensor([1, tk], pl.INT32, capacity=[None, CAP], name="route_slot")
-        routed_y = pl.create_tensor([t, D], pl.FP32, capacity=cap_t, name="routed_y")
-        ffn_out = pl.create_tensor([t, D], pl.BF16, capacity=cap_t, name="ffn_out")
-
-        hc_pre(x_hc, hc_ffn_fn, hc_ffn_scale, hc_ffn_base, x_mixed, post, comb, cfg, False)
-        gate(x_mixed, norm_w, gate_w, gate_bias, tid2eid, input_ids, x_norm_i8, x_norm_scale, indices, weights,
-             layer_id, num_tokens)
-        shared(x_norm_i8, x_norm_scale, sh_w1, sh_w1_scale, sh_w3, sh_w3_scale, sh_w2, sh_w2_scale, sh)
 
         # 1. dispatch: each owner gets its routes' rows in (t, k) order at rows [me*CAP, ...)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_ep_dispatch"):
-            idx = indices[0:t, 0:K]
+            idx = f.indices[0:t, 0:K]
             lists = [[] for _ in range(N)]
             for ti in range(active):
                 for k in range(K):
@@ -265,9 +245,9 @@ def moe_ep_kernels(cfg: DeepSeekV4Config, ep: int) -> SimpleNamespace:
                     if e >= 0:
                         lists[e // EL].append((ti * K + k, e % EL))
             slot = pl.full([1, tk], pl.INT32, N * CAP)  # row N*CAP: the zero row of empty routes
-            xt = pl.transpose(x_norm_i8[0:t, 0:D])
-            st = pl.transpose(x_norm_scale[0:t, 0:1])
-            w_flat = pl.reshape(weights[0:t, 0:K], [1, tk])
+            xt = pl.transpose(f.x_norm_i8[0:t, 0:D])
+            st = pl.transpose(f.x_norm_scale[0:t, 0:1])
+            w_flat = pl.reshape(f.weights[0:t, 0:K], [1, tk])
             for p in range(N):
                 n = len(lists[p])
                 pld.tile.remote_store(pl.full([1, 1], pl.INT32, n), recv_meta, p, [me, 0])
@@ -336,17 +316,9 @@ def moe_ep_kernels(cfg: DeepSeekV4Config, ep: int) -> SimpleNamespace:
             acc = pl.slice(rows, [t, CT], [0, 0])
             for k in range(1, K):
                 acc = acc + pl.slice(rows, [t, CT], [0, k * CT])
-            pl.assemble(routed_y, acc, [0, d0])
+            pl.assemble(f.routed_y, acc, [0, d0])
 
-        if active > 0:  # as moe.py's moe_shared_routed
-            TT = token_tile(active, MOE_T_TILE)
-            for b in pl.spmd(-(-active // TT), name_hint="moe_shared_routed", allow_early_resolve=True):
-                t0 = b * TT
-                rows = min(TT, active - t0)
-                s = pl.cast(pl.slice(sh, [TT, D], [t0, 0], valid_shape=[rows, D]), pl.FP32, mode="none")
-                y = s + pl.slice(routed_y, [TT, D], [t0, 0], valid_shape=[rows, D])
-                pl.assemble(ffn_out, pl.set_validshape(pl.cast(y, pl.BF16, mode="rint"), rows, D), [t0, 0])
-        hc_post_prefill(ffn_out, x_hc, post, comb, x_next, num_tokens)
+        moe_back(cfg, f, x_hc, x_next, num_tokens)
         return x_next
 
     return SimpleNamespace(moe_ep=moe_ep, moe_ep_test=pl.jit.entry(moe_ep, name="moe_ep_test"), ep=ep)
