@@ -1,4 +1,4 @@
-"""Ranks, window buffers, remote stores and notifications on torch.distributed (README.md).
+"""Ranks, window buffers, remote stores and notifications on torch.distributed (docs/distributed.md).
 
 One process per rank. The device offers one-sided RDMA writes into a peer's window and remote
 atomics on signal words; gloo (torch.distributed on CPU) offers two-sided point-to-point

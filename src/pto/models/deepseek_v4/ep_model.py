@@ -1,5 +1,5 @@
 """The kernel model across ranks: attention data parallel over requests, MoE expert parallel,
-LM head vocabulary parallel (README.md; pypto-lib `models/deepseek/v4-flash/moe.py`, `lm_head.py`, `decode_layer.py`).
+LM head vocabulary parallel (docs/distributed.md; pypto-lib `models/deepseek/v4-flash/moe.py`, `lm_head.py`, `decode_layer.py`).
 
 :class:`EPModel` is a :class:`KernelModel` for one rank of a ``pld`` world of ``N`` ranks
 (``pto.runtime.distributed.init``), with the interface :func:`generate` drives. Every rank runs
