@@ -48,10 +48,11 @@ def _tokens(out: str) -> list:
     return json.loads(out.strip().splitlines()[-1])["tokens"]
 
 
-def test_generate_ep2_same_tokens_as_one_rank(ckpt, capfd):
+def test_generate_ep2_check_mode_same_tokens_as_one_rank(ckpt, capfd):
     assert main(["generate", ckpt, *ARGS]) == 0
     one = _tokens(capfd.readouterr().out)
-    assert main(["generate", ckpt, *ARGS, "--ep", "2"]) == 0  # rank 0 prints, rank 1 is quiet
+    # both ranks in check mode (cross-rank race check included); rank 0 prints, rank 1 is quiet
+    assert main(["generate", ckpt, *ARGS, "--ep", "2", "--check"]) == 0
     out = capfd.readouterr().out
     assert len(out.strip().splitlines()) == 1 and _tokens(out) == one
 

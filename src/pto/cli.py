@@ -1127,10 +1127,8 @@ def cmd_generate(args) -> int:
             from pto.models.deepseek_v4.layer import KernelModel
             import pto.language.distributed as pld
             from pto.models.deepseek_v4.ep_model import EPModel
-            if pld.world_size() > 1:
-                if args.check:
-                    raise ConfigError("--check runs one rank's kernel path; drop --ep")
-                model = EPModel(ckpt, dep)
+            if pld.world_size() > 1:  # check mode includes the cross-rank race check
+                model = EPModel(ckpt, dep, check=args.check)
             else:
                 model = KernelModel(ckpt, dep, check=args.check)
         else:
