@@ -12,6 +12,7 @@ exchange, prefill is not parallel (one request at a time, its owner's attention)
 tiny model's experts are too small for the split to pay.
 
     python benchmarks/bench_ep.py [--ep 1,2] [--prompt 32] [--new 4] [--repeat 1]
+    python benchmarks/bench_ep.py --flash-counts 2,8     # FLASH decode step tasks per rank
 """
 
 from __future__ import annotations
@@ -92,14 +93,91 @@ def _decode_step_tasks(model, prompts) -> dict:
     return seen
 
 
+def flash_counts(sizes: list[int], T: int = 8) -> dict:
+    """Per rank, the tasks of one FLASH decode step's MoE (``moe_ep``, a hash layer and a learned
+    one) and head (``lm_head_ep``) at each EP size, ranks as threads of this process
+    (``run_threads``). The routed, shared and head weights are zeros shared by every rank (the
+    task graph does not depend on their values; routes come from a seeded router), ``T`` token
+    rows per rank (FLASH decode: 4 requests x 2 tokens).
+
+    Returns:
+        ``{ep: [{"moe_hash", "moe_learned", "head", "step", "wall_s"} per rank]}`` with ``step``
+        = ``num_hash_layers * moe_hash + (layers - num_hash_layers) * moe_learned + head``.
+    """
+    import pto.language.distributed as pld
+    from pto.models.deepseek_v4.config import get_config
+    from pto.models.deepseek_v4.gate import make_gate_inputs
+    from pto.models.deepseek_v4.moe_ep import EPWindows, lm_head_ep_kernels, moe_ep_kernels
+    from pto.runtime import RunConfig
+    from pto.runtime import distributed as dist
+
+    cfg = get_config("flash")
+    D, F, E, HC, V = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.hc_mult, cfg.vocab_size
+    g = make_gate_inputs(cfg, T, seed=1)
+    run_cfg = RunConfig(heap_bytes=256 << 20)
+    out = {}
+    for ep in sizes:
+        EL = E // ep
+        w13 = torch.zeros(EL, F, D, dtype=torch.int8)
+        w2 = torch.zeros(EL, D, F, dtype=torch.int8)
+        head_w = torch.zeros(V // ep, D, dtype=torch.bfloat16)
+        moe = moe_ep_kernels(cfg, ep).moe_ep_test
+        head = lm_head_ep_kernels(cfg, ep).lm_head_ep_test
+
+        def rank(r):
+            win = EPWindows(cfg)
+            gen = torch.Generator().manual_seed(100 + r)
+            x = torch.randn(T, HC, D, generator=gen)
+            ids = torch.randint(0, V, (T,), generator=gen)
+            common = [torch.randn(cfg.mix_hc, HC * D, generator=gen) * 1e-3, torch.ones(3), torch.zeros(cfg.mix_hc),
+                      g["norm_w"], g["gate_w"], g["gate_bias"], g["tid2eid"], ids,
+                      w13, torch.ones(EL, F), w13, torch.ones(EL, F), w2, torch.ones(EL, D),
+                      w13[0], torch.ones(F), w13[0], torch.ones(F), w2[0], torch.ones(D)]
+            t0 = time.perf_counter()
+            res = {}
+            for key, layer in (("moe_hash", 0), ("moe_learned", cfg.num_hash_layers)):
+                x_next = torch.empty_like(x)
+                prog = dist.run(moe, x, *common, *win.moe_args(), x_next, layer, T, win.moe_epoch, config=run_cfg)
+                res[key] = prog.stats.tasks
+            logits = torch.empty(T * ep, V)
+            prog = dist.run(head, x, torch.randn(HC, HC * D, generator=gen) * 1e-3, torch.ones(1), torch.zeros(HC),
+                            g["norm_w"], head_w, *win.head_args(), logits, [T] * ep, win.head_epoch, config=run_cfg)
+            res["head"] = prog.stats.tasks
+            n_hash = cfg.num_hash_layers
+            res["step"] = n_hash * res["moe_hash"] + (cfg.num_hidden_layers - n_hash) * res["moe_learned"] + res["head"]
+            res["wall_s"] = time.perf_counter() - t0
+            assert pld.rank() == r
+            return res
+
+        out[ep] = dist.run_threads(rank, ep, timeout_s=1800)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ep", default="1,2", help="world sizes, comma separated (default 1,2)")
     ap.add_argument("--prompt", type=int, default=32, help="prompt tokens of the first request (default 32)")
     ap.add_argument("--new", type=int, default=4, help="new tokens per request (default 4)")
     ap.add_argument("--repeat", type=int, default=1, help="timed runs after the warm-up (default 1)")
+    ap.add_argument("--flash-counts", metavar="SIZES", default=None,
+                    help="instead: per-rank tasks of the FLASH decode step's MoE and head at these EP sizes "
+                         "(e.g. 2,8; ranks as threads, zero weights)")
     ap.add_argument("--_rank", nargs=2, metavar=("OUT", "CKPT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.flash_counts:
+        torch.set_num_threads(1)
+        counts = flash_counts([int(x) for x in args.flash_counts.split(",")])
+        t = Table(title="FLASH decode step (8 tokens per rank), tasks per rank: MoE per layer (hash / learned "
+                        "routing), head, and the step's MoE + head over 43 layers (attention: data parallel, "
+                        "not counted)")
+        for c in ("EP", "rank", "moe (hash)", "moe (learned)", "head", "MoE + head per step", "wall s"):
+            t.add_column(c, justify="right")
+        for ep, ranks in counts.items():
+            for r, c in enumerate(ranks):
+                t.add_row(str(ep), str(r), str(c["moe_hash"]), str(c["moe_learned"]), str(c["head"]), str(c["step"]),
+                          f"{c['wall_s']:.1f}")
+        Console().print(t)
+        return 0
     if args._rank:
         _rank(args._rank[0], args._rank[1], args.prompt, args.new, args.repeat)
         return 0

@@ -119,3 +119,33 @@ def _bad_peer(w: pld.DistributedTensor[[2, 4], pl.FP32]):
 def _wait6(f: pld.DistributedTensor[[1, 1], pl.INT32]):
     with pl.at(level=pl.Level.CORE_GROUP, name_hint="wait6"):
         pld.system.wait(f, [0, 0], 6)
+
+
+def _thread_rank(scenario):
+    import dist_kernels
+
+    def rank(r):
+        recv = pld.window(pld.alloc_window_buffer([2, 4], pl.FP32), [2, 4], pl.FP32)
+        flag = pld.window(pld.alloc_window_buffer([1, 1], pl.INT32), [1, 1], pl.INT32)
+        kernel = dist_kernels.make(2, scenario)
+        outs = []
+        for epoch in (1, 2):
+            out = torch.empty(2, 4)
+            dist.run(kernel, recv, flag, out, epoch, config=pto.RunConfig(check=True))
+            outs.append(out)
+        return torch.stack(outs)
+    return rank
+
+
+def test_ranks_as_threads(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.dirname(__file__))
+    want = torch.tensor([[[10.0 * p + e] * 4 for p in (0, 1)] for e in (1, 2)])
+    for got in dist.run_threads(_thread_rank("exchange"), 2, timeout_s=20):
+        assert torch.equal(got, want)
+    with pytest.raises(pto.RaceError, match="rank 0 task 'read_rows' \\(id 2\\) reads window 'recv'\\[1:2, 0:4\\] "
+                                            "that rank 1 task 'send_rows' \\(id 0\\) wrote"):
+        dist.run_threads(_thread_rank("race"), 2, timeout_s=20)
+    with pytest.raises(pto.errors.DistributedError, match="rank [01]: task 'wait_rows' waits on window 'flag' "
+                                                          "counter \\[0, 0\\] >= 2, value 1: not notified within 0.5 s"):
+        dist.run_threads(_thread_rank("never_notified"), 2, timeout_s=0.5)
+    assert pld.world_size() == 1  # the calling thread keeps its own (one-rank) world

@@ -30,6 +30,7 @@ from __future__ import annotations
 import enum
 import re
 import sys
+import threading
 from types import SimpleNamespace as _NS
 
 import torch
@@ -44,6 +45,8 @@ __all__ = ["DistributedTensor", "WindowType", "WindowBuffer", "NotifyOp", "WaitC
 
 # installed by pto.runtime.distributed.init(); None: a world of one rank in this process
 _world = None
+# a rank run as a thread of this process (pto.runtime.distributed.run_threads) sees its own world
+_thread = threading.local()
 
 
 class NotifyOp(enum.Enum):
@@ -119,8 +122,12 @@ def _lhs(depth: int = 2) -> str | None:
 
 
 def world():
-    """The installed world (``pto.runtime.distributed.World``) or the one-rank local world."""
+    """This thread's rank world (``run_threads``), else the installed world
+    (``pto.runtime.distributed.World``), else the one-rank local world."""
     global _world
+    w = getattr(_thread, "world", None)
+    if w is not None:
+        return w
     if _world is None:
         from importlib import import_module
         _world = import_module("pto.runtime.distributed").local_world()

@@ -43,8 +43,8 @@ import torch
 import pto.language.distributed as pld
 from pto.errors import ConfigError, DistributedError, DslError, RaceError
 
-__all__ = ["World", "Window", "init", "shutdown", "local_world", "run", "spawn", "default_timeout_s",
-           "RemoteEvent"]
+__all__ = ["World", "Window", "init", "shutdown", "local_world", "run", "spawn", "run_threads", "default_timeout_s",
+           "RemoteEvent", "GlooTransport", "ThreadTransport"]
 
 _PUT, _NOTIFY, _END, _CLOSE = 1, 2, 3, 4
 TIMEOUT_ENV = "PTO_DIST_TIMEOUT"
@@ -466,6 +466,66 @@ class GlooTransport:
             self.dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - a peer already gone
             pass
+
+
+class ThreadTransport:
+    """Ranks as threads of one process: a send applies the message to the peer's world at once
+    (a copy of the data), in send order. For tests and task counts; the semantics are those of
+    :class:`GlooTransport` without the sockets."""
+
+    def __init__(self, worlds: list):
+        self.worlds = worlds
+
+    def send(self, peer: int, kind: int, meta, data) -> None:
+        """Deliver one message to ``peer``'s world."""
+        self.worlds[peer].receive(self.src, kind, meta, None if data is None else data.clone())
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def run_threads(fn, n: int, *, timeout_s: float | None = None) -> list:
+    """Run ``fn(rank)`` as ``n`` ranks, one thread each, over :class:`ThreadTransport` (every
+    ``pld`` call in a thread sees that thread's world; allocate windows inside ``fn``).
+
+    Returns:
+        ``fn``'s results in rank order.
+
+    Raises:
+        the first rank's exception (by rank) if any failed; DistributedError if a rank is
+        still running ``timeout_s`` (default :func:`default_timeout_s`) after the others ended.
+    """
+    t = default_timeout_s() if timeout_s is None else float(timeout_s)
+    worlds = [World(n, r, timeout_s=t) for r in range(n)]
+    for r, w in enumerate(worlds):
+        w.transport = ThreadTransport(worlds)
+        w.transport.src = r
+    results, errors = [None] * n, [None] * n
+
+    def body(r):
+        pld._thread.world = worlds[r]
+        try:
+            results[r] = fn(r)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller below
+            errors[r] = e
+            for other in worlds:  # the peers' waits fail now, as for a dead process
+                if other is not worlds[r]:
+                    other.peer_failed(r, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        finally:
+            pld._thread.world = None
+
+    threads = [threading.Thread(target=body, args=(r,), name=f"pto-rank-{r}", daemon=True) for r in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(t + 10.0)
+    alive = [r for r, th in enumerate(threads) if th.is_alive()]
+    for e in errors:
+        if e is not None:
+            raise e
+    if alive:
+        raise DistributedError(f"ranks {alive} still running {t:g} s after the others ended")
+    return results
 
 
 def init(timeout_s: float | None = None) -> World:

@@ -28,6 +28,35 @@ def test_moe_and_head_ep2_bit_identical_to_ep1(tmp_path):
             assert got.abs().sum() > 0, name
 
 
+def test_moe_ep4_as_threads_bit_identical_to_ep1():
+    """EP4 (4 experts per rank) with ranks as threads: each rank's 2 of 8 rows."""
+    from pto.models.deepseek_v4.moe import MOE_INPUTS, make_moe_inputs, moe_kernels
+    from pto.models.deepseek_v4.moe_ep import EPWindows, moe_ep_kernels, shard_moe_weights
+
+    cfg, T, N, layer = get_config("tiny"), 8, 4, 3
+    ins = make_moe_inputs(cfg, T, seed=5)
+    args = [ins[k] for k in MOE_INPUTS]
+    ref = torch.empty(T, cfg.hc_mult, cfg.hidden_size)
+    one_rank_tasks = moe_kernels(cfg).moe_test.run(*args, ref, layer, T).stats.tasks
+    kernel = moe_ep_kernels(cfg, N).moe_ep_test
+
+    def rank(r):
+        win = EPWindows(cfg)
+        rows = slice(2 * r, 2 * r + 2)
+        w = shard_moe_weights(args[1:], cfg, N, r)
+        w[7] = ins["input_ids"][rows].contiguous()
+        x = args[0][rows].contiguous()
+        out = torch.empty_like(x)
+        prog = dist.run(kernel, x, *w, *win.moe_args(), out, layer, 2, win.moe_epoch, config=pto.RunConfig(check=True))
+        return out, prog.stats.tasks
+
+    res = dist.run_threads(rank, N, timeout_s=60)
+    assert torch.equal(torch.cat([o for o, _ in res]), ref)
+    # the single-rank tasks (its routed experts now over the received rows) plus dispatch,
+    # dispatch wait, gather, combine send, combine wait and the k-ordered combine
+    assert [t for _, t in res] == [one_rank_tasks + 6] * N
+
+
 def test_world_sizes_the_deployment_rejects():
     cfg = get_config("tiny")  # 16 experts, 4 per token, vocabulary 512
     assert check_ep(cfg, 2) == 8 and check_ep(cfg, 4) == 4
