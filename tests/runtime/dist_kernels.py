@@ -7,7 +7,8 @@ reads; the received rows go to ``OUT_DIR/rank{r}.pt``), ``never_notified`` (rank
 notify: rank 0's wait must time out), ``die`` (rank 1 stores, skips its notify and exits: rank 0's
 wait must fail on the dead peer), ``race`` (check mode; the reader reads the window without depending on
 the wait: RaceError naming both ranks and tasks), ``hang`` (rank 1 sleeps in its wait task:
-rank 0 times out, the launcher kills rank 1).
+rank 0 times out, the launcher kills rank 1), ``quiet`` (both ranks idle for twice the wait
+timeout before the exchange: not a dead peer).
 """
 
 import os
@@ -59,6 +60,8 @@ def main() -> int:
     flag_buf = pld.alloc_window_buffer([1, 1], pl.INT32)
     flag = pld.window(flag_buf, [1, 1], pl.INT32)
     kernel = make(w.size, scenario)
+    if scenario == "quiet":  # no traffic for longer than the wait timeout, then a normal exchange
+        time.sleep(2 * w.timeout_s)
     host_outs = []
     if scenario == "exchange":  # the reference's L3 form: one host function, a chip program per device
         @pl.jit.host
