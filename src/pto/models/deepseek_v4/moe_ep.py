@@ -25,9 +25,8 @@ per-row INT8 re-quantisation are elementwise / per row), so computing it on anot
 other rows changes nothing; the owner's ``y + 0 + 0 + 0`` (its K-1 empty routes) and the BF16
 trip back are exact, and the origin sums the K routes of a token in the same order k = 0..K-1
 as the single-rank ``moe_combine`` (FP32 additions in a fixed order, empty routes adding 0),
-then adds the shared expert the same way. The float GEMMs that see a rank's row count
-(hc_pre, gate) give the same bits only for the same rows; with data-parallel attention the
-rows differ from EP1's batch (see docs/distributed.md).
+then adds the shared expert the same way. The float GEMMs over a rank's own rows (hc_pre,
+gate) see 16-row padded tiles whatever the rank's share (docs/distributed.md).
 
 LM head (:func:`lm_head_ep_kernels` ``.lm_head_ep``): each rank collapses and normalises its
 own rows (hc_head, final RMSNorm), publishes them to every rank's ``hid_win`` at its global
