@@ -311,6 +311,10 @@ def _case_target(case: KernelCase, preset: str, mode: str | None, options: dict)
         cr = case.build(preset, mode, **options)
     except TypeError as e:
         raise ConfigError(f"kernel {case.name!r}: bad options {options}: {e}") from None
+    except (ConfigError, CapacityError):
+        raise
+    except PtoError as e:  # the inputs the options ask for cannot be built (e.g. a T above a ring): bad input
+        raise ConfigError(f"kernel {case.name!r}: options {options}: {type(e).__name__}: {e}") from None
     return Target(case.name, mode, case_run=cr)
 
 
@@ -1028,6 +1032,8 @@ def cmd_checkpoint(args) -> int:
         root = write_tiny_checkpoint(args.dir, args.seed, layout=args.layout, shards=args.shards, mtp=args.mtp)
     except PtoError as e:
         raise ConfigError(str(e)) from None
+    except OSError as e:
+        raise ConfigError(f"cannot write a checkpoint to {args.dir!r}: {e.strerror or e}") from None
     console().print(f"wrote tiny checkpoint (seed {args.seed}, layout {args.layout}"
                     f"{', with the MTP layer' if args.mtp else ''}) to {root}",
                     highlight=False)
@@ -1113,14 +1119,21 @@ def cmd_generate(args) -> int:
                 from tokenizers import Tokenizer
             except ImportError:
                 raise ConfigError("--prompt needs the 'tokenizers' package (pip install tokenizers)") from None
-            text = Tokenizer.from_file(str(tok_file))
+            try:
+                text = Tokenizer.from_file(str(tok_file))
+            except Exception as e:  # noqa: BLE001 - the tokenizers package raises a bare Exception
+                raise ConfigError(f"--prompt: cannot read {tok_file}: {_first_line(e)}") from None
             prompts = [text.encode(args.prompt).ids]
         backend = args.backend if args.backend != "auto" else ("kernels" if args.weights == "int8" else "golden")
         if backend == "kernels" and args.weights != "int8":
             raise ConfigError("--backend kernels needs --weights int8 (the kernels are W8A8)")
+        if args.chunk < 1:
+            raise ConfigError(f"--chunk must be a positive integer, got {args.chunk}")
+        if args.max_context is not None and args.max_context < 1:
+            raise ConfigError(f"--max-context must be a positive integer, got {args.max_context}")
         if args.chunk > 128 and backend == "kernels":
             raise ConfigError(f"--chunk {args.chunk}: the kernels take at most 128 tokens per prefill chunk")
-        n = args.max_context or min(ckpt.config.max_position_embeddings, 16384)
+        n = args.max_context if args.max_context is not None else min(ckpt.config.max_position_embeddings, 16384)
         # pools for 4 requests of n tokens; small models get the tiny preset's 16-row pages
         dep = DeploymentConfig.sized(ckpt.config, 4, n, block_size=16 if ckpt.config.hidden_size <= 1024 else 128)
         if backend == "kernels":
@@ -1250,7 +1263,8 @@ def main(argv=None) -> int:
     Exit codes: 0 success; 1 the kernel failed (a golden mismatch, or any
     error raised while it ran, printed as one ``error:`` line; ``PTO_DEBUG=1``
     shows the traceback); 2 bad command-line input (unknown kernel, preset,
-    mode or option: a ConfigError; a size above a capacity: a CapacityError); 130 interrupted.
+    mode or option: a ConfigError; a size above a capacity: a CapacityError; sizes
+    that exhaust the machine's memory); 130 interrupted.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -1272,11 +1286,21 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - kernel code: one line, not a traceback
         if os.environ.get("PTO_DEBUG"):
             raise
+        if _out_of_memory(e):  # the sizes asked for (--opt T=..., --dim) exhaust the machine: bad input
+            print(f"error: out of memory: {_first_line(e, 400)}; ask for smaller sizes", file=sys.stderr)
+            return 2
         where = "" if isinstance(e, PtoError) else " (raised by the kernel or its inputs; PTO_DEBUG=1 for the traceback)"
         notes = "; ".join(getattr(e, "__notes__", None) or ())  # e.g. the kernel, task and block it came from
         print(f"error: {type(e).__name__}: {_first_line(e, 400)}{f' ({notes})' if notes else ''}{where}",
               file=sys.stderr)
         return 1
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """True for a failed host allocation: ``MemoryError``, ``torch.OutOfMemoryError`` or
+    torch's CPU allocator ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory")."""
+    return (isinstance(e, (MemoryError, torch.OutOfMemoryError))
+            or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e)))
 
 
 if __name__ == "__main__":

@@ -309,8 +309,10 @@ def write_tiny_checkpoint(directory, seed: int = 0, *, cfg: DeepSeekV4Config | N
         The directory path.
 
     Raises:
-        CheckpointError: bad seed / layout / shards, or the directory already holds a
-            checkpoint.
+        CheckpointError: bad seed / layout / shards (more shards than tensors), or the
+            directory already holds a checkpoint.
+        OSError: the directory cannot be created or written; nothing is left behind (no
+            partial file, no directory this call created).
     """
     from safetensors.torch import save_file
 
@@ -325,9 +327,13 @@ def write_tiny_checkpoint(directory, seed: int = 0, *, cfg: DeepSeekV4Config | N
     root = Path(directory)
     if (root / "config.json").exists():
         raise CheckpointError(f"tiny checkpoint: {root} already holds a config.json")
-    root.mkdir(parents=True, exist_ok=True)
     tensors = _fp8_layout(state) if layout == "fp8" else state
     stored = {stored_name(k, layout): v.contiguous() for k, v in tensors.items()}
+    if shards > len(stored):
+        raise CheckpointError(f"tiny checkpoint: shards={shards} is more than its {len(stored)} tensors "
+                              "(a shard would be empty)")
+    created = [d for d in (root, *root.parents) if not d.exists()]  # removed again on a failure
+    root.mkdir(parents=True, exist_ok=True)
     hf = cfg.to_hf()
     if layout == "fp8":
         hf["dtype"] = "bfloat16"
@@ -337,12 +343,13 @@ def write_tiny_checkpoint(directory, seed: int = 0, *, cfg: DeepSeekV4Config | N
         hf["expert_dtype"] = "fp4"
     names = sorted(stored)
     written: list[Path] = []
+    made: list[Path] = []  # files this call put in place (removed again on a failure)
     try:
         if shards == 1:
             files = {"model.safetensors": names}
-        else:
-            per = -(-len(names) // shards)
-            files = {f"model-{k + 1:05d}-of-{shards:05d}.safetensors": names[k * per:(k + 1) * per]
+        else:  # balanced: every shard holds len(names) // shards or one more tensors
+            n = len(names)
+            files = {f"model-{k + 1:05d}-of-{shards:05d}.safetensors": names[k * n // shards:(k + 1) * n // shards]
                      for k in range(shards)}
         for fname, keys in files.items():
             tmp = root / (fname + ".tmp")
@@ -352,12 +359,18 @@ def write_tiny_checkpoint(directory, seed: int = 0, *, cfg: DeepSeekV4Config | N
             index = {"metadata": {"total_size": sum(t.numel() * t.element_size()
                                                     for t in stored.values())},
                      "weight_map": {k: f for f, keys in files.items() for k in keys}}
-            (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+            made.append(root / "model.safetensors.index.json")
+            made[-1].write_text(json.dumps(index, indent=2))
         for tmp in written:
             tmp.rename(tmp.with_suffix(""))
-        (root / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+            made.append(tmp.with_suffix(""))
+        made.append(root / "config.json")  # absent before this call (checked above)
+        made[-1].write_text(json.dumps(hf, indent=2) + "\n")
     except BaseException:
-        for tmp in written:
-            tmp.unlink(missing_ok=True)
+        for f in (*written, *made):
+            f.unlink(missing_ok=True)
+        for d in created:  # innermost first; only directories this call made, if left empty
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
         raise
     return root
