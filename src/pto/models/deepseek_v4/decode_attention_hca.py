@@ -16,7 +16,8 @@ Chain (pypto-lib `models/deepseek/v4-flash/decode_attention_hca.py`; transformer
 The compressor writes before the attention reads, so the token that closes a window attends
 to the entry it just wrote (transformers `models/deepseek_v4/modeling_deepseek_v4.py`: ``w < floor((t + 1) / 128)``); with ``S = 2``
 each token has its own count. Deviations from pypto-lib `decode_attention_hca.py`: the deterministic compressed top-k is
-``k < (p + 1) // 128`` without B.13's extra ``kv_seq_len / 128`` bound (the caller's slots
+``k < (p + 1) // 128`` without the extra ``kv_seq_len / 128`` bound of pypto-lib's
+`decode_attention_hca.py` (the caller's slots
 define the sequence), and the window / compressed indices are built in the kernel.
 ``seed_scopes=True`` passes the seed variant to hc_pre and qkv_proj_rope (their split-K
 targets zero-filled by tasks instead of at allocation; bit-identical results).
@@ -310,4 +311,4 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
 
 register(KernelCase("decode_attention_hca", build_case, modes=("decode",), seed_variant=True,
                     description="ratio-128 decode attention sub-layer (.. compressor .. sparse attn over window + "
-                                "compressed rows .. hc_post), B.13"))
+                                "compressed rows .. hc_post), pypto-lib's decode_attention_hca.py"))

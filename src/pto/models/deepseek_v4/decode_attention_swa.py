@@ -277,7 +277,8 @@ def make_decode_swa_inputs(
     0, T, seed)`` (same draws); ``freqs_cos / freqs_sin`` are the ``profile`` tables (BF16);
     page tables from ``decode_metadata.decode_block_tables`` and the step's indices from
     ``make_decode_metadata``; the raw cache is zero except the ``W - 1`` keys before each
-    active request's first position (``N(0, 1)`` rows, as B.6's RMS-normalised random cache).
+    active request's first position (``N(0, 1)`` rows, as the RMS-normalised random cache
+    of pypto-lib's decode_attention_swa.py).
 
     Returns:
         dict keyed by :data:`SWA_ARGS` plus ``cmp_block_table``, ``state_block_table`` and
@@ -337,4 +338,5 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
 
 
 register(KernelCase("decode_attention_swa", build_case, modes=("decode",), seed_variant=True,
-                    description="ratio-0 decode attention sub-layer (hc_pre .. cache write .. sparse attn .. hc_post), B.6"))
+                    description="ratio-0 decode attention sub-layer (hc_pre .. cache write .. sparse attn .. hc_post), "
+                                "pypto-lib's decode_attention_swa.py"))

@@ -22,7 +22,8 @@ logical compressed slots of the token's request, lowered through its table row.
 Deviations from the reference: the inverse RoPE is fused into ``merge_norm`` (as pypto-lib `decode_sparse_attn_hca.py`; pypto-lib `decode_sparse_attn_swa.py`
 has a separate ``rope_cs`` task: here the interleaved cos / signed sin rows are built in the
 merge block); the gather runs one block per (token, key block) rather than per quarter
-window; the bias is built from the indices (B.5's test builds it from ``swa_lens``); a
+window; the bias is built from the indices (the test of pypto-lib's
+`decode_sparse_attn_swa.py` builds it from ``swa_lens``); a
 valid compressed slot whose page is missing raises ``BindError`` (the reference does not
 check).
 """
@@ -629,9 +630,11 @@ def build_case_hca(preset: str, mode: str, **options) -> CaseRun:
 
 
 register(KernelCase("decode_sparse_attn_swa", build_case_swa, modes=("decode",),
-                    description="decode sparse attention over the window + sink + grouped INT8 o-proj, B.5"))
+                    description="decode sparse attention over the window + sink + grouped INT8 o-proj, "
+                                "pypto-lib's decode_sparse_attn_swa.py"))
 register(KernelCase("decode_sparse_attn_hca", build_case_hca, modes=("decode",),
-                    description="decode sparse attention over window + compressed rows + sink + o-proj, B.7"))
+                    description="decode sparse attention over window + compressed rows + sink + o-proj, "
+                                "pypto-lib's decode_sparse_attn_hca.py"))
 
 
 def build_case_csa(preset: str, mode: str, **options) -> CaseRun:
@@ -646,4 +649,5 @@ def build_case_csa(preset: str, mode: str, **options) -> CaseRun:
 
 
 register(KernelCase("decode_sparse_attn_csa", build_case_csa, modes=("decode",),
-                    description="decode sparse attention over window + index_topk selected rows + sink + o-proj, B.8"))
+                    description="decode sparse attention over window + index_topk selected rows + sink + o-proj, "
+                                "pypto-lib's decode_sparse_attn.py"))

@@ -318,4 +318,4 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
 
 
 register(KernelCase("hc_post", build_case, modes=("decode", "prefill"),
-                    description="hyper-connection post-mix (hc_post / hc_post_prefill), B.2"))
+                    description="hyper-connection post-mix (hc_post / hc_post_prefill), pypto-lib's hc_post.py"))

@@ -23,8 +23,8 @@ the compressor / indexer table shapes (``[L]`` vs ``[B, L]``), the attention cor
 Deviations from the reference: the indexer compressor is called by the block, not by the
 indexer (pypto-lib `prefill_indexer.py`); the indexer's cos / sin come from the tables by position (no
 ``prefill_csa_idx_halfrope`` task); the sparse indices are the indexer's top-k directly (it
-already writes ``-1`` past the visible count, B.19's ``prefill_csa_sparse_idx_tile`` re-check
-is not needed); prefill attends every selected row (the reference attends 256 of 512).
+already writes ``-1`` past the visible count, so the ``prefill_csa_sparse_idx_tile`` re-check of
+pypto-lib's `prefill_attention_csa.py` is not needed); prefill attends every selected row (the reference attends 256 of 512).
 """
 
 import functools

@@ -385,4 +385,4 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
 
 register(KernelCase("prefill_attention_hca", build_case, modes=("prefill",), seed_variant=True,
                     description="ratio-128 prefill attention sub-layer (.. compressor .. sparse attn over window + "
-                                "compressed rows .. hc_post_prefill), B.18"))
+                                "compressed rows .. hc_post_prefill), pypto-lib's prefill_attention_hca.py"))

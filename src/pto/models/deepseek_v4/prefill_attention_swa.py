@@ -597,4 +597,5 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
 
 
 register(KernelCase("prefill_attention_swa", build_case, modes=("prefill",), seed_variant=True,
-                    description="ratio-0 prefill attention sub-layer (hc_pre .. sparse attn .. hc_post), A.3"))
+                    description="ratio-0 prefill attention sub-layer (hc_pre .. sparse attn .. hc_post), "
+                                "pypto-lib's prefill_attention_swa.py"))

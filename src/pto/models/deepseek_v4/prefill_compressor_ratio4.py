@@ -36,7 +36,8 @@ Scratch is uninitialised, as in the reference (pypto-lib `decode_compressor_rati
 rows of ``pooled_kv_pad [W_pad, c]`` that no window writes (pad rows, slots without a
 destination) stay undefined; RMSNorm, RoPE, the Hadamard product and the INT8 quantisation are
 row-wise and only rows with a destination are stored, so nothing undefined reaches an output
-(check mode verifies it). The ratio-128 compressor zeroes its pad (A.4's commit); here the
+(check mode verifies it). The ratio-128 compressor zeroes its pad (as pypto-lib's
+prefill_compressor_ratio128.py does); here the
 zero fill would only add an AICPU fill to the critical path.
 
 Contract (``BindError`` from the write-map task, before any output is written): active
@@ -637,7 +638,8 @@ def ratio4_fixture(cfg: DeepSeekV4Config, starts: list[int], S: int, width: int,
 
     Draw order from one ``torch.Generator(seed)``: ``x ~ N(0,1)`` ``[B*S, D]``; ``wkv ~ N(0,
     0.0245)``, ``wgate ~ N(0, 0.0388)`` ``[2c, D]``; ``ape ~ N(0, 0.1243)`` ``[4, 2c]``;
-    ``norm_w = 0.97 + 0.19 N(0,1)`` (B.10's magnitudes); the hidden states of the 8
+    ``norm_w = 0.97 + 0.19 N(0,1)`` (the magnitudes of pypto-lib's
+    decode_compressor_ratio4.py); the hidden states of the 8
     positions before each start, whose state rows pre-fill the state (the open window and
     the previous one).
 

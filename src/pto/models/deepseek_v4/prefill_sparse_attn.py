@@ -1102,4 +1102,5 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
 
 
 register(KernelCase("prefill_sparse_attn", build_case, modes=("prefill",),
-                    description="prefill sparse attention + sink + inverse RoPE + grouped INT8 o-proj, B.4"))
+                    description="prefill sparse attention + sink + inverse RoPE + grouped INT8 o-proj, "
+                                "pypto-lib's prefill_sparse_attn.py"))
