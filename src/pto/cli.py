@@ -812,6 +812,11 @@ def cmd_trace(args) -> int:
     from pto.runtime.simulate import get_machine, simulate
     from pto.runtime.trace import cpu_trace, sim_trace, write_trace
     machine = get_machine(args.simulate) if args.simulate else None
+    out = Path(args.out).resolve()
+    if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+        why = ("Is a directory" if out.is_dir() else "No such directory" if not out.parent.is_dir()
+               else "Permission denied")
+        raise ConfigError(f"cannot write {args.out!r}: {why}")  # before the run, which may take minutes
     target = _target_from_args(args)
     prog = target.run_program(check=False)
     if machine is None:

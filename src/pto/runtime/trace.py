@@ -231,6 +231,29 @@ def sim_trace(sim, program) -> dict:
 
 
 def write_trace(trace: dict, path: str) -> None:
-    """Write ``trace`` (from :func:`cpu_trace` / :func:`sim_trace`) as JSON to ``path``."""
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(trace, f)
+    """Write ``trace`` (from :func:`cpu_trace` / :func:`sim_trace`) as JSON to ``path``,
+    atomically: into a temporary file beside it, renamed over ``path`` once complete, so a
+    failure (a value JSON cannot hold, a full disk, an interrupt) leaves no partial file and
+    an existing ``path`` untouched.
+
+    Raises:
+        OSError: ``path`` cannot be written (its directory is missing or read-only, or it
+            is a directory).
+        TypeError / ValueError: ``trace`` holds a value JSON cannot encode.
+    """
+    import os
+    import tempfile
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        raise IsADirectoryError(21, "Is a directory", path)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(target) + ".", suffix=".tmp", dir=os.path.dirname(target))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(trace, f)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as open(path, "w") would have made it (mkstemp makes 0600)
+        os.replace(tmp, target)
+    except BaseException:
+        os.unlink(tmp)
+        raise
