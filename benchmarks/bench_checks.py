@@ -1,13 +1,14 @@
 """Check-mode slowdown: checked wall / unchecked wall per model kernel, same run.
 
 For every registered model kernel (``pto.golden.all_cases(group="model")``)
-at the given preset (default ``flash``) and mode (default ``prefill``; cases
+at the given preset (default ``flash``; a case's ``max_preset`` caps it, e.g. the MoE kernels run
+at ``demo``, as in bench_kernels) and mode (default ``prefill``; cases
 without it are skipped), build the inputs once, then run the kernel
 unchecked and in check mode (definedness sanitizer + race checker, docs/dsl.md
 "Check mode") alternately on fresh copies of the inputs, at least
 ``--repeat`` times each and until each variant has run ``--min-seconds``,
 and print the best walls (the machine is shared; the minimum is the least
-disturbed run), their ratio (target <= 3x) and where the checked run's
+disturbed run), their ratio (target <= 2x, issue 17) and where the checked run's
 extra time goes (medians):
 
 * ``race ms``: time inside the race checker (``RaceChecker.check_task``);
@@ -33,6 +34,7 @@ from rich.table import Table
 
 import pto.models.deepseek_v4  # noqa: F401 - fills the kernel registry
 from pto.golden import ScalarSpec, all_cases
+from pto.models.deepseek_v4.config import capped_preset
 from pto.runtime import RunConfig
 from pto.runtime import races as _races
 from pto.runtime import sanitizer as _sanitizer
@@ -81,6 +83,7 @@ def _inputs(run) -> list:
 def bench_case(case, preset: str, mode: str, repeat: int, min_seconds: float = 1.0) -> dict:
     """Best unchecked and checked kernel walls (ms) of one case, plus the
     checked run's race-checker and output-check time (ms, median)."""
+    preset = capped_preset(preset, case.max_preset)  # the MoE kernels run at demo (as in bench_kernels)
     run = case.build(preset, mode)
     base = _inputs(run)
 
@@ -103,7 +106,7 @@ def bench_case(case, preset: str, mode: str, repeat: int, min_seconds: float = 1
         race.append(tm.race_s * 1e3)
         out.append(tm.output_s * 1e3)
     p, c = min(plain), min(checked)
-    return {"name": case.name, "mode": mode, "label": run.label, "seed": case.seed_variant, "tasks": tasks,
+    return {"name": case.name, "mode": mode, "preset": preset, "label": run.label, "seed": case.seed_variant, "tasks": tasks,
             "runs": len(plain),
             "plain_ms": p, "check_ms": c, "ratio": c / p, "race_ms": statistics.median(race),
             "output_ms": statistics.median(out)}
@@ -134,12 +137,13 @@ def main(argv=None) -> int:
         table.add_column(col, justify="left" if col == "kernel" else "right")
     for r in rows:
         rest = max(0.0, r["check_ms"] - r["plain_ms"] - r["race_ms"] - r["output_ms"])
-        table.add_row(r["name"], "yes" if r["seed"] else "", str(r["tasks"]), str(r["runs"]), f"{r['plain_ms']:.1f}",
+        name = r["name"] + (f" ({r['preset']})" if r["preset"] != args.preset else "")
+        table.add_row(name, "yes" if r["seed"] else "", str(r["tasks"]), str(r["runs"]), f"{r['plain_ms']:.1f}",
                       f"{r['check_ms']:.1f}", f"{r['ratio']:.2f}x", f"{r['race_ms']:.1f}", f"{r['output_ms']:.1f}",
                       f"{rest:.1f}")
     Console(width=140).print(table)
     worst = max((r["ratio"] for r in rows), default=0.0)
-    print(f"worst slowdown {worst:.2f}x (target <= 3x)")
+    print(f"worst slowdown {worst:.2f}x (target <= 2x)")
     return 0
 
 
