@@ -11,6 +11,7 @@ tests.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from pto.errors import ConfigError
@@ -147,12 +148,22 @@ class DeepSeekV4Config:
         """Check internal consistency; returns ``self``.
 
         Raises:
-            ConfigError: naming the first inconsistent field.
+            ConfigError: naming the first inconsistent field (a size that is not positive, a
+                RoPE theta or epsilon that is not a positive finite number, ...).
         """
         def need(cond: bool, msg: str) -> None:
             if not cond:
                 raise ConfigError(f"config {self.name!r}: {msg}")
 
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "q_lora_rank",
+                    "o_lora_rank", "o_groups", "sliding_window", "n_routed_experts", "num_experts_per_tok",
+                    "moe_intermediate_size", "vocab_size", "index_n_heads", "index_head_dim", "index_topk",
+                    "hc_mult", "max_position_embeddings"):
+            v = getattr(self, key)
+            need(v > 0, f"{key}={v} must be positive")
+        for key in ("rope_theta", "compress_rope_theta", "rms_norm_eps", "hc_eps"):
+            v = getattr(self, key)
+            need(math.isfinite(v) and v > 0, f"{key}={v} must be a positive finite number")
         need(self.qk_rope_head_dim % 2 == 0, f"qk_rope_head_dim={self.qk_rope_head_dim} must be even")
         need(0 < self.qk_rope_head_dim <= self.head_dim,
              f"qk_rope_head_dim={self.qk_rope_head_dim} must be in (0, head_dim={self.head_dim}]")
@@ -335,7 +346,11 @@ class DeepSeekV4Config:
         if cfg.n_shared_experts != 1:
             raise ConfigError(f"config.json: n_shared_experts={cfg.n_shared_experts}; only 1 is "
                               "implemented")
-        return cfg.validate()
+        cfg = cfg.validate()
+        if cfg.num_experts_per_tok > cfg.n_routed_experts:  # (an EP rank's shard config holds fewer)
+            raise ConfigError(f"config.json: num_experts_per_tok={cfg.num_experts_per_tok} exceeds "
+                              f"n_routed_experts={cfg.n_routed_experts}")
+        return cfg
 
     def to_hf(self) -> dict:
         """The HF ``config.json`` dict of this config (inverse of :meth:`from_hf`).
