@@ -1114,6 +1114,9 @@ def cmd_generate(args) -> int:
                 lines = Path(args.input_ids_file).read_text().splitlines()
             except OSError as e:
                 raise ConfigError(f"--input-ids-file: cannot read {args.input_ids_file}: {e.strerror}") from None
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"--input-ids-file: {args.input_ids_file} is not a text file (byte {e.start}: "
+                                  f"{e.reason})") from None
             prompts = [_parse_ids(ln, f"{args.input_ids_file} line {k + 1}")
                        for k, ln in enumerate(lines) if ln.strip()]
         else:

@@ -5,6 +5,7 @@ ignored) instead of one ``error:`` line and exit code 2 (new-user breaker pass):
   file) printed ``FileNotFoundError`` / ``NotADirectoryError`` "raised by the kernel", exit 1;
 * ``pto checkpoint --shards N`` above the number of tensors wrote N files, most of them empty
   safetensors (100000 files for ``--shards 100000``);
+* ``pto generate --input-ids-file`` of a binary file printed ``UnicodeDecodeError`` (exit 1);
 * ``pto generate --chunk 0`` started generating and failed inside it (exit 1);
   ``--max-context 0`` was silently taken as "not given"; a malformed ``tokenizer.json``
   under ``--prompt`` printed the tokenizers package's bare ``Exception`` (exit 1);
@@ -122,3 +123,11 @@ def test_bind_error_while_building_a_case_from_its_options_exits_2(capsys):
     line = _one_error_line(err)
     assert line.startswith("error: kernel 'prefill_compressor_ratio128': options {'T': 100000}: BindError: ")
     assert "exceeds the state ring" in line
+
+
+def test_generate_binary_input_ids_file_exits_2(tiny, tmp_path, capsys):
+    f = tmp_path / "ids.bin"
+    f.write_bytes(b"5 6\n\x87\xff\x00")
+    code, out, err = _run(capsys, "generate", str(tiny), "--input-ids-file", str(f))
+    assert code == 2 and out == ""
+    assert _one_error_line(err) == f"error: --input-ids-file: {f} is not a text file (byte 4: invalid start byte)"
