@@ -1283,8 +1283,8 @@ def main(argv=None) -> int:
     try:
         _set_threads()
         return int(args._handler(args) or 0)
-    except ConfigError as e:
-        print(f"error: {_first_line(e, 400)}", file=sys.stderr)
+    except ConfigError as e:  # the whole first line: it may list what is known (every kernel name)
+        print(f"error: {_first_line(e, 4000)}", file=sys.stderr)
         return 2
     except CapacityError as e:  # a size the options ask for (--opt T=..., --dim) above a capacity: bad input
         print(f"error: CapacityError: {_first_line(e, 400)}", file=sys.stderr)

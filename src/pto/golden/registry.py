@@ -131,10 +131,13 @@ def get_case(name: str) -> KernelCase:
     """The case called ``name``.
 
     Raises:
-        ConfigError: an unknown name, listing the known ones (only cases already
-            registered: see :func:`all_cases`).
+        ConfigError: an unknown name, with the closest known names and all of them (only
+            cases already registered: see :func:`all_cases`).
     """
     try:
         return REGISTRY[name]
     except KeyError:
-        raise ConfigError(f"unknown kernel {name!r}; known kernels: {sorted(REGISTRY)}") from None
+        import difflib
+        close = difflib.get_close_matches(str(name), list(REGISTRY), n=3)
+        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+        raise ConfigError(f"unknown kernel {name!r}{hint}; known kernels: {sorted(REGISTRY)}") from None
