@@ -185,9 +185,13 @@ class Checkpoint:
                 raise CheckpointError(f"checkpoint {self.path}: scale {parts[c]['scale']!r} has "
                                       f"no weight {c!r}")
         missing = sorted(set(want) - set(parts))
-        if missing:
+        if missing:  # the canonical name, and the name this checkpoint's layout would store it under
+            from pto.models.deepseek_v4.checkpoint import stored_name
+            layout = "fp8" if any(d.startswith("F8") for _, _, d in stored.values()) else "hf"
+            on_disk = stored_name(missing[0], layout)
+            as_stored = f"stored as {on_disk!r}, " if on_disk != missing[0] else ""
             raise CheckpointError(f"checkpoint {self.path}: missing tensor {missing[0]!r} "
-                                  f"(shape {list(want[missing[0]][0])}; {len(missing)} missing)")
+                                  f"({as_stored}shape {list(want[missing[0]][0])}; {len(missing)} missing)")
         for c, (shape, kind) in want.items():
             self._check_one(c, shape, kind, parts[c], stored)
         return parts
