@@ -250,7 +250,8 @@ class Checkpoint:
         """One tensor by canonical name, FP32 (``tid2eid`` int64), FP8/FP4 dequantised.
 
         Raises:
-            CheckpointError: unknown name.
+            CheckpointError: unknown name; a tensor holding NaN or infinite values (a corrupt
+                file: the model would silently emit token 0), naming the stored tensor.
         """
         p = self._canon.get(canonical)
         if p is None:
@@ -259,11 +260,18 @@ class Checkpoint:
         if "scale" in p:
             s = self._read(p["scale"]).float()
             if t.dtype == torch.float8_e4m3fn:
-                return dequantize_fp8_block(t, s)
-            return dequantize_fp4(t.view(torch.int8), s)
-        if not t.is_floating_point():
+                out = dequantize_fp8_block(t, s)
+            else:
+                out = dequantize_fp4(t.view(torch.int8), s)
+        elif not t.is_floating_point():
             return t.to(torch.int64)
-        return t.float()
+        else:
+            out = t.float()
+        bad = out.numel() - int(torch.isfinite(out).sum())
+        if bad:
+            raise CheckpointError(f"checkpoint {self.path}: tensor {p['value']!r} holds {bad} NaN or infinite "
+                                  f"value(s){' after dequantisation' if 'scale' in p else ''}")
+        return out
 
     def weight(self, canonical: str):
         """A tensor in the model's weight format: a :class:`QuantWeight` for the INT8
