@@ -1028,7 +1028,8 @@ def _checkpoint_args(p):
                    help="also write the multi-token-prediction layer (mtp.0.*, the published names)")
 
 
-@command("checkpoint", "write a seeded tiny DeepSeek-V4 checkpoint (Hugging Face or published FP8/FP4 layout)", _checkpoint_args)
+@command("checkpoint", "write a seeded tiny DeepSeek-V4 checkpoint (Hugging Face or published FP8/FP4 layout)",
+         _checkpoint_args)
 def cmd_checkpoint(args) -> int:
     """``pto checkpoint tiny DIR``: :func:`write_tiny_checkpoint`; exit 2 on bad input."""
     from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
