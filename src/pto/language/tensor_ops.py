@@ -183,6 +183,9 @@ class GMTensor:
         br, bc = divmod(off, C)
         c_lo += bc
         c_hi += bc
+        if not mixed and c_hi >= C and c_lo // C == c_hi // C:
+            k = c_lo // C  # the window's columns lie in one later root row of each row: shift rows, not widen
+            br, c_lo, c_hi = br + k, c_lo - k * C, c_hi - k * C
         if mixed or c_hi >= C:
             r0, r1 = divmod(f_lo, C)[0], divmod(f_hi, C)[0]
             if r0 == r1:
