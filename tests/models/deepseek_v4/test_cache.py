@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from pto.errors import BindError, CapacityError
-from pto.models.deepseek_v4.cache import Cache, kernel_config
-from pto.models.deepseek_v4.config import get_config, get_deployment
+from pto.models.deepseek_v4.cache import Cache
+from pto.models.deepseek_v4.config import get_config, get_deployment, kernel_config
 
 
 @pytest.fixture

@@ -6,16 +6,12 @@ import json
 import pytest
 
 from pto.errors import ConfigError
-from pto.models.deepseek_v4.config import (DeepSeekV4Config, DeploymentConfig, get_config,
-                                           get_deployment)
-
-_DEPLOYMENT_FIELDS = ("block_size", "ori_kv_block_num", "cmp_kv_block_num", "hca_state_block_size",
-                      "hca_state_block_num", "decode_batch", "decode_seq", "prefill_seq")
+from pto.models.deepseek_v4.config import (DeepSeekV4Config, DeploymentConfig, KernelConfig, get_config,
+                                           get_deployment, kernel_config)
 
 
 def _model_fields(cfg):
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
-            if f.name not in _DEPLOYMENT_FIELDS + ("name",)}
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(DeepSeekV4Config) if f.name != "name"}
 
 
 @pytest.mark.parametrize("preset", ["tiny", "flash", "pro", "demo"])
@@ -92,3 +88,16 @@ def test_deployment_config():
         dep.replace(rope_max_pos=10)
     with pytest.raises(ConfigError, match="block_size"):
         dep.replace(block_size=0)
+
+
+def test_deployment_fields_live_outside_the_model_config():
+    tiny = get_config("tiny")
+    hf = DeepSeekV4Config.from_hf(tiny.to_hf(), name="tiny")
+    assert type(hf) is DeepSeekV4Config and not hasattr(hf, "block_size")
+    assert isinstance(tiny, KernelConfig) and tiny.block_size == 16 and tiny.max_blocks_per_seq == 1024
+    assert tiny.model == hf
+    k = kernel_config(hf, get_deployment("tiny"))
+    assert isinstance(k, KernelConfig) and k.model == hf.replace(max_position_embeddings=1024)
+    assert (k.block_size, k.ori_kv_block_num, k.max_position_embeddings) == (16, 52, 1024)
+    with pytest.raises(ConfigError, match="not a multiple of block_size"):
+        tiny.replace(max_position_embeddings=1000)

@@ -40,29 +40,13 @@ from dataclasses import dataclass, field
 import torch
 
 from pto.errors import BindError, CapacityError
-from pto.models.deepseek_v4.config import DeepSeekV4Config, DeploymentConfig
+from pto.models.deepseek_v4.config import DeepSeekV4Config, DeploymentConfig, kernel_config
 
-__all__ = ["PagePool", "Cache", "RequestPages", "CACHE_KINDS", "kernel_config"]
+__all__ = ["PagePool", "Cache", "RequestPages", "CACHE_KINDS"]
 
 CSA_RATIO, HCA_RATIO = 4, 128
 CSA_STATE_PAGE = 4  # one ratio-4 window per state page (prefill_compressor_ratio4.CSA_STATE_PAGE)
 CACHE_KINDS = ("swa_kv", "csa_cmp", "hca_cmp", "csa_state", "hca_state")
-
-
-def kernel_config(cfg: DeepSeekV4Config, dep: DeploymentConfig) -> DeepSeekV4Config:
-    """The config the kernels are built for: ``cfg`` with the deployment fields of ``dep``.
-
-    deviation: until the deployment fields leave DeepSeekV4Config, the kernels take the page
-    geometry from the model config and the context (block-table and RoPE-table length) from
-    ``max_position_embeddings``, so that field carries ``dep.max_context`` rounded up to a page.
-    """
-    ctx = -(-dep.max_context // dep.block_size) * dep.block_size
-    return cfg.replace(block_size=dep.block_size, ori_kv_block_num=dep.ori_kv_block_num,
-                       cmp_kv_block_num=dep.cmp_kv_block_num,
-                       hca_state_block_size=dep.hca_state_block_size,
-                       hca_state_block_num=dep.hca_state_block_num, decode_batch=dep.decode_batch,
-                       decode_seq=dep.decode_seq, prefill_seq=dep.prefill_seq,
-                       max_position_embeddings=ctx)
 
 
 class PagePool:

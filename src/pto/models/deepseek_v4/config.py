@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from pto.errors import ConfigError
 
-__all__ = ["RopeScaling", "DeepSeekV4Config", "DeploymentConfig", "PRESETS", "DEPLOYMENTS",
+__all__ = ["RopeScaling", "DeepSeekV4Config", "KernelConfig", "kernel_config", "DeploymentConfig", "PRESETS", "DEPLOYMENTS",
            "get_config", "get_deployment", "LAYER_TYPE_OF_RATIO", "PRESET_SIZE_ORDER", "capped_preset"]
 
 # HF ``layer_types`` entry of each compress ratio (transformers configuration_deepseek_v4).
@@ -44,10 +44,11 @@ class RopeScaling:
 class DeepSeekV4Config:
     """Frozen model config; see the module docstring for the source of each value.
 
-    Derived properties (``nope_head_dim``, ``softmax_scale``, ``hc_dim``,
-    ``mix_hc``, ...) are computed, never stored. Deployment constants (page
-    size, cache pools, serving geometry) are fields too so that a preset fully
-    describes one deployment.
+    Derived properties (``nope_head_dim``, ``softmax_scale``, ``hc_dim``, ``mix_hc``, ...)
+    are computed, never stored. Model fields only, with HF's meaning
+    (``max_position_embeddings`` is the model's context length); the serving geometry is a
+    :class:`DeploymentConfig`, and kernels are built for a :class:`KernelConfig` (a model
+    config plus the geometry its tensors use).
 
     Raises:
         ConfigError: from :meth:`validate` when fields are inconsistent
@@ -88,15 +89,6 @@ class DeepSeekV4Config:
     bos_token_id: int | None = 0
     eos_token_id: int | None = 1
     num_nextn_predict_layers: int = 1
-    # deployment constants (pypto-lib `models/deepseek/v4-flash/config.py`)
-    block_size: int = 128  # paged-KV page rows
-    ori_kv_block_num: int = 128  # raw / SWA kv pages
-    cmp_kv_block_num: int = 32  # compressed kv pages
-    hca_state_block_size: int = 8  # ratio-128 compressor state page rows
-    hca_state_block_num: int = 64
-    decode_batch: int = 4
-    decode_seq: int = 2
-    prefill_seq: int = 128
 
     # ---- derived -------------------------------------------------------
     @property
@@ -134,16 +126,6 @@ class DeepSeekV4Config:
         """Width of the full query: ``num_attention_heads * head_dim``."""
         return self.num_attention_heads * self.head_dim
 
-    @property
-    def max_blocks_per_seq(self) -> int:
-        """Block-table length of one request: ``max_position_embeddings // block_size``."""
-        return self.max_position_embeddings // self.block_size
-
-    @property
-    def decode_tokens(self) -> int:
-        """Tokens of one decode step: ``decode_batch * decode_seq``."""
-        return self.decode_batch * self.decode_seq
-
     def validate(self) -> "DeepSeekV4Config":
         """Check internal consistency; returns ``self``.
 
@@ -173,8 +155,6 @@ class DeepSeekV4Config:
              f"compress_ratios has {len(self.compress_ratios)} entries, num_hidden_layers={self.num_hidden_layers}")
         need(all(r in (0, 4, 128) for r in self.compress_ratios),
              f"compress_ratios {self.compress_ratios} may hold only 0, 4, 128")
-        need(self.max_position_embeddings % self.block_size == 0,
-             f"max_position_embeddings={self.max_position_embeddings} not a multiple of block_size={self.block_size}")
         return self
 
     def replace(self, **changes) -> "DeepSeekV4Config":
@@ -401,10 +381,63 @@ class DeepSeekV4Config:
         }
 
 
+@dataclass(frozen=True)
+class KernelConfig(DeepSeekV4Config):
+    """A kernel's build config: a model config plus the deployment geometry of its tensors.
+
+    The fields below are a :class:`DeploymentConfig`'s (page rows, pool page counts, decode
+    and prefill geometry); ``max_position_embeddings`` is the context the kernels' block and
+    RoPE tables cover (for a served model: the deployment's ``max_context``, see
+    :func:`kernel_config`). The presets of :data:`PRESETS` are KernelConfigs: each model
+    preset with the reference kernels' geometry (pypto-lib ``models/deepseek/v4-flash/config.py``).
+
+    Raises:
+        ConfigError: from :meth:`validate`, also when ``max_position_embeddings`` is not a
+            multiple of ``block_size``.
+    """
+
+    # deployment geometry (pypto-lib `models/deepseek/v4-flash/config.py`)
+    block_size: int = 128  # paged-KV page rows
+    ori_kv_block_num: int = 128  # raw / SWA kv pages
+    cmp_kv_block_num: int = 32  # compressed kv pages
+    hca_state_block_size: int = 8  # ratio-128 compressor state page rows
+    hca_state_block_num: int = 64
+    decode_batch: int = 4
+    decode_seq: int = 2
+    prefill_seq: int = 128
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        """Block-table length of one request: ``max_position_embeddings // block_size``."""
+        return self.max_position_embeddings // self.block_size
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens of one decode step: ``decode_batch * decode_seq``."""
+        return self.decode_batch * self.decode_seq
+
+    @property
+    def model(self) -> DeepSeekV4Config:
+        """The model config alone (the geometry dropped)."""
+        return DeepSeekV4Config(**{f.name: getattr(self, f.name) for f in dataclasses.fields(DeepSeekV4Config)})
+
+    def validate(self) -> "KernelConfig":
+        """:meth:`DeepSeekV4Config.validate` plus the page checks; returns ``self``.
+
+        Raises:
+            ConfigError: naming the first inconsistent field.
+        """
+        super().validate()
+        if self.max_position_embeddings % self.block_size:
+            raise ConfigError(f"config {self.name!r}: max_position_embeddings={self.max_position_embeddings} "
+                              f"not a multiple of block_size={self.block_size}")
+        return self
+
+
 _FLASH_RATIOS = (0, 0) + tuple(4 if i % 2 == 0 else 128 for i in range(41))
 
-PRESETS: dict[str, DeepSeekV4Config] = {
-    "flash": DeepSeekV4Config(
+PRESETS: dict[str, KernelConfig] = {
+    "flash": KernelConfig(
         name="flash", hidden_size=4096, num_attention_heads=64, head_dim=512,
         qk_rope_head_dim=64, q_lora_rank=1024, o_lora_rank=1024, o_groups=8,
         sliding_window=128, rms_norm_eps=1e-6, hc_mult=4, hc_sinkhorn_iters=20,
@@ -414,7 +447,7 @@ PRESETS: dict[str, DeepSeekV4Config] = {
         index_topk=512,
     ),
     # DeepSeek-V4-Pro-like sizes: wider model, same kernel structure.
-    "pro": DeepSeekV4Config(
+    "pro": KernelConfig(
         name="pro", hidden_size=7168, num_attention_heads=128, head_dim=512,
         qk_rope_head_dim=64, q_lora_rank=1536, o_lora_rank=1024, o_groups=16,
         sliding_window=128, rms_norm_eps=1e-6, hc_mult=4, hc_sinkhorn_iters=20,
@@ -424,7 +457,7 @@ PRESETS: dict[str, DeepSeekV4Config] = {
         index_n_heads=64, index_head_dim=128, index_topk=1024,
     ),
     # A mid-size preset for quick demos: FLASH structure at a quarter of the width.
-    "demo": DeepSeekV4Config(
+    "demo": KernelConfig(
         name="demo", hidden_size=1024, num_attention_heads=16, head_dim=256,
         qk_rope_head_dim=64, q_lora_rank=256, o_lora_rank=256, o_groups=4,
         sliding_window=128, rms_norm_eps=1e-6, hc_mult=4, hc_sinkhorn_iters=20,
@@ -433,7 +466,7 @@ PRESETS: dict[str, DeepSeekV4Config] = {
         compress_ratios=(0, 0, 4, 128, 4, 128), index_n_heads=16, index_head_dim=128,
         index_topk=64,
     ),
-    "tiny": DeepSeekV4Config(
+    "tiny": KernelConfig(
         name="tiny", hidden_size=128, num_attention_heads=8, head_dim=128,
         qk_rope_head_dim=64, q_lora_rank=64, o_lora_rank=32, o_groups=4,
         sliding_window=64, rms_norm_eps=1e-6, hc_mult=4, hc_sinkhorn_iters=20,
@@ -448,8 +481,9 @@ for _cfg in PRESETS.values():
     _cfg.validate()
 
 
-def get_config(name: str) -> DeepSeekV4Config:
-    """The preset called ``name`` (``flash``, ``pro``, ``demo``, ``tiny``).
+def get_config(name: str) -> KernelConfig:
+    """The preset called ``name`` (``flash``, ``pro``, ``demo``, ``tiny``): the model with the
+    reference kernels' geometry (:class:`KernelConfig`; ``.model`` is the model alone).
 
     Raises:
         ConfigError: for an unknown preset name, listing the known ones.
@@ -569,8 +603,8 @@ class DeploymentConfig:
         return cls(**base).validate(cfg)
 
     @classmethod
-    def of_model(cls, cfg: DeepSeekV4Config, **changes) -> "DeploymentConfig":
-        """The deployment fields a model preset holds today (``cfg.block_size`` ...),
+    def of_model(cls, cfg: KernelConfig, **changes) -> "DeploymentConfig":
+        """The deployment geometry of a kernel config (``cfg.block_size`` ...),
         ``max_context`` / ``rope_max_pos`` = ``cfg.max_position_embeddings``, plus ``changes``.
         """
         base = dict(block_size=cfg.block_size, ori_kv_block_num=cfg.ori_kv_block_num,
@@ -605,3 +639,20 @@ def get_deployment(name: str) -> DeploymentConfig:
         return DEPLOYMENTS[name]
     except KeyError:
         raise ConfigError(f"unknown deployment {name!r}; known: {sorted(DEPLOYMENTS)}") from None
+
+
+def kernel_config(cfg: DeepSeekV4Config, dep: DeploymentConfig) -> KernelConfig:
+    """The :class:`KernelConfig` the kernels of a deployment are built for: ``cfg``'s model
+    fields, ``dep``'s geometry, and ``max_position_embeddings`` = ``dep.max_context`` rounded
+    up to a page (the context the kernels' block and RoPE tables cover).
+
+    Raises:
+        ConfigError: an inconsistent result (see :meth:`KernelConfig.validate`).
+    """
+    ctx = -(-dep.max_context // dep.block_size) * dep.block_size
+    model = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(DeepSeekV4Config)}
+    model["max_position_embeddings"] = ctx
+    return KernelConfig(**model, block_size=dep.block_size, ori_kv_block_num=dep.ori_kv_block_num,
+                        cmp_kv_block_num=dep.cmp_kv_block_num, hca_state_block_size=dep.hca_state_block_size,
+                        hca_state_block_num=dep.hca_state_block_num, decode_batch=dep.decode_batch,
+                        decode_seq=dep.decode_seq, prefill_seq=dep.prefill_seq).validate()

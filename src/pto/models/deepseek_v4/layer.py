@@ -37,8 +37,8 @@ import torch
 import pto.language as pl
 
 from pto.errors import ConfigError
-from pto.models.deepseek_v4.cache import Cache, kernel_config
-from pto.models.deepseek_v4.config import DeepSeekV4Config, DeploymentConfig
+from pto.models.deepseek_v4.cache import Cache
+from pto.models.deepseek_v4.config import DeepSeekV4Config, DeploymentConfig, kernel_config
 from pto.models.deepseek_v4.decode_attention_hca import decode_attention_hca_kernels
 from pto.models.deepseek_v4.decode_attention_swa import decode_attention_swa_kernels
 from pto.models.deepseek_v4.lm_head import lm_head_kernels
