@@ -6,14 +6,17 @@ to the first maximal index):
     next_ids[t] = min { v : logits[t, v] = max_u logits[t, u] }
 
 Kernel (:func:`greedy_sample`): one task ``greedy_argmax`` of token-tile blocks; per block
-``m = row_max(logits)``, then the lowest column holding ``m`` is ``row_min(col + V *
-step(m - logit))`` (the saturating product of :func:`gate.positive_step`: exact, no compare
-op), written one id per row. Every row needs one finite logit; ``-inf`` entries are fine (an all ``-inf`` or a NaN
+the row is viewed as ``V / CW`` chunks of ``CW`` columns (:func:`argmax_chunk_width`): one pass
+gives every chunk's max, the row max ``m`` is their max, the lowest chunk holding ``m`` is
+``row_min(chunk + NC * step(m - chunk_max))`` (the saturating product of
+:func:`gate.positive_step`: exact, no compare op), that chunk's ``CW`` logits are gathered and
+the same formula gives the lowest column in it; the block's ids are one store. Every row needs one finite logit; ``-inf`` entries are fine (an all ``-inf`` or a NaN
 row gives an unspecified id). No reference
 kernel (pypto-lib samples on the host).
 """
 
 import functools
+import math
 from types import SimpleNamespace
 
 import torch
@@ -32,6 +35,22 @@ T_DYN = pl.dynamic("T")
 SAMPLE_T_TILE = 8  # logits rows per block (a FLASH row is 129280 FP32 = 505 KiB)
 
 
+def argmax_chunk_width(V: int) -> int:
+    """Columns per argmax chunk: the smallest divisor of ``V`` at least ``sqrt(V)`` (404 for
+    FLASH's 129280: 320 chunks), so both the chunk-max row and the gathered chunk are small."""
+    return next(w for w in range(max(1, math.isqrt(V)), V + 1) if V % w == 0)
+
+
+@pl.jit.inline
+def lowest_max_col(x, m, width: int):
+    """``[R, 1]`` FP32: the lowest column of ``x [R, width]`` FP32 holding its row's max ``m
+    [R, 1]`` (``width`` where the logit is below ``m``, 0 at the maxima, plus the column id:
+    ``m - x >= 0``, see :func:`gate.positive_step`)."""
+    col = pl.cast(pl.arange(0, [1, width], pl.INT32), pl.FP32)
+    below = pl.minimum(pl.row_expand_sub(x, m) * -STEP_SCALE * STEP_SCALE, float(width))
+    return pl.row_min(pl.col_expand_add(below, col))
+
+
 @functools.lru_cache(maxsize=None)
 def greedy_sample_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     """Build greedy sampling for ``cfg`` (cached): ``greedy_sample(logits [T, V] FP32, next_ids
@@ -43,6 +62,8 @@ def greedy_sample_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     """
     V = cfg.vocab_size
     need(1 <= V <= 2 ** 23, "greedy_sample", cfg, f"vocab_size={V} must be in [1, 2^23]")
+    CW = argmax_chunk_width(V)
+    NC = V // CW
 
     @pl.jit.inline
     def greedy_sample(logits: pl.Tensor[[T_DYN, V], pl.FP32], next_ids: pl.Out[pl.Tensor[[T_DYN], pl.INT64]]):
@@ -54,12 +75,14 @@ def greedy_sample_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
             t0 = b * ST
             rows = min(ST, t - t0)
             v = pl.slice(logits, [rows, V], [t0, 0])
-            col = pl.cast(pl.arange(0, [1, V], pl.INT32), pl.FP32)
-            # V where the logit is below the row max, 0 at the maxima (v - max <= 0; see positive_step)
-            below = pl.minimum(pl.row_expand_sub(v, pl.row_max(v)) * -STEP_SCALE * STEP_SCALE, float(V))
-            ids = pl.cast(pl.row_min(pl.col_expand_add(below, col)), pl.INT64, mode="rint")
-            for i in pl.range(rows):
-                pl.write(next_ids, [t0 + i], pl.read(ids, [i, 0]))
+            chunk_max = pl.reshape(pl.row_max(pl.reshape(v, [rows * NC, CW])), [rows, NC])
+            m = pl.row_max(chunk_max)
+            start = lowest_max_col(chunk_max, m, NC) * float(CW)  # first column of the lowest chunk holding m
+            col_cw = pl.cast(pl.arange(0, [1, CW], pl.INT32), pl.FP32)
+            cols = pl.row_expand_add(pl.col_expand(pl.full([rows, CW], pl.FP32, 0.0), col_cw), start)
+            chunk = pl.gather(v, index=pl.cast(cols, pl.INT32, mode="rint"))
+            ids = pl.cast(lowest_max_col(chunk, m, CW) + start, pl.INT64, mode="rint")
+            pl.assemble(next_ids, pl.reshape(ids, [rows]), [t0])
         return task.tid
 
     return SimpleNamespace(greedy_sample=greedy_sample,
