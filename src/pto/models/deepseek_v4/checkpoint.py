@@ -87,7 +87,7 @@ def _layer_tensors(cfg: DeepSeekV4Config, ratio: int, hash_layer: bool) -> dict[
         "attn_norm.weight": (D,), "ffn_norm.weight": (D,),
         "attn.wq_a.weight": (Lq, D), "attn.q_norm.weight": (Lq,),
         "attn.wq_b.weight": (H * d, Lq), "attn.wkv.weight": (d, D),
-        "attn.norm.weight": (d,), "attn.wo_a.weight": (G * Lo, H * d // G),
+        "attn.kv_norm.weight": (d,), "attn.wo_a.weight": (G * Lo, H * d // G),
         "attn.wo_b.weight": (D, G * Lo), "attn.attn_sink": (H,),
         "ffn.gate.weight": (E, D),
         "ffn.shared_experts.w1.weight": (F, D), "ffn.shared_experts.w3.weight": (F, D),

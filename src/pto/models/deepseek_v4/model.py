@@ -239,11 +239,11 @@ class GoldenModel:
         if isinstance(wq_b, QuantWeight):
             q, kv, _, _ = golden_qkv_proj_rope(
                 xn, w["attn.wq_a.weight"].T, wq_b.codes.T, wq_b.scale, w["attn.wkv.weight"].T, cos, sin,
-                w["attn.q_norm.weight"], w["attn.norm.weight"], cfg, weight_format="int8", out_bf16=False)
+                w["attn.q_norm.weight"], w["attn.kv_norm.weight"], cfg, weight_format="int8", out_bf16=False)
         else:
             q, kv, _, _ = golden_qkv_proj_rope(
                 xn, w["attn.wq_a.weight"].T, wq_b.T, None, w["attn.wkv.weight"].T, cos, sin,
-                w["attn.q_norm.weight"], w["attn.norm.weight"], cfg, weight_format="bf16", out_bf16=False)
+                w["attn.q_norm.weight"], w["attn.kv_norm.weight"], cfg, weight_format="bf16", out_bf16=False)
         st.kv = torch.cat([st.kv, kv])
         kpos = torch.arange(st.kv.shape[0])
         keys = st.kv

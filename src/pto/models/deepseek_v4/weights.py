@@ -365,7 +365,7 @@ def attention_inputs(ckpt: Checkpoint, i: int) -> dict[str, torch.Tensor]:
         "hc_attn_base": t(p + "hc_attn_base"), "attn_norm_w": t(p + "attn_norm.weight").to(bf16),
         "wq_a": t(p + "attn.wq_a.weight").T.contiguous().to(bf16), "wq_b": wq_b, "wq_b_scale": wq_b_scale,
         "wkv": t(p + "attn.wkv.weight").T.contiguous().to(bf16), "gamma_cq": t(p + "attn.q_norm.weight").to(bf16),
-        "gamma_ckv": t(p + "attn.norm.weight").to(bf16), "attn_sink": t(p + "attn.attn_sink"),
+        "gamma_ckv": t(p + "attn.kv_norm.weight").to(bf16), "attn_sink": t(p + "attn.attn_sink"),
         "wo_a": t(p + "attn.wo_a.weight").reshape(cfg.o_groups, cfg.o_lora_rank, -1).to(bf16),
         "wo_b": wo_b, "wo_b_scale": wo_b_scale,
     }
