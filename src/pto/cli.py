@@ -1143,8 +1143,9 @@ def cmd_generate(args) -> int:
         if args.chunk > 128 and backend == "kernels":
             raise ConfigError(f"--chunk {args.chunk}: the kernels take at most 128 tokens per prefill chunk")
         n = args.max_context if args.max_context is not None else min(ckpt.config.max_position_embeddings, 16384)
-        # pools for 4 requests of n tokens; small models get the tiny preset's 16-row pages
-        dep = DeploymentConfig.sized(ckpt.config, 4, n, block_size=16 if ckpt.config.hidden_size <= 1024 else 128)
+        # pools for every prompt (at least 4 requests) of n tokens; small models get 16-row pages
+        dep = DeploymentConfig.sized(ckpt.config, max(4, len(prompts)), n,
+                                     block_size=16 if ckpt.config.hidden_size <= 1024 else 128)
         if backend == "kernels":
             from pto.models.deepseek_v4.layer import KernelModel
             import pto.language.distributed as pld
