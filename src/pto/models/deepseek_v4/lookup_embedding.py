@@ -9,9 +9,9 @@ starts as a copy of the token's embedding row, and the stream stays FP32 end to 
 Kernel (:func:`lookup_embedding`): the orchestration reads every id once and raises a
 ``BindError`` naming the first position whose id is outside ``[0, vocab_size)`` before any
 task is submitted (nothing half-written); then one task ``embedding_lookup`` of
-``ceil(T / EMB_T_TILE)`` blocks, each re-reading its ids (so the read footprint on
-``input_ids`` is recorded), loading the table row, casting it to FP32 and storing it to all
-streams of its token as one ``[1, hc_mult, D]`` box. No GM scratch. The reference has no
+``ceil(T / EMB_T_TILE)`` blocks, each loading its ids as a tile (so the read footprint on
+``input_ids`` is recorded) and loading its tokens' table rows, which are joined into one
+``[tokens, D]`` tile, cast to FP32 and stored once per stream. No GM scratch. The reference has no
 embedding kernel (the table lookup is host-side in pypto-lib); this one follows the
 layer's conventions.
 """
@@ -80,11 +80,15 @@ def lookup_embedding_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
         task = pl.spmd(-(-t // TT), name_hint="embedding_lookup", allow_early_resolve=True)
         for b in task:
             t0 = b * TT
-            for i in pl.range(min(TT, t - t0)):
-                tok = pl.read(input_ids, [t0 + i])
-                row = pl.cast(embed[tok:tok + 1, 0:D], pl.FP32, mode="none")
-                streams = pl.col_expand(pl.full([HC, D], pl.FP32, 0.0), row)
-                pl.assemble(x_hc, pl.reshape(streams, [1, HC, D]), [t0 + i, 0, 0])
+            rows = min(TT, t - t0)
+            ids = input_ids[t0:t0 + rows]
+            table_rows = []  # each token's [1, D] table row
+            for i in pl.range(rows):
+                tok = pl.read(ids, [i])
+                table_rows.append(embed[tok:tok + 1, 0:D])
+            x = pl.reshape(pl.cast(pl.reshape(pl.concat(table_rows), [rows, D]), pl.FP32, mode="none"), [rows, 1, D])
+            for h in pl.range(HC):
+                pl.assemble(x_hc, x, [t0, h, 0])
         return task.tid
 
     lookup_embedding_test = pl.jit.entry(lookup_embedding, name="lookup_embedding_test")
