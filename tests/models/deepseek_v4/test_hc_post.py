@@ -33,15 +33,15 @@ def test_hc_post_matches_golden_bit_for_bit(mode):
 
 
 def test_prefill_tail_rows_exactly_zero_and_graph():
-    T, nt = 23, 5  # ragged: the last active 4-token tile has 1 row, the pad tile 2 rows
+    T, nt = 23, 5  # ragged: the active 16-token tile has 5 rows, the last pad tile 2 rows
     res = _run_case("tiny", "prefill", T=T, num_tokens=nt)
     y = res.actual["y"]
     assert torch.equal(y[:nt], res.expected["y"][:nt])
     assert torch.count_nonzero(y[nt:]) == 0
     g = res.program.graph
     assert [(t.name, t.n_blocks) for t in g.tasks] == [
-        ("hc_post_prefill", -(-nt // HC_POST_TOKEN_TILE) * TINY.hc_mult),
-        ("hc_post_inactive_pad", -(-(T - nt) // HC_POST_PAD_TILE) * TINY.hc_mult)]
+        ("hc_post_prefill", -(-nt // HC_POST_TOKEN_TILE)),
+        ("hc_post_inactive_pad", -(-(T - nt) // HC_POST_PAD_TILE))]
     assert res.program.stats.edges == 0  # disjoint rows of y, no scratch
 
 

@@ -31,49 +31,49 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {
 }
 
 # ---- kernel ----
-# Tokens per hc_post block: one block = (4-token tile, output stream j) (pypto-lib `models/deepseek/v4-flash/hc_post.py`).
-HC_POST_TOKEN_TILE = 4
+# Tokens per hc_post block. deviation: the reference's block is (4-token tile, output stream j)
+# (pypto-lib `models/deepseek/v4-flash/hc_post.py`); here one block is a 16-token tile and all
+# hc_mult output streams, so each residual stream is loaded once, not hc_mult times, and the
+# tile's [rows, hc_mult, D] rows are one store (the values are elementwise: any tiling is exact).
+HC_POST_TOKEN_TILE = 16
 # Rows per block of the prefill tail zero-fill ("hc_post_inactive_pad", pypto-lib `hc_post.py`).
 HC_POST_PAD_TILE = 16
 
 T_DYN = pl.dynamic("T")
 
 
-def _hc_post_block(x2, res2, post, comb, y3, t0: int, rows: int, j: int, N: int, D: int) -> None:
-    """One hc_post block body: rows ``t0 .. t0+rows`` of output stream ``j``, all FP32.
+def _hc_post_block(x2, res2, post, comb, y2, t0: int, rows: int, N: int, D: int) -> None:
+    """One hc_post block body: rows ``t0 .. t0+rows`` of every output stream, all FP32.
 
-    ``x2 [T, D]`` BF16, ``res2 [T, N*D]`` a 2-D view of the residual streams (a strided
-    read, recorded as its bounding box), ``y3 [T, N, D]`` the output, written one token row
-    at a time so that each write footprint is exact, ``post [T, N]``, ``comb [T, N*N]``. Op order is the golden's: ``post*x`` first, then the
+    ``x2 [T, D]`` BF16, ``res2 [T, N*D]`` and ``y2 [T, N*D]`` 2-D views of the residual and
+    output streams (stream ``j`` of token ``t`` is columns ``j*D .. (j+1)*D`` of row ``t``),
+    ``post [T, N]``, ``comb [T, N*N]``. Op order is the golden's: ``post*x`` first, then the
     input streams ``i = 0..N-1`` added in order (bit-identical to :func:`golden_hc_post`).
     """
-    TT = HC_POST_TOKEN_TILE
-    xf = pl.cast(pl.slice(x2, [TT, D], [t0, 0], valid_shape=[rows, D]), pl.FP32)
-    acc = pl.row_expand_mul(xf, pl.slice(post, [TT, 1], [t0, j], valid_shape=[rows, 1]))
-    for i in range(N):
-        r_i = pl.slice(res2, [TT, D], [t0, i * D], valid_shape=[rows, D])
-        c_ij = pl.slice(comb, [TT, 1], [t0, i * N + j], valid_shape=[rows, 1])
-        acc = pl.add(acc, pl.row_expand_mul(r_i, c_ij))
-    _store_stream_rows(y3, acc, t0, rows, j, D)
-
-
-def _store_stream_rows(y3, tile, t0: int, rows: int, j: int, D: int) -> None:
-    """Store rows ``0 .. rows`` of ``tile [>= rows, D]`` FP32 as stream ``j`` of tokens
-    ``t0 .. t0+rows`` of ``y3 [T, N, D]``, one ``[1, 1, D]`` token row per store (stream ``j``
-    of token ``t`` is root row ``t*N + j``, so each write footprint is an exact box)."""
-    for r in range(rows):
-        pl.assemble(y3, pl.reshape(pl.slice(tile, [1, D], [r, 0]), [1, 1, D]), [t0 + r, j, 0])
+    xf = pl.cast(pl.slice(x2, [rows, D], [t0, 0]), pl.FP32)
+    post_t = pl.slice(post, [rows, N], [t0, 0])
+    comb_t = pl.slice(comb, [rows, N * N], [t0, 0])
+    res_t = pl.slice(res2, [rows, N * D], [t0, 0])
+    res = [res_t[:, i * D:(i + 1) * D] for i in range(N)]
+    streams = []
+    for j in range(N):
+        acc = pl.row_expand_mul(xf, post_t[:, j:j + 1])
+        for i in range(N):
+            acc = pl.add(acc, pl.row_expand_mul(res[i], comb_t[:, i * N + j:i * N + j + 1]))
+        streams.append(acc)
+    pl.assemble(y2, pl.concat(streams), [t0, 0])
 
 
 @functools.lru_cache(maxsize=None)
 def hc_post_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     """Build the hc_post DSL kernels for ``cfg`` (cached per config).
 
-    Tiling (pypto-lib `models/deepseek/v4-flash/hc_post.py`): ``spmd(ceil(T/4) * hc_mult)`` blocks, block ``b`` =
-    (token tile ``b // hc_mult`` of :data:`HC_POST_TOKEN_TILE` rows, output stream
-    ``b % hc_mult``), each a whole ``hidden_size`` row at once; the prefill tail is zeroed by
-    ``spmd(ceil(inactive/16) * hc_mult)`` blocks of :data:`HC_POST_PAD_TILE` rows. ``T`` is a
-    dynamic dim; a ragged last tile uses a valid shape.
+    Tiling: ``spmd(ceil(T / HC_POST_TOKEN_TILE))`` blocks, block ``b`` = token tile ``b`` and
+    all ``hc_mult`` output streams, whole ``hidden_size`` rows (the reference's blocks are
+    (4-token tile, stream), pypto-lib `models/deepseek/v4-flash/hc_post.py`; see
+    :data:`HC_POST_TOKEN_TILE`); the prefill tail is zeroed by ``spmd(ceil(inactive/16))``
+    blocks of :data:`HC_POST_PAD_TILE` rows. ``T`` is a dynamic dim; a ragged last tile has
+    fewer rows.
 
     Returns:
         namespace with the inline bodies ``hc_post(x, residual, post, comb, y)`` and
@@ -95,7 +95,7 @@ def hc_post_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
 
     def views(x, residual, y):
         t = pl.tensor.dim(x, 0)
-        return t, pl.reshape(residual, [t, N * D]), y
+        return t, pl.reshape(residual, [t, N * D]), pl.reshape(y, [t, N * D])
 
     @pl.jit.inline
     def hc_post(x: pl.Tensor[[T_DYN, D], pl.BF16],
@@ -105,9 +105,9 @@ def hc_post_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                 y: pl.Out[pl.Tensor[[T_DYN, N, D], pl.FP32]]):
         """hc_post over every row: ``y[:, j] = post[:, j]*x + sum_i comb[:, i*N+j]*residual[:, i]``."""
         t, res2, y2 = views(x, residual, y)
-        for b in pl.spmd(-(-t // TT) * N, name_hint="hc_post"):
-            t0 = (b // N) * TT
-            _hc_post_block(x, res2, post, comb, y2, t0, min(TT, t - t0), b % N, N, D)
+        for b in pl.spmd(-(-t // TT), name_hint="hc_post"):
+            t0 = b * TT
+            _hc_post_block(x, res2, post, comb, y2, t0, min(TT, t - t0), N, D)
         return y
 
     @pl.jit.inline
@@ -121,15 +121,14 @@ def hc_post_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
         t, res2, y2 = views(x, residual, y)
         active = pl.min(pl.max(num_tokens, 0), t)
         if active > 0:  # orchestration-level conditional submission (pypto-lib `hc_post.py`)
-            for b in pl.spmd(-(-active // TT) * N, name_hint="hc_post_prefill"):
-                t0 = (b // N) * TT
-                _hc_post_block(x, res2, post, comb, y2, t0, min(TT, active - t0), b % N, N, D)
+            for b in pl.spmd(-(-active // TT), name_hint="hc_post_prefill"):
+                t0 = b * TT
+                _hc_post_block(x, res2, post, comb, y2, t0, min(TT, active - t0), N, D)
         inactive = t - active
         if inactive > 0:
-            for b in pl.spmd(-(-inactive // PT) * N, name_hint="hc_post_inactive_pad"):
-                t0 = active + (b // N) * PT
-                rows = min(PT, t - t0)
-                _store_stream_rows(y2, pl.full([rows, D], pl.FP32, 0.0), t0, rows, b % N, D)
+            for b in pl.spmd(-(-inactive // PT), name_hint="hc_post_inactive_pad"):
+                t0 = active + b * PT
+                y2[t0:min(t0 + PT, t), 0:N * D] = pl.full([min(PT, t - t0), N * D], pl.FP32, 0.0)
         return y
 
     hc_post_test = pl.jit.entry(hc_post, name="hc_post_test")
