@@ -133,6 +133,26 @@ def test_stable_sqrt_softplus_against_float64():
     assert abs(float(y[0, i20]) ** 2 - 2.061153622e-9) < 1e-13  # a naive log(1+exp(x)) gives 0
 
 
+def test_int8_codes_round_half_even_saturate_and_nan_to_zero():
+    # ties, the clamp edges, values past the FP32 rounding trick's range, inf and NaN
+    special = [0.5, 1.5, 2.5, -0.5, -2.5, 126.5, 127.49, 127.5, -128.5, -127.5, 1e7, -1.3e7, -2.0 ** 24,
+               3e38, -3e38, float("inf"), -float("inf"), float("nan"), -0.0, 1e-45]
+    x = torch.cat([torch.tensor(special), (torch.rand(4 * 64 - len(special), generator=torch.Generator().manual_seed(1))
+                                           * 300 - 150)]).reshape(4, 64)
+    s = torch.tensor([[1.0], [0.5], [2.0], [1.0]])
+
+    @pl.jit
+    def codes(x_: pl.Tensor[[4, 64], pl.FP32], s_: pl.Tensor[[4, 1], pl.FP32], y: pl.Out[pl.Tensor[[4, 64], pl.INT8]]):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="codes"):
+            y[0:4, 0:64] = gate_mod.int8_codes(x_[0:4, 0:64], s_[0:4, 0:1])
+
+    y = torch.zeros(4, 64, dtype=torch.int8)
+    codes(x, s, y)
+    v = (x * s).double()  # the FP32 product, then the exact rint / saturate / NaN -> 0 rules
+    want = torch.where(torch.isnan(v), 0.0, torch.round(v).clamp(-128, 127)).to(torch.int8)
+    assert torch.equal(y, want)
+
+
 @pytest.mark.parametrize("n,k", [(16, 4), (40, 6), (256, 6), (384, 8)])
 def test_topk_is_the_prefix_of_a_stable_descending_sort(n, k):
     """The router's top-k (sort32 + mrgsort; E = 16 tiny, 256 FLASH, 384 pro, 40 a padded
