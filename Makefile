@@ -1,7 +1,7 @@
 # Two commands from a fresh clone: `make demo` and `make test`.
 # Each creates .venv with python3.11 on first use. `make demo` installs the
 # package (editable) with only its runtime dependencies; `make test` adds the
-# test and parity extras (pytest, hypothesis, transformers). Stamp files make
+# test, parity and text extras (pytest, hypothesis, transformers, tokenizers). Stamp files make
 # later runs skip the install until pyproject.toml changes.
 
 PYTHON ?= python3.11
@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 $(TSTAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[test,parity]'
+	$(PY) -m pip install -q -e '.[test,parity,text]'
 	@touch $(TSTAMP)
 
 clean-venv:

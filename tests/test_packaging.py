@@ -11,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # distribution name -> module it provides
 MODULE = {"torch": "torch", "numpy": "numpy", "safetensors": "safetensors", "rich": "rich", "pytest": "pytest",
-          "hypothesis": "hypothesis", "pydot": "pydot", "transformers": "transformers"}
+          "hypothesis": "hypothesis", "pydot": "pydot", "transformers": "transformers",
+          "tokenizers": "tokenizers"}
 
 
 def _deps(items) -> list[str]:
@@ -43,6 +44,11 @@ def test_every_extra_is_used_by_the_tests():
             continue
         assert _imports(ROOT / "tests", MODULE[dist]) or any(
             f'importorskip("{MODULE[dist]}")' in p.read_text() for p in (ROOT / "tests").rglob("*.py")), dist
+
+
+def test_the_text_extra_is_used_by_the_package():
+    for dist in _deps(_project()["optional-dependencies"]["text"]):  # pto generate --prompt
+        assert _imports(ROOT / "src" / "pto", MODULE[dist]), f"{dist} is declared but src/pto never uses it"
 
 
 def test_the_demo_path_does_not_import_test_only_packages():

@@ -1127,7 +1127,9 @@ def cmd_generate(args) -> int:
             try:
                 from tokenizers import Tokenizer
             except ImportError:
-                raise ConfigError("--prompt needs the 'tokenizers' package (pip install tokenizers)") from None
+                raise ConfigError("--prompt needs the 'tokenizers' package, pto's 'text' extra: "
+                                  "pip install -e '.[text]' in the pto source tree "
+                                  "(or pip install tokenizers)") from None
             try:
                 text = Tokenizer.from_file(str(tok_file))
             except Exception as e:  # noqa: BLE001 - the tokenizers package raises a bare Exception
