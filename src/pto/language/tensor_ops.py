@@ -272,6 +272,7 @@ class GMTensor:
                     br, bc, q = rows
                     blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))
                     blk.bytes += (b0 - a0) * (b1 - a1) * self._itemsize
+                    blk.ld += 1
                     return Tile(src.clone())
         starts, stops, drop = self._parse(key)
         if len(drop) == len(self._shape):
@@ -309,6 +310,7 @@ class GMTensor:
                     br, bc, q = rows
                     blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), W))
                     blk.bytes += (b0 - a0) * (b1 - a1) * self._itemsize
+                    blk.st += 1
                     return
         starts, stops, drop = self._parse(key)
         shape = [b - a for a, b in zip(starts, stops)]
@@ -412,6 +414,7 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
         else:
             blk.fp.append((buf, box, R))
     blk.bytes += src.numel() * src.element_size()
+    blk.ld += 1
     mask = None
     if buf.shadow is not None:
         m = t.smask()[key]
@@ -483,6 +486,7 @@ def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
         else:
             blk.fp.append((buf, box, kind))
     blk.bytes += src.numel() * src.element_size()
+    blk.st += 1
     if buf.shadow is not None:
         sm = t.smask()[key]
         m = None if tile.mask is None else (tile.mask if tile.valid is None else
@@ -528,6 +532,7 @@ def _read_elem(t: GMTensor, idx):
         elif box is not None:
             blk.fp.append((buf, box, R))
         blk.bytes += t.data.element_size()
+        blk.ld += 1
     else:
         buf.program.orchestration_read(buf, box)
     if buf.shadow is not None:

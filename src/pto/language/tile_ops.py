@@ -936,6 +936,7 @@ def matmul(a, b, out_dtype=None, a_trans: bool = False, b_trans: bool = False) -
     blk = _ctx.state.block
     if blk is not None:
         blk.cube = True
+        blk.mm += 1
     return Tile(out, mask)
 
 

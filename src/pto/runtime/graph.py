@@ -39,12 +39,14 @@ class Block:
 
     Attributes:
         idx: block index; phase: barrier phase (0 without syncall).
-        ops, flops, bytes: tile ops, floating/integer ops, GM bytes moved.
+        ops, flops, bytes: tile ops (matmuls included), floating/integer ops, GM bytes moved.
+        ld, st, mm: GM loads (tile loads and scalar reads), GM stores (tile stores, atomic
+            assembles and scalar writes) and matmuls issued (per-op latency of the simulator).
         cube: True when the block issued a matmul (placed on a cube core).
         fp: list of ``(buffer, box, kind)`` (kind 0 read, 1 write, 2 atomic).
     """
 
-    __slots__ = ("task", "idx", "phase", "ops", "flops", "bytes", "cube", "fp")
+    __slots__ = ("task", "idx", "phase", "ops", "flops", "bytes", "ld", "st", "mm", "cube", "fp")
 
     def __init__(self, task, idx, phase=0):
         self.task = task
@@ -53,6 +55,9 @@ class Block:
         self.ops = 0
         self.flops = 0
         self.bytes = 0
+        self.ld = 0
+        self.st = 0
+        self.mm = 0
         self.cube = False
         self.fp = []
 
