@@ -1138,6 +1138,8 @@ def cmd_generate(args) -> int:
         backend = args.backend if args.backend != "auto" else ("kernels" if args.weights == "int8" else "golden")
         if backend == "kernels" and args.weights != "int8":
             raise ConfigError("--backend kernels needs --weights int8 (the kernels are W8A8)")
+        if args.stats and backend != "kernels":  # the golden forward runs no programs: nothing to report
+            raise ConfigError("--stats reports the kernel programs: it needs the kernel path (--weights int8)")
         if args.chunk < 1:
             raise ConfigError(f"--chunk must be a positive integer, got {args.chunk}")
         if args.max_context is not None and args.max_context < 1:
