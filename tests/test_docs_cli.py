@@ -4,8 +4,8 @@ Every fenced ``text`` block of docs/cli.md whose first line is ``$ pto ARGS`` is
 test runs ``pto ARGS`` (all samples in document order, in one temporary directory, so that a
 sample may use a file an earlier one wrote) and compares its stdout with the rest of the block
 after normalising what depends on the machine: wall times (``12.3 ms``, ``0.14 s``, the
-kernel / golden columns of ``pto demo``, the ``*_ms`` / ``*_s`` keys of JSON documents) and
-table widths. ``python tests/test_docs_cli.py --update`` rewrites the samples from the real
+kernel / golden columns of ``pto demo``, the wall ms column of ``pto generate --stats``, the
+``*_ms`` / ``*_s`` keys of JSON documents) and table widths. ``python tests/test_docs_cli.py --update`` rewrites the samples from the real
 output.
 """
 
@@ -24,6 +24,7 @@ _TIME_UNIT = re.compile(r"\b\d+(?:\.\d+)? ?(ms/token|tokens/s|ms|s)\b")
 _TIME_KEY = re.compile(r'("(?:wall_ms|kernel_ms|golden_ms|wall_s|prefill_s|decode_ms_per_token|tokens_per_s)": )'
                        r'[-0-9.e]+')
 _DEMO_TIMES = re.compile(r"(PASS|FAIL)( +)[0-9.]+( +)[0-9.]+ *$", re.M)
+_PROGRAM_WALL = re.compile(r"^(│ *\w+_fwd *│.*│ *)[0-9.]+( *│) *$", re.M)  # generate --stats: wall ms
 _RULE = re.compile(r"[─━]+")
 _SPACES = re.compile(r"[ \t]+")
 
@@ -33,6 +34,7 @@ def normalise(text: str) -> str:
     text = _TIME_KEY.sub(r"\1T", text)
     text = _TIME_UNIT.sub(r"T \1", text)
     text = _DEMO_TIMES.sub(r"\1 T T", text)
+    text = _PROGRAM_WALL.sub(r"\1T\2", text)
     text = _RULE.sub("─", text)
     lines = [_SPACES.sub(" ", ln).strip() for ln in text.splitlines()]
     return "\n".join(ln for ln in lines if ln)
