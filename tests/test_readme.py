@@ -22,9 +22,29 @@ def test_readme_example_runs_and_is_about_ten_lines():
     assert prog.stats.tasks == 1 and prog.stats.blocks == 4 and prog.stats.edges == 0
 
 
-def test_readme_opens_with_the_two_make_commands():
-    head = README.read_text().split("```")[1]
-    assert "make demo" in head and "make test" in head
+def _blocks() -> list[str]:
+    return re.findall(r"```[a-z]*\n(.*?)```", README.read_text(), re.S)
+
+
+def test_readme_leads_with_checkpoint_then_generate_and_its_real_output(tmp_path, capsys, monkeypatch):
+    """The first block is the two-command quick start; the next is what it prints (wall times
+    aside); the make commands follow."""
+    import shlex
+
+    from pto.cli import main
+    commands, shown, make = _blocks()[:3]
+    lines = [ln.split("#")[0].strip() for ln in commands.splitlines() if ln.strip()]
+    assert len(lines) == 2 and lines[0].startswith("pto checkpoint tiny /tmp/tiny")
+    assert lines[1].startswith("pto generate /tmp/tiny ")
+    assert "make demo" in make and "make test" in make
+    monkeypatch.setenv("PTO_THREADS", "1")
+    capsys.readouterr()
+    for ln in lines:
+        argv = [a.replace("/tmp/tiny", str(tmp_path / "tiny")) for a in shlex.split(ln)[1:]]
+        assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()[1:]  # after the checkpoint's "wrote ..." line
+    times = re.compile(r"\d+\.\d+ (ms|ms/token|tokens/s)")
+    assert [times.sub(r"T \1", ln) for ln in out] == [times.sub(r"T \1", ln) for ln in shown.strip().splitlines()]
 
 
 DSL_DOC = README.parent / "docs" / "dsl.md"
