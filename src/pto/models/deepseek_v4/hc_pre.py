@@ -144,18 +144,19 @@ def hc_pre_tiling(cfg: DeepSeekV4Config) -> SimpleNamespace:
                            comb_t=HC_COMB_T_TILE, mix_t=HC_MIX_T_TILE)
 
 
-def _sinkhorn_rows(c, eps: float):
-    """Row pass on ``c [R, hc_pad]`` (rows = (token, input stream i), columns = output
-    stream j, zero pad columns): ``c / (sum_j c + eps)``."""
-    return pl.row_expand_div(c, pl.row_sum(c) + eps)
+def _sinkhorn_rows(c, tt: int, hc: int, hc_pad: int, eps: float):
+    """Row pass on ``c [hc, tt*hc_pad]`` (rows = input stream i, columns = (token, output
+    stream j), zero pad columns): ``c / (sum_j c + eps)`` per (i, token), a row pass on the
+    ``[hc*tt, hc_pad]`` view."""
+    cr = pl.reshape(c, [hc * tt, hc_pad])
+    return pl.reshape(pl.row_expand_div(cr, pl.row_sum(cr) + eps), [hc, tt * hc_pad])
 
 
-def _sinkhorn_cols(c, tt: int, hc: int, hc_pad: int, eps: float):
-    """Column pass on ``c [tt*hc, hc_pad]``: ``c / (sum_i c + eps)`` per (token, j), done as a
-    row pass in the transposed ``[tt*hc_pad, hc]`` layout (zero pad rows stay zero)."""
-    ct = pl.reshape(pl.transpose(pl.reshape(c, [tt, hc, hc_pad]), 1, 2), [tt * hc_pad, hc])
-    ct = pl.row_expand_div(ct, pl.row_sum(ct) + eps)
-    return pl.reshape(pl.transpose(pl.reshape(ct, [tt, hc_pad, hc]), 1, 2), [tt * hc, hc_pad])
+def _sinkhorn_cols(c, eps: float):
+    """Column pass on ``c [hc, tt*hc_pad]``: ``c / (sum_i c + eps)`` per (token, j), one column
+    reduction over the ``hc`` rows (sums in row order, as a row sum of the transposed layout;
+    zero pad columns stay zero)."""
+    return pl.col_expand_div(c, pl.col_sum(c) + eps)
 
 
 @pl.jit.inline
@@ -288,9 +289,13 @@ def hc_pre(
         e = pl.exp(pl.row_expand_sub(zp, pl.row_max(zp)))
         c = pl.row_expand_div(e, pl.row_sum(e)) + hc_eps
         c = pl.fillpad(pl.set_validshape(c, CT * hc, hc), pl.PadValue.zero)
-        c = _sinkhorn_cols(c, CT, hc, hc_pad, hc_eps)
+        # Sinkhorn on the [hc (i), CT*hc_pad (token, j)] layout: the column pass is one column
+        # reduction, the row pass a row reduction of a reshaped view (no transposes per round)
+        c = pl.reshape(pl.transpose(pl.reshape(c, [CT, hc, hc_pad]), 0, 1), [hc, CT * hc_pad])
+        c = _sinkhorn_cols(c, hc_eps)
         for _ in pl.range(iters - 1):
-            c = _sinkhorn_cols(_sinkhorn_rows(c, hc_eps), CT, hc, hc_pad, hc_eps)
+            c = _sinkhorn_cols(_sinkhorn_rows(c, CT, hc, hc_pad, hc_eps), hc_eps)
+        c = pl.reshape(pl.transpose(pl.reshape(c, [hc, CT, hc_pad]), 0, 1), [CT * hc, hc_pad])
         out = pl.reshape(pl.slice(c, [CT * hc, hc], [0, 0]), [CT, hc * hc])
         pl.assemble(comb, pl.set_validshape(out, rows, hc * hc), [t0, 0])
 
