@@ -916,10 +916,15 @@ def matmul(a, b, out_dtype=None, a_trans: bool = False, b_trans: bool = False) -
         out = torch.matmul(A.to(torch.float32), B.to(torch.float32))
     elif A.dtype == torch.int8 and B.dtype == torch.int8:
         acc = INT32
-        # |int8 * int8| <= 2^14: with K <= 1024 every partial sum is an integer of at most
-        # 2^24, which FP32 holds exactly in any summation order; beyond that FP64 (exact to 2^53)
-        wide = torch.float32 if A.shape[-1] * (1 << 14) <= (1 << 24) else torch.float64
-        out = torch.matmul(A.to(wide), B.to(wide)).to(torch.int32)
+        if A.dim() == 2 and A.numel() and B.numel() and A.shape[-1] <= (1 << 17):
+            # integer GEMM accumulating in INT32 (|sum| <= K * 2^14 < 2^31): exact, and
+            # 10-30x faster on CPU than the floating-point paths below
+            out = torch._int_mm(A, B)
+        else:
+            # |int8 * int8| <= 2^14: with K <= 1024 every partial sum is an integer of at most
+            # 2^24, which FP32 holds exactly in any summation order; beyond that FP64 (exact to 2^53)
+            wide = torch.float32 if A.shape[-1] * (1 << 14) <= (1 << 24) else torch.float64
+            out = torch.matmul(A.to(wide), B.to(wide)).to(torch.int32)
     else:
         raise DslError(f"pl.matmul: unsupported operand dtypes {a.dtype} x {b.dtype} "
                        "(BF16/FP16/FP32 pairs or INT8 x INT8)")
