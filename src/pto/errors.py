@@ -81,3 +81,10 @@ class CheckpointError(PtoError):
     """A model checkpoint directory is malformed: a missing, extra or misshapen tensor, an
     unreadable file or index, or a tensor in a format the loader cannot convert; names the
     tensor (or file) and what was expected."""
+
+
+class GraphOnlyError(PtoError):
+    """Graph-only mode (``RunConfig(execute=False)``): a value computed from shape-only data
+    (float weights or activations, which that mode does not compute) was used as an index,
+    bound, branch condition or Python number; names the kernel, where it was read and where it
+    was used (docs/graph_only.md)."""
