@@ -1,5 +1,7 @@
 """Simulator: exact schedules on toy machines (1 FLOP/µs, 1 byte/µs, 1 µs dispatch, free or
-1 µs submission, 1 byte/µs AICPU fill), the AICPU structure and the calibrated constants."""
+1 µs submission, 1 byte/µs AICPU fill; TOY_LAT adds per-op latencies of 1 µs per vector op,
+2 µs per matmul, 3 µs per GM load and 4 µs per GM store), the AICPU structure and the
+calibrated constants."""
 
 from types import SimpleNamespace
 
@@ -18,15 +20,20 @@ TOY = Machine(name="toy", n_aic=1, n_aiv=2, cube_flops=1e6, vec_flops=1e6, aic_g
               submit_s=0.0, dispatch_s=1e-6, fill_bw=1e6)
 TOY_SUBMIT = Machine(name="toy_submit", n_aic=1, n_aiv=2, cube_flops=1e6, vec_flops=1e6, aic_gm_bw=1e6,
                      aiv_gm_bw=1e6, submit_s=1e-6, dispatch_s=1e-6, fill_bw=1e6)
+TOY_LAT = Machine(**{**TOY.__dict__, "name": "toy_lat", "vec_op_s": 1e-6, "cube_op_s": 2e-6, "load_s": 3e-6,
+                     "store_s": 4e-6})
 
 
-def _task(graph, name, blocks, preds=(), kind="spmd", buffers=()):
-    """blocks: list of (flops, bytes, cube[, phase]) per block record."""
+def _task(graph, name, blocks, preds=(), kind="spmd", buffers=(), counts=None):
+    """blocks: list of (flops, bytes, cube[, phase[, idx]]) per block record; counts: one
+    (ops, loads, stores, matmuls) per block record, or None for zeros."""
     t = Task(len(graph.tasks), name, kind, "test", len(blocks), [], False)
     for i, spec in enumerate(blocks):
         flops, nbytes, cube = spec[:3]
         b = Block(t, spec[4] if len(spec) > 4 else i, spec[3] if len(spec) > 3 else 0)
         b.flops, b.bytes, b.cube = flops, nbytes, cube
+        if counts is not None:
+            b.ops, b.ld, b.st, b.mm = counts[i]
         t.blocks.append(b)
     t.preds = set(preds)
     t.buffers = set(buffers)
@@ -214,8 +221,17 @@ def test_machine_models():
     assert (a2.submit_us, a2.dispatch_us) == pytest.approx((0.874, 0.8))
     a5 = MACHINES["a5"]
     assert (a5.n_aic, a5.n_aiv) == (36, 72)
-    keys = {"cores", "cube", "vector", "hbm", "submit", "dispatch", "fill"}
+    keys = {"cores", "cube", "vector", "hbm", "vector op", "matmul op", "GM load", "GM store", "submit", "dispatch",
+            "fill"}
     assert set(a2.sources) == set(a5.sources) == keys
+    # per-op latencies: fixed terms of the CANN PyPTO cost model's A2A3 table, GM latencies in
+    # cycles at 2000 cycles per us
+    assert a2.vec_op_s == pytest.approx(0.0188e-6)
+    assert a2.cube_op_s == pytest.approx((0.015 + 0.012 + 0.0107) * 1e-6)
+    assert a2.load_s == pytest.approx(1400 / 2000e6 + 0.00240884e-6)
+    assert a2.store_s == pytest.approx(300 / 2000e6 + 0.00195e-6)
+    assert a5.vec_op_s == pytest.approx(0.02101e-6)
+    assert (a5.cube_op_s, a5.load_s, a5.store_s) == (a2.cube_op_s, a2.load_s, a2.store_s)
     with pytest.raises(ConfigError, match="unknown machine 'b9'"):
         get_machine("b9")
 
@@ -338,3 +354,58 @@ def test_fill_vs_seed_when_both_variants_fill():
     assert [(r.buffer, r.seed_task, r.seed_cost_us, r.cheaper) for r in rows] == [
         ("acc", None, 0.0, "init_value in both")]
     assert rows[0].fill_cost_us == 4.0
+
+
+# ---- per-op latency on the cores ---------------------------------------------------------
+
+def test_per_op_latency_hand_computed():
+    g = TaskGraph()
+    # vector block: 2 flops + 1 byte + 3 vector ops x 1 + 2 loads x 3 + 1 store x 4 = 16 us
+    _task(g, "vec", [(2, 1, False)], counts=[(3, 2, 1, 0)])
+    # cube block: 4 flops + 2 bytes + 2 matmuls x 2 + 2 loads x 3 + 1 store x 4 = 20 us
+    # mixed block on the AIC: 4 + 2 + 1 matmul x 2 + 4 vector ops x 1 + 1 load x 3 + 1 store x 4 = 19 us
+    _task(g, "mm", [(4, 2, True), (4, 2, True)], preds=[0], counts=[(2, 2, 1, 2), (5, 1, 1, 1)])
+    r = simulate(_program(g), TOY_LAT)
+    assert sorted((x.name, x.block, x.start_us, x.end_us) for x in r.runs) == [
+        ("mm", 0, 18.0, 38.0), ("mm", 1, 39.0, 58.0), ("vec", 0, 1.0, 17.0)]  # block 1 waits for the AIC: pickup 1
+    assert r.task_spans[1] == (17.0, 18.0, 58.0)
+    assert r.effective_us == 58.0
+    assert r.critical_path_us == 1 + 16 + 1 + 20  # unlimited cores: the longer AIC block
+    # without latency terms the same graph is the throughput model alone
+    plain = simulate(_program(g), TOY)
+    assert sorted((x.name, x.end_us - x.start_us) for x in plain.runs) == [("mm", 6.0), ("mm", 6.0), ("vec", 3.0)]
+
+
+def test_block_us_splits_vector_ops_from_matmuls():
+    assert TOY_LAT.block_us(0, 0, True, ops=3, matmuls=3) == 6.0
+    assert TOY_LAT.block_us(0, 0, False, ops=3) == 3.0
+    assert TOY_LAT.block_us(10, 5, False, loads=1, stores=1) == 22.0
+    assert TOY.block_us(10, 5, False, ops=9, loads=9, stores=9, matmuls=1) == 15.0
+
+
+def test_recorded_block_counters_and_a2a3_block_time():
+    @pl.jit
+    def chain(x: pl.Tensor[[16, 64], pl.BF16], w: pl.Tensor[[64, 32], pl.BF16], s: pl.Tensor[[4], pl.FP32],
+              y: pl.Out[pl.Tensor[[16, 32], pl.FP32]]):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="mm_scale"):
+            c = pl.matmul(x[0:16, 0:64], w[0:64, 0:32])     # 2 loads, 1 matmul
+            k = pl.read(s, [1])                               # 1 scalar load
+            y[0:16, 0:32] = pl.exp(c * k)                     # 2 vector ops, 1 store
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="vec"):
+            pl.write(y, [0, 0], 1.0)                          # 1 scalar store
+        return y
+
+    p = chain.run(torch.randn(16, 64).bfloat16(), torch.randn(64, 32).bfloat16(), torch.ones(4), torch.zeros(16, 32))
+    b0, b1 = p.graph.tasks[0].blocks[0], p.graph.tasks[1].blocks[0]
+    assert (b0.ops, b0.ld, b0.st, b0.mm, b0.cube) == (3, 3, 1, 1, True)
+    assert (b1.ops, b1.ld, b1.st, b1.mm, b1.cube) == (0, 0, 1, 0, False)
+    a2 = get_machine("a2a3")
+    r = simulate(p, a2)
+    run0 = next(x for x in r.runs if x.name == "mm_scale")
+    nbytes = 16 * 64 * 2 + 64 * 32 * 2 + 4 + 16 * 32 * 4
+    flops = 2 * 16 * 32 * 64 + 2 * 16 * 32
+    expect = (flops / (a2.cube_flops / 1e6) + nbytes / (a2.aic_gm_bw / 1e6)
+              + (2 * 0.0188 + 1 * 0.0377 + 3 * (0.7 + 0.00240884) + 1 * (0.15 + 0.00195)))
+    assert run0.end_us - run0.start_us == pytest.approx(expect, rel=1e-12)
+    run1 = next(x for x in r.runs if x.name == "vec")
+    assert run1.end_us - run1.start_us == pytest.approx(4 / (a2.aiv_gm_bw / 1e6) + 0.15 + 0.00195, rel=1e-12)

@@ -79,7 +79,17 @@ class Machine:
         submit_s: AICPU orchestration cost of submitting one task (seconds).
         dispatch_s: AICPU scheduler cost of dispatching one task (seconds).
         fill_bw: AICPU fill rate of ``init_value`` allocations (bytes/s).
+        vec_op_s: fixed latency of one vector tile op on its core (seconds):
+            issue plus the pipeline drain before a dependent op may start.
+        cube_op_s: fixed latency of one matmul on the cube core (seconds):
+            operand moves L1 -> L0A / L0B and the mmad issue.
+        load_s: fixed latency of one GM load (tile load or scalar read) on
+            the MTE2 pipe (seconds): GM read latency plus the copy's issue.
+        store_s: fixed latency of one GM store (tile store, atomic assemble
+            or scalar write) on the MTE3 pipe (seconds).
         sources: where each constant comes from (for reports).
+
+    The four latency terms default to 0 (a machine without per-op latency).
     """
 
     name: str
@@ -92,14 +102,30 @@ class Machine:
     submit_s: float
     dispatch_s: float
     fill_bw: float
+    vec_op_s: float = 0.0
+    cube_op_s: float = 0.0
+    load_s: float = 0.0
+    store_s: float = 0.0
     sources: dict = field(default_factory=dict, compare=False, hash=False)
 
-    def block_us(self, flops: float, nbytes: float, cube: bool) -> float:
-        """Duration in µs of one block with ``flops`` and ``nbytes`` of GM
-        traffic on a cube core (``cube``) or a vector core."""
+    def block_us(self, flops: float, nbytes: float, cube: bool, ops: int = 0, loads: int = 0, stores: int = 0,
+                 matmuls: int = 0) -> float:
+        """Duration in µs of one block on a cube core (``cube``) or a vector core.
+
+        Args:
+            flops, nbytes: floating/integer operations and GM bytes moved.
+            cube: the block issued a matmul (a cube core, all flops at the cube rate).
+            ops: tile ops issued, matmuls included; loads, stores: GM accesses;
+                matmuls: matmuls issued (``ops - matmuls`` are vector ops).
+
+        The block is an in-order chain: throughput terms ``flops / peak + bytes
+        / bandwidth`` plus one fixed latency per op (``vec_op_s``, ``cube_op_s``,
+        ``load_s``, ``store_s``), none overlapping the next."""
+        lat = ((ops - matmuls) * self.vec_op_s + matmuls * self.cube_op_s + loads * self.load_s
+               + stores * self.store_s) * 1e6
         if cube:
-            return flops / (self.cube_flops / 1e6) + nbytes / (self.aic_gm_bw / 1e6)
-        return flops / (self.vec_flops / 1e6) + nbytes / (self.aiv_gm_bw / 1e6)
+            return flops / (self.cube_flops / 1e6) + nbytes / (self.aic_gm_bw / 1e6) + lat
+        return flops / (self.vec_flops / 1e6) + nbytes / (self.aiv_gm_bw / 1e6) + lat
 
     @property
     def submit_us(self) -> float:
@@ -140,11 +166,27 @@ class Machine:
 #     Cross-check, not fit: submit + dispatch = 1.67 us, against "about 1.7 us per dispatch"
 #     on a standalone hc_pre (hw-native-sys/pypto-lib PR #545).
 #   * AICPU fill rate: the one calibrated constant, see HCA_DECODE_FILL_CALIBRATION.
+#   * Per-op latencies on the cores: the A2A3 tables of the CANN PyPTO cost model
+#     (hicann/pypto, framework/src/cost_model/simulation/arch/A2A3/PostSimulatorA2A3.h, per op
+#     a [us per MB, fixed us] pair, and arch/PipeSimulatorFast.cpp, which turns them into cycles
+#     at 2000 cycles per us and adds 1400 cycles of GM read latency to every COPY_IN and 300
+#     cycles of GM write latency to every COPY_OUT; each pipe runs one tile op at a time).
+#     Only the fixed terms are taken (the byte and flop terms stay the rates above):
+#       vector op 0.0188 us: the median fixed term of the table's 18 vector ops (ADD and the
+#         WHERE family; the others 0.0089 (ROWMAX) to 0.0729 (ROWSUMLINE) us);
+#       matmul 0.0377 us: L1_TO_L0A 0.015 + L1_TO_L0B 0.012 + A_MUL_B 0.0107;
+#       GM load 0.7024 us: 1400 cycles / 2000 per us + COPY_IN 0.00241;
+#       GM store 0.15195 us: 300 cycles / 2000 per us + COPY_OUT 0.00195.
 _A2A3_CUBE = 376e12
 _A2A3_CLOCK = _A2A3_CUBE / (24 * 4096 * 2)
 _A2A3_HBM = 1.6e12
 _A2A3_SUBMIT = 0.874e-6
 _A2A3_DISPATCH = 0.8e-6
+_COST_MODEL_FREQ = 2000e6  # cycles per second in the cost model's cycle conversion
+_A2A3_VEC_OP = 0.0188e-6
+_CUBE_OP = (0.015 + 0.012 + 0.0107) * 1e-6
+_GM_LOAD = 1400 / _COST_MODEL_FREQ + 0.00240884e-6
+_GM_STORE = 300 / _COST_MODEL_FREQ + 0.00195e-6
 
 # The fill rate, calibrated on one published figure only (hw-native-sys/pypto-lib PR #829,
 # a2a3, HCA decode, PYPTO_BENCH=1, median of 100 rounds): the orchestration window went
@@ -182,8 +224,25 @@ _A2A3_FILL = _calibrated_fill_bw(HCA_DECODE_FILL_CALIBRATION, _A2A3_SUBMIT)
 #   * Vector per AIV: no public figure; the a2a3 per-core rate is kept (estimate).
 #   * AICPU submit, dispatch and fill: no published a5 figures; the a2a3 values are kept
 #     (estimate: the same runtime code on an AICPU of the same class).
+#   * Per-op latencies: the A5 table of the same cost model (arch/A5/PostSimulatorA5.h):
+#     vector op 0.02101 us, the median fixed term of its six vector ops (ADD 0.01992, SUB
+#     0.0312, DIV 0.02462, ADDS 0.0221, EXPAND 0.014, CAST 0.015687); matmul, GM load and
+#     store as a2a3 (the same L1_TO_L0A/B, A_MUL_B, COPY_IN/OUT entries and GM latencies).
 _A5_CUBE = 500e12
 _A5_HBM = 4.0e12
+_A5_VEC_OP = (0.01992 + 0.0221) / 2 * 1e-6
+
+_COST_MODEL = "CANN PyPTO cost model (hicann/pypto, cost_model/simulation/arch/{}, PipeSimulatorFast.cpp)"
+_LATENCY_SOURCES = {
+    "vector op": "0.0188 us fixed term per vector tile op: median of the 18 vector ops of " + _COST_MODEL.format(
+        "A2A3/PostSimulatorA2A3.h"),
+    "matmul op": "0.0377 us per matmul: L1_TO_L0A + L1_TO_L0B + A_MUL_B fixed terms, " + _COST_MODEL.format(
+        "A2A3/PostSimulatorA2A3.h"),
+    "GM load": "0.7024 us per load: 1400 cycles GM read latency at 2000 cycles/us + COPY_IN, " + _COST_MODEL.format(
+        "A2A3/PostSimulatorA2A3.h"),
+    "GM store": "0.152 us per store: 300 cycles GM write latency at 2000 cycles/us + COPY_OUT, " + _COST_MODEL.format(
+        "A2A3/PostSimulatorA2A3.h"),
+}
 
 _AICPU_SOURCES = {
     "submit": "0.874 us per submitted task: simpler device-log profiling guide (C++ orchestrator, a2a3)",
@@ -199,11 +258,13 @@ MACHINES: dict[str, Machine] = {
         cube_flops=_A2A3_CUBE / 24, vec_flops=64 * _A2A3_CLOCK,
         aic_gm_bw=_A2A3_HBM / 24, aiv_gm_bw=_A2A3_HBM / 48,
         submit_s=_A2A3_SUBMIT, dispatch_s=_A2A3_DISPATCH, fill_bw=_A2A3_FILL,
+        vec_op_s=_A2A3_VEC_OP, cube_op_s=_CUBE_OP, load_s=_GM_LOAD, store_s=_GM_STORE,
         sources={
             "cores": "24 AIC + 48 AIV: hw-native-sys/pypto `docs/en/user/`; PTO runtime platform_config.h",
             "cube": "376 TFLOPS BF16 per die: CloudMatrix384 paper (arXiv:2506.12708)",
             "vector": "2048-bit vector unit (Hot Chips 31 Da Vinci) at the clock implied by the cube peak",
             "hbm": "1.6 TB/s per die: CloudMatrix384 paper (3.2 TB/s per 910C package)",
+            **_LATENCY_SOURCES,
             **_AICPU_SOURCES,
         }),
     "a5": Machine(
@@ -211,11 +272,16 @@ MACHINES: dict[str, Machine] = {
         cube_flops=_A5_CUBE / 36, vec_flops=64 * _A2A3_CLOCK,
         aic_gm_bw=_A5_HBM / 36, aiv_gm_bw=_A5_HBM / 72,
         submit_s=_A2A3_SUBMIT, dispatch_s=_A2A3_DISPATCH, fill_bw=_A2A3_FILL,
+        vec_op_s=_A5_VEC_OP, cube_op_s=_CUBE_OP, load_s=_GM_LOAD, store_s=_GM_STORE,
         sources={
             "cores": "36 AIC + 72 AIV: CANN runtime base_david.hpp (950-series device properties)",
             "cube": "500 TFLOPS BF16 = half of the 1 PFLOPS FP8 of Huawei Connect 2025 (estimate)",
             "vector": "a2a3 per-core rate kept (estimate)",
             "hbm": "4.0 TB/s HiZQ 2.0 (Ascend 950DT, Huawei Connect 2025)",
+            "vector op": "0.02101 us: median fixed term of the 6 vector ops of " + _COST_MODEL.format(
+                "A5/PostSimulatorA5.h"),
+            **{k: v.replace("A2A3/PostSimulatorA2A3.h", "A5/PostSimulatorA5.h")
+               for k, v in _LATENCY_SOURCES.items() if k != "vector op"},
             **{k: f"a2a3 value kept (estimate; no a5 figure): {v}" for k, v in _AICPU_SOURCES.items()},
         }),
 }
@@ -344,22 +410,32 @@ class SimResult:
 
 def _phases(task) -> list:
     """Blocks of ``task`` merged per (phase, block index), grouped by phase:
-    a list of phases, each a list of (idx, flops, bytes, cube)."""
+    a list of phases, each a list of (idx, flops, bytes, cube, ops, loads,
+    stores, matmuls)."""
     merged: dict = {}
     for b in task.blocks:
         key = (b.phase, b.idx)
         m = merged.get(key)
         if m is None:
-            merged[key] = [b.flops, b.bytes, b.cube]
+            merged[key] = [b.flops, b.bytes, b.cube, b.ops, b.ld, b.st, b.mm]
         else:
             m[0] += b.flops
             m[1] += b.bytes
             m[2] = m[2] or b.cube
+            m[3] += b.ops
+            m[4] += b.ld
+            m[5] += b.st
+            m[6] += b.mm
     out: dict = {}
     for (ph, idx) in sorted(merged):
-        f, nb, cube = merged[(ph, idx)]
-        out.setdefault(ph, []).append((idx, f, nb, cube))
+        out.setdefault(ph, []).append((idx, *merged[(ph, idx)]))
     return [out[ph] for ph in sorted(out)]
+
+
+def _block_us(m: Machine, rec: tuple) -> float:
+    """Duration in µs of one merged block record of :func:`_phases` on ``m``."""
+    _, f, nb, cube, ops, ld, st, mm = rec
+    return m.block_us(f, nb, cube, ops, ld, st, mm)
 
 
 def _scratch_nodes(program, graph, free_fills):
@@ -438,7 +514,7 @@ def simulate(program, machine="a2a3", *, free_tasks=frozenset(), free_fills=froz
     nodes = _scratch_nodes(program, graph, free_fills)
     seq = _orchestration(tasks, nodes)
     sub_us, disp_us = m.submit_us, m.dispatch_us
-    dur = [[[m.block_us(f, nb, cube) for (_, f, nb, cube) in p] for p in ps] for ps in phases]
+    dur = [[[_block_us(m, rec) for rec in p] for p in ps] for ps in phases]
 
     # ---- dependency bookkeeping: a task waits for its submission, its preds and its scratch buffers
     succs: list = [[] for _ in range(n)]
@@ -497,7 +573,7 @@ def simulate(program, machine="a2a3", *, free_tasks=frozenset(), free_fills=froz
         ph = cur_phase[tid]
         blocks = phases[tid][ph]
         phase_left[tid] = len(blocks)
-        for i, (idx, f, nb, cube) in enumerate(blocks):
+        for i, (idx, _, _, cube, *_) in enumerate(blocks):
             heapq.heappush(queues["aic" if cube else "aiv"], (now, tid, idx, ph, i))
 
     def finish_task(tid, now):
@@ -552,7 +628,7 @@ def simulate(program, machine="a2a3", *, free_tasks=frozenset(), free_fills=froz
                 ready, tid, idx, ph, i = heapq.heappop(q)
                 core = heapq.heappop(fr)
                 d = dur[tid][ph][i]
-                _, f, nb, _ = phases[tid][ph][i]
+                _, f, nb, *_ = phases[tid][ph][i]
                 start = now if now <= ready else now + disp_us  # a later wave pays its own pickup on the core
                 res.runs.append(BlockRun(tid, tasks[tid].name, idx, ph, ct, core, start, start + d, f, nb))
                 if spans[tid][1] is None:
@@ -776,7 +852,7 @@ def fill_vs_seed(seed_program, init_program, machine="a2a3") -> list:
             seed_cost, block = 0.0, 0.0
         else:
             seed_cost = base_seed - simulate(seed_program, m, free_tasks={t.id}).effective_us
-            block = max((m.block_us(f, nb, cube) for p in _phases(t) for (_, f, nb, cube) in p), default=0.0)
+            block = max((_block_us(m, rec) for p in _phases(t) for rec in p), default=0.0)
         if t is None:
             cheaper = "init_value in both" if both else "no seed task"
         elif abs(fill_cost - seed_cost) < 1e-9:
