@@ -405,6 +405,9 @@ class KernelConfig(DeepSeekV4Config):
     decode_batch: int = 4
     decode_seq: int = 2
     prefill_seq: int = 128
+    # "int8": W8A8 kernels (INT8 weights and activations, FP32 scales); "bf16": unquantised
+    # kernels (BF16 weights and activations into BF16 x BF16 -> FP32 matmuls); weight_format.py
+    weight_format: str = "int8"
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -428,6 +431,9 @@ class KernelConfig(DeepSeekV4Config):
             ConfigError: naming the first inconsistent field.
         """
         super().validate()
+        if self.weight_format not in ("int8", "bf16"):
+            raise ConfigError(f"config {self.name!r}: weight_format must be 'int8' or 'bf16', "
+                              f"got {self.weight_format!r}")
         if self.max_position_embeddings % self.block_size:
             raise ConfigError(f"config {self.name!r}: max_position_embeddings={self.max_position_embeddings} "
                               f"not a multiple of block_size={self.block_size}")
@@ -641,10 +647,11 @@ def get_deployment(name: str) -> DeploymentConfig:
         raise ConfigError(f"unknown deployment {name!r}; known: {sorted(DEPLOYMENTS)}") from None
 
 
-def kernel_config(cfg: DeepSeekV4Config, dep: DeploymentConfig) -> KernelConfig:
+def kernel_config(cfg: DeepSeekV4Config, dep: DeploymentConfig, weight_format: str = "int8") -> KernelConfig:
     """The :class:`KernelConfig` the kernels of a deployment are built for: ``cfg``'s model
-    fields, ``dep``'s geometry, and ``max_position_embeddings`` = ``dep.max_context`` rounded
-    up to a page (the context the kernels' block and RoPE tables cover).
+    fields, ``dep``'s geometry, ``weight_format`` (``"int8"``: W8A8, ``"bf16"``: unquantised
+    kernels) and ``max_position_embeddings`` = ``dep.max_context`` rounded up to a page (the
+    context the kernels' block and RoPE tables cover).
 
     Raises:
         ConfigError: an inconsistent result (see :meth:`KernelConfig.validate`).
@@ -655,4 +662,5 @@ def kernel_config(cfg: DeepSeekV4Config, dep: DeploymentConfig) -> KernelConfig:
     return KernelConfig(**model, block_size=dep.block_size, ori_kv_block_num=dep.ori_kv_block_num,
                         cmp_kv_block_num=dep.cmp_kv_block_num, hca_state_block_size=dep.hca_state_block_size,
                         hca_state_block_num=dep.hca_state_block_num, decode_batch=dep.decode_batch,
-                        decode_seq=dep.decode_seq, prefill_seq=dep.prefill_seq).validate()
+                        decode_seq=dep.decode_seq, prefill_seq=dep.prefill_seq,
+                        weight_format=weight_format).validate()

@@ -38,9 +38,10 @@ import pto.language as pl
 from pto.errors import BindError, ConfigError
 from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_reldiff, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
-from pto.models.deepseek_v4.expert_shared import (down_int8_rows, expert_ffn_tiling, golden_swiglu_ffn,
+from pto.models.deepseek_v4.expert_shared import (down_bf16_rows, down_int8_rows, expert_ffn_tiling, golden_swiglu_ffn,
                                                   make_expert_activations, make_expert_weights, quantize_h_rows,
-                                                  swiglu_int8_rows)
+                                                  swiglu_bf16_rows, swiglu_int8_rows)
+from pto.models.deepseek_v4.weight_format import act_dtype, is_bf16, weight_dtype, with_weight_format
 from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_token_capacity, mode_tokens, need, round_up,
                                            token_capacity)
 
@@ -64,7 +65,9 @@ def expert_routed_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     ``F = moe_intermediate_size``): ``x_i8 [T, D] INT8``, ``x_scale [T, 1] FP32`` (gate's
     outputs), ``indices [T, K] INT32`` (``-1`` = no route), ``weights [T, K] FP32``,
     ``w1, w3 [E, F, D] INT8`` with ``w1_scale, w3_scale [E, F] FP32``, ``w2 [E, D, F] INT8``
-    with ``w2_scale [E, D] FP32``; output ``routed_y [T, D] FP32``.
+    with ``w2_scale [E, D] FP32``; output ``routed_y [T, D] FP32``. ``cfg.weight_format ==
+    "bf16"`` (weight_format.py): ``x_i8`` / ``recv_x`` and the expert weights are BF16, ``h``
+    is rounded to BF16 instead of quantised, ``y = (h @ w2^T) * w``; the scales are not read.
 
     Returns:
         namespace with the inline body ``expert_routed(x_i8, x_scale, indices, weights, w1,
@@ -84,23 +87,24 @@ def expert_routed_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     CT = min(COMBINE_D_TILE, D)
     while D % CT:
         CT //= 2
+    WD, AD, bf16 = weight_dtype(cfg), act_dtype(cfg), is_bf16(cfg)
 
     @pl.jit.inline
-    def expert_routed(x_i8: pl.Tensor[[T_DYN, D], pl.INT8],
+    def expert_routed(x_i8: pl.Tensor[[T_DYN, D], AD],
                       x_scale: pl.Tensor[[T_DYN, 1], pl.FP32],
                       indices: pl.Tensor[[T_DYN, K], pl.INT32],
                       weights: pl.Tensor[[T_DYN, K], pl.FP32],
-                      w1: pl.Tensor[[E, Fd, D], pl.INT8],
+                      w1: pl.Tensor[[E, Fd, D], WD],
                       w1_scale: pl.Tensor[[E, Fd], pl.FP32],
-                      w3: pl.Tensor[[E, Fd, D], pl.INT8],
+                      w3: pl.Tensor[[E, Fd, D], WD],
                       w3_scale: pl.Tensor[[E, Fd], pl.FP32],
-                      w2: pl.Tensor[[E, D, Fd], pl.INT8],
+                      w2: pl.Tensor[[E, D, Fd], WD],
                       w2_scale: pl.Tensor[[E, D], pl.FP32],
                       routed_y: pl.Out[pl.Tensor[[T_DYN, D], pl.FP32]]):
         """Routed experts on one rank (module docstring); returns ``routed_y``."""
         t = pl.tensor.dim(x_i8, 0)
         tk = t * K
-        recv_x = pl.create_tensor([tk, D], pl.INT8, capacity=cap, name="recv_x")
+        recv_x = pl.create_tensor([tk, D], AD, capacity=cap, name="recv_x")
         recv_scale = pl.create_tensor([tk, 1], pl.FP32, capacity=cap, name="recv_scale")
         recv_w = pl.create_tensor([tk, 1], pl.FP32, capacity=cap, name="recv_w")
         recv_y = pl.create_tensor([tk, D], pl.BF16, capacity=cap, name="recv_y")
@@ -139,7 +143,8 @@ def expert_routed_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                     pl.write(rid, [0, s], r)
                 xt = pl.transpose(x_i8[0:t, 0:D])  # [D, t]: rows gathered as columns
                 recv_x[0:n, 0:D] = pl.transpose(pl.gather(xt, index=src))
-                recv_scale[0:n, 0:1] = pl.transpose(pl.gather(pl.transpose(x_scale[0:t, 0:1]), index=src))
+                if not bf16:
+                    recv_scale[0:n, 0:1] = pl.transpose(pl.gather(pl.transpose(x_scale[0:t, 0:1]), index=src))
                 w_flat = pl.reshape(weights[0:t, 0:K], [1, tk])
                 recv_w[0:n, 0:1] = pl.transpose(pl.gather(w_flat, index=rid))
 
@@ -155,8 +160,13 @@ def expert_routed_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                 e, r0, rows = blocks[b]
                 m = min(ROUTED_M_TILE, round_up(rows, MATMUL_M_TILE))
                 a = pl.slice(recv_x, [m, D], [r0, 0], valid_shape=[rows, D])
-                sc = pl.slice(recv_scale, [m, 1], [r0, 0], valid_shape=[rows, 1])
                 rw = pl.slice(recv_w, [m, 1], [r0, 0], valid_shape=[rows, 1])
+                if bf16:
+                    h = swiglu_bf16_rows(a, w1f[e * Fd:(e + 1) * Fd, 0:D], w3f[e * Fd:(e + 1) * Fd, 0:D], L)
+                    y = down_bf16_rows(pl.cast(h, pl.BF16, mode="rint"), w2f[e * D:(e + 1) * D, 0:Fd], rw)
+                    pl.assemble(recv_y, pl.set_validshape(pl.cast(y, pl.BF16, mode="rint"), rows, D), [r0, 0])
+                    continue
+                sc = pl.slice(recv_scale, [m, 1], [r0, 0], valid_shape=[rows, 1])
                 h = swiglu_int8_rows(a, sc, w1f[e * Fd:(e + 1) * Fd, 0:D], w1_scale[e:e + 1, 0:Fd],
                                      w3f[e * Fd:(e + 1) * Fd, 0:D], w3_scale[e:e + 1, 0:Fd], L)
                 codes, hs = quantize_h_rows(h)
@@ -212,7 +222,7 @@ def golden_expert_routed(
     For each expert with routes: its rows ``x[t]`` (in ``(t, k)`` order) through
     :func:`expert_shared.golden_swiglu_ffn` with the routing weight as the row weight (the
     expert's INT8 weights are widened alone, never all experts at once); each route's result
-    is rounded to BF16 (RNE) unless ``float32``; ``routed_y[t] = sum_k y[t, k]`` in FP32,
+    is rounded to BF16 (RNE) unless ``float32`` (for ``"bf16"`` so is ``h``, as the kernel); ``routed_y[t] = sum_k y[t, k]`` in FP32,
     ``k = 0, 1, ...`` in order; empty routes (``-1``) add nothing.
 
     Raises:
@@ -242,7 +252,7 @@ def golden_expert_routed(
         y = golden_swiglu_ffn(x[t_i], x_scale[t_i] if q else None, w1[e], w1_scale[e] if q else None, w3[e],
                               w3_scale[e] if q else None, w2[e], w2_scale[e] if q else None,
                               float(cfg.swiglu_limit), weight_format=weight_format,
-                              row_weight=weights[t_i, k_i].float().unsqueeze(1))
+                              row_weight=weights[t_i, k_i].float().unsqueeze(1), round_h=not float32)
         per_route[t_i, k_i] = y if float32 else y.to(torch.bfloat16).float()
     routed = per_route[:, 0]
     for k in range(1, K):
@@ -283,25 +293,27 @@ _ROUTED_INPUTS = ("x_i8", "x_scale", "indices", "weights", "w1", "w1_scale", "w3
 
 
 def make_routed_inputs(cfg: DeepSeekV4Config, T: int, seed: int, *, routing: str = "random",
-                       num_tokens: int | None = None, std: float = 1.5) -> dict[str, torch.Tensor]:
+                       num_tokens: int | None = None, std: float = 1.5,
+                       weight_format: str = "int8") -> dict[str, torch.Tensor]:
     """Seeded fixture for :func:`golden_expert_routed`: activations
     (:func:`expert_shared.make_expert_activations`), routes (:func:`make_routes`), then the
-    ``E`` experts' INT8 weights (:func:`expert_shared.make_expert_weights`), all from one
-    ``torch.Generator(seed)`` in that order."""
+    ``E`` experts' INT8 (``"bf16"``: BF16) weights (:func:`expert_shared.make_expert_weights`),
+    all from one ``torch.Generator(seed)`` in that order."""
     gen = torch.Generator().manual_seed(seed)
-    ins = make_expert_activations(cfg, T, gen)
+    ins = make_expert_activations(cfg, T, gen, weight_format=weight_format)
     ins["indices"], ins["weights"] = make_routes(cfg, T, gen, routing=routing, num_tokens=num_tokens)
-    ins.update(make_expert_weights(cfg, cfg.n_routed_experts, gen, std=std))
+    ins.update(make_expert_weights(cfg, cfg.n_routed_experts, gen, std=std, weight_format=weight_format))
     return ins
 
 
 # ---- registration ----
 def build_expert_routed(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None, seed: int = 0,
                         routing: str = "random", num_tokens: int | None = None, std: float = 1.5,
-                        seed_scopes: bool = False) -> CaseRun:
+                        seed_scopes: bool = False, weight_format: str = "int8") -> CaseRun:
     """KernelCase builder: the routed experts at ``preset`` in ``mode`` (decode 8 tokens,
     prefill 128) or ``T`` tokens, fixture :func:`make_routed_inputs`; ``routed_y`` compared with
-    ``ratio_reldiff(2e-3, 0.01)``. The demo runs it at the ``demo`` preset at most (FLASH's
+    ``ratio_reldiff(2e-3, 0.01)`` (``weight_format="bf16"``: the unquantised kernel, same
+    tolerance). The demo runs it at the ``demo`` preset at most (FLASH's
     256 experts are 6 GiB of INT8 weights).
 
     Raises:
@@ -311,16 +323,19 @@ def build_expert_routed(preset: str = "tiny", mode: str = "prefill", *, T: int |
     if seed_scopes:
         raise ConfigError("expert_routed has no seed variant (its scratch is never initialised)")
     cfg, T = mode_tokens(preset, mode, T)
+    cfg = with_weight_format(cfg, weight_format)
     check_token_capacity("expert_routed", cfg, T)  # before any input is built (recv_* hold T * topk rows)
-    ins = make_routed_inputs(cfg, T, seed, routing=routing, num_tokens=num_tokens, std=std)
+    ins = make_routed_inputs(cfg, T, seed, routing=routing, num_tokens=num_tokens, std=std,
+                             weight_format=weight_format)
     specs = [TensorSpec(k, list(ins[k].shape), ins[k].dtype, init_value=ins[k]) for k in _ROUTED_INPUTS]
     specs.append(TensorSpec("routed_y", [T, cfg.hidden_size], torch.float32, is_output=True))
 
     def golden(v: dict) -> None:
-        v["routed_y"] = golden_expert_routed(*(v[k] for k in _ROUTED_INPUTS), cfg)
+        v["routed_y"] = golden_expert_routed(*(v[k] for k in _ROUTED_INPUTS), cfg, weight_format=weight_format)
 
-    label = f"{preset} {mode} T={T} routing={routing}" + (f" num_tokens={num_tokens}" if num_tokens is not None
-                                                           else "")
+    label = (f"{preset} {mode} T={T} routing={routing}" + (f" num_tokens={num_tokens}" if num_tokens is not None
+                                                            else "")
+             + (" weight_format=bf16" if weight_format == "bf16" else ""))
     return CaseRun(expert_routed_kernels(cfg).expert_routed_test, specs, golden,
                    {"routed_y": ratio_reldiff(*TOLERANCES["routed_y"])}, rtol=1e-3, atol=1e-3, label=label)
 

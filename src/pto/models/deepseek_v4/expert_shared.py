@@ -41,9 +41,10 @@ from pto.models.deepseek_v4.qkv_proj_rope import (INT8_SCALE_MAX, int8_row_amax,
                                                   quantize_weight_per_column)
 from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_seed_capacity, check_token_capacity, mode_tokens, need,
                                            round_up, token_capacity, token_tile)
+from pto.models.deepseek_v4.weight_format import act_dtype, is_bf16, weight_dtype, with_weight_format
 
 __all__ = ["TOLERANCES", "SH_T_TILE", "SH_D_TILE", "quantize_weight_per_row", "swiglu_int8_rows",
-           "down_int8_rows", "expert_ffn_tiling", "expert_shared_kernels", "expert_shared", "golden_swiglu_ffn",
+           "down_int8_rows", "swiglu_bf16_rows", "down_bf16_rows", "expert_ffn_tiling", "expert_shared_kernels", "expert_shared", "golden_swiglu_ffn",
            "golden_expert_shared", "make_expert_weights", "make_expert_activations", "build_expert_shared"]
 
 # pypto-lib `models/deepseek/v4-flash/expert_routed.py`; pypto-lib `models/deepseek/v4-flash/expert_shared.py`; the pypto-lib tests' tolerances: sh / recv_y ratio_reldiff(diff_thd=2e-3, pct_thd=0.01).
@@ -89,6 +90,22 @@ def swiglu_int8_rows(a_i8, a_scale, w1, w1_scale, w3, w3_scale, limit: float):
     return g * pl.recip(pl.exp(pl.neg(g)) + 1.0) * u
 
 
+def swiglu_bf16_rows(a, w1, w3, limit: float):
+    """Unquantised SwiGLU (weight_format "bf16"): ``a [M, D]`` BF16 rows, ``w1 / w3 [F, D]``
+    BF16 tiles; ``h [M, F]`` FP32 as :func:`swiglu_int8_rows` with ``g = a @ w1^T``,
+    ``u = a @ w3^T`` (BF16 x BF16 -> FP32, no scales)."""
+    g = pl.minimum(pl.matmul(a, w1, b_trans=True), limit)
+    u = pl.maximum(pl.minimum(pl.matmul(a, w3, b_trans=True), limit), -limit)
+    return g * pl.recip(pl.exp(pl.neg(g)) + 1.0) * u
+
+
+def down_bf16_rows(h_bf16, w2, row_weight=None):
+    """``(h_bf16 [M, F] @ w2 [Dt, F]^T)`` FP32 (BF16 x BF16 -> FP32), times ``row_weight
+    [M, 1]`` FP32 when given (weight_format "bf16")."""
+    y = pl.matmul(h_bf16, w2, b_trans=True)
+    return y if row_weight is None else pl.row_expand_mul(y, row_weight)
+
+
 def quantize_h_rows(h):
     """Per-row INT8 of the FP32 tile ``h [M, F]``: ``(codes [M, F] INT8, scale [M, 1] FP32 =
     1/s)`` with ``s = 127 / max(amax, 1e-4)`` (as :func:`quantize_per_row_int8`)."""
@@ -111,7 +128,9 @@ def expert_shared_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> S
     ``w2 [D, F] INT8``, ``w2_scale [D] FP32``, ``sh [T, D] BF16`` (Out). GM scratch
     (``t_pad = round_up(T, 16)``, capacity :func:`token_capacity`): ``h_i8 [t_pad, F] INT8``
     zero-initialised at allocation, ``h_scale [t_pad, 1] FP32`` uninitialised (rows ``>= T``
-    never read).
+    never read). ``cfg.weight_format == "bf16"`` (weight_format.py): ``x_i8``, ``w1``, ``w3``,
+    ``w2`` and the ``h_i8`` scratch are BF16, ``h`` is rounded to BF16 instead of quantised and
+    the scales (``x_scale``, ``w*_scale``) are not read.
 
     Returns:
         namespace with the inline body ``expert_shared(x_i8, x_scale, w1, w1_scale, w3,
@@ -126,15 +145,16 @@ def expert_shared_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> S
     D, Fd, DT, L = tl.d, tl.f, tl.d_tile, tl.limit
     cap = token_capacity(cfg)
     n_d = D // DT
+    WD, AD, bf16 = weight_dtype(cfg), act_dtype(cfg), is_bf16(cfg)
 
     @pl.jit.inline
-    def expert_shared(x_i8: pl.Tensor[[T_DYN, D], pl.INT8],
+    def expert_shared(x_i8: pl.Tensor[[T_DYN, D], AD],
                       x_scale: pl.Tensor[[T_DYN, 1], pl.FP32],
-                      w1: pl.Tensor[[Fd, D], pl.INT8],
+                      w1: pl.Tensor[[Fd, D], WD],
                       w1_scale: pl.Tensor[[Fd], pl.FP32],
-                      w3: pl.Tensor[[Fd, D], pl.INT8],
+                      w3: pl.Tensor[[Fd, D], WD],
                       w3_scale: pl.Tensor[[Fd], pl.FP32],
-                      w2: pl.Tensor[[D, Fd], pl.INT8],
+                      w2: pl.Tensor[[D, Fd], WD],
                       w2_scale: pl.Tensor[[D], pl.FP32],
                       sh: pl.Out[pl.Tensor[[T_DYN, D], pl.BF16]]):
         """Shared-expert SwiGLU FFN (module docstring); returns ``sh``."""
@@ -142,22 +162,26 @@ def expert_shared_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> S
         t_pad = round_up(t, MATMUL_M_TILE)
         if seed_scopes:
             check_seed_capacity("expert_shared", "h_i8", t_pad, t, cap)
-            h_i8 = pl.create_tensor([cap, Fd], pl.INT8, name="h_i8")
+            h_i8 = pl.create_tensor([cap, Fd], AD, name="h_i8")
         else:
-            h_i8 = pl.create_tensor([t_pad, Fd], pl.INT8, init_value=0, capacity=cap, name="h_i8")
+            h_i8 = pl.create_tensor([t_pad, Fd], AD, init_value=0, capacity=cap, name="h_i8")
         h_scale = pl.create_tensor([t_pad, 1], pl.FP32, capacity=cap, name="h_scale")
         w1s, w3s = pl.reshape(w1_scale, [1, Fd]), pl.reshape(w3_scale, [1, Fd])
         w2s = pl.reshape(w2_scale, [1, D])
 
         if seed_scopes:
             with pl.at(level=pl.Level.CORE_GROUP, name_hint="sh_h_seed", allow_early_resolve=True):
-                h_i8[0:t_pad, 0:Fd] = pl.full([t_pad, Fd], pl.INT8, 0)
+                h_i8[0:t_pad, 0:Fd] = pl.full([t_pad, Fd], AD, 0)
 
         TT = token_tile(t, SH_T_TILE)
         for b in pl.spmd(-(-t // TT), name_hint="sh_gate_up_act_q", allow_early_resolve=True):
             t0 = b * TT
             rows = min(TT, t - t0)
             a = pl.slice(x_i8, [TT, D], [t0, 0], valid_shape=[rows, D])
+            if bf16:
+                h = swiglu_bf16_rows(a, w1[0:Fd, 0:D], w3[0:Fd, 0:D], L)
+                pl.assemble(h_i8, pl.set_validshape(pl.cast(h, pl.BF16, mode="rint"), rows, Fd), [t0, 0])
+                continue
             sc = pl.slice(x_scale, [TT, 1], [t0, 0], valid_shape=[rows, 1])
             h = swiglu_int8_rows(a, sc, w1[0:Fd, 0:D], w1s[0:1, 0:Fd], w3[0:Fd, 0:D], w3s[0:1, 0:Fd], L)
             codes, hs = quantize_h_rows(h)
@@ -171,8 +195,11 @@ def expert_shared_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> S
             m = min(MT, t_pad - m0)
             rows = min(m, t - m0)
             hq = pl.slice(h_i8, [m, Fd], [m0, 0])  # all t_pad rows: the pad rows are the init zeros
-            hs = pl.slice(h_scale, [m, 1], [m0, 0], valid_shape=[rows, 1])
-            y = down_int8_rows(hq, hs, pl.slice(w2, [DT, Fd], [d0, 0]), w2s[0:1, d0:d0 + DT])
+            if bf16:
+                y = down_bf16_rows(hq, pl.slice(w2, [DT, Fd], [d0, 0]))
+            else:
+                hs = pl.slice(h_scale, [m, 1], [m0, 0], valid_shape=[rows, 1])
+                y = down_int8_rows(hq, hs, pl.slice(w2, [DT, Fd], [d0, 0]), w2s[0:1, d0:d0 + DT])
             pl.assemble(sh, pl.set_validshape(pl.cast(y, pl.BF16, mode="rint"), rows, DT), [m0, d0])
         return sh
 
@@ -218,14 +245,16 @@ def golden_swiglu_ffn(
     *,
     weight_format: str = "int8",
     row_weight: torch.Tensor | None = None,  # [M, 1] fp32 routing weight
+    round_h: bool = False,
 ) -> torch.Tensor:  # [M, D] fp32
     """One expert's clamped SwiGLU FFN on ``M`` rows, FP32 result (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
 
     ``"int8"``: integer products exact (FP64, returned through INT32 semantics), dequant
     ``acc * x_scale * w_scale``; ``h`` re-quantised per row (:func:`quantize_per_row_int8`),
     ``y = acc2 * (h_scale * row_weight) * w2_scale``. ``"bf16"``: plain FP32 matmuls with the
-    float weights (scales ignored) and ``y = (h @ w2^T) * row_weight``. ``silu`` is
-    ``F.silu``; clamps ``g <= limit``, ``-limit <= u <= limit``.
+    float weights (scales ignored) and ``y = (h @ w2^T) * row_weight``, ``h`` rounded to BF16
+    (RNE) first when ``round_h`` (the bf16 kernels' activation). ``silu`` is ``F.silu``; clamps
+    ``g <= limit``, ``-limit <= u <= limit``.
     """
     if weight_format == "int8":
         xd = x.double()
@@ -240,6 +269,8 @@ def golden_swiglu_ffn(
         hq, hs = quantize_per_row_int8(h)
         rs = hs if row_weight is None else hs * row_weight.float()
         return (hq.double() @ w2.double().T).float() * rs * w2_scale.float()
+    if round_h:
+        h = h.to(torch.bfloat16).float()
     y = h @ w2.float().T
     return y if row_weight is None else y * row_weight.float()
 
@@ -256,7 +287,8 @@ def golden_expert_shared(
     float32: bool = False,
 ) -> torch.Tensor:  # [T, D] bf16 (fp32 with float32=True)
     """Shared-expert golden (pypto-lib `models/deepseek/v4-flash/expert_shared.py`): :func:`golden_swiglu_ffn` over all rows,
-    BF16 (RNE) unless ``float32`` (parity mode: no rounding of ``sh``).
+    BF16 (RNE) unless ``float32`` (parity mode: no rounding of ``sh``; for ``"bf16"`` nor of
+    ``h``, which the kernel rounds to BF16).
 
     Raises:
         BindError: unknown ``weight_format`` or shapes off ``cfg``.
@@ -271,7 +303,7 @@ def golden_expert_shared(
     if x.dim() != 2 or x.shape[1] != D:
         raise BindError(f"{fn}: x must be [T, {D}], got {list(x.shape)}")
     y = golden_swiglu_ffn(x, x_scale, w1, w1_scale, w3, w3_scale, w2, w2_scale, float(cfg.swiglu_limit),
-                          weight_format=weight_format)
+                          weight_format=weight_format, round_h=not float32)
     return y if float32 else y.to(torch.bfloat16)
 
 
@@ -299,10 +331,14 @@ def make_expert_weights(cfg: DeepSeekV4Config, n_experts: int | None, gen: torch
     return {k: torch.stack(v) for k, v in out.items()}
 
 
-def make_expert_activations(cfg: DeepSeekV4Config, T: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+def make_expert_activations(cfg: DeepSeekV4Config, T: int, gen: torch.Generator, *,
+                            weight_format: str = "int8") -> dict[str, torch.Tensor]:
     """``x_i8 [T, D]`` INT8 and ``x_scale [T, 1]`` FP32: per-row INT8 of ``N(0, 1)`` rows, scales
-    around ``1/40`` as gate produces for unit-RMS rows."""
+    around ``1/40`` as gate produces for unit-RMS rows; for ``"bf16"`` the rows in BF16 and
+    unit scales (the same draw)."""
     x = torch.randn(T, cfg.hidden_size, generator=gen)
+    if weight_format == "bf16":
+        return {"x_i8": x.to(torch.bfloat16), "x_scale": torch.ones(T, 1)}
     q, s = quantize_per_row_int8(x)
     return {"x_i8": q, "x_scale": s}
 
@@ -312,27 +348,30 @@ _SH_INPUTS = ("x_i8", "x_scale", "w1", "w1_scale", "w3", "w3_scale", "w2", "w2_s
 
 
 def build_expert_shared(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None, seed: int = 0,
-                        std: float = 1.5, seed_scopes: bool = False) -> CaseRun:
+                        std: float = 1.5, seed_scopes: bool = False, weight_format: str = "int8") -> CaseRun:
     """KernelCase builder: the shared expert at ``preset`` in ``mode`` (decode 8 tokens, prefill
     128) or ``T`` tokens; ``std`` scales the weights (about 7 puts 10-20 % of the pre-activations
-    past ``swiglu_limit``); ``seed_scopes=True`` selects the seed-task variant. ``sh`` is
-    compared with ``ratio_reldiff(2e-3, 0.01)``.
+    past ``swiglu_limit``); ``seed_scopes=True`` selects the seed-task variant;
+    ``weight_format="bf16"`` the unquantised kernel (BF16 fixture, golden with the kernel's
+    BF16 ``h``). ``sh`` is compared with ``ratio_reldiff(2e-3, 0.01)`` in both formats.
 
     Raises:
         ConfigError: unknown preset / mode, bad ``T``, or an untileable config.
     """
     cfg, T = mode_tokens(preset, mode, T)
+    cfg = with_weight_format(cfg, weight_format)
     check_token_capacity("expert_shared", cfg, T)  # before any input is built
     gen = torch.Generator().manual_seed(seed)
-    ins = make_expert_activations(cfg, T, gen)
-    ins.update(make_expert_weights(cfg, None, gen, std=std))
+    ins = make_expert_activations(cfg, T, gen, weight_format=weight_format)
+    ins.update(make_expert_weights(cfg, None, gen, std=std, weight_format=weight_format))
     specs = [TensorSpec(k, list(ins[k].shape), ins[k].dtype, init_value=ins[k]) for k in _SH_INPUTS]
     specs.append(TensorSpec("sh", [T, cfg.hidden_size], torch.bfloat16, is_output=True))
 
     def golden(v: dict) -> None:
-        v["sh"] = golden_expert_shared(*(v[k] for k in _SH_INPUTS), cfg)
+        v["sh"] = golden_expert_shared(*(v[k] for k in _SH_INPUTS), cfg, weight_format=weight_format)
 
-    label = f"{preset} {mode} T={T}" + (" seed_scopes" if seed_scopes else "")
+    label = (f"{preset} {mode} T={T}" + (" seed_scopes" if seed_scopes else "")
+             + (" weight_format=bf16" if weight_format == "bf16" else ""))
     return CaseRun(expert_shared_kernels(cfg, bool(seed_scopes)).expert_shared_test, specs, golden,
                    {"sh": ratio_reldiff(*TOLERANCES["sh"])}, rtol=1e-3, atol=1e-3, label=label)
 

@@ -49,6 +49,7 @@ from pto.models.deepseek_v4.lookup_embedding import check_token_ids
 from pto.models.deepseek_v4.qkv_proj_rope import INT8_SCALE_MAX, int8_row_amax, quantize_per_row_int8
 from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_num_tokens, check_token_capacity, mode_tokens, need,
                                            round_up, token_capacity, token_tile)
+from pto.models.deepseek_v4.weight_format import act_dtype, is_bf16, with_weight_format
 
 __all__ = ["TOLERANCES", "ROUTE_NORM_EPS", "SOFTPLUS_FLOOR_X", "STEP_SCALE", "int8_codes", "positive_step", "stable_sqrt_softplus",
            "gate_kernels", "gate", "golden_gate", "make_gate_inputs", "row_sorted", "build_gate"]
@@ -69,6 +70,8 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {
     "x_norm_scale": (1e-3, 1e-3, 0.0),
     "weights": (1e-3, 1e-3, 0.0),
 }
+# weight_format="bf16": the BF16 normed row within one BF16 ulp of the golden's (rounding order)
+BF16_TOLERANCES: dict[str, tuple[float, float, float]] = {"x_norm_i8": (1e-3, 1 / 128, 0.0)}
 
 # ---- kernel ----
 T_DYN = pl.dynamic("T")
@@ -147,7 +150,10 @@ def gate_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     ``V = vocab_size``): ``x [T, D] BF16`` (the FFN hc_pre output), ``norm_w [D] BF16``,
     ``gate_w [E, D] FP32``, ``gate_bias [E] FP32``, ``tid2eid [V, K] INT32``, ``input_ids [T]
     INT64``; outputs ``x_norm_i8 [T, D] INT8``, ``x_norm_scale [T, 1] FP32``, ``indices [T, K]
-    INT32``, ``weights [T, K] FP32``; scalars ``layer_id``, ``num_tokens`` (INT32). GM scratch
+    INT32``, ``weights [T, K] FP32``; scalars ``layer_id``, ``num_tokens`` (INT32). With
+    ``cfg.weight_format == "bf16"`` (weight_format.py) ``x_norm_i8`` is BF16 ``bf16_rne(xg *
+    inv)`` (the unquantised expert activation) and ``x_norm_scale`` is 1 on the active rows.
+    GM scratch
     (``t_pad = round_up(T, 16)``, capacity :func:`token_capacity`, uninitialised; rows
     ``>= num_tokens`` never read): ``xg_buf [t_pad, D]``, ``inv_rms [t_pad, 1]``,
     ``route_scores [t_pad, E]`` FP32.
@@ -171,6 +177,7 @@ def gate_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     cap = token_capacity(cfg)
     ET = min(GATE_E_TILE, E)
     n_e = -(-E // ET)
+    XN, bf16_act = act_dtype(cfg), is_bf16(cfg)
 
     @pl.jit.inline
     def gate(x: pl.Tensor[[T_DYN, D], pl.BF16],
@@ -179,7 +186,7 @@ def gate_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
              gate_bias: pl.Tensor[[E], pl.FP32],
              tid2eid: pl.Tensor[[V, K], pl.INT32],
              input_ids: pl.Tensor[[T_DYN], pl.INT64],
-             x_norm_i8: pl.Out[pl.Tensor[[T_DYN, D], pl.INT8]],
+             x_norm_i8: pl.Out[pl.Tensor[[T_DYN, D], XN]],
              x_norm_scale: pl.Out[pl.Tensor[[T_DYN, 1], pl.FP32]],
              indices: pl.Out[pl.Tensor[[T_DYN, K], pl.INT32]],
              weights: pl.Out[pl.Tensor[[T_DYN, K], pl.FP32]],
@@ -208,9 +215,14 @@ def gate_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                 xt = pl.cast(pl.slice(x, [TT, D], [t0, 0], valid_shape=[rows, D]), pl.FP32, mode="none")
                 inv = pl.rsqrt(pl.row_sum(xt * xt) / float(D) + eps, high_precision=True)
                 xg = pl.col_expand_mul(xt, pl.cast(w_row[0:1, 0:D], pl.FP32, mode="none"))
-                s = pl.div(pl.full([TT, 1], pl.FP32, INT8_SCALE_MAX), int8_row_amax(xg))
-                pl.assemble(x_norm_i8, pl.set_validshape(int8_codes(xg, s), rows, D), [t0, 0])
-                pl.assemble(x_norm_scale, pl.set_validshape(pl.recip(s) * inv, rows, 1), [t0, 0])
+                if bf16_act:  # unquantised: the normed row itself, BF16
+                    xn = pl.cast(pl.row_expand_mul(xg, inv), pl.BF16, mode="rint")
+                    pl.assemble(x_norm_i8, pl.set_validshape(xn, rows, D), [t0, 0])
+                    pl.assemble(x_norm_scale, pl.full([rows, 1], pl.FP32, 1.0), [t0, 0])
+                else:
+                    s = pl.div(pl.full([TT, 1], pl.FP32, INT8_SCALE_MAX), int8_row_amax(xg))
+                    pl.assemble(x_norm_i8, pl.set_validshape(int8_codes(xg, s), rows, D), [t0, 0])
+                    pl.assemble(x_norm_scale, pl.set_validshape(pl.recip(s) * inv, rows, 1), [t0, 0])
                 pl.assemble(xg_buf, pl.set_validshape(xg, rows, D), [t0, 0])
                 pl.assemble(inv_rms, pl.set_validshape(inv, rows, 1), [t0, 0])
 
@@ -254,7 +266,7 @@ def gate_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
         if active < t:
             rows = t - active
             with pl.at(level=pl.Level.CORE_GROUP, name_hint="gate_inactive_pad"):
-                pl.assemble(x_norm_i8, pl.full([rows, D], pl.INT8, 0), [active, 0])
+                pl.assemble(x_norm_i8, pl.full([rows, D], XN, 0), [active, 0])
                 pl.assemble(x_norm_scale, pl.full([rows, 1], pl.FP32, 0.0), [active, 0])
                 pl.assemble(indices, pl.full([rows, K], pl.INT32, -1), [active, 0])
                 pl.assemble(weights, pl.full([rows, K], pl.FP32, 0.0), [active, 0])
@@ -417,11 +429,16 @@ _GATE_INPUTS = ("x", "norm_w", "gate_w", "gate_bias", "tid2eid", "input_ids")
 
 def build_gate(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None, seed: int = 0,
                layer_id: int | None = None, num_tokens: int | None = None, inputs: dict | None = None,
-               cfg: DeepSeekV4Config | None = None, seed_scopes: bool = False) -> CaseRun:
+               cfg: DeepSeekV4Config | None = None, seed_scopes: bool = False,
+               weight_format: str = "int8") -> CaseRun:
     """KernelCase builder: the router at ``preset`` in ``mode`` (decode 8 tokens, prefill 128)
     or ``T`` tokens. ``layer_id`` defaults to the first learned (non-hash) layer;
     ``num_tokens`` to ``T``. ``inputs`` overrides fixture tensors by name (tests build edge
     cases with it); ``cfg`` replaces the preset's config (e.g. 3 experts, top-2).
+    ``weight_format="bf16"``: the unquantised kernel; ``x_norm_i8`` is then the BF16 normed
+    row, compared with ``ratio_allclose(1e-3, 1/128, 0)`` against the golden's FP32 row
+    rounded to BF16 (one BF16 ulp: the kernel's ``(x * gamma) * inv`` vs the golden's
+    ``(x * inv) * gamma``), ``x_norm_scale`` exactly (ones).
 
     Raises:
         ConfigError: unknown preset / mode, bad ``T``, ``seed_scopes`` (no seed variant) or an
@@ -430,7 +447,7 @@ def build_gate(preset: str = "tiny", mode: str = "prefill", *, T: int | None = N
     if seed_scopes:
         raise ConfigError("gate has no seed variant (its scratch is never initialised)")
     base, T = mode_tokens(preset, mode, T)
-    cfg = cfg or base
+    cfg = with_weight_format(cfg or base, weight_format)
     check_token_capacity("gate", cfg, T)  # before any input is built
     layer_id = cfg.num_hash_layers if layer_id is None else int(layer_id)
     n = T if num_tokens is None else int(num_tokens)
@@ -438,7 +455,8 @@ def build_gate(preset: str = "tiny", mode: str = "prefill", *, T: int | None = N
     ins.update(inputs or {})
     D, K = cfg.hidden_size, cfg.num_experts_per_tok
     specs = [TensorSpec(k, list(ins[k].shape), ins[k].dtype, init_value=ins[k]) for k in _GATE_INPUTS]
-    specs += [TensorSpec("x_norm_i8", [T, D], torch.int8, is_output=True),
+    bf16_w = weight_format == "bf16"
+    specs += [TensorSpec("x_norm_i8", [T, D], torch.bfloat16 if bf16_w else torch.int8, is_output=True),
               TensorSpec("x_norm_scale", [T, 1], torch.float32, is_output=True),
               TensorSpec("indices", [T, K], torch.int32, is_output=True),
               TensorSpec("weights", [T, K], torch.float32, is_output=True),
@@ -447,14 +465,19 @@ def build_gate(preset: str = "tiny", mode: str = "prefill", *, T: int | None = N
 
     def golden(v: dict) -> None:
         v["x_norm_i8"], v["x_norm_scale"], v["indices"], v["weights"] = golden_gate(
-            *(v[k] for k in _GATE_INPUTS), v["layer_id"], v["num_tokens"], cfg)
+            *(v[k] for k in _GATE_INPUTS), v["layer_id"], v["num_tokens"], cfg, weight_format=weight_format)
+        if bf16_w:
+            v["x_norm_i8"] = v["x_norm_i8"].to(torch.bfloat16)
 
     compare = {"x_norm_i8": ratio_allclose(*TOLERANCES["x_norm_i8"]),
                "x_norm_scale": ratio_allclose(*TOLERANCES["x_norm_scale"]),
                "indices": row_sorted(exact()),
                "weights": row_sorted(ratio_allclose(*TOLERANCES["weights"]))}
+    if bf16_w:
+        compare.update(x_norm_i8=ratio_allclose(*BF16_TOLERANCES["x_norm_i8"]), x_norm_scale=exact())
     kind = "hash" if layer_id < cfg.num_hash_layers else "learned"
-    label = f"{preset} {mode} T={T} layer={layer_id} ({kind})" + (f" num_tokens={n}" if n != T else "")
+    label = (f"{preset} {mode} T={T} layer={layer_id} ({kind})" + (f" num_tokens={n}" if n != T else "")
+             + (" weight_format=bf16" if bf16_w else ""))
     return CaseRun(gate_kernels(cfg).gate_test, specs, golden, compare, rtol=1e-3, atol=1e-3, label=label)
 
 

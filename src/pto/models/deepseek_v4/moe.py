@@ -32,6 +32,7 @@ from pto.models.deepseek_v4.hc_post import golden_hc_post_prefill, hc_post_kerne
 from pto.models.deepseek_v4.hc_pre import golden_hc_pre, hc_pre, make_hc_pre_inputs
 from pto.models.deepseek_v4.tiling import (check_num_tokens, check_token_capacity, mode_tokens, token_capacity,
                                            token_tile)
+from pto.models.deepseek_v4.weight_format import act_dtype, weight_dtype, with_weight_format
 
 __all__ = ["TOLERANCES", "MOE_INPUTS", "moe_kernels", "moe", "moe_front", "moe_back", "golden_moe", "make_moe_inputs",
            "build_moe"]
@@ -59,7 +60,9 @@ def moe_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleNames
     ``tid2eid [V, K] INT32``, ``input_ids [T] INT64``, routed ``w1, w3 [E, F, D]`` /
     ``w2 [E, D, F]`` INT8 with ``[E, F]`` / ``[E, D]`` FP32 scales, shared ``sh_w1, sh_w3
     [F, D]`` / ``sh_w2 [D, F]`` INT8 with ``[F]`` / ``[D]`` scales, ``x_next [T, HC, D] FP32``
-    (Out), scalars ``layer_id`` and ``num_tokens`` (INT32). GM scratch (capacity
+    (Out), scalars ``layer_id`` and ``num_tokens`` (INT32); with ``cfg.weight_format ==
+    "bf16"`` every expert weight and ``x_norm_i8`` are BF16 (weight_format.py, scales not
+    read). GM scratch (capacity
     :func:`token_capacity`): ``x_mixed``, ``post``, ``comb``, ``x_norm_i8``, ``x_norm_scale``,
     ``indices``, ``weights``, ``sh``, ``routed_y``, ``ffn_out`` (rows past ``num_tokens`` of
     ``ffn_out`` are never written nor read).
@@ -77,6 +80,7 @@ def moe_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleNames
     E, K, V, Fd = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.vocab_size, cfg.moe_intermediate_size
     routed = expert_routed_kernels(cfg).expert_routed
     gate_kernels(cfg), expert_shared_kernels(cfg, seed_scopes), hc_post_kernels(cfg)  # ConfigError now, not at run
+    WD = weight_dtype(cfg)
 
     @pl.jit.inline
     def moe(x_hc: pl.Tensor[[T_DYN, HC, D], pl.FP32],
@@ -88,17 +92,17 @@ def moe_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleNames
             gate_bias: pl.Tensor[[E], pl.FP32],
             tid2eid: pl.Tensor[[V, K], pl.INT32],
             input_ids: pl.Tensor[[T_DYN], pl.INT64],
-            w1: pl.Tensor[[E, Fd, D], pl.INT8],
+            w1: pl.Tensor[[E, Fd, D], WD],
             w1_scale: pl.Tensor[[E, Fd], pl.FP32],
-            w3: pl.Tensor[[E, Fd, D], pl.INT8],
+            w3: pl.Tensor[[E, Fd, D], WD],
             w3_scale: pl.Tensor[[E, Fd], pl.FP32],
-            w2: pl.Tensor[[E, D, Fd], pl.INT8],
+            w2: pl.Tensor[[E, D, Fd], WD],
             w2_scale: pl.Tensor[[E, D], pl.FP32],
-            sh_w1: pl.Tensor[[Fd, D], pl.INT8],
+            sh_w1: pl.Tensor[[Fd, D], WD],
             sh_w1_scale: pl.Tensor[[Fd], pl.FP32],
-            sh_w3: pl.Tensor[[Fd, D], pl.INT8],
+            sh_w3: pl.Tensor[[Fd, D], WD],
             sh_w3_scale: pl.Tensor[[Fd], pl.FP32],
-            sh_w2: pl.Tensor[[D, Fd], pl.INT8],
+            sh_w2: pl.Tensor[[D, Fd], WD],
             sh_w2_scale: pl.Tensor[[D], pl.FP32],
             x_next: pl.Out[pl.Tensor[[T_DYN, HC, D], pl.FP32]],
             layer_id: pl.Scalar[pl.INT32],
@@ -137,7 +141,7 @@ def moe_front(cfg: DeepSeekV4Config, seed_scopes: bool, kernel: str, x_hc, hc_ff
     f.x_mixed = pl.create_tensor([t, D], pl.BF16, capacity=cap, name="x_mixed")
     f.post = pl.create_tensor([t, HC], pl.FP32, capacity=cap, name="post")
     f.comb = pl.create_tensor([t, HC * HC], pl.FP32, capacity=cap, name="comb")
-    f.x_norm_i8 = pl.create_tensor([t, D], pl.INT8, capacity=cap, name="x_norm_i8")
+    f.x_norm_i8 = pl.create_tensor([t, D], act_dtype(cfg), capacity=cap, name="x_norm_i8")
     f.x_norm_scale = pl.create_tensor([t, 1], pl.FP32, capacity=cap, name="x_norm_scale")
     f.indices = pl.create_tensor([t, K], pl.INT32, capacity=cap, name="indices")
     f.weights = pl.create_tensor([t, K], pl.FP32, capacity=cap, name="weights")
@@ -201,7 +205,8 @@ def golden_moe(
     ``ffn_out = bf16(sh + routed_y)`` -> ``golden_hc_post_prefill``. ``float32=True`` (parity
     with an FP32 model) keeps ``x_mixed``, ``sh``, every routed term and ``ffn_out`` in FP32;
     ``weight_format="bf16"`` takes float expert weights (scales ignored) and the gate's
-    unquantised (transformers-order) activation.
+    unquantised (transformers-order) activation, rounded to BF16 unless ``float32`` (as the
+    bf16 kernels).
 
     Args:
         inputs: dict keyed by :data:`MOE_INPUTS` plus ``layer_id`` and ``num_tokens`` (ints),
@@ -228,6 +233,8 @@ def golden_moe(
                                         out_bf16=not float32)
     xn, xs, idx, w = golden_gate(x_mixed, i["norm_w"], i["gate_w"], i["gate_bias"], i["tid2eid"], i["input_ids"],
                                  int(i["layer_id"]), n, cfg, weight_format=weight_format)
+    if weight_format == "bf16" and not float32:
+        xn = xn.to(torch.bfloat16)  # the kernels' BF16 expert activation
     sh = golden_expert_shared(xn, xs, i["sh_w1"], i["sh_w1_scale"], i["sh_w3"], i["sh_w3_scale"], i["sh_w2"],
                               i["sh_w2_scale"], cfg, weight_format=weight_format, float32=float32)
     routed = golden_expert_routed(xn, xs, idx, w, i["w1"], i["w1_scale"], i["w3"], i["w3_scale"], i["w2"],
@@ -243,12 +250,13 @@ def golden_moe(
 
 
 def make_moe_inputs(cfg: DeepSeekV4Config, T: int, seed: int, *, num_tokens: int | None = None,
-                    std: float = 1.5) -> dict:
+                    std: float = 1.5, weight_format: str = "int8") -> dict:
     """Seeded fixture for :func:`golden_moe`: ``x_hc`` / ``hc_ffn_*`` from
     :func:`hc_pre.make_hc_pre_inputs` (rows ``>= num_tokens`` of ``x_hc`` zeroed), the router
     tensors from :func:`gate.make_gate_inputs` (``seed + 1``), the routed experts from
     :func:`expert_routed.make_routed_inputs` (``seed + 2``) and the shared expert from
-    :func:`expert_shared.make_expert_weights` (``seed + 3``), weight scale ``std``.
+    :func:`expert_shared.make_expert_weights` (``seed + 3``), weight scale ``std``; expert
+    weights INT8 with scales, or BF16 with unit scales for ``weight_format="bf16"``.
 
     Raises:
         BindError: ``T`` not positive or ``num_tokens`` outside ``[0, T]``.
@@ -260,8 +268,8 @@ def make_moe_inputs(cfg: DeepSeekV4Config, T: int, seed: int, *, num_tokens: int
     hc = make_hc_pre_inputs(cfg, T, seed)
     hc["x"][n:] = 0
     g = make_gate_inputs(cfg, T, seed + 1, num_tokens=n)
-    r = make_routed_inputs(cfg, 1, seed + 2, std=std)
-    s = make_expert_weights(cfg, None, torch.Generator().manual_seed(seed + 3), std=std)
+    r = make_routed_inputs(cfg, 1, seed + 2, std=std, weight_format=weight_format)
+    s = make_expert_weights(cfg, None, torch.Generator().manual_seed(seed + 3), std=std, weight_format=weight_format)
     out = {"x_hc": hc["x"], "hc_ffn_fn": hc["hc_fn"], "hc_ffn_scale": hc["hc_scale"], "hc_ffn_base": hc["hc_base"],
            "norm_w": g["norm_w"], "gate_w": g["gate_w"], "gate_bias": g["gate_bias"], "tid2eid": g["tid2eid"],
            "input_ids": g["input_ids"]}
@@ -273,8 +281,9 @@ def make_moe_inputs(cfg: DeepSeekV4Config, T: int, seed: int, *, num_tokens: int
 # ---- registration ----
 def build_moe(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None, seed: int = 0,
               layer_id: int | None = None, num_tokens: int | None = None, std: float = 1.5,
-              seed_scopes: bool = False) -> CaseRun:
-    """KernelCase builder: the MoE sub-block at ``preset`` in ``mode`` (decode 8 tokens, a hash
+              seed_scopes: bool = False, weight_format: str = "int8") -> CaseRun:
+    """KernelCase builder (``weight_format="bf16"``: the unquantised kernels, same tolerance):
+    the MoE sub-block at ``preset`` in ``mode`` (decode 8 tokens, a hash
     layer by default; prefill 128 tokens, a learned layer) or ``T`` tokens with ``num_tokens``
     active, fixture :func:`make_moe_inputs`; ``x_next`` compared with
     ``valid_ratio_reldiff(num_tokens, 3e-3, 0.05)`` (rows past ``num_tokens`` exactly zero).
@@ -285,21 +294,22 @@ def build_moe(preset: str = "tiny", mode: str = "prefill", *, T: int | None = No
         ConfigError: unknown preset / mode, bad ``T`` or an untileable config.
     """
     cfg, T = mode_tokens(preset, mode, T)
+    cfg = with_weight_format(cfg, weight_format)
     check_token_capacity("moe", cfg, T)  # before any input is built
     if layer_id is None:
         layer_id = 0 if mode == "decode" else cfg.num_hash_layers
     n = T if num_tokens is None else int(num_tokens)
-    ins = make_moe_inputs(cfg, T, seed, num_tokens=n, std=std)
+    ins = make_moe_inputs(cfg, T, seed, num_tokens=n, std=std, weight_format=weight_format)
     specs = [TensorSpec(k, list(ins[k].shape), ins[k].dtype, init_value=ins[k]) for k in MOE_INPUTS]
     specs += [TensorSpec("x_next", [T, cfg.hc_mult, cfg.hidden_size], torch.float32, is_output=True),
               ScalarSpec("layer_id", torch.int32, int(layer_id)), ScalarSpec("num_tokens", torch.int32, n)]
 
     def golden(v: dict) -> None:
-        v["x_next"] = golden_moe(v, cfg)
+        v["x_next"] = golden_moe(v, cfg, weight_format=weight_format)
 
     kind = "hash" if layer_id < cfg.num_hash_layers else "learned"
     label = (f"{preset} {mode} T={T} layer={layer_id} ({kind})" + (f" num_tokens={n}" if n != T else "")
-             + (" seed_scopes" if seed_scopes else ""))
+             + (" seed_scopes" if seed_scopes else "") + (" weight_format=bf16" if weight_format == "bf16" else ""))
     return CaseRun(moe_kernels(cfg, bool(seed_scopes)).moe_test, specs, golden,
                    {"x_next": valid_ratio_reldiff(n, *TOLERANCES["x_next"])}, rtol=1e-3, atol=1e-3, label=label)
 

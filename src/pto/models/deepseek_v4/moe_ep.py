@@ -54,6 +54,7 @@ from pto.models.deepseek_v4.hc_head import hc_head_kernels
 from pto.models.deepseek_v4.lm_head import lm_head_kernels
 from pto.models.deepseek_v4.moe import moe_back, moe_front, moe_kernels
 from pto.models.deepseek_v4.rms_norm import rms_norm
+from pto.models.deepseek_v4.weight_format import act_dtype, weight_dtype
 from pto.models.deepseek_v4.tiling import token_capacity
 
 __all__ = ["EP_SIZES", "check_ep", "local_config", "shard_config", "EPWindows", "moe_ep_kernels",
@@ -131,7 +132,7 @@ class EPWindows:
 
         def win(name, shape, dt):
             return pld.window(pld.alloc_window_buffer(shape, dt, name=name), shape, dt, name=name)
-        self.recv_x = win("recv_x", [N * cap, D], pl.INT8)
+        self.recv_x = win("recv_x", [N * cap, D], act_dtype(cfg))  # BF16 rows for weight_format "bf16"
         self.recv_aux = win("recv_aux", [N * cap, 2], pl.FP32)
         self.recv_route = win("recv_route", [N * cap, 1], pl.INT32)
         self.recv_meta = win("recv_meta", [N, 1], pl.INT32)
@@ -184,6 +185,7 @@ def moe_ep_kernels(cfg: DeepSeekV4Config, ep: int) -> SimpleNamespace:
     N = ep
     routed = expert_routed_kernels(lcfg).expert_routed
     moe_kernels(cfg)  # ConfigError now for a config the single-rank MoE cannot tile
+    WD, AD = weight_dtype(cfg), act_dtype(cfg)  # INT8, or BF16 for weight_format "bf16"
     CT = min(COMBINE_D_TILE, D)
     while D % CT:
         CT //= 2
@@ -198,19 +200,19 @@ def moe_ep_kernels(cfg: DeepSeekV4Config, ep: int) -> SimpleNamespace:
                gate_bias: pl.Tensor[[E], pl.FP32],
                tid2eid: pl.Tensor[[V, K], pl.INT32],
                input_ids: pl.Tensor[[T_DYN], pl.INT64],
-               w1: pl.Tensor[[EL, Fd, D], pl.INT8],
+               w1: pl.Tensor[[EL, Fd, D], WD],
                w1_scale: pl.Tensor[[EL, Fd], pl.FP32],
-               w3: pl.Tensor[[EL, Fd, D], pl.INT8],
+               w3: pl.Tensor[[EL, Fd, D], WD],
                w3_scale: pl.Tensor[[EL, Fd], pl.FP32],
-               w2: pl.Tensor[[EL, D, Fd], pl.INT8],
+               w2: pl.Tensor[[EL, D, Fd], WD],
                w2_scale: pl.Tensor[[EL, D], pl.FP32],
-               sh_w1: pl.Tensor[[Fd, D], pl.INT8],
+               sh_w1: pl.Tensor[[Fd, D], WD],
                sh_w1_scale: pl.Tensor[[Fd], pl.FP32],
-               sh_w3: pl.Tensor[[Fd, D], pl.INT8],
+               sh_w3: pl.Tensor[[Fd, D], WD],
                sh_w3_scale: pl.Tensor[[Fd], pl.FP32],
-               sh_w2: pl.Tensor[[D, Fd], pl.INT8],
+               sh_w2: pl.Tensor[[D, Fd], WD],
                sh_w2_scale: pl.Tensor[[D], pl.FP32],
-               recv_x: pld.DistributedTensor[[N * CAP, D], pl.INT8],
+               recv_x: pld.DistributedTensor[[N * CAP, D], AD],
                recv_aux: pld.DistributedTensor[[N * CAP, 2], pl.FP32],
                recv_route: pld.DistributedTensor[[N * CAP, 1], pl.INT32],
                recv_meta: pld.DistributedTensor[[N, 1], pl.INT32],
@@ -273,7 +275,7 @@ def moe_ep_kernels(cfg: DeepSeekV4Config, ep: int) -> SimpleNamespace:
         counts = [pl.read(recv_meta, [s, 0]) for s in range(N)]
         n_recv = sum(counts)
         if n_recv:
-            rx = pl.create_tensor([n_recv, D], pl.INT8, capacity=N * CAP, name="ep_recv_x")
+            rx = pl.create_tensor([n_recv, D], AD, capacity=N * CAP, name="ep_recv_x")
             rs = pl.create_tensor([n_recv, 1], pl.FP32, capacity=N * CAP, name="ep_recv_scale")
             ridx = pl.create_tensor([n_recv, K], pl.INT32, capacity=N * CAP, name="ep_recv_idx")
             rw = pl.create_tensor([n_recv, K], pl.FP32, capacity=N * CAP, name="ep_recv_w")
