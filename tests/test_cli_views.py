@@ -71,7 +71,7 @@ def test_graph_json_round_trips_and_matches_the_table(capsys):
                                                                prog.stats.edges)
     assert len(doc["nodes"]) == len(prog.graph.tasks) and len(doc["edge_list"]) == prog.stats.edges
     code, table, _ = run_cli(capsys, "graph", "prefill_attention_swa", "--preset", "tiny")
-    assert f"{doc['tasks']} tasks, {doc['join_nodes']} join nodes, {doc['edges']} edges" in table
+    assert f"{doc['tasks']} tasks, {doc['join_nodes']} join node, {doc['edges']} edges" in table  # 1 join node
     rows = [r for r in table_rows(table) if r[0]]
     assert [int(r[0]) for r in rows] == [n["id"] for n in doc["nodes"]]
     for r, n in zip(rows, doc["nodes"]):

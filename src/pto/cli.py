@@ -352,6 +352,12 @@ def fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``count(1, "edge")`` -> ``"1 edge"``, ``count(3, "edge")`` -> ``"3 edges"`` (``plural``
+    when the plural is not ``noun + "s"``)."""
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"
+
+
 def fmt_err(x: float | None) -> str:
     """A max-error figure for tables: 3 significant digits, ``0`` for exact, ``nan``/``inf`` spelled out."""
     if x is None:
@@ -579,15 +585,16 @@ def cmd_check(args) -> int:
             if not res.passed:
                 return emit(doc, f"FAIL {title}: {res.error}")
             s = res.stats
-            return emit(doc, f"PASS {title}: max error {fmt_err(res.max_abs_error)}, {s.tasks} tasks, {s.edges} "
-                             f"edges, heap peak {fmt_bytes(s.heap_peak_bytes)}, {res.kernel_ms:.1f} ms (check mode)")
+            return emit(doc, f"PASS {title}: max error {fmt_err(res.max_abs_error)}, {count(s.tasks, 'task')}, "
+                             f"{count(s.edges, 'edge')}, heap peak {fmt_bytes(s.heap_peak_bytes)}, "
+                             f"{res.kernel_ms:.1f} ms (check mode)")
         prog = target.run_program(check=True, drop_init=drop)
     except ConfigError:
         raise
     except PtoError as e:
         return emit(_check_doc(title, None, False, f"{type(e).__name__}: {e}"), f"FAIL {title}: {type(e).__name__}: {e}")
     return emit(_check_doc(title, prog, True, None),
-                f"PASS {title}: no undefined outputs, no races ({prog.stats.tasks} tasks; no golden)")
+                f"PASS {title}: no undefined outputs, no races ({count(prog.stats.tasks, 'task')}; no golden)")
 
 
 def _outputs_doc(res) -> list:
@@ -781,8 +788,8 @@ def cmd_graph(args) -> int:
         return 0
     kinds = {(e["from"], e["to"]): e["kinds"] for e in doc["edge_list"]}
     names = {t.id: t.name for t in prog.graph}
-    table = Table(title=f"task graph of {title}: {doc['tasks']} tasks, {doc['join_nodes']} join nodes, "
-                        f"{doc['edges']} edges")
+    table = Table(title=f"task graph of {title}: {count(doc['tasks'], 'task')}, "
+                        f"{count(doc['join_nodes'], 'join node')}, {count(doc['edges'], 'edge')}")
     cols = ["id", "task", "kind", "blocks", "core", "waits for", "site"] + (["footprints"] if "footprints" in
                                                                         (doc["nodes"] or [{}])[0] else [])
     for col in cols:
@@ -830,7 +837,7 @@ def cmd_trace(args) -> int:
         raise ConfigError(f"cannot write {args.out!r}: {e.strerror}") from None
     n = sum(1 for e in tr["traceEvents"] if e["ph"] == "X")
     arrows = sum(1 for e in tr["traceEvents"] if e["ph"] == "s")
-    console().print(f"wrote {args.out}: {n} spans, {arrows} dependency arrow{'s' if arrows != 1 else ''} ({what})",
+    console().print(f"wrote {args.out}: {count(n, 'span')}, {count(arrows, 'dependency arrow')} ({what})",
                     highlight=False, markup=False)
     return 0
 
@@ -894,7 +901,7 @@ def _sim_rows(sim) -> list:
     """(label, value) rows of the simulated AICPU windows, makespan, critical path and utilisation."""
     return [("orchestration window", f"{sim.orch_us:.2f} us"), ("scheduler window", f"{sim.sched_us:.2f} us"),
             ("effective (union)", f"{sim.effective_us:.2f} us"), ("makespan (cores)", f"{sim.makespan_us:.2f} us"),
-            ("critical path", f"{sim.critical_path_tasks} tasks, {sim.critical_path_us:.2f} us"),
+            ("critical path", f"{count(sim.critical_path_tasks, 'task')}, {sim.critical_path_us:.2f} us"),
             ("AIC utilisation", f"{sim.utilisation['aic']:.1%}"), ("AIV utilisation", f"{sim.utilisation['aiv']:.1%}")]
 
 
