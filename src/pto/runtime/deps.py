@@ -21,7 +21,8 @@ allocation, not a task, so it adds no edge.
 
 from __future__ import annotations
 
-__all__ = ["DepTracker", "KindTracker", "RowIndex", "coalesce", "EDGE_KINDS", "derive_kinds"]
+__all__ = ["DepTracker", "KindTracker", "LazyDerivation", "RowIndex", "coalesce", "EDGE_KINDS", "derive_kinds",
+           "derive_task"]
 
 EDGE_KINDS = ("RAW", "WAW", "atomic", "explicit", "join")  # see TaskGraph.edge_kinds
 
@@ -305,6 +306,48 @@ class KindTracker(DepTracker):
             self._record_kinds(tid, [(buf, box, k) for buf, boxes in grouped.items() for k in (0, 1, 2)
                                      for box in boxes[k] or ()])
         return super().derive(tid, grouped, manual)
+
+
+def derive_task(tracker: DepTracker, task) -> set:
+    """The predecessors of the finished ``task`` (derived from ``task.grouped`` through
+    ``tracker``, which registers its writes, plus its explicit ``deps=``)."""
+    g = task.grouped
+    if not g:
+        preds = set()
+    elif type(g) is list:
+        preds = tracker.derive_raw(task.id, g, task.manual)
+    else:
+        preds = tracker.derive(task.id, g, task.manual)
+    if task.explicit:
+        preds.update(task.explicit)
+    return preds
+
+
+class LazyDerivation:
+    """Derivation on demand (a plain run: no check mode): finished tasks wait in ``pending``
+    with ``task._preds`` None; the first read of any such task's ``preds`` derives every
+    pending task in submission order through the program's tracker. Derivation is a function of
+    the footprints, the order and the manual flags only, so the edges equal an eager derivation's."""
+
+    __slots__ = ("tracker", "pending")
+
+    def __init__(self, tracker: DepTracker):
+        self.tracker = tracker
+        self.pending: list = []
+
+    def add(self, task) -> None:
+        """Queue the finished ``task`` (its ``grouped`` footprints are set)."""
+        task._preds = None
+        task._lazy = self
+        self.pending.append(task)
+
+    def run(self) -> None:
+        """Derive the preds of every pending task, in order."""
+        pending, self.pending = self.pending, []
+        tracker = self.tracker
+        for t in pending:
+            t._preds = derive_task(tracker, t)
+            t._lazy = None
 
 
 def derive_kinds(tasks) -> dict:

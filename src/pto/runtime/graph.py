@@ -79,8 +79,8 @@ class Task:
         submission path short.
     """
 
-    __slots__ = ("id", "name", "kind", "site", "n_blocks", "blocks", "preds", "explicit", "manual", "_fps",
-                 "wall_ns", "_bufs", "t0", "grouped")
+    __slots__ = ("id", "name", "kind", "site", "n_blocks", "blocks", "_preds", "explicit", "manual", "_fps",
+                 "wall_ns", "_bufs", "t0", "grouped", "_lazy")
 
     def __init__(self, tid, name, kind, site, n_blocks, explicit, manual):
         self.id = tid
@@ -89,7 +89,8 @@ class Task:
         self.site = site
         self.n_blocks = n_blocks
         self.blocks = []
-        self.preds = set()
+        self._preds = set()
+        self._lazy = None  # a deps.LazyDerivation while the derived part of preds is pending
         self.explicit = explicit if type(explicit) is list else list(explicit)
         self.manual = manual
         self._fps = None
@@ -97,6 +98,21 @@ class Task:
         self._bufs = None
         self.t0 = 0
         self.grouped = None
+
+    @property
+    def preds(self) -> set:
+        """Predecessor ids (derived + explicit). A plain run derives them when the first task's
+        ``preds`` is read (deps.LazyDerivation), in submission order, as an eager derivation would."""
+        p = self._preds
+        if p is None:
+            self._lazy.run()
+            p = self._preds
+        return p
+
+    @preds.setter
+    def preds(self, value) -> None:
+        """Predecessor ids (derived + explicit)."""
+        self._preds = value
 
     @property
     def footprints(self) -> list:

@@ -18,7 +18,7 @@ import re
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,7 +27,7 @@ from pto.language import _ctx
 from pto.language.jit import bind_arguments
 from pto.language.tensor_ops import GMTensor
 from pto.language.typing import INOUT, OUT, DynVar, TensorType
-from pto.runtime.deps import DepTracker, coalesce
+from pto.runtime.deps import DepTracker, LazyDerivation, coalesce, derive_task
 from pto.runtime.graph import KIND_NAMES, Block, Footprint, Task, TaskGraph
 from pto.runtime.heap import POISON_BYTE, Buffer, RingHeap, validate_init_value
 
@@ -95,12 +95,12 @@ BLOCK_ORDERS = ("program", "reverse", "shuffle")
 
 @dataclass
 class ProgramStats:
-    """Statistics of one program run (bytes in bytes, wall time in µs)."""
+    """Statistics of one program run (bytes in bytes, wall time in µs). ``edges`` (a property)
+    counts the graph's edges on first read (a plain run derives them then)."""
 
     tasks: int = 0
     dummies: int = 0
     blocks: int = 0
-    edges: int = 0
     tile_ops: int = 0
     bytes: int = 0
     flops: int = 0
@@ -110,6 +110,27 @@ class ProgramStats:
     init_bytes: int = 0
     wall_us: float = 0.0
     task_wall_us: float = 0.0
+
+    _edges: int = field(default=0, repr=False, compare=False)
+    _edges_graph: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def edges(self) -> int:
+        """Edges of the task graph (derived + explicit + join), counted on first read."""
+        g = self._edges_graph
+        if g is not None:
+            self._edges = sum(len(t.preds) for t in g.tasks)
+            self._edges_graph = None
+        return self._edges
+
+    @edges.setter
+    def edges(self, value: int) -> None:
+        """Edges of the task graph (set by a caller that counts them itself)."""
+        self._edges, self._edges_graph = value, None
+
+    def edges_of(self, graph) -> None:
+        """Count ``edges`` from ``graph`` (a TaskGraph) when first read."""
+        self._edges_graph = graph
 
     def as_row(self) -> dict:
         """The headline figures as a flat dict."""
@@ -178,6 +199,7 @@ class Program:
                               f"(default {RunConfig.heap_bytes})") from None
         self.graph = TaskGraph()
         self.deps = DepTracker()
+        self.lazy = LazyDerivation(self.deps)  # edges of a plain run are derived on first read
         self.buffers: list[Buffer] = []
         self.args: list = []  # (Param, caller tensor, GMTensor)
         self.manual = False
@@ -352,9 +374,9 @@ class Program:
     def _finish_stats(self) -> None:
         s = self.stats
         s.wall_us = (time.perf_counter_ns() - self._t0) / 1e3
-        tasks = dummies = blocks = edges = ops = flops = nbytes = wall_ns = 0
+        tasks = dummies = blocks = ops = flops = nbytes = wall_ns = 0
+        s.edges_of(self.graph)
         for t in self.graph.tasks:
-            edges += len(t.preds)
             if t.kind == "dummy":
                 dummies += 1
                 continue
@@ -365,7 +387,7 @@ class Program:
                 ops += b.ops
                 flops += b.flops
                 nbytes += b.bytes
-        s.tasks, s.dummies, s.blocks, s.edges = tasks, dummies, blocks, edges
+        s.tasks, s.dummies, s.blocks = tasks, dummies, blocks
         s.tile_ops, s.flops, s.bytes = ops, flops, nbytes
         s.heap_peak_bytes = self.heap.peak
         s.task_wall_us = wall_ns / 1e3
@@ -502,7 +524,7 @@ class Program:
                 distinct = len({(id(b), k) for b, _, k in fp}) == n
             if distinct:
                 task.grouped = fp  # the raw records; footprints and buffer ids are built on first access
-                self._close_task(task, self.deps.derive_raw(task.id, fp, task.manual) if n else set())
+                self._close_task(task)
                 return
         grouped = {}  # buffer -> [reads, writes, atomics], each None or a list of boxes
         several = False  # some (buffer, kind) has more than one box: coalesce
@@ -525,7 +547,7 @@ class Program:
                     if boxes and len(boxes) > 1:
                         boxes[:] = coalesce(boxes)
         task.grouped = grouped  # footprints and buffer ids are built from it on first access
-        self._close_task(task, self.deps.derive(task.id, grouped, task.manual) if grouped else set())
+        self._close_task(task)
 
     def _end_task_early(self, task: Task) -> None:
         """Close a task whose scope was left early, on this abnormal path only (the normal path
@@ -564,15 +586,16 @@ class Program:
             raise err from self._left_early_cause
         raise err
 
-    def _close_task(self, task: Task, preds: set) -> None:
-        """Set ``task.preds`` to the derived ``preds`` plus its explicit deps; then run the race
-        checker (check mode) or drop the blocks' raw footprints (unless ``keep_footprints``)."""
-        if task.explicit:
-            preds.update(task.explicit)
-        task.preds = preds
+    def _close_task(self, task: Task) -> None:
+        """Derive ``task.preds`` from ``task.grouped`` (plus its explicit deps) and run the race
+        checker (check mode), or queue the derivation until someone reads a task's preds (a
+        plain run: ``self.lazy``) and drop the blocks' raw footprints (unless ``keep_footprints``)."""
         if self.races is not None:
+            task.preds = derive_task(self.deps, task)
             self.races.check_task(task)
-        elif not self.config.keep_footprints:
+            return
+        self.lazy.add(task)
+        if not self.config.keep_footprints:
             for blk in task.blocks:
                 blk.fp = None
 
@@ -698,12 +721,25 @@ _GC_STATE = [0, False]
 _GC_LOCK = threading.Lock()
 
 
+# the first program of the process moves the objects that exist then (the imported modules: torch's
+# alone are about 200k) to the collector's permanent generation (gc.freeze), so that no later
+# collection rescans them: the first full collection after the imports took about 9 µs per task of
+# a 10k-task first call. Set False before the first program to keep them collectable.
+FREEZE_IMPORTS = True
+_FROZEN = [False]
+
+
 def _gc_pause() -> None:
-    """Pause the cyclic GC while at least one program runs (in any thread)."""
+    """Pause the cyclic GC while at least one program runs (in any thread); the first program
+    of the process freezes the objects made before it (see ``FREEZE_IMPORTS``)."""
     with _GC_LOCK:
         if _GC_STATE[0] == 0:
             _GC_STATE[1] = gc.isenabled()
             gc.disable()
+            if not _FROZEN[0]:
+                _FROZEN[0] = True
+                if FREEZE_IMPORTS:
+                    gc.freeze()
         _GC_STATE[0] += 1
 
 
