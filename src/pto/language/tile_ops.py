@@ -36,8 +36,12 @@ import torch
 
 from pto.errors import DslError
 from pto.language import _ctx
+from pto.language import graph_only as _go
 from pto.language.dtypes import BF16, FP16, FP32, INT8, INT16, INT32, UINT32, DType, as_dtype, from_torch
 from pto.language.typing import ScalarValue, as_int, concrete
+
+_meta = _go.meta  # a shape-only tile value (graph-only mode)
+_MetaScalar = _go.MetaScalar
 
 __all__ = [
     "Tile", "PadValue", "full", "arange", "cast", "add", "sub", "mul", "div", "maximum",
@@ -143,6 +147,11 @@ class Tile:
 
     def __setitem__(self, key, value):
         key = tile_key(self.data.shape, key, "tile subscript assign")
+        if self.data.is_meta or isinstance(value, _MetaScalar) or (type(value) is Tile and value.data.is_meta):
+            if isinstance(value, Tile) and value.data.dtype != self.data.dtype:
+                raise DslError(f"tile subscript assign: dtype {value.dtype} into {self.dtype} tile")
+            self.data = _meta(self.data.shape, self.data.dtype)  # graph-only mode: the tile becomes unknown
+            return
         if isinstance(value, ScalarValue):
             self.data[key] = value.value
             if self.mask is not None or not value.defined:
@@ -276,7 +285,7 @@ def _binary(op: str, a, b, fn):
         ad, bd = a.data, b.data
         dt = ad.dtype
         if bd.dtype is dt and ad.shape == bd.shape:  # torch dtypes are singletons
-            out = fn(ad, bd)
+            out = _meta(ad.shape, dt) if ad.is_meta or bd.is_meta else fn(ad, bd)  # meta: graph-only mode
             if out.dtype is not dt:
                 out = out.to(dt)
             blk = _ctx.state.block
@@ -298,7 +307,7 @@ def _binary(op: str, a, b, fn):
         if a.data.shape != b.data.shape:
             raise DslError(f"pl.{op}: shape mismatch {list(a.shape)} vs {list(b.shape)} "
                            "(no implicit broadcast; use the row_expand_/col_expand_ ops)")
-        out = fn(a.data, b.data)
+        out = _meta(a.data.shape, a.data.dtype) if a.data.is_meta or b.data.is_meta else fn(a.data, b.data)
         mask = _and(a.mask, b.mask)
     else:
         v, oid = _scalar(b, f"pl.{op}")
@@ -307,7 +316,8 @@ def _binary(op: str, a, b, fn):
                 raise DslError(f"pl.{op}: fractional scalar {v} with a {a.dtype} tile (no implicit promotion; "
                                "cast the tile to a float dtype first)")
             v = int(v)
-        out = fn(a.data, v)
+        # graph-only mode: an unknown tile or scalar gives an unknown (meta) result
+        out = _meta(a.data.shape, a.data.dtype) if a.data.is_meta or isinstance(b, _MetaScalar) else fn(a.data, v)
         mask = a.mask if not oid else _and(a.mask, torch.full(a.data.shape, oid, dtype=torch.int32))
     if out.dtype != a.data.dtype:
         out = out.to(a.data.dtype)
@@ -338,6 +348,8 @@ def _int_zero_divisor(a, b) -> bool:
     if not isinstance(tile, Tile) or tile.data.dtype.is_floating_point:
         return False
     d = b.data if isinstance(b, Tile) else b.value if isinstance(b, ScalarValue) else b
+    if isinstance(b, _MetaScalar) or isinstance(d, torch.Tensor) and d.is_meta:
+        return False  # graph-only mode: an unknown divisor is not checked
     if isinstance(d, torch.Tensor):
         return bool((d == 0).any())
     return isinstance(d, (int, float)) and d == 0
@@ -375,6 +387,8 @@ def _unary(op: str, x, fn, float_only: bool = True) -> Tile:
     if float_only and not x.data.dtype.is_floating_point:
         raise DslError(f"pl.{op}: needs a float tile, got {x.dtype}")
     _count(x.data.numel())
+    if x.data.is_meta:  # graph-only mode
+        return Tile(_meta(x.data.shape, x.data.dtype), x.mask, x.valid)
     return Tile(fn(x.data), x.mask, x.valid)
 
 
@@ -437,6 +451,7 @@ def full(shape, dtype, value) -> Tile:
     """
     dt = as_dtype(dtype)
     tag = 0
+    meta_value = isinstance(value, _MetaScalar)
     if isinstance(value, ScalarValue):  # an undefined value fills an undefined tile (no error yet)
         tag = 0 if value.defined else value.oid
         value = value.value
@@ -451,6 +466,8 @@ def full(shape, dtype, value) -> Tile:
         if not dt.min <= value <= dt.max:
             raise DslError(f"pl.full: value {value} out of range of {dt} [{dt.min}, {dt.max}]")
     _count()
+    if meta_value:  # graph-only mode: filled with an unknown value
+        return Tile(_meta(shape, dt.torch))
     mask = torch.full(shape, tag, dtype=torch.int32) if tag else None
     return Tile(torch.full(shape, value, dtype=dt.torch), mask)
 
@@ -559,6 +576,29 @@ def _round_to_int(v: torch.Tensor, mode: str) -> torch.Tensor:
     raise DslError(f"pl.cast: mode {mode!r} is not supported for integer targets")
 
 
+_FP32_ROUNDABLE = (torch.float32, torch.bfloat16, torch.float16)  # widen to FP32 exactly
+
+
+def _float_to_int32_range(src: torch.Tensor, dst, mode: str) -> torch.Tensor:
+    """``src`` (FP32 / BF16 / FP16) rounded by ``mode`` to the integer dtype ``dst`` of at most
+    4 bytes, saturating, NaN -> 0: the same values as the FP64 path, computed in FP32.
+
+    Rounding an FP32 value to an integer is exact in FP32 (every FP32 of magnitude >= 2^23 is
+    an integer already); ``round`` (ties away from zero) is ``trunc(v)`` plus ``sign(v)`` where
+    the fraction ``v - trunc(v)`` (exact) is at least 1/2. The clamp to the target range in
+    FP32 may round the top bound up (2^31 - 1 -> 2^31); the INT64 clamp after it restores it."""
+    v = src.to(torch.float32)
+    if mode == "round":
+        t = torch.trunc(v)
+        v = torch.where((v - t).abs_() >= 0.5, t + torch.sign(v), t)
+    else:
+        v = _round_to_int(v, mode)
+        if v is src:
+            v = v.clone()
+    v = v.nan_to_num_(0.0).clamp_(float(dst.min), float(dst.max)).to(torch.int64)
+    return v.clamp_(dst.min, dst.max).to(dst.torch)
+
+
 _EXACT_CASTS: dict = {}  # (source torch dtype, float target torch dtype) -> every value converts exactly
 
 
@@ -605,6 +645,8 @@ def cast(x, target_type, mode="round") -> Tile:
         raise DslError(f"pl.cast: unsupported mode {mode!r}; use one of none, rint, round, floor, ceil, trunc")
     src = x.data
     _count(src.numel())
+    if src.is_meta:  # graph-only mode
+        return Tile(_meta(src.shape, dst.torch), x.mask, x.valid)
     if src.dtype == dst.torch:
         return Tile(src.clone(), x.mask, x.valid)
     if dst.torch == torch.bool:
@@ -616,7 +658,9 @@ def cast(x, target_type, mode="round") -> Tile:
         else:
             out = _round_to_float(src.to(torch.float64), dst.torch, mode)
     else:
-        if src.dtype.is_floating_point:
+        if src.dtype in _FP32_ROUNDABLE and dst.itemsize <= 4:
+            out = _float_to_int32_range(src, dst, mode)
+        elif src.dtype.is_floating_point:
             v = _round_to_int(src.to(torch.float64), mode)
             big = v >= float(dst.max)  # float(INT64 max) is 2^63: exactly the values that overflow
             small = v <= float(dst.min)
@@ -638,6 +682,11 @@ def _need_rank2(op: str, x) -> Tile:
 
 def _reduce(op: str, x, dim: int, fn) -> Tile:
     x = _need_rank2(op, x)
+    if x.data.is_meta:  # graph-only mode
+        shape = list(x.data.shape)
+        shape[dim] = 1
+        _count(x.data.numel())
+        return Tile(_meta(shape, x.data.dtype))
     out = fn(x.data, dim)
     mask = None if x.mask is None else x.mask.amax(dim=dim, keepdim=True)
     _count(x.data.numel())
@@ -684,6 +733,9 @@ def _expand(op: str, lhs, rhs, axis: str, fn) -> Tile:
         raise DslError(f"pl.{op}: rhs must be {list(want)} for lhs {list(lhs.shape)}, got {list(rhs.shape)}")
     if lhs.data.dtype != rhs.data.dtype:
         raise DslError(f"pl.{op}: dtype mismatch {lhs.dtype} vs {rhs.dtype}")
+    if lhs.data.is_meta or rhs.data.is_meta:  # graph-only mode
+        _count(lhs.data.numel())
+        return Tile(_meta(lhs.data.shape, lhs.data.dtype), None, lhs.valid)
     out = fn(lhs.data, rhs.data)
     mask = lhs.mask
     if rhs.mask is not None:
@@ -781,6 +833,11 @@ def gather(x, dim: int = -1, index=None, mask_pattern=None, output_dtype=None) -
         raise DslError(f"pl.gather: only dim=-1 is supported, got {dim}")
     if idx.data.dtype.is_floating_point or idx.data.dim() != 2:
         raise DslError(f"pl.gather: index must be a rank-2 integer tile, got {idx}")
+    if x.data.is_meta or idx.data.is_meta:  # graph-only mode: an unknown index is not range-checked
+        if idx.shape[0] not in (1, x.shape[0]):
+            raise DslError(f"pl.gather: index rows {idx.shape[0]} != x rows {x.shape[0]}")
+        _count(x.shape[0] * idx.shape[1])
+        return Tile(_meta([x.shape[0], idx.shape[1]], x.data.dtype))
     ii = idx.data.to(torch.int64)
     if idx.mask is not None:  # undefined indices gather an undefined element, not an error
         ii = torch.where(idx.mask != 0, 0, ii)
@@ -909,6 +966,8 @@ def matmul(a, b, out_dtype=None, a_trans: bool = False, b_trans: bool = False) -
     if A.shape[-1] != B.shape[-2]:
         raise DslError(f"pl.matmul: K mismatch, a is {list(A.shape)} and b is {list(B.shape)}"
                        f"{' (b_trans)' if b_trans else ''}")
+    if A.is_meta or B.is_meta:  # graph-only mode: the shape and the counters only
+        return _meta_matmul(a, b, A, B, out_dtype)
     if A.dtype in _FLOAT_MM and B.dtype in _FLOAT_MM:
         if A.dtype != B.dtype:
             raise DslError(f"pl.matmul: operand dtypes differ ({a.dtype} vs {b.dtype})")
@@ -945,6 +1004,26 @@ def matmul(a, b, out_dtype=None, a_trans: bool = False, b_trans: bool = False) -
     return Tile(out, mask)
 
 
+def _meta_matmul(a: Tile, b: Tile, A: torch.Tensor, B: torch.Tensor, out_dtype) -> Tile:
+    """:func:`matmul` of shape-only operands (graph-only mode): the dtype rules, the counters
+    and an unknown ``[.., M, N]`` result of the accumulator dtype."""
+    if A.dtype in _FLOAT_MM and B.dtype in _FLOAT_MM and A.dtype == B.dtype:
+        acc = FP32
+    elif A.dtype == torch.int8 and B.dtype == torch.int8:
+        acc = INT32
+    else:
+        raise DslError(f"pl.matmul: unsupported operand dtypes {a.dtype} x {b.dtype} "
+                       "(BF16/FP16/FP32 pairs or INT8 x INT8)")
+    if out_dtype is not None and as_dtype(out_dtype) is not acc:
+        raise DslError(f"pl.matmul: out_dtype must be the accumulator dtype {acc}, got {as_dtype(out_dtype)}")
+    shape = list(A.shape[:-1]) + [B.shape[-1]]
+    _count(2 * math.prod(shape) * A.shape[-1])
+    blk = _ctx.state.block
+    if blk is not None:
+        blk.cube = True
+    return Tile(_meta(shape, acc.torch))
+
+
 def matmul_acc(acc, a, b, a_trans: bool = False, b_trans: bool = False, init_cond=None) -> Tile:
     """``acc + a @ b`` (K-loop accumulation; acc FP32 or INT32, matching the operands).
 
@@ -960,6 +1039,8 @@ def matmul_acc(acc, a, b, a_trans: bool = False, b_trans: bool = False, init_con
         raise DslError(f"pl.matmul_acc: accumulator {acc} does not match product {part}")
     if init_cond is not None and concrete(init_cond, "a matmul_acc init_cond"):
         return part
+    if acc.data.is_meta or part.data.is_meta:  # graph-only mode
+        return Tile(_meta(acc.data.shape, acc.data.dtype))
     return Tile(acc.data + part.data, _and(acc.mask, part.mask))
 
 
@@ -1008,6 +1089,8 @@ def fillpad(x, pad_value=PadValue.zero) -> Tile:
     x = _as_tile(x, "pl.fillpad")
     v = _pad_scalar(x.data.dtype, pad_value)
     _count(x.data.numel())
+    if x.data.is_meta:  # graph-only mode
+        return Tile(_meta(x.data.shape, x.data.dtype), None if x.valid is None else x.mask)
     if x.valid is None:
         return Tile(x.data.clone(), x.mask)
     data = torch.full_like(x.data, v)
@@ -1043,10 +1126,13 @@ def cmp(lhs, rhs, cmp_mode: str = "eq") -> Tile:
         rhs = _as_tile(rhs, "pl.cmp")
         if rhs.data.dtype != lhs.data.dtype or rhs.data.shape != lhs.data.shape:
             raise DslError(f"pl.cmp: operands must match in shape and dtype, got {lhs} and {rhs}")
-        out, mask = fn(lhs.data, rhs.data), _and(lhs.mask, rhs.mask)
+        unknown = lhs.data.is_meta or rhs.data.is_meta  # graph-only mode
+        out = _meta(lhs.data.shape, torch.bool) if unknown else fn(lhs.data, rhs.data)
+        mask = _and(lhs.mask, rhs.mask)
     else:
         v, oid = _scalar(rhs, "pl.cmp")
-        out = fn(lhs.data, v)
+        unknown = lhs.data.is_meta or isinstance(rhs, _MetaScalar)  # graph-only mode
+        out = _meta(lhs.data.shape, torch.bool) if unknown else fn(lhs.data, v)
         mask = lhs.mask if not oid else _and(lhs.mask, torch.full(lhs.data.shape, oid, dtype=torch.int32))
     _count(out.numel())
     return Tile(out, mask, lhs.valid)
@@ -1076,8 +1162,11 @@ def select(mask, a, b) -> Tile:
         v, oid = _scalar(b, "pl.select")
         if isinstance(v, float) and not a.data.dtype.is_floating_point and not v.is_integer():
             raise DslError(f"pl.select: fractional value {v} with a {a.dtype} tile")
-        bd = torch.full_like(a.data, v)
+        bd = _meta(a.data.shape, a.data.dtype) if isinstance(b, _MetaScalar) else torch.full_like(a.data, v)
         bm = torch.full(a.data.shape, oid, dtype=torch.int32) if oid else None
+    if m.data.is_meta or a.data.is_meta or bd.is_meta:  # graph-only mode
+        _count(a.data.numel())
+        return Tile(_meta(a.data.shape, a.data.dtype), None, a.valid)
     out = torch.where(m.data, a.data, bd)
     mask_out = None
     if a.mask is not None or bm is not None:
@@ -1178,6 +1267,16 @@ def sort32(src, idx) -> Tile:
         raise DslError(f"pl.sort32: last dim {n} is not a multiple of 32")
     if ix.data.dtype not in (torch.int32, torch.uint32) or ix.shape[1] != n or ix.shape[0] not in (1, rows):
         raise DslError(f"pl.sort32: idx must be an INT32/UINT32 [1, {n}] or [{rows}, {n}] tile, got {ix}")
+    if ix.data.is_meta:  # graph-only mode: unknown indices, unknown pairs
+        _count(rows * 2 * n * 5)
+        return Tile(_meta([rows, 2 * n], torch.float32))
+    if src.data.is_meta:
+        # graph-only mode, the ties assumption (pto.language.graph_only): unknown values sort as
+        # equal values (placeholder 0.0), so the stable sort leaves the index lanes in input order
+        _go.count_sort()
+        bits = ix.data.view(torch.float32).expand(rows, n)
+        _count(rows * 2 * n * 5)
+        return Tile(torch.stack([torch.zeros(rows, n), bits], dim=-1).reshape(rows, 2 * n))
     bits = ix.data.view(torch.float32).expand(rows, n)
     pairs = torch.stack([src.data, bits], dim=-1).reshape(rows, 2 * n)
     pmask = None
@@ -1226,6 +1325,9 @@ def mrgsort(*srcs, block_len=None, exhausted: bool = False, tmp=None) -> Tile:
         rows, m = x.shape
         if L <= 0 or L % 2 or m % L:
             raise DslError(f"pl.mrgsort: block_len={L} must be even and divide the width {m}")
+        if x.data.is_meta:  # graph-only mode
+            _count(rows * m * 2)
+            return Tile(_meta([rows, m], torch.float32))
         _check_runs(x.data, L, "mrgsort")
         group = 4 * L
         pad = (-m) % group
@@ -1247,6 +1349,10 @@ def mrgsort(*srcs, block_len=None, exhausted: bool = False, tmp=None) -> Tile:
     rows = tiles[0].shape[0]
     if any(t.shape[0] != rows for t in tiles):
         raise DslError(f"pl.mrgsort: sources differ in row count: {[list(t.shape) for t in tiles]}")
+    if any(t.data.is_meta for t in tiles):  # graph-only mode
+        width = sum(t.shape[1] for t in tiles)
+        _count(rows * width * 2)
+        return Tile(_meta([rows, width], torch.float32))
     for t in tiles:
         _check_runs(t.data, t.shape[1], "mrgsort")
     data = torch.cat([t.data for t in tiles], dim=1)
