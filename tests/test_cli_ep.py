@@ -1,5 +1,6 @@
 """``pto generate --ep N`` and ``torchrun -m pto generate``: ranks started, same tokens as one
-rank; world sizes the deployment rejects are exit 2 before any process starts."""
+rank; world sizes the deployment rejects, bad prompts and bad checkpoints are one error line and
+exit 2 before any process starts; a corrupt tensor only one rank reads is one error line too."""
 
 import json
 import os
@@ -66,3 +67,60 @@ def test_torchrun_module_entry(ckpt):
                           "generate", ckpt, *ARGS], capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-2000:]
     assert _tokens(two.stdout) == _tokens(one.stdout)
+
+
+# ---- bad input with --ep: one error line, exit 2 ----------------------------------------------
+
+def _no_spawn(monkeypatch):
+    def no_spawn(*a, **k):
+        raise AssertionError("a rank was started")
+    monkeypatch.setattr(dist, "spawn", no_spawn)
+
+
+def _error_lines(err: str) -> list:
+    return [ln for ln in err.splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("inputs, needle", [
+    (["--input-ids", "5 17 512"], "BindError: generate: request 0 token 2 = 512 is outside the vocabulary [0, 512)"),
+    (["--input-ids", " "], "BindError: generate: request 0 has an empty prompt"),
+    (["--input-ids", " ".join(["5"] * 62)],
+     "CapacityError: generate: request 0 needs 62 prompt + 3 new tokens, more than the deployment's max_context=64"),
+])
+def test_bad_prompts_are_one_error_before_any_rank_starts(ckpt, capsys, monkeypatch, inputs, needle):
+    _no_spawn(monkeypatch)
+    args = [a for a in ARGS if a not in ("--input-ids", "5 17 300")]
+    assert main(["generate", ckpt, *inputs, *args, "--ep", "2"]) == 2
+    assert _error_lines(capsys.readouterr().err) == [f"error: {needle}"]
+
+
+def test_bad_checkpoint_is_one_error_before_any_rank_starts(tmp_path, capsys, monkeypatch):
+    from safetensors.torch import load_file, save_file
+    d = write_tiny_checkpoint(tmp_path / "broken", seed=3)
+    sd = load_file(str(d / "model.safetensors"))
+    del sd["model.layers.2.ffn.experts.5.w2.weight"]
+    save_file(sd, str(d / "model.safetensors"))
+    _no_spawn(monkeypatch)
+    assert main(["generate", str(d), *ARGS, "--ep", "2"]) == 2
+    (line,) = _error_lines(capsys.readouterr().err)
+    assert line.startswith(f"error: CheckpointError: checkpoint {d}: missing tensor 'layers.2.ffn.experts.5.w2.weight'")
+    # a directory with a config.json and no tensors
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.json").write_text((d / "config.json").read_text())
+    assert main(["generate", str(tmp_path / "empty"), *ARGS, "--ep", "2"]) == 2
+    assert _error_lines(capsys.readouterr().err) == [
+        f"error: CheckpointError: checkpoint {tmp_path / 'empty'}: no *.safetensors file"]
+
+
+def test_corrupt_expert_of_one_rank_is_one_error(tmp_path, capfd):
+    """A NaN in an expert only rank 1 reads: rank 1 reports it, rank 0 stops quietly, exit 2."""
+    from safetensors.torch import load_file, save_file
+    d = write_tiny_checkpoint(tmp_path / "nan", seed=3)
+    sd = load_file(str(d / "model.safetensors"))
+    sd["model.layers.1.ffn.experts.12.w1.weight"][3, 4] = float("nan")  # experts 8..15 are rank 1's
+    save_file(sd, str(d / "model.safetensors"))
+    assert main(["generate", str(d), *ARGS, "--ep", "2"]) == 2
+    out, err = capfd.readouterr()
+    assert "tokens" not in out
+    assert _error_lines(err) == [f"error: CheckpointError: rank 1: checkpoint {d}: tensor "
+                                 "'model.layers.1.ffn.experts.12.w1.weight' holds 1 NaN or infinite value(s)"]

@@ -1101,9 +1101,7 @@ def cmd_generate(args) -> int:
 
     from pto.models.deepseek_v4.ep_model import ep_launch
 
-    code = ep_launch(args)  # --ep N: check, start N ranks, their exit code; in a rank: join the world
-    if code is not None:
-        return code
+    ep_launch(args)  # --ep N: the option checks; the ranks start once the inputs are checked (ep_start)
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -1157,20 +1155,24 @@ def cmd_generate(args) -> int:
         # pools for every prompt (at least 4 requests) of n tokens; small models get 16-row pages
         dep = DeploymentConfig.sized(ckpt.config, max(4, len(prompts)), n,
                                      block_size=16 if ckpt.config.hidden_size <= 1024 else 128)
+        if backend != "kernels" and args.check:
+            raise ConfigError("--check runs the kernels in check mode: it needs --weights int8")
+        from pto.models.deepseek_v4.generate import check_prompts
+        check_prompts(prompts, ckpt.config, dep, args.max_new_tokens)
+        from pto.models.deepseek_v4.ep_model import ep_start
+        code = ep_start(args, ckpt.config, dep)  # --ep N: start N ranks now (exit code); in a rank: join the world
+        if code is not None:
+            return code
         if backend == "kernels":
             from pto.models.deepseek_v4.layer import KernelModel
             import pto.language.distributed as pld
-            from pto.models.deepseek_v4.ep_model import EPModel
+            from pto.models.deepseek_v4.ep_model import ep_rank_model
             if pld.world_size() > 1:  # check mode includes the cross-rank race check
-                model = EPModel(ckpt, dep, check=args.check)
+                model = ep_rank_model(ckpt, dep, check=args.check)
             else:
                 model = KernelModel(ckpt, dep, check=args.check)
         else:
-            if args.check:
-                raise ConfigError("--check runs the kernels in check mode: it needs --weights int8")
             model = GoldenModel(ckpt, dep)
-        from pto.models.deepseek_v4.generate import check_prompts
-        check_prompts(prompts, model.cfg, dep, args.max_new_tokens)
     except ConfigError:
         raise
     except PtoError as e:  # bad input: exit 2, one line

@@ -46,7 +46,7 @@ from pto.errors import ConfigError, DistributedError, DslError, RaceError
 __all__ = ["World", "Window", "init", "shutdown", "local_world", "run", "spawn", "run_threads", "default_timeout_s",
            "RemoteEvent", "GlooTransport", "ThreadTransport"]
 
-_PUT, _NOTIFY, _END, _CLOSE = 1, 2, 3, 4
+_PUT, _NOTIFY, _END, _CLOSE, _STATUS = 1, 2, 3, 4, 5
 TIMEOUT_ENV = "PTO_DIST_TIMEOUT"
 
 
@@ -136,6 +136,8 @@ class World:
         self.notifies: dict = {}  # (window id, element) -> {src: stores acquired by the latest notify}
         self.events: list[RemoteEvent] = []
         self._stash: dict[int, list] = {}  # source -> messages waiting for a window (see receive)
+        self.statuses: list[dict] = [{} for _ in range(size)]  # per source: agreement number -> error or None
+        self._agreed = 0  # agreements made (agree)
 
     # ---- windows ----------------------------------------------------------------------------
     def alloc(self, name: str, nbytes: int):
@@ -293,6 +295,52 @@ class World:
             with self.cv:
                 self.ends[src] = meta
                 self.cv.notify_all()
+        elif kind == _STATUS:
+            with self.cv:
+                self.statuses[src][meta[0]] = meta[1]
+                self.cv.notify_all()
+
+    def agree(self, error: str | None, what: str) -> dict[int, str]:
+        """Every rank tells every other whether its step ``what`` (host code before any program,
+        such as loading its weights) failed, and waits for theirs: ``error`` is this rank's
+        failure (None: it succeeded). A peer that died counts as failed.
+
+        Returns:
+            ``{rank: error}`` of the ranks that failed (this one included), the same on every rank.
+
+        Raises:
+            DistributedError: a peer neither answered nor died within ``timeout_s``.
+        """
+        self._agreed += 1
+        n = self._agreed
+        failed = {self.rank: error} if error is not None else {}
+        for p in range(self.size):
+            if p != self.rank and p not in self.dead:
+                try:
+                    self.transport.send(p, _STATUS, (n, error), None)
+                except DistributedError:
+                    pass  # recorded in self.dead by the transport
+        deadline = time.monotonic() + self.timeout_s
+        with self.cv:
+            while True:
+                late = [p for p in range(self.size) if p != self.rank and n not in self.statuses[p]
+                        and p not in self.dead]
+                if not late:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DistributedError(f"rank {self.rank}: {what}: ranks {late} did not report within "
+                                           f"{self.timeout_s:g} s ({TIMEOUT_ENV})")
+                self.cv.wait(min(left, 1.0))
+            for p in range(self.size):
+                if p == self.rank:
+                    continue
+                if n in self.statuses[p]:
+                    if self.statuses[p][n] is not None:
+                        failed[p] = self.statuses[p][n]
+                else:
+                    failed[p] = f"rank {p} died ({self.dead[p]})"
+        return dict(sorted(failed.items()))
 
     def peer_failed(self, src: int, why: str) -> None:
         """The channel from ``src`` broke (the process died or closed early)."""

@@ -23,7 +23,7 @@ end-of-program exchange on every rank); the others are local. Statistics per pro
 import torch
 
 import pto.language.distributed as pld
-from pto.errors import ConfigError
+from pto.errors import ConfigError, DistributedError, PtoError
 from pto.models.deepseek_v4.config import DeploymentConfig
 from pto.models.deepseek_v4.decode_attention_hca import decode_attention_hca_kernels
 from pto.models.deepseek_v4.decode_attention_swa import decode_attention_swa_kernels
@@ -37,12 +37,17 @@ from pto.models.deepseek_v4.prefill_attention_swa import prefill_attention_swa_k
 from pto.models.deepseek_v4.weights import Checkpoint
 from pto.runtime import distributed as dist
 
-__all__ = ["EPModel", "ROUTED_KEYS"]
+__all__ = ["EPModel", "PeerFailed", "ROUTED_KEYS"]
 
 _FAMILY = {0: "swa", 4: "csa", 128: "hca"}  # compress ratio -> attention kernel family
 ROUTED_KEYS = ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")  # the per-expert MoE inputs
 _N_MOE = len(MOE_INPUTS) - 2  # moe arguments of KernelModel.layer_args (no x_hc, no input_ids)
 _IDS_AT = MOE_INPUTS.index("input_ids") - 1  # input_ids' place among moe's arguments after x_hc
+
+
+class PeerFailed(DistributedError):
+    """Another rank failed a step every rank takes together (loading its weights); that rank
+    reports the error itself, this one only stops."""
 
 
 class EPModel(KernelModel):
@@ -53,20 +58,42 @@ class EPModel(KernelModel):
         deployment: as :class:`KernelModel`.
         check: check mode for every program (cross-rank race check included).
 
+    Every rank reads only its routed experts and its vocabulary rows of the head
+    (:meth:`Checkpoint.shard`), and all of its weights at construction; the ranks then agree
+    (:meth:`World.agree`) that every one of them loaded, so a bad tensor is one error.
+
     Raises:
         ConfigError: the world size is not one the config allows (:func:`moe_ep.check_ep`),
-            or :class:`KernelModel`'s errors.
+            or :class:`KernelModel`'s errors; CheckpointError: a tensor of this rank's shard is
+            corrupt (non-finite values). These are raised on the lowest failing rank;
+            every other rank raises :class:`PeerFailed` naming it.
+        DistributedError: a peer did not report within the timeout.
     """
 
     def __init__(self, checkpoint: Checkpoint, deployment: DeploymentConfig | None = None, check: bool = False):
-        super().__init__(checkpoint, deployment, check=check, per_layer=True)
         self.ep, self.rank = pld.world_size(), pld.rank()
-        check_ep(self.kcfg, self.ep)
+        err = None
+        try:
+            check_ep(checkpoint.config, self.ep)
+            cfg = checkpoint.config
+            shard = checkpoint.shard(expert_slice(cfg, self.ep, self.rank), vocab_slice(cfg, self.ep, self.rank))
+            super().__init__(shard, deployment, check=check, per_layer=True)
+            for i in range(self.cfg.num_hidden_layers):  # this rank's weights, now: a bad tensor fails here
+                self.attn_weights(i)
+                self.ffn_weights(i)
+        except PtoError as e:
+            err = e
+        failed = pld.world().agree(None if err is None else f"{type(err).__name__}: {err}", "loading the weights")
+        if failed:
+            first, why = next(iter(failed.items()))
+            if first == self.rank:
+                raise type(err)(f"rank {self.rank}: {err}") from None
+            raise PeerFailed(f"rank {self.rank}: stopped, rank {first} failed loading its weights: {why}")
         k = self.kcfg
         self.windows = EPWindows(k)
         self._moe_ep = moe_ep_kernels(k, self.ep).moe_ep_test
         self._head_ep = lm_head_ep_kernels(k, self.ep).lm_head_ep_test
-        self._head_shard = self._head_w[4][vocab_slice(k, self.ep, self.rank)].contiguous()
+        self._head_shard = self._head_w[4]  # the checkpoint shard's head: this rank's vocabulary rows
         self._attn_entry = {
             ("prefill", "swa"): prefill_attention_swa_kernels(k).prefill_attention_swa_test,
             ("prefill", "csa"): csa_block_kernels(k, "prefill").entry,
@@ -89,16 +116,6 @@ class EPModel(KernelModel):
     def owner(self, state: KernelState) -> int:
         """The rank that runs ``state``'s attention and holds its cache pages."""
         return self._owner[state.rid]
-
-    def ffn_weights(self, i: int) -> dict:
-        """Layer ``i``'s INT8 MoE inputs with the routed experts cut to this rank's."""
-        if i not in self._ffn_w:
-            f = dict(super().ffn_weights(i))
-            sl = expert_slice(self.kcfg, self.ep, self.rank)
-            for key in ROUTED_KEYS:
-                f[key] = f[key][sl].contiguous()
-            self._ffn_w[i] = f
-        return self._ffn_w[i]
 
     def step_hidden(self, *args, **kwargs):
         """Not across ranks: MTP decoding (``generate(mtp=True)``) runs on one rank.
@@ -201,38 +218,22 @@ class EPModel(KernelModel):
 
 
 def ep_launch(args):
-    """The ``--ep`` part of ``pto generate`` (called first by the command).
-
-    * In a rank of a multi-rank run (``WORLD_SIZE > 1`` in the environment: a rank spawned by
-      ``--ep N`` or started by ``torchrun``): join the world (``pto.runtime.distributed.init``),
-      silence stdout on ranks other than 0, return None (the command goes on with
-      :class:`EPModel`).
-    * Otherwise with ``--ep N > 1``: check the request against the checkpoint's config
-      before any process starts, then start ``N`` ranks of the same command line and return
-      the exit code (0 when every rank succeeded).
-    * Otherwise (no ``--ep`` or ``--ep 1``): None.
+    """The option checks of ``pto generate --ep`` (called first by the command, before anything
+    is read): in the parent and in every rank.
 
     Raises:
-        ConfigError: ``--ep`` with a non-kernel backend, a world size the config does not
-            allow (:func:`moe_ep.check_ep`), an ``--ep`` that differs from ``WORLD_SIZE``, or
-            an unreadable checkpoint config.
+        ConfigError: ``--ep`` not a positive integer, with a non-kernel backend or ``--mtp``, or
+            an ``--ep`` that differs from ``WORLD_SIZE`` in a rank.
     """
     import os
-    import sys
-
-    from pto.errors import PtoError
-    from pto.models.deepseek_v4.weights import open_checkpoint
 
     ep = getattr(args, "ep", None)
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if ep is None and world == 1:
-        return None
     if world > 1:
         if ep is not None and ep != world:
             raise ConfigError(f"--ep {ep} but this rank runs in a world of WORLD_SIZE={world}")
-        dist.init()
-        if pld.rank() != 0:
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - one rank prints the result
+        ep = world
+    if ep is None:
         return None
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
         raise ConfigError(f"--ep must be a positive integer, got {ep!r}")
@@ -241,15 +242,63 @@ def ep_launch(args):
         raise ConfigError(f"--ep {ep}: expert parallelism runs on the kernel path (--weights int8)")
     if ep > 1 and getattr(args, "mtp", False):
         raise ConfigError(f"--ep {ep}: --mtp (self-speculative decoding) runs on one rank only")
-    try:
-        cfg = open_checkpoint(args.checkpoint, args.weights).config
-    except PtoError as e:
-        raise ConfigError(f"{type(e).__name__}: {e}") from None
+    return None
+
+
+def ep_start(args, cfg, deployment):
+    """The launch part of ``pto generate --ep`` (called once the prompts, the checkpoint's
+    tensor list and the deployment are checked, before any model is built).
+
+    * In a rank of a multi-rank run (``WORLD_SIZE > 1``: a rank spawned by ``--ep N`` or started
+      by ``torchrun``): join the world (``pto.runtime.distributed.init``), silence stdout on
+      ranks other than 0, return None (the command goes on with :func:`ep_rank_model`).
+    * Otherwise with ``--ep N > 1``: check the world size and the kernel tiling against the
+      config, then start ``N`` ranks of the same command line and return the exit code (0 when
+      every rank succeeded). Nothing has started when this raises.
+    * Otherwise: None.
+
+    Raises:
+        ConfigError: a world size the config does not allow (:func:`moe_ep.check_ep`) or a
+            deployment the kernels cannot tile.
+    """
+    import os
+    import sys
+
+    from pto.models.deepseek_v4.config import kernel_config
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    ep = world if world > 1 else getattr(args, "ep", None)
+    if ep is None:
+        return None
     check_ep(cfg, ep)
+    kernel_config(cfg, deployment)
+    if world > 1:
+        dist.init()
+        if pld.rank() != 0:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - one rank prints the result
+        return None
     if ep == 1:
         return None
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     return dist.spawn(argv, ep)
 
 
-__all__ += ["ep_launch"]
+def ep_rank_model(checkpoint: Checkpoint, deployment: DeploymentConfig, check: bool = False) -> EPModel:
+    """:class:`EPModel` for the command line: on a rank that stops because another failed
+    (:class:`PeerFailed`), stderr is silenced too, so the run prints the failing rank's error
+    once.
+
+    Raises:
+        as :class:`EPModel`.
+    """
+    import os
+    import sys
+
+    try:
+        return EPModel(checkpoint, deployment, check=check)
+    except PeerFailed:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the failing rank prints the error
+        raise
+
+
+__all__ += ["ep_launch", "ep_start", "ep_rank_model"]

@@ -29,6 +29,7 @@ Weight formats of the loaded model (``weight_format``):
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from pto.models.deepseek_v4.checkpoint import (canonical_name, dequantize_fp4,
 from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.qkv_proj_rope import quantize_weight_per_column
 
-__all__ = ["Checkpoint", "QuantWeight", "open_checkpoint", "WEIGHT_FORMATS", "INT8_WEIGHTS",
+__all__ = ["Checkpoint", "GlobalTensors", "QuantWeight", "open_checkpoint", "WEIGHT_FORMATS", "INT8_WEIGHTS",
            "quantize_rows_int8", "attention_inputs", "moe_inputs", "orthonormal_hadamard"]
 
 WEIGHT_FORMATS = ("bf16", "int8")
@@ -155,6 +156,9 @@ class Checkpoint:
                                       f"index ({weight_map[absent[0]]}) but not in that file")
         self._stored = stored
         self._canon = self._check(stored)
+        self.experts = range(self.config.n_routed_experts)  # the routed experts moe_inputs stacks
+        self.vocab_rows: slice | None = None  # head rows of globals() (None: all)
+        self._finite: set[str] = set()  # global tensors checked finite
         self.layout = "fp8" if any(d.startswith("F8") for _, _, d in stored.values()) else "hf"
 
     # ---- checking ----------------------------------------------------------------------------
@@ -242,23 +246,42 @@ class Checkpoint:
         """Canonical names of every tensor, sorted."""
         return sorted(self._canon)
 
-    def _read(self, name: str) -> torch.Tensor:
+    def _read(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
         fname = self._stored[name][0]
-        return self._handles[fname].get_tensor(name)
+        if rows is None:
+            return self._handles[fname].get_tensor(name)
+        return self._handles[fname].get_slice(name)[rows[0]:rows[1]]  # only these rows leave the file
 
-    def tensor(self, canonical: str) -> torch.Tensor:
+    def tensor(self, canonical: str, rows: slice | None = None) -> torch.Tensor:
         """One tensor by canonical name, FP32 (``tid2eid`` int64), FP8/FP4 dequantised.
 
+        ``rows`` (a ``slice(a, b)`` of the first dim, step 1) reads only those rows from the file
+        (an FP8 tensor: the 128-row blocks covering them); the result is ``tensor[a:b]`` exactly.
+
         Raises:
-            CheckpointError: unknown name; a tensor holding NaN or infinite values (a corrupt
-                file: the model would silently emit token 0), naming the stored tensor.
+            CheckpointError: unknown name; a tensor (the rows read) holding NaN or infinite values
+                (a corrupt file: the model would silently emit token 0), naming the stored tensor;
+                a ``rows`` slice outside the first dim or with a step.
         """
         p = self._canon.get(canonical)
         if p is None:
             raise CheckpointError(f"checkpoint {self.path}: no tensor {canonical!r}")
-        t = self._read(p["value"])
-        if "scale" in p:
-            s = self._read(p["scale"]).float()
+        span = cut = None
+        fp8 = self._stored[p["value"]][2] == "F8_E4M3"
+        if rows is not None:
+            n = self._stored[p["value"]][1][0]
+            a, b = (0 if rows.start is None else rows.start), (n if rows.stop is None else rows.stop)
+            if rows.step not in (None, 1) or not 0 <= a <= b <= n:
+                raise CheckpointError(f"checkpoint {self.path}: rows {rows} outside {canonical!r} (first dim {n})")
+            span, cut = (a, b), slice(0, b - a)
+            if "scale" in p and fp8:  # FP8 blocks: whole 128-row blocks, then the rows asked for
+                a0 = a // FP8_BLOCK * FP8_BLOCK
+                span, cut = (a0, min(n, -(-b // FP8_BLOCK) * FP8_BLOCK)), slice(a - a0, b - a0)
+        t = self._read(p["value"], span)
+        if "scale" in p:  # FP8: one scale row per 128 rows; FP4: one per row
+            blk = FP8_BLOCK if fp8 else 1
+            srows = None if span is None else (span[0] // blk, -(-span[1] // blk))
+            s = self._read(p["scale"], srows).float()
             if t.dtype == torch.float8_e4m3fn:
                 out = dequantize_fp8_block(t, s)
             else:
@@ -267,6 +290,8 @@ class Checkpoint:
             return t.to(torch.int64)
         else:
             out = t.float()
+        if cut is not None:
+            out = out[cut]
         bad = out.numel() - int(torch.isfinite(out).sum())
         if bad:
             raise CheckpointError(f"checkpoint {self.path}: tensor {p['value']!r} holds {bad} NaN or infinite "
@@ -309,10 +334,68 @@ class Checkpoint:
         p = self.layer_prefix(i)
         return {c[len(p):]: self.weight(c) for c in self.names if c.startswith(p)}
 
-    def globals(self) -> dict[str, torch.Tensor]:
+    def globals(self) -> "GlobalTensors":
         """The non-layer tensors: ``embed.weight``, ``head.weight``, ``norm.weight``,
-        ``hc_head_{fn,base,scale}`` (FP32)."""
-        return {c: self.tensor(c) for c in self.names if not c.startswith(("layers.", "mtp."))}
+        ``hc_head_{fn,base,scale}`` (FP32), as a mapping that reads a tensor when it is first
+        asked for (a model that never uses one, such as the golden inside the kernel model,
+        holds no copy). ``head.weight`` is :attr:`vocab_rows` of it in a :meth:`shard`.
+
+        Raises:
+            CheckpointError: (now, not on first use) one of them holds NaN or infinite values;
+                each is checked once per checkpoint (read, checked, dropped).
+        """
+        names = [c for c in self.names if not c.startswith(("layers.", "mtp."))]
+        for c in names:
+            if c not in self._finite:
+                self._global(c)
+                self._finite.add(c)
+        return GlobalTensors(self, names)
+
+    def _global(self, c: str) -> torch.Tensor:
+        return self.tensor(c, self.vocab_rows if c == "head.weight" else None)
+
+    # ---- expert parallelism ------------------------------------------------------------------
+    def shard(self, experts: slice, vocab_rows: slice) -> "Checkpoint":
+        """A view of this checkpoint for one expert-parallel rank (same files, nothing read):
+        :func:`moe_inputs` stacks only the routed experts ``experts`` (``[E_local, ...]``) and
+        :meth:`globals`' ``head.weight`` is the rows ``vocab_rows`` of the head (the rank's
+        vocabulary shard, ``[V / N, D]``). Every other tensor is the whole one.
+
+        Raises:
+            CheckpointError: a range outside ``[0, n_routed_experts)`` / ``[0, vocab_size)``.
+        """
+        import copy
+
+        E, V = self.config.n_routed_experts, self.config.vocab_size
+        e, v = range(E)[experts], range(V)[vocab_rows]
+        if len(e) == 0 or e.step != 1 or len(v) == 0 or v.step != 1 or experts.stop > E or vocab_rows.stop > V:
+            raise CheckpointError(f"checkpoint {self.path}: shard experts {experts} / vocabulary rows {vocab_rows} "
+                                  f"outside {E} experts / {V} rows")
+        view = copy.copy(self)
+        view.experts = e
+        view.vocab_rows = slice(v.start, v.stop)
+        view._finite = set()
+        return view
+
+
+class GlobalTensors(Mapping):
+    """:meth:`Checkpoint.globals`: canonical name -> FP32 tensor, read on first access, then kept."""
+
+    def __init__(self, ckpt: Checkpoint, names: list[str]):
+        self._ckpt, self._names, self._got = ckpt, names, {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._names:
+            raise KeyError(name)
+        if name not in self._got:
+            self._got[name] = self._ckpt._global(name)
+        return self._got[name]
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def open_checkpoint(path, weight_format: str = "bf16") -> Checkpoint:
@@ -391,7 +474,8 @@ def moe_inputs(ckpt: Checkpoint, i: int, weight_format: str | None = None) -> di
     ``input_ids`` (pypto-lib `models/deepseek/v4-flash/moe.py`): FP32 HC parameters, router weight and bias
     (zeros on hash layers), INT32 ``tid2eid`` (zeros on learned layers), ``ffn_norm`` as
     ``norm_w``; routed ``w1 / w3 [E, F, D]``, ``w2 [E, D, F]`` and shared ``sh_w1 / sh_w3
-    [F, D]``, ``sh_w2 [D, F]``: for ``"int8"`` (default: the checkpoint's format) INT8 per
+    [F, D]``, ``sh_w2 [D, F]`` (the routed ones: the checkpoint's :attr:`Checkpoint.experts`, all
+    ``E`` unless it is a :meth:`Checkpoint.shard`, ``E_local`` then): for ``"int8"`` (default: the checkpoint's format) INT8 per
     output row with FP32 scales and a BF16 ``norm_w`` (the kernel's inputs), for ``"bf16"``
     the FP32 weights with ``None`` scales and an FP32 ``norm_w`` (``golden_moe``'s parity
     inputs).
@@ -419,7 +503,7 @@ def moe_inputs(ckpt: Checkpoint, i: int, weight_format: str | None = None) -> di
         "tid2eid": (t(p + "ffn.gate.tid2eid") if hash_layer else torch.zeros(V, K, dtype=torch.int64)).to(torch.int32),
     }
     for leaf in ("w1", "w3", "w2"):
-        per = [rows(t(f"{p}ffn.experts.{e}.{leaf}.weight")) for e in range(E)]
+        per = [rows(t(f"{p}ffn.experts.{e}.{leaf}.weight")) for e in ckpt.experts]
         out[leaf] = torch.stack([c for c, _ in per])
         out[leaf + "_scale"] = None if fmt == "bf16" else torch.stack([s for _, s in per])
         out["sh_" + leaf], out[f"sh_{leaf}_scale"] = rows(t(f"{p}ffn.shared_experts.{leaf}.weight"))
