@@ -193,6 +193,9 @@ def concat(*tiles) -> Tile:
         if t.data.dim() != first.data.dim() or t.shape[:-1] != first.shape[:-1]:
             raise DslError(f"pl.concat: shapes {list(first.shape)} and {list(t.shape)} differ beyond the last dim")
     _count()
+    if any(t.data.is_meta for t in ts):  # graph-only mode: an unknown part makes the whole tile unknown
+        from pto.language.graph_only import meta
+        return Tile(meta(list(first.shape[:-1]) + [sum(t.shape[-1] for t in ts)], first.data.dtype))
     data = torch.cat([t.data for t in ts], dim=-1)
     mask = None
     if any(t.mask is not None for t in ts):

@@ -21,6 +21,7 @@ import torch
 
 from pto.errors import DslError
 from pto.language import _ctx
+from pto.language import graph_only as _go
 from pto.language.dtypes import as_dtype
 from pto.language.tile_ops import PadValue, Tile, _pad_scalar, tile_assemble, tile_key, tile_reshape, tile_slice
 from pto.language.typing import ScalarValue, as_int, concrete
@@ -408,6 +409,8 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
     key = tuple(map(_pyslice, starts, vstops))
     src = _window(t, starts, vstops)
     box = t.box(starts, vstops)
+    if buf.go is not None:  # graph-only mode: an unknown window loads an unknown (meta) tile
+        src = buf.go.load(src, box, blk)
     if box is not None:  # manual_dep tensors too: the race checker needs them
         if type(box) is list:
             blk.fp.extend((buf, b, R) for b in box)
@@ -425,6 +428,8 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
     if vstops == stops:
         return Tile(src.clone(), mask, valid)
     fill = 0 if pad is None else _pad_scalar(src.dtype, pad)
+    if src.is_meta:  # graph-only mode: the padded tile is unknown too
+        return Tile(_go.meta(shape, src.dtype), None, valid)
     pads = []  # (before, after) per dim, last dim first: the valid values, then the pad value
     for n, v in zip(reversed(shape), reversed(valid)):
         pads += (0, n - v)
@@ -467,7 +472,14 @@ def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
     key = tuple(map(_pyslice, starts, stops))
     src = tile.data if tile.valid is None else tile.data[tuple(_pyslice(0, e) for e in ext)]
     dst = _window(t, starts, stops)
-    if atomic is None:
+    if buf.go is not None or dst.is_meta:  # graph-only mode: no float storage, unknown masks
+        if atomic is not None and (atomic != AtomicType.Add or not (
+                dst.dtype.is_floating_point or dst.dtype in (torch.int32, torch.int16, torch.int8))):
+            raise DslError(f"{t.name}: atomic add on dtype {t.dtype} is not supported" if atomic == AtomicType.Add
+                           else f"{t.name}: unknown atomic type {atomic!r}")
+        if buf.go is not None:
+            buf.go.store(dst, src, t.box(starts, stops), atomic is not None, blk)
+    elif atomic is None:
         dst.copy_(src)
     elif atomic == AtomicType.Add:
         if not (dst.dtype.is_floating_point or dst.dtype in (torch.int32, torch.int16, torch.int8)):
@@ -522,8 +534,13 @@ def _read_elem(t: GMTensor, idx):
     off = t.buf.base_off + t._off
     for i, st in zip(idx, t._strides):
         off += i * st
-    value = t.data.as_strided((), (), off).item()  # the element data[idx], one view instead of one per dim
     blk = _ctx.state.block
+    if buf.go is not None:  # graph-only mode: a MetaScalar for an unknown element
+        value = buf.go.read(t, idx, off, blk)
+    elif t.data.is_meta:
+        value = _go.MetaScalar(_go.read_origin(t.name, idx), t.data.dtype)
+    else:
+        value = t.data.as_strided((), (), off).item()  # the element data[idx], one view instead of one per dim
     box = t.box(idx, [i + 1 for i in idx])
     if blk is not None:
         # manual_dep tensors too, as for a tile load: derivation skips them, the race checker needs them
@@ -711,11 +728,15 @@ def read(src, idx):
                 if type(i) is not int or not 0 <= i < n:
                     break
             else:
+                if d.is_meta:  # graph-only mode: an unknown tile element
+                    return _go.MetaScalar(_go.read_origin("tile element", key), d.dtype)
                 return _tile_value(src, d, key)
     if not isinstance(idx, (list, tuple)):
         idx = [idx]
     if isinstance(src, Tile):
         key = _tile_element("read", src, idx)
+        if src.data.is_meta:  # graph-only mode: an unknown tile element
+            return _go.MetaScalar(_go.read_origin("tile element", key), src.data.dtype)
         v = src.data[key].item()
         if src.mask is not None:
             tag = int(src.mask[key])
@@ -796,6 +817,9 @@ def write(dst, idx, value):
         raise DslError(f"pl.write: fractional value {v} into {what}; cast it first{_where()}")
     if isinstance(dst, Tile):
         idx = _tile_element("write", dst, idx)
+        if isinstance(value, _go.MetaScalar) or dst.data.is_meta:  # graph-only mode: the tile becomes unknown
+            dst.data = _go.meta(dst.data.shape, dst.data.dtype)
+            return dst
         dst.data[idx] = v
         if dst.mask is not None or undefined:
             dst.own_mask()[tuple(idx)] = oid
@@ -803,8 +827,11 @@ def write(dst, idx, value):
     if not isinstance(dst, GMTensor):
         raise DslError(f"pl.write: expected a tensor or tile, got {type(dst).__name__}")
     _check_element_index("write", dst, idx)
-    t = Tile(torch.tensor(v, dtype=dst.data.dtype).reshape([1] * len(idx)),
-             None if not undefined else torch.full([1] * len(idx), oid, dtype=torch.int32))
+    if isinstance(value, _go.MetaScalar):  # graph-only mode: an unknown element
+        t = Tile(_go.meta([1] * len(idx), dst.data.dtype))
+    else:
+        t = Tile(torch.tensor(v, dtype=dst.data.dtype).reshape([1] * len(idx)),
+                 None if not undefined else torch.full([1] * len(idx), oid, dtype=torch.int32))
     _store(dst, idx, t, None)
     return dst
 

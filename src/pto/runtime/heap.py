@@ -56,7 +56,7 @@ class Buffer:
 
     __slots__ = ("id", "name", "site", "kind", "direction", "shape", "dtype", "nbytes", "offset", "base_off",
                  "C", "shadow", "untracked", "freed", "program", "init_value", "init_dropped", "written",
-                 "readonly", "data", "scope", "partial", "tasks_before", "slow", "pending")
+                 "readonly", "data", "scope", "partial", "tasks_before", "slow", "pending", "go")
 
     def __init__(self, bid, name, site, kind, data: torch.Tensor, program, direction="in", offset=None,
                  init_value=None, untracked=False):
@@ -87,6 +87,7 @@ class Buffer:
         # schedule-sensitivity run (RunConfig.block_order; ``pending`` lists them)
         self.slow = False
         self.pending = None
+        self.go = None  # graph-only record of a real-storage buffer (pto.runtime.graph_only.BufferState)
 
     def __repr__(self) -> str:
         return f"Buffer(#{self.id} {self.name!r} {list(self.shape)} {self.dtype} at {self.site})"
@@ -118,17 +119,21 @@ class RingHeap:
 
     Args:
         size_bytes: heap capacity in bytes (>= 1024).
+        backing: reserve the backing bytes (False: plan offsets and peaks only, graph-only
+            mode; :meth:`view` is then unavailable).
 
     Raises:
         HeapExhaustedError: from :meth:`alloc` when a request does not fit.
     """
 
-    def __init__(self, size_bytes: int):
+    def __init__(self, size_bytes: int, backing: bool = True):
         self.size = int(size_bytes)
-        with _STORAGE_LOCK:
-            st = _STORAGE.pop(self.size, None)
-        if st is None:
-            st = torch.empty(self.size, dtype=torch.uint8)
+        st = None
+        if backing:
+            with _STORAGE_LOCK:
+                st = _STORAGE.pop(self.size, None)
+            if st is None:
+                st = torch.empty(self.size, dtype=torch.uint8)
         self.storage = st
         self.live: deque = deque()  # [offset, size, freed]
         self.head = 0
@@ -197,6 +202,8 @@ class RingHeap:
     def release(self) -> None:
         """Hand the backing buffer back for the next program (its bytes stay as they are);
         the previously idle one, if any, is dropped. Called once, when the program ends."""
+        if self.storage is None:
+            return
         with _STORAGE_LOCK:
             _STORAGE.clear()
             _STORAGE[self.size] = self.storage

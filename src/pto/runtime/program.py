@@ -29,6 +29,7 @@ from pto.language.tensor_ops import GMTensor
 from pto.language.typing import INOUT, OUT, DynVar, TensorType
 from pto.runtime.deps import DepTracker, LazyDerivation, coalesce, derive_task
 from pto.runtime.graph import KIND_NAMES, Block, Footprint, Task, TaskGraph
+from pto.runtime.graph_only import GraphOnlyState
 from pto.runtime.heap import POISON_BYTE, Buffer, RingHeap, validate_init_value
 
 __all__ = ["RunConfig", "Program", "ProgramStats"]
@@ -62,6 +63,11 @@ class RunConfig:
             they ran). Any valid schedule of a correct program gives the same result up to
             the rounding of its atomic adds; ``pto check --block-order`` compares.
         block_order_seed: seed of ``"shuffle"`` (an int; same seed, same orders).
+        execute: ``False`` is graph-only mode (docs/graph_only.md): the orchestration runs and
+            the task graph, footprints, edges and heap plan are recorded as in a real run, but
+            float (and INT8) data is shape-only (torch ``meta``) and tile math on it is skipped;
+            integer index data (block tables, positions, ids) is computed for real. Out / InOut
+            arguments are not written. Not combinable with ``check`` or a ``block_order``.
     """
 
     heap_bytes: int = 1 << 30
@@ -70,13 +76,14 @@ class RunConfig:
     drop_init: tuple = ()
     block_order: str = "program"
     block_order_seed: int = 0
+    execute: bool = True
 
     def validate(self) -> "RunConfig":
         """Raises ConfigError on a heap smaller than 1024 bytes, a ``check`` or
         ``keep_footprints`` that is not a bool, or a ``drop_init`` that is not a tuple of names."""
         if isinstance(self.heap_bytes, bool) or not isinstance(self.heap_bytes, int) or self.heap_bytes < 1024:
             raise ConfigError(f"RunConfig.heap_bytes must be an int >= 1024, got {self.heap_bytes!r}")
-        for f in ("check", "keep_footprints"):
+        for f in ("check", "keep_footprints", "execute"):
             v = getattr(self, f)
             if not isinstance(v, bool):
                 raise ConfigError(f"RunConfig.{f} must be True or False, got {type(v).__name__} {v!r}")
@@ -87,6 +94,9 @@ class RunConfig:
                               f"{self.block_order!r}")
         if isinstance(self.block_order_seed, bool) or not isinstance(self.block_order_seed, int):
             raise ConfigError(f"RunConfig.block_order_seed must be an int, got {self.block_order_seed!r}")
+        if not self.execute and (self.check or self.block_order != "program"):
+            raise ConfigError("RunConfig(execute=False) (graph-only mode) computes no float data: it cannot be "
+                              "combined with check=True or a block_order other than 'program'")
         return self
 
 
@@ -108,6 +118,12 @@ class ProgramStats:
     scratch_bytes: int = 0
     scratch_tensors: int = 0
     init_bytes: int = 0
+    # graph-only mode (RunConfig(execute=False), pto.runtime.graph_only): reads of assumed values,
+    # footprint boxes that may follow from them, sorts of unknown values under the ties assumption
+    graph_only: bool = False
+    assumed_reads: int = 0
+    assumed_footprints: int = 0
+    assumed_sorts: int = 0
     wall_us: float = 0.0
     task_wall_us: float = 0.0
 
@@ -191,8 +207,10 @@ class Program:
                               f"{config!r}; write config=pto.RunConfig(...)")
         self.config = (config or RunConfig()).validate()
         self.check = self.config.check
+        # graph-only mode (RunConfig(execute=False)): pto.runtime.graph_only.GraphOnlyState
+        self.go = None if self.config.execute else GraphOnlyState(self)
         try:
-            self.heap = RingHeap(self.config.heap_bytes)
+            self.heap = RingHeap(self.config.heap_bytes, backing=self.go is None)
         except (RuntimeError, MemoryError) as e:
             raise ConfigError(f"RunConfig.heap_bytes={self.config.heap_bytes}: cannot reserve that many bytes of "
                               f"host memory for the ring heap ({type(e).__name__}); lower heap_bytes "
@@ -295,6 +313,8 @@ class Program:
                 self.pop_scope()
             self.pop_scope()
             self._finish_stats()
+            if self.go is not None:
+                self.go.finish(self.stats)
             self.heap.release()
             if not ok:
                 self.result = None
@@ -333,7 +353,11 @@ class Program:
             raise BindError(f"kernel {self.name}: parameter {p.name!r} must be contiguous (call .contiguous())")
         direction = p.ann.direction
         partial = p.ann.partial
-        if direction == OUT and self.check and not partial:
+        if self.go is not None:  # graph-only: shape-only floats, the caller's index tensors (never written)
+            data = self.go.bind(t)
+            if data is t and direction in (OUT, INOUT):
+                data = t.clone()
+        elif direction == OUT and self.check and not partial:
             data = torch.empty_like(t)  # poisoned below: an Out argument is undefined until written
         else:
             data = t if direction not in (OUT, INOUT) else t.clone()
@@ -341,6 +365,8 @@ class Program:
                      direction=direction)
         buf.readonly = direction not in (OUT, INOUT)
         buf.partial = partial
+        if self.go is not None:
+            self.go.attach(buf)
         self.buffers.append(buf)
         if self.check and direction in (OUT, INOUT):
             # Out (and PartialOut) elements are undefined until written; a PartialOut keeps the
@@ -367,6 +393,8 @@ class Program:
     def _copy_back(self) -> None:
         # in check mode the output check passed: every element of an Out was written, and the
         # unwritten elements of a PartialOut still hold the caller's values in the private copy
+        if self.go is not None:
+            return  # graph-only mode writes no output
         for p, caller, g in self.args:
             if g.buf.direction in (OUT, INOUT):
                 caller.copy_(g.data)
@@ -423,16 +451,24 @@ class Program:
             n *= s
         nbytes = n * dtype.itemsize
         off = self.heap.alloc(nbytes, f"{name!r} {list(shape)} {dtype} at {site}")
-        data = self.heap.view(off, shape, dtype.torch)
-        if init_value is not None:
-            data.fill_(init_value)
-            self.stats.init_bytes += nbytes
-        elif self.check:
-            _poison(data)
+        assumption = None
+        if self.go is not None:  # graph-only: planned in the heap, stored elsewhere (or shape-only)
+            data, assumption = self.go.allocate(name, site, shape, dtype, init_value)
+            if init_value is not None:
+                self.stats.init_bytes += nbytes
+        else:
+            data = self.heap.view(off, shape, dtype.torch)
+            if init_value is not None:
+                data.fill_(init_value)
+                self.stats.init_bytes += nbytes
+            elif self.check:
+                _poison(data)
         buf = Buffer(len(self.buffers) + 1, name, site, "scratch", data, self, offset=off,
                      init_value=init_value, untracked=manual_dep)
         buf.init_dropped = dropped
         buf.tasks_before = len(self.graph.tasks)
+        if self.go is not None:
+            self.go.attach(buf, assumption)
         if self.check:
             buf.shadow = torch.zeros(buf.shape, dtype=torch.int32) if init_value is not None else \
                 torch.full(buf.shape, buf.id, dtype=torch.int32)
@@ -487,6 +523,8 @@ class Program:
 
     def end_block(self) -> None:
         """Close the current block."""
+        if self.go is not None and self.cur_block is not None:
+            self.go.end_block(self.cur_block)
         _ctx.state.block = self.cur_block = None
 
     def end_task(self, task: Task, ok: bool) -> None:
