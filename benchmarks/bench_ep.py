@@ -6,12 +6,15 @@ Batch: 4 prompts of ``--prompt`` random tokens each (default 32), ``--new`` gree
 best kept (the machine is shared). Reported per configuration: wall of the timed generate
 (prefill + decode; rank 0's clock, every rank runs in lockstep), prefill wall, decode ms per
 step, whether the tokens equal EP1's, and per rank the tasks of one decode step (per program
-kind and in all) and the routed expert bytes it holds. On a 2-core machine EP2 is expected to
+kind and in all), the routed expert bytes it holds and its peak resident memory (VmHWM: after the
+model is built, and at the end; checkpoint pages a rank read count). ``--experts 64 --moe-inter
+512`` writes a checkpoint whose experts are most of its 300 MiB, where the per-rank memory of
+expert parallelism shows. On a 2-core machine EP2 is expected to
 be slower than EP1: two processes share two cores, every MoE and head program adds an
 exchange, prefill is not parallel (one request at a time, its owner's attention), and the
 tiny model's experts are too small for the split to pay.
 
-    python benchmarks/bench_ep.py [--ep 1,2] [--prompt 32] [--new 4] [--repeat 1]
+    python benchmarks/bench_ep.py [--ep 1,2] [--prompt 32] [--new 4] [--repeat 1] [--experts E --moe-inter F]
     python benchmarks/bench_ep.py --flash-counts 2,8     # FLASH decode step tasks per rank
 """
 
@@ -37,6 +40,17 @@ def _prompts(n: int, length: int, vocab: int) -> list[list[int]]:
     return [torch.randint(0, vocab, (length + 3 * i,), generator=g).tolist() for i in range(n)]
 
 
+def _rss_mib() -> tuple[float, float]:
+    """(current, peak) resident set size of this process in MiB (``/proc/self/status`` VmRSS,
+    VmHWM: the checkpoint pages a rank touched count, as they are resident)."""
+    got = {}
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                got[line.split(":")[0]] = int(line.split()[1]) / 1024
+    return got.get("VmRSS", 0.0), got.get("VmHWM", 0.0)
+
+
 def _rank(out_dir: str, ckpt: str, length: int, new: int, repeat: int) -> None:
     """One rank (or the EP1 process): generate, write ``rank{r}.json``."""
     from pto.models.deepseek_v4.config import get_deployment
@@ -54,6 +68,7 @@ def _rank(out_dir: str, ckpt: str, length: int, new: int, repeat: int) -> None:
         model = EPModel(ck, dep)
     else:
         model = KernelModel(ck, dep, per_layer=True)
+    rss_model = _rss_mib()[1]
     prompts = _prompts(4, length, ck.config.vocab_size)
     step_tasks = _decode_step_tasks(model, prompts)  # also the warm-up
     best = None
@@ -67,7 +82,8 @@ def _rank(out_dir: str, ckpt: str, length: int, new: int, repeat: int) -> None:
     f = model.ffn_weights(0)
     expert_bytes = sum(f[k].numel() * f[k].element_size() for k in ("w1", "w1_scale", "w3", "w3_scale", "w2",
                                                                     "w2_scale")) * model.cfg.num_hidden_layers
-    best.update(rank=w.rank, ep=w.size, step_tasks=step_tasks, expert_bytes=expert_bytes)
+    best.update(rank=w.rank, ep=w.size, step_tasks=step_tasks, expert_bytes=expert_bytes, rss_model_mib=rss_model,
+                rss_peak_mib=_rss_mib()[1])
     with open(os.path.join(out_dir, f"rank{w.rank}.json"), "w") as fh:
         json.dump(best, fh)
 
@@ -159,6 +175,11 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=32, help="prompt tokens of the first request (default 32)")
     ap.add_argument("--new", type=int, default=4, help="new tokens per request (default 4)")
     ap.add_argument("--repeat", type=int, default=1, help="timed runs after the warm-up (default 1)")
+    ap.add_argument("--experts", type=int, default=None,
+                    help="routed experts of the checkpoint (default: the tiny preset's 16)")
+    ap.add_argument("--moe-inter", type=int, default=None,
+                    help="expert intermediate size (default: the tiny preset's 64); with --experts, a checkpoint "
+                         "whose experts dominate its bytes, to see the per-rank memory of expert parallelism")
     ap.add_argument("--flash-counts", metavar="SIZES", default=None,
                     help="instead: per-rank tasks of the FLASH decode step's MoE and head at these EP sizes "
                          "(e.g. 2,8; ranks as threads, zero weights)")
@@ -188,7 +209,14 @@ def main(argv=None) -> int:
     sizes = [int(x) for x in args.ep.split(",")]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = str(write_tiny_checkpoint(os.path.join(tmp, "tiny"), seed=0))
+        import dataclasses
+
+        from pto.models.deepseek_v4.config import get_config
+        tiny = get_config("tiny")
+        cfg = dataclasses.replace(tiny, n_routed_experts=args.experts or tiny.n_routed_experts,
+                                  moe_intermediate_size=args.moe_inter or tiny.moe_intermediate_size)
+        ckpt = str(write_tiny_checkpoint(os.path.join(tmp, "tiny"), seed=0, cfg=cfg))
+        ck_mib = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt)) / 2**20
         for ep in sizes:
             out = os.path.join(tmp, f"ep{ep}")
             os.makedirs(out)
@@ -204,8 +232,9 @@ def main(argv=None) -> int:
                     return 1
             results[ep] = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(ep)]
     base = results[sizes[0]][0]
-    con = Console()
-    t = Table(title=f"EP on the tiny checkpoint: 4 requests, prompts {args.prompt}..{args.prompt + 9} tokens, "
+    con = Console(width=max(160, Console().width))
+    t = Table(title=f"EP on the tiny checkpoint ({cfg.n_routed_experts} experts of {cfg.moe_intermediate_size}, "
+                    f"{ck_mib:.0f} MiB on disk): 4 requests, prompts {args.prompt}..{args.prompt + 9} tokens, "
                     f"{args.new} new each (best of {args.repeat})")
     for c in ("config", "wall s", "prefill s", "decode ms/step", "wall / EP1", "same tokens"):
         t.add_column(c, justify="right")
@@ -216,13 +245,13 @@ def main(argv=None) -> int:
                   str(all(r["tokens"] == base["tokens"] for r in ranks)))
     con.print(t)
     t2 = Table(title="per rank: tasks of one decode step (4 requests) by program, routed expert bytes held")
-    for c in ("config", "rank", "tasks", "by program", "expert MiB"):
+    for c in ("config", "rank", "tasks", "by program", "expert MiB", "RSS peak MiB (model built)", "RSS peak MiB"):
         t2.add_column(c, justify="right" if c != "by program" else "left")
     for ep, ranks in results.items():
         for r in ranks:
             st = r["step_tasks"]
             t2.add_row(f"EP{ep}", str(r["rank"]), str(sum(st.values())),
-                       ", ".join(f"{k} {v}" for k, v in sorted(st.items())), f"{r['expert_bytes'] / 2**20:.2f}")
+                       ", ".join(f"{k} {v}" for k, v in sorted(st.items())), f"{r['expert_bytes'] / 2**20:.2f}", f"{r['rss_model_mib']:.0f}", f"{r['rss_peak_mib']:.0f}")
     con.print(t2)
     return 0
 
