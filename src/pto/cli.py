@@ -1264,13 +1264,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _pypto_args(p):
-    p.add_argument("file", help="a pypto script (e.g. a pypto-lib kernel file)")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    # FILE is optional for argparse so that a bare `pto pypto` gets our usage line (argparse
+    # would say "required: file, script_args", naming the REMAINDER list as if it were needed)
+    p.add_argument("file", nargs="?", metavar="FILE", help="a pypto script (e.g. a pypto-lib kernel file)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments passed to the script")
 
 
 @command("pypto", "run a pypto script as it is (pypto.language and golden served by pto, check mode)", _pypto_args)
 def cmd_pypto(args) -> int:
-    """``pto pypto FILE.py [ARGS...]``: see pto.compat; the exit code is the script's."""
+    """``pto pypto FILE.py [ARGS...]``: see pto.compat; the exit code is the script's.
+
+    Raises:
+        ConfigError: no FILE given (exit 2 with the usage).
+    """
+    if args.file is None:
+        raise ConfigError("pto pypto needs a pypto script to run: pto pypto FILE.py [ARGS ...] "
+                          "(pypto.language served by pto, check mode; docs/porting.md)")
     from pto.compat import run_file
     return run_file(args.file, args.script_args)
 
