@@ -92,9 +92,11 @@ def _generate_ep(tmp_path, ep, max_new, check):
             assert torch.equal(a, b)
         for sa, sb in zip(got["step_logits"], ref.step_logits):
             assert len(sa) == len(sb) == max_new and all(torch.equal(a, b) for a, b in zip(sa, sb))
-        # 6 layers x (4 prefills + (max_new - 1) decode steps) MoE programs on every rank
-        assert got["programs"]["moe_ep"] == 6 * (4 + max_new - 1)
-        assert got["programs"]["lm_head_ep"] == 4 + max_new - 1
+        assert len(got["prompt_logits"]) == len(ref.prompt_logits) == 4
+        # prefill in parallel: each rank prefills its 4 / ep one-chunk requests in 4 / ep rounds,
+        # so 6 layers x (4 / ep prefill rounds + (max_new - 1) decode steps) MoE programs on every rank
+        assert got["programs"]["moe_ep"] == 6 * (4 // ep + max_new - 1)
+        assert got["programs"]["lm_head_ep"] == 4 // ep + max_new - 1
         # attention runs on the owner only (EP2: rank r owns requests 2r, 2r + 1)
         assert got["programs"]["prefill_attention_swa"] == 2 * (4 // ep)  # 2 SWA layers
     return ref

@@ -190,6 +190,44 @@ class EPModel(KernelModel):
 
     __call__ = forward
 
+    def prefill_many(self, prompts: list[list[int]], states: list[KernelState], chunk: int) -> list[list[torch.Tensor]]:
+        """Prefill every request, the ranks in parallel (attention data parallel in prefill too):
+        each rank prefills its own requests' chunks in order, one chunk per round, and a round's
+        MoE and head programs carry every rank's chunk (a rank with no chunk left passes no rows).
+        Rounds: the most chunks any rank owns (4 one-chunk requests on 2 ranks: 2 rounds, was 4).
+
+        Returns:
+            per request, its chunks' logits ``[S_c, V]`` FP32 in order (the same on every rank;
+            bit-identical to one chunk at a time, docs/distributed.md).
+
+        Raises:
+            BindError / CapacityError: as :meth:`forward`, for any request (before any program).
+        """
+        ids = [self.golden.check_ids(p, st) for p, st in zip(prompts, states)]
+        queues: list[list] = [[] for _ in range(self.ep)]  # per rank: (request, chunk ids) in order
+        for r, st in enumerate(states):
+            for c0 in range(0, ids[r].numel(), chunk):
+                queues[self.owner(st)].append((r, ids[r][c0:c0 + chunk]))
+        out: list[list[torch.Tensor]] = [[] for _ in prompts]
+        for i in range(max(len(q) for q in queues)):
+            items = [q[i] if i < len(q) else None for q in queues]
+            counts = [0 if it is None else it[1].numel() for it in items]
+            mine = items[self.rank]
+            if mine is not None:
+                st, S = states[mine[0]], counts[self.rank]
+                self.cache.reserve(st.rid, S)
+                logits = self._ep_step(mine[1], [st.rid], torch.arange(st.pos, st.pos + S), True, counts)
+                self.cache.commit(st.rid, S)
+            else:
+                logits = self._ep_step(ids[0][:0], [], torch.zeros(0, dtype=torch.int64), True, counts)
+            off = 0
+            for it, n in zip(items, counts):
+                if it is not None:
+                    out[it[0]].append(logits[off:off + n])
+                    states[it[0]].pos += n
+                    off += n
+        return out
+
     def decode(self, tokens: list[int], states: list[KernelState]) -> torch.Tensor:
         """One decode step of ``B`` requests; each rank runs the attention of its own; logits
         ``[B, V]`` FP32 (batch order) on every rank.

@@ -10,7 +10,9 @@ steps over the requests still running until each stops at ``eos_token_id`` or af
 same ``new_state()``, ``forward(ids, state) -> logits [S, V]``, ``cfg`` and ``deployment``;
 a model with a ``decode(tokens, states) -> logits [B, V]`` method gets one batched call per
 decode step, otherwise each running request is stepped in turn; a model with
-``release_state(state)`` gets every request's state back at the end (its cache pages).
+``release_state(state)`` gets every request's state back at the end (its cache pages); a model
+with ``prefill_many(prompts, states, chunk) -> [[chunk logits [S, V]] per request]`` prefills
+every request in one call (its own order of the chunks, e.g. several requests at once).
 """
 
 from __future__ import annotations
@@ -188,12 +190,17 @@ def _run(model, prompts, states, res, chunk, max_new_tokens, eos, keep_logits, p
     done = 0
     running = []
     with torch.no_grad():
+        chunked = None
+        if hasattr(model, "prefill_many"):  # every request's chunks in one call (EPModel: ranks in parallel)
+            t0 = time.perf_counter()
+            chunked = model.prefill_many(prompts, states, chunk)
+            res.prefill_s += time.perf_counter() - t0
         for r, p in enumerate(prompts):
             t0 = time.perf_counter()
-            parts = []
+            parts = [] if chunked is None else chunked[r]
             for c0 in range(0, len(p), chunk):
-                logits = model.forward(p[c0:c0 + chunk], states[r])
-                parts.append(logits)
+                if chunked is None:
+                    parts.append(model.forward(p[c0:c0 + chunk], states[r]))
                 done += min(chunk, len(p) - c0)
                 if progress:
                     progress(done, total, "prefill")
