@@ -57,7 +57,8 @@ def test_written_in_parameter_warns_with_the_kernel_line(capsys):
     assert len(w) == 1 and w[0].filename == str(MINI / "gather_scores.py") and w[0].lineno == 40
 
 
-def test_unsupported_construct_is_one_error_naming_it_and_the_line(capsys):
+def test_unsupported_construct_is_one_error_naming_it_and_the_line(capsys, monkeypatch):
+    monkeypatch.chdir("/")  # the script is not under the cwd: its path is shown absolute
     code, out = _run(MINI / "unsupported.py", capsys=capsys)
     assert code == 1
     lines = [ln for ln in out.err.splitlines() if ln.startswith("error:")]

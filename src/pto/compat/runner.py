@@ -12,6 +12,7 @@ run in one process).
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 import types
@@ -37,6 +38,15 @@ def project_root(script_dir: str) -> str:
         d = parent
 
 
+def _shown(text: str) -> str:
+    """``text`` with every absolute path under the current directory written relative to it
+    (``/home/u/lib/k.py:8`` -> ``lib/k.py:8`` when run from ``/home/u``); other paths as they are."""
+    cwd = os.getcwd()
+    if cwd == os.sep:
+        return text
+    return re.sub(rf"(?<![\w.~/-]){re.escape(cwd + os.sep)}", "", text)
+
+
 def _user_line(tb, roots) -> str:
     """``file:line`` of the innermost traceback frame in the user's files ("" if none)."""
     site = ""
@@ -51,7 +61,8 @@ def run_file(path: str, argv=(), stderr=None) -> int:
     """Run the pypto script ``path`` with arguments ``argv``; returns its exit code.
 
     A pto error stops the script with one ``error:`` line on ``stderr`` naming the error, the
-    construct and the user's line (exit 1; ``PTO_DEBUG=1`` re-raises for the traceback).
+    construct and the user's line (exit 1; ``PTO_DEBUG=1`` re-raises for the traceback). Paths
+    under the current directory are shown relative to it (:func:`_shown`).
 
     Raises:
         ConfigError: ``path`` is not a readable ``.py`` file.
@@ -63,12 +74,12 @@ def run_file(path: str, argv=(), stderr=None) -> int:
     stderr = stderr or sys.stderr
     path = os.path.abspath(path)
     if not os.path.isfile(path):
-        raise ConfigError(f"pto pypto: no such file {path!r}")
+        raise ConfigError(f"pto pypto: no such file {_shown(path)!r}")
     try:
         with open(path, encoding="utf-8") as f:
             source = f.read()
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"pto pypto: cannot read {path!r}: {e}") from None
+        raise ConfigError(_shown(f"pto pypto: cannot read {path!r}: {e}")) from None
     script_dir = os.path.dirname(path)
     roots = sorted({os.path.realpath(script_dir), project_root(script_dir)})
     saved_argv, saved_path, saved_main = sys.argv, list(sys.path), sys.modules.get("__main__")
@@ -97,7 +108,7 @@ def run_file(path: str, argv=(), stderr=None) -> int:
                 site = _user_line(e.__traceback__, roots)
                 msg = str(e)
                 where = f" [{site}]" if site and site not in msg else ""
-                print(f"error: {type(e).__name__}: {msg}{where}", file=stderr)
+                print(_shown(f"error: {type(e).__name__}: {msg}{where}"), file=stderr)
                 code = 1
     finally:
         compat_ops.mode.pypto = mode_was
