@@ -349,6 +349,9 @@ class Program:
 
     def _bind_tensor(self, p) -> GMTensor:
         t = p.value
+        if t.is_meta and self.go is None:
+            raise BindError(f"kernel {self.name}: parameter {p.name!r} is a shape-only (meta) tensor; only graph-only "
+                            f"mode (RunConfig(execute=False)) runs on those, a real run needs CPU tensors")
         if not t.is_contiguous():
             raise BindError(f"kernel {self.name}: parameter {p.name!r} must be contiguous (call .contiguous())")
         direction = p.ann.direction
