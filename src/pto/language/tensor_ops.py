@@ -27,7 +27,7 @@ from pto.language.tile_ops import PadValue, Tile, _pad_scalar, tile_assemble, ti
 from pto.language.typing import ScalarValue, as_int, concrete
 
 __all__ = ["GMTensor", "AtomicType", "create_tensor", "slice", "reshape", "assemble", "read",
-           "write", "load", "store", "dim", "max", "min", "R", "W", "A"]
+           "write", "load", "gather_rows", "store", "dim", "max", "min", "R", "W", "A"]
 
 R, W, A = 0, 1, 2  # footprint kinds: read, plain write, atomic add
 _pyslice = slice
@@ -656,6 +656,59 @@ def load(t: GMTensor, offsets, shapes, valid_shape=None, valid_shapes=None, targ
     """
     _prog_block(f"pl.load of {getattr(t, 'name', t)}")
     return slice(t, shapes, offsets, valid_shape=valid_shape if valid_shape is not None else valid_shapes)
+
+
+def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
+    """Rows ``rows`` of the rank-2 GM tensor ``t`` as one tile (inside a task): ``out[i, :] =
+    t[rows[i], col_offset : col_offset + cols]``, ``[len(rows), cols]`` in ``t``'s dtype
+    (``cols`` defaults to the rest of the row). One GM row gather instead of a load per row; the
+    read footprint is recorded per row, exactly as ``len(rows)`` one-row loads would record it.
+    Row indices are Python ints (read them with ``pl.read``); repeats are allowed.
+
+    Raises:
+        DslError: outside a task, a ``t`` that is not a rank-2 GM tensor, a column window or a
+            row index out of bounds (naming the entry).
+    """
+    blk = _prog_block(f"pl.gather_rows of {getattr(t, 'name', t)}")
+    if not isinstance(t, GMTensor) or t.data.dim() != 2:
+        raise DslError(f"pl.gather_rows: needs a rank-2 GM tensor, got {t!r}{_where()}")
+    n, width = t._shape
+    c0 = _idx(col_offset, "a gather_rows column offset")
+    c1 = width if cols is None else c0 + _idx(cols, "a gather_rows column count")
+    if c0 < 0 or c1 > width or c1 <= c0:
+        raise DslError(f"{t.name}: gather_rows columns [{c0}, {c1}) out of bounds of dim 1 (extent {width}){_where()}")
+    idx = [_idx(r, "a gather_rows row index") for r in rows]
+    for i, r in enumerate(idx):
+        if not 0 <= r < n:
+            raise DslError(f"{t.name}: gather_rows entry {i} is row {r}, out of bounds of dim 0 (extent {n}){_where()}")
+    buf = t.buf
+    if buf.slow or buf.go is not None or not idx:  # per-row loads (remote / graph-only tensors)
+        parts = [_load(t, [r, c0], [r + 1, c1], None, None, checked=True) for r in idx]
+        if not parts:
+            return Tile(torch.empty([0, c1 - c0], dtype=t.data.dtype))
+        data = torch.cat([p.data for p in parts])
+        mask = None
+        if any(p.mask is not None for p in parts):
+            mask = torch.cat([p.mask if p.mask is not None else torch.zeros(p.data.shape, dtype=torch.int32)
+                              for p in parts])
+        return Tile(data, mask)
+    sel = torch.tensor(idx, dtype=torch.int64)
+    data = t.data[:, c0:c1].index_select(0, sel)
+    fp = blk.fp
+    for r in idx:
+        box = t.box((r, c0), (r + 1, c1))
+        if type(box) is list:
+            fp.extend((buf, b, R) for b in box)
+        elif box is not None:
+            fp.append((buf, box, R))
+    blk.bytes += data.numel() * data.element_size()
+    blk.ld += len(idx)
+    mask = None
+    if buf.shadow is not None:
+        m = t.smask()[:, c0:c1].index_select(0, sel)
+        if bool(m.any()):
+            mask = buf.program.consume_undefined(m, blk, "load")
+    return Tile(data, mask)
 
 
 def store(tile: Tile, offsets, out_tensor: GMTensor, shapes=None, atomic=None) -> GMTensor:

@@ -10,8 +10,8 @@ Kernel (:func:`lookup_embedding`): the orchestration reads every id once and rai
 ``BindError`` naming the first position whose id is outside ``[0, vocab_size)`` before any
 task is submitted (nothing half-written); then one task ``embedding_lookup`` of
 ``ceil(T / EMB_T_TILE)`` blocks, each loading its ids as a tile (so the read footprint on
-``input_ids`` is recorded) and loading its tokens' table rows, which are joined into one
-``[tokens, D]`` tile, cast to FP32 and stored once per stream. No GM scratch. The reference has no
+``input_ids`` is recorded) and gathering its tokens' table rows into one ``[tokens, D]`` tile
+(``pl.gather_rows``: one footprint per row), cast to FP32 and stored once per stream. No GM scratch. The reference has no
 embedding kernel (the table lookup is host-side in pypto-lib); this one follows the
 layer's conventions.
 """
@@ -82,11 +82,8 @@ def lookup_embedding_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
             t0 = b * TT
             rows = min(TT, t - t0)
             ids = input_ids[t0:t0 + rows]
-            table_rows = []  # each token's [1, D] table row
-            for i in pl.range(rows):
-                tok = pl.read(ids, [i])
-                table_rows.append(embed[tok:tok + 1, 0:D])
-            x = pl.reshape(pl.cast(pl.reshape(pl.concat(table_rows), [rows, D]), pl.FP32, mode="none"), [rows, 1, D])
+            toks = [pl.read(ids, [i]) for i in pl.range(rows)]
+            x = pl.reshape(pl.cast(pl.gather_rows(embed, toks), pl.FP32, mode="none"), [rows, 1, D])
             for h in pl.range(HC):
                 pl.assemble(x_hc, x, [t0, h, 0])
         return task.tid
