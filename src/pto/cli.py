@@ -605,7 +605,7 @@ def cmd_check(args) -> int:
                              f"{count(s.edges, 'edge')}, heap peak {fmt_bytes(s.heap_peak_bytes)}, "
                              f"{res.kernel_ms:.1f} ms (check mode)")
         prog = target.run_program(check=True, drop_init=drop)
-    except ConfigError:
+    except (ConfigError, CapacityError):  # bad input (a size above a capacity): exit 2, as in `pto run`
         raise
     except PtoError as e:
         return emit(_check_doc(title, None, False, f"{type(e).__name__}: {e}"), f"FAIL {title}: {type(e).__name__}: {e}")
