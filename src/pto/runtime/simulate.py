@@ -32,6 +32,10 @@ Cores, per block (one SPMD instance of one barrier phase):
   occupies the AIC of one core group and all its flops are charged at the
   cube rate; any other block runs on a vector core for
   ``flops / vec_flops + bytes / aiv_gm_bw``;
+* plus, as an in-order chain with no overlap, a fixed latency per operation
+  the block issued (``Block.ops``, ``ld``, ``st``, ``mm``): ``vec_op_s`` per
+  vector tile op, ``cube_op_s`` per matmul, ``load_s`` per GM load and
+  ``store_s`` per GM store (issue, pipeline drain and the GM round trip);
 * the phases of a task split by ``syncall`` are barriers: phase k+1 of any
   block starts after phase k of every block ended;
 * a scratch buffer (with or without ``init_value``) whose heap bytes overlap
