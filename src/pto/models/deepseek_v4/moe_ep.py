@@ -183,7 +183,10 @@ def moe_ep_kernels(cfg: DeepSeekV4Config, ep: int) -> SimpleNamespace:
     E, K, V, Fd = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.vocab_size, cfg.moe_intermediate_size
     CAP = token_capacity(cfg) * K
     N = ep
-    routed = expert_routed_kernels(lcfg).expert_routed
+    # one route per received row (K = 1), up to every source's CAP routes: the local experts take
+    # N * CAP rows (each source's prefill chunk at once); K = 1 sums no empty route slots
+    routed = expert_routed_kernels(dataclasses.replace(lcfg, num_experts_per_tok=1,
+                                                       prefill_seq=N * CAP)).expert_routed
     moe_kernels(cfg)  # ConfigError now for a config the single-rank MoE cannot tile
     WD, AD = weight_dtype(cfg), act_dtype(cfg)  # INT8, or BF16 for weight_format "bf16"
     CT = min(COMBINE_D_TILE, D)
@@ -277,8 +280,8 @@ def moe_ep_kernels(cfg: DeepSeekV4Config, ep: int) -> SimpleNamespace:
         if n_recv:
             rx = pl.create_tensor([n_recv, D], AD, capacity=N * CAP, name="ep_recv_x")
             rs = pl.create_tensor([n_recv, 1], pl.FP32, capacity=N * CAP, name="ep_recv_scale")
-            ridx = pl.create_tensor([n_recv, K], pl.INT32, capacity=N * CAP, name="ep_recv_idx")
-            rw = pl.create_tensor([n_recv, K], pl.FP32, capacity=N * CAP, name="ep_recv_w")
+            ridx = pl.create_tensor([n_recv, 1], pl.INT32, capacity=N * CAP, name="ep_recv_idx")
+            rw = pl.create_tensor([n_recv, 1], pl.FP32, capacity=N * CAP, name="ep_recv_w")
             ry = pl.create_tensor([n_recv, D], pl.FP32, capacity=N * CAP, name="ep_recv_y")
             with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_ep_gather", deps=[dwait]):
                 off = 0
@@ -289,10 +292,8 @@ def moe_ep_kernels(cfg: DeepSeekV4Config, ep: int) -> SimpleNamespace:
                         rx[off:off + c, 0:D] = recv_x[r0:r0 + c, 0:D]
                         aux = recv_aux[r0:r0 + c, 0:2]
                         rs[off:off + c, 0:1] = pl.slice(aux, [c, 1], [0, 0])
-                        rw[off:off + c, 0:K] = pl.assemble(pl.full([c, K], pl.FP32, 0.0),
-                                                           pl.slice(aux, [c, 1], [0, 1]), [0, 0])
-                        ridx[off:off + c, 0:K] = pl.assemble(pl.full([c, K], pl.INT32, -1),
-                                                             recv_route[r0:r0 + c, 0:1], [0, 0])
+                        rw[off:off + c, 0:1] = pl.slice(aux, [c, 1], [0, 1])
+                        ridx[off:off + c, 0:1] = recv_route[r0:r0 + c, 0:1]
                         off += c
             routed(rx, rs, ridx, rw, w1, w1_scale, w3, w3_scale, w2, w2_scale, ry)
 
