@@ -409,3 +409,12 @@ def test_recorded_block_counters_and_a2a3_block_time():
     assert run0.end_us - run0.start_us == pytest.approx(expect, rel=1e-12)
     run1 = next(x for x in r.runs if x.name == "vec")
     assert run1.end_us - run1.start_us == pytest.approx(4 / (a2.aiv_gm_bw / 1e6) + 0.15 + 0.00195, rel=1e-12)
+
+
+def test_records_of_one_block_merge_their_op_counts():
+    g = TaskGraph()
+    # two records of block 0, phase 0: 2 + 1 vector ops, 1 + 1 loads, 0 + 1 stores -> 3 + 6 + 4 = 13 us
+    _task(g, "split", [(0, 0, False, 0, 0), (0, 0, False, 0, 0)], counts=[(2, 1, 0, 0), (1, 1, 1, 0)])
+    r = simulate(_program(g), TOY_LAT)
+    assert r.blocks == 1
+    assert [(x.start_us, x.end_us) for x in r.runs] == [(1.0, 14.0)]
