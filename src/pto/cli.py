@@ -1078,11 +1078,11 @@ def _generate_args(p):
     src.add_argument("--prompt", metavar="TEXT", help="prompt text, encoded with the checkpoint's tokenizer.json")
     p.add_argument("--max-new-tokens", type=int, default=8, help="new tokens per request (default 8)")
     p.add_argument("--weights", choices=("bf16", "int8"), default="bf16",
-                   help="bf16: unquantised (default); int8: W8A8 quantised at load")
+                   help="bf16: unquantised (default; BF16 kernels); int8: W8A8 quantised at load")
     p.add_argument("--chunk", type=int, default=128, help="prefill chunk in tokens (default 128)")
     p.add_argument("--backend", choices=("auto", "golden", "kernels"), default="auto",
-                   help="golden: the FP32 golden forward; kernels: the DSL kernels (W8A8, int8 weights); "
-                        "auto (default): kernels for --weights int8, else golden")
+                   help="golden: the FP32 golden forward; kernels: the DSL kernels in the --weights format; "
+                        "auto (default): kernels (golden for --mtp with bf16 weights)")
     p.add_argument("--max-context", type=int, default=None,
                    help="deployment context in tokens (default: the model's, at most 16384)")
     p.add_argument("--json", action="store_true", help="print one JSON object (tokens, timings)")
@@ -1156,11 +1156,10 @@ def cmd_generate(args) -> int:
             except Exception as e:  # noqa: BLE001 - the tokenizers package raises a bare Exception
                 raise ConfigError(f"--prompt: cannot read {tok_file}: {_first_line(e)}") from None
             prompts = [text.encode(args.prompt).ids]
-        backend = args.backend if args.backend != "auto" else ("kernels" if args.weights == "int8" else "golden")
-        if backend == "kernels" and args.weights != "int8":
-            raise ConfigError("--backend kernels needs --weights int8 (the kernels are W8A8)")
+        from pto.models.deepseek_v4.ep_model import generate_backend
+        backend = generate_backend(args)
         if args.stats and backend != "kernels":  # the golden forward runs no programs: nothing to report
-            raise ConfigError("--stats reports the kernel programs: it needs the kernel path (--weights int8)")
+            raise ConfigError("--stats reports the kernel programs: it needs the kernel path (not --backend golden)")
         if args.chunk < 1:
             raise ConfigError(f"--chunk must be a positive integer, got {args.chunk}")
         if args.max_context is not None and args.max_context < 1:
@@ -1172,7 +1171,7 @@ def cmd_generate(args) -> int:
         dep = DeploymentConfig.sized(ckpt.config, max(4, len(prompts)), n,
                                      block_size=16 if ckpt.config.hidden_size <= 1024 else 128)
         if backend != "kernels" and args.check:
-            raise ConfigError("--check runs the kernels in check mode: it needs --weights int8")
+            raise ConfigError("--check runs the kernels in check mode: it needs the kernel path (not --backend golden)")
         from pto.models.deepseek_v4.generate import check_prompts
         check_prompts(prompts, ckpt.config, dep, args.max_new_tokens)
         from pto.models.deepseek_v4.ep_model import ep_start

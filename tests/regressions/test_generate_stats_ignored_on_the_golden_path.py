@@ -1,5 +1,5 @@
-"""Regression: ``pto generate --stats`` on the golden path (``--weights bf16``, or
-``--backend golden``) generated and printed no statistics, exit 0: the option was silently
+"""Regression: ``pto generate --stats`` on the golden path (``--backend golden``; before the
+bf16 kernels also plain ``--weights bf16``) generated and printed no statistics, exit 0: the option was silently
 dropped (the golden forward runs no kernel programs). It is now bad input, exit 2 before any
 work, like ``--check`` there.
 """
@@ -15,9 +15,9 @@ def tiny(tmp_path_factory):
     return write_tiny_checkpoint(tmp_path_factory.mktemp("stats") / "tiny", seed=0)
 
 
-@pytest.mark.parametrize("flags", [[], ["--weights", "int8", "--backend", "golden"]])
+@pytest.mark.parametrize("flags", [["--backend", "golden"], ["--weights", "int8", "--backend", "golden"]])
 def test_stats_on_the_golden_path_exits_2(tiny, capsys, flags):
     assert main(["generate", str(tiny), "--input-ids", "5 6", "--stats", *flags]) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err == "error: --stats reports the kernel programs: it needs the kernel path (--weights int8)\n"
+    assert err == "error: --stats reports the kernel programs: it needs the kernel path (not --backend golden)\n"

@@ -155,8 +155,8 @@ def test_cli_generate_on_kernels(ckpt, capsys):
     assert {c["attn prefill"] for c in km.coverage()} == {"prefill_attention_swa", "prefill_attention_csa",
                                                           "prefill_attention_hca"}
     assert not km.cache.requests  # generate released the request's pages
-    assert main(["generate", str(ckpt), "--input-ids", "5", "--backend", "kernels"]) == 2
-    assert "needs --weights int8" in capsys.readouterr().err
+    assert main(["generate", str(ckpt), "--input-ids", "5", "--backend", "golden", "--check"]) == 2
+    assert "not --backend golden" in capsys.readouterr().err
     assert main(["generate", str(ckpt), "--input-ids", "5 17 300", "--max-new-tokens", "3", "--weights", "int8",
                  "--max-context", "64", "--check", "--json"]) == 0  # check mode: nothing raised, same tokens
     assert json.loads(capsys.readouterr().out)["tokens"] == want.tokens

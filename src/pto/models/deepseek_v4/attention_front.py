@@ -24,6 +24,7 @@ from pto.models.deepseek_v4.hc_pre import golden_hc_pre, hc_pre
 from pto.models.deepseek_v4.qkv_proj_rope import golden_qkv_proj_rope, qkv_proj_rope
 from pto.models.deepseek_v4.rms_norm import golden_rms_norm, rms_norm
 from pto.models.deepseek_v4.tiling import token_capacity
+from pto.models.deepseek_v4.weight_format import act_dtype
 
 __all__ = ["attention_front", "golden_attention_front"]
 
@@ -36,7 +37,8 @@ def attention_front(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, 
     Creates the block's front scratch (uninitialised, ``T = x_hc.dim(0)`` rows, capacity
     ``token_capacity(cfg)``): ``x_mixed [T, D]`` BF16, ``post [T, hc]``, ``comb [T, hc*hc]``
     FP32, ``x_normed [T, D]`` BF16, ``rope_cos_t / rope_sin_t [T, rope_dim]`` BF16, ``q [T, H,
-    head_dim]``, ``kv [T, head_dim]`` BF16, ``qr [T, q_lora]`` INT8, ``qr_scale [T, 1]`` FP32;
+    head_dim]``, ``kv [T, head_dim]`` BF16, ``qr [T, q_lora]`` INT8 (BF16 for
+    ``cfg.weight_format == "bf16"``), ``qr_scale [T, 1]`` FP32;
     then submits ``hc_pre``, ``rms_norm``, the ``late_dep`` join node, ``rope_rows(rope_cos_t,
     rope_sin_t)`` (the block's RoPE-row task) and ``qkv_proj_rope``. ``seed_scopes`` selects
     the seed variant of hc_pre and qkv_proj_rope.
@@ -63,7 +65,7 @@ def attention_front(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm_w, 
     rope_sin_t = pl.create_tensor([t, R], pl.BF16, capacity=cap)
     q = pl.create_tensor([t, H, HD], pl.BF16, capacity=cap)
     kv = pl.create_tensor([t, HD], pl.BF16, capacity=cap)
-    qr = pl.create_tensor([t, LQ], pl.INT8, capacity=cap)
+    qr = pl.create_tensor([t, LQ], act_dtype(cfg), capacity=cap)
     qr_scale = pl.create_tensor([t, 1], pl.FP32, capacity=cap)
 
     hc_pre(x_hc, hc_attn_fn, hc_attn_scale, hc_attn_base, x_mixed, post, comb, cfg, seed_scopes)

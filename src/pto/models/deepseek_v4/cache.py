@@ -103,7 +103,8 @@ class Cache:
 
     Attributes:
         layers: per layer, a dict of tensors: ``kv`` (all layers), ``cmp_kv`` (CSA / HCA),
-            ``state`` (CSA / HCA compressor state), ``idx_kv`` (INT8), ``idx_kv_scale`` and
+            ``state`` (CSA / HCA compressor state), ``idx_kv`` (``idx_dtype``: INT8 for the
+            W8A8 kernels, BF16 for weight_format "bf16"), ``idx_kv_scale`` and
             ``idx_state`` (CSA).
         pools: kind -> :class:`PagePool`.
 
@@ -111,7 +112,8 @@ class Cache:
         CapacityError: a pool cannot hold even one request's state ring.
     """
 
-    def __init__(self, cfg: DeepSeekV4Config, dep: DeploymentConfig, dtype=torch.bfloat16, mtp_layers: int = 0):
+    def __init__(self, cfg: DeepSeekV4Config, dep: DeploymentConfig, dtype=torch.bfloat16, mtp_layers: int = 0,
+                 idx_dtype=torch.int8):
         dep.validate(cfg)
         self.cfg, self.dep = cfg, dep
         d, dI = cfg.head_dim, cfg.index_head_dim
@@ -139,7 +141,7 @@ class Cache:
                 t["cmp_kv"] = torch.zeros(dep.cmp_kv_block_num, bs, 1, d, dtype=dtype)
             if ratio == CSA_RATIO:
                 t["state"] = torch.zeros(dep.csa_state_block_num, CSA_STATE_PAGE, 4 * d)
-                t["idx_kv"] = torch.zeros(dep.cmp_kv_block_num, bs, 1, dI, dtype=torch.int8)
+                t["idx_kv"] = torch.zeros(dep.cmp_kv_block_num, bs, 1, dI, dtype=idx_dtype)
                 t["idx_kv_scale"] = torch.zeros(dep.cmp_kv_block_num, bs, 1, 1)
                 t["idx_state"] = torch.zeros(dep.csa_state_block_num, CSA_STATE_PAGE, 4 * dI)
             elif ratio == HCA_RATIO:

@@ -20,6 +20,7 @@ from pto.models.deepseek_v4.decode_attention_swa import make_decode_swa_inputs
 from pto.models.deepseek_v4.decode_compressor_ratio4 import decode_start_positions
 from pto.models.deepseek_v4.prefill_attention_csa import (attention_csa_inline, csa_block_inputs, csa_block_kernels,
                                                           csa_case, golden_csa_block)
+from pto.models.deepseek_v4.weight_format import weight_format_of, with_weight_format
 
 __all__ = ["decode_attention_csa", "golden_decode_attention_csa", "make_decode_csa_inputs",
            "build_decode_attention_csa"]
@@ -49,7 +50,8 @@ def make_decode_csa_inputs(cfg: DeepSeekV4Config, starts: list[int] | None = Non
     """
     S = cfg.decode_seq if S is None else S
     starts = decode_start_positions(cfg, cfg.decode_batch) if starts is None else list(starts)
-    base = make_decode_swa_inputs(cfg, starts, S, seed, reverse_tables=reverse_tables, profile="compress")
+    base = make_decode_swa_inputs(cfg, starts, S, seed, reverse_tables=reverse_tables, profile="compress",
+                                  weight_format=weight_format_of(cfg))
     T = len(starts) * S
     d = csa_block_inputs(cfg, base, starts, S, T, seed, state_pages)
     d["num_tokens"] = T
@@ -59,7 +61,8 @@ def make_decode_csa_inputs(cfg: DeepSeekV4Config, starts: list[int] | None = Non
 def build_decode_attention_csa(preset: str, mode: str, **options) -> CaseRun:
     """Registry builder of ``decode_attention_csa`` (pypto-lib `decode_attention_csa.py`). Mode ``"decode"``; options
     ``start_pos`` (per request; default :func:`decode_compressor_ratio4.decode_start_positions`),
-    ``S``, ``seed``, ``reverse_tables``, ``seed_scopes``.
+    ``S``, ``seed``, ``reverse_tables``, ``seed_scopes``, ``weight_format`` (``"bf16"``: the
+    unquantised kernels).
 
     Raises:
         ConfigError: unknown preset, mode or option. BindError: pools too small.
@@ -73,13 +76,15 @@ def build_decode_attention_csa(preset: str, mode: str, **options) -> CaseRun:
     seed = int(opts.pop("seed", 0))
     reverse = bool(opts.pop("reverse_tables", False))
     seed_scopes = bool(opts.pop("seed_scopes", False))
+    cfg = with_weight_format(cfg, str(opts.pop("weight_format", "int8")))
     if opts:
         raise ConfigError(f"decode_attention_csa: unknown options {sorted(opts)}")
     d = make_decode_csa_inputs(cfg, starts, None if S is None else int(S), seed, reverse_tables=reverse)
     entry = csa_block_kernels(cfg, "decode", seed_scopes).entry
     B = d["block_table"].shape[0]
     label = (f"decode B={B} S={d['x_hc'].shape[0] // B} start_pos={d['position_ids'][::d['x_hc'].shape[0] // B].tolist()}"
-             + (" seed_scopes" if seed_scopes else ""))
+             + (" seed_scopes" if seed_scopes else "") + (" weight_format=bf16" if weight_format_of(cfg) == "bf16"
+                                                          else ""))
     return csa_case(entry, d, cfg, "decode", label)
 
 

@@ -37,6 +37,7 @@ from pto.models.deepseek_v4.decode_sparse_attn import (decode_case_options, deco
 from pto.models.deepseek_v4.hc_post import golden_hc_post, hc_post_kernels
 from pto.models.deepseek_v4.prefill_attention_swa import make_swa_inputs
 from pto.models.deepseek_v4.rope import rope_tables
+from pto.models.deepseek_v4.weight_format import weight_dtype
 from pto.models.deepseek_v4.tiling import token_capacity
 
 __all__ = [
@@ -106,7 +107,7 @@ def decode_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fals
                              hc_attn_base: pl.Tensor[[MIX], pl.FP32],
                              attn_norm_w: pl.Tensor[[D], pl.BF16],
                              wq_a: pl.Tensor[[D, LQ], pl.BF16],
-                             wq_b: pl.Tensor[[LQ, H * HD], pl.INT8],
+                             wq_b: pl.Tensor[[LQ, H * HD], weight_dtype(cfg)],
                              wq_b_scale: pl.Tensor[[H * HD], pl.FP32],
                              wkv: pl.Tensor[[D, HD], pl.BF16],
                              gamma_cq: pl.Tensor[[LQ], pl.BF16],
@@ -119,7 +120,7 @@ def decode_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fals
                              position_ids: pl.Tensor[[T_DYN], pl.INT32],
                              attn_sink: pl.Tensor[[H], pl.FP32],
                              wo_a: pl.Tensor[[G, LO, GIN], pl.BF16],
-                             wo_b: pl.Tensor[[D, G * LO], pl.INT8],
+                             wo_b: pl.Tensor[[D, G * LO], weight_dtype(cfg)],
                              wo_b_scale: pl.Tensor[[D], pl.FP32],
                              x_out: pl.Out[pl.Tensor[[T_DYN, HC, D], pl.FP32]]):
         """Ratio-0 decode attention sub-layer (pypto-lib `decode_attention_swa.py`); returns ``(kv_cache, x_out)``."""
@@ -322,19 +323,21 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     Raises:
         ConfigError: unknown preset, mode or option. BindError: pools too small.
     """
-    o = decode_case_options("decode_attention_swa", preset, mode, options, flags=("seed_scopes",))
+    o = decode_case_options("decode_attention_swa", preset, mode, options, flags=("seed_scopes",),
+                            weight_formats=True)
     cfg, start, S, seed, reverse, seed_scopes = o.cfg, o.start_pos, o.S, o.seed, o.reverse_tables, o.seed_scopes
     k = decode_attention_swa_kernels(cfg, seed_scopes)
-    d = make_decode_swa_inputs(cfg, start, S, seed, reverse_tables=reverse)
+    d = make_decode_swa_inputs(cfg, start, S, seed, reverse_tables=reverse, weight_format=o.weight_format)
     specs = [TensorSpec(n, list(d[n].shape), d[n].dtype, d[n], is_output=(n == "kv_cache")) for n in SWA_ARGS]
     specs.append(TensorSpec("x_out", list(d["x_hc"].shape), torch.float32, is_output=True))
 
     def golden(v: dict) -> None:
-        v["kv_cache"], v["x_out"] = golden_decode_attention_swa(v, cfg)
+        v["kv_cache"], v["x_out"] = golden_decode_attention_swa(v, cfg, weight_format=o.weight_format)
 
     compare = {"x_out": ratio_reldiff(*TOLERANCES["x_out"]), "kv_cache": ratio_allclose(*TOLERANCES["kv_cache"])}
     return CaseRun(fn=k.decode_attention_swa_test, specs=specs, golden=golden, compare=compare, rtol=1e-2, atol=1e-2,
-                   label=f"decode B={len(start)} S={S} start_pos={list(start)}" + (" seed_scopes" if seed_scopes else ""))
+                   label=f"decode B={len(start)} S={S} start_pos={list(start)}" + (" seed_scopes" if seed_scopes else "")
+                         + (" weight_format=bf16" if o.weight_format == "bf16" else ""))
 
 
 register(KernelCase("decode_attention_swa", build_case, modes=("decode",), seed_variant=True,

@@ -19,6 +19,7 @@ from pto.models.deepseek_v4.prefill_indexer import (
     indexer_inline,
     make_indexer_inputs,
 )
+from pto.models.deepseek_v4.weight_format import with_weight_format
 
 __all__ = ["decode_indexer", "decode_indexer_entry", "golden_decode_indexer", "build_decode_indexer"]
 
@@ -40,22 +41,24 @@ def golden_decode_indexer(*args, **kwargs):
 
 
 def build_decode_indexer(preset: str = "tiny", mode: str = "decode", *, starts=None, num_tokens: int | None = None,
-                         seed: int = 0, seed_scopes: bool = False) -> CaseRun:
+                         seed: int = 0, seed_scopes: bool = False, weight_format: str = "int8") -> CaseRun:
     """KernelCase builder: the decode indexer over ``decode_batch x decode_seq`` tokens at
     ``starts`` (default :func:`decode_compressor_ratio4.decode_start_positions`: from a cold
-    request with no visible entry to one seeing far more than ``index_topk``).
+    request with no visible entry to one seeing far more than ``index_topk``);
+    ``weight_format="bf16"``: the unquantised indexer.
 
     Raises:
         ConfigError: unknown preset or mode; BindError: a fixture the config cannot hold.
     """
-    cfg = get_config(preset)
+    cfg = with_weight_format(get_config(preset), weight_format)
     if mode != "decode":
         raise ConfigError(f"decode_indexer: unknown mode {mode!r}; the only mode is 'decode'")
     B, S = cfg.decode_batch, cfg.decode_seq
     starts = decode_start_positions(cfg, B) if starts is None else list(starts)
     nt = B * S if num_tokens is None else num_tokens
     inputs = make_indexer_inputs(cfg, starts, S, nt, seed)
-    label = f"{preset} {mode} starts={starts} num_tokens={nt}" + (" seed_scopes" if seed_scopes else "")
+    label = (f"{preset} {mode} starts={starts} num_tokens={nt}" + (" seed_scopes" if seed_scopes else "")
+             + (" weight_format=bf16" if weight_format == "bf16" else ""))
     return indexer_case(decode_indexer_entry(cfg, seed_scopes), inputs, cfg, label)
 
 

@@ -7,6 +7,8 @@ Hadamard and INT8 key-cache finalize of :mod:`prefill_indexer_compressor`; tasks
 ``kv [B, S, c]`` test output; flat ``[T]`` token metadata.
 """
 
+import functools
+
 from pto.errors import ConfigError
 from pto.golden import CaseRun, KernelCase, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
@@ -15,12 +17,14 @@ from pto.models.deepseek_v4.prefill_compressor_ratio4 import ratio4_case, ratio4
 from pto.models.deepseek_v4.prefill_indexer_compressor import (
     _ARG_ORDER,
     _OUTPUTS,
+    BF16_TOLERANCES,
     TOLERANCES,
     golden_prefill_indexer_compressor,
     indexer_cache_inputs,
     indexer_compressor_entry,
     indexer_compressor_inline,
 )
+from pto.models.deepseek_v4.weight_format import with_weight_format
 
 __all__ = ["decode_indexer_compressor", "decode_indexer_compressor_entry", "golden_decode_indexer_compressor",
            "make_decode_indexer_compressor_inputs", "build_decode_indexer_compressor"]
@@ -57,21 +61,25 @@ def make_decode_indexer_compressor_inputs(cfg: DeepSeekV4Config, starts=None, nu
 
 
 def build_decode_indexer_compressor(preset: str = "tiny", mode: str = "decode", *, starts=None,
-                                    num_tokens: int | None = None, seed: int = 0) -> CaseRun:
+                                    num_tokens: int | None = None, seed: int = 0,
+                                    weight_format: str = "int8") -> CaseRun:
     """KernelCase builder: the decode indexer compressor (``B x S`` tokens); compare functions
-    from ``TOLERANCES``.
+    from ``TOLERANCES`` (``weight_format="bf16"``: the BF16 key cache, ``BF16_TOLERANCES``).
 
     Raises:
         ConfigError: unknown preset or mode; BindError: a fixture the config cannot hold.
     """
-    cfg = get_config(preset)
+    cfg = with_weight_format(get_config(preset), weight_format)
     if mode != "decode":
         raise ConfigError(f"decode_indexer_compressor: unknown mode {mode!r}; the only mode is 'decode'")
     inputs = make_decode_indexer_compressor_inputs(cfg, starts, num_tokens, seed)
     entry = decode_indexer_compressor_entry(cfg, None)
 
-    return ratio4_case(entry, inputs, _ARG_ORDER, _OUTPUTS, golden_decode_indexer_compressor, TOLERANCES, cfg,
-                       f"{preset} {mode} starts={inputs['position_ids'][::cfg.decode_seq].tolist()}")
+    return ratio4_case(entry, inputs, _ARG_ORDER, _OUTPUTS,
+                       functools.partial(golden_decode_indexer_compressor, weight_format=weight_format),
+                       BF16_TOLERANCES if weight_format == "bf16" else TOLERANCES, cfg,
+                       f"{preset} {mode} starts={inputs['position_ids'][::cfg.decode_seq].tolist()}"
+                       + (" weight_format=bf16" if weight_format == "bf16" else ""))
 
 
 register(KernelCase("decode_indexer_compressor", build_decode_indexer_compressor, modes=("decode",),

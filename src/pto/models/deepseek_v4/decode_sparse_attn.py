@@ -46,6 +46,7 @@ from pto.models.deepseek_v4.prefill_sparse_attn import (BIAS_TOK_TILE, FP32_MAX,
                                                         quantize_wo_b, rope_index_rows)
 from pto.models.deepseek_v4.qkv_proj_rope import rope_interleaved
 from pto.models.deepseek_v4.rope import rope_tables
+from pto.models.deepseek_v4.weight_format import is_bf16, weight_dtype, with_weight_format
 from pto.models.deepseek_v4.tiling import round_up, token_capacity
 
 __all__ = [
@@ -147,15 +148,17 @@ def grouped_o_proj_tasks(o_packed, wo_a, wo_b, wo_b_scale, attn_out, t: int, dep
     ``deps``) -> ``quant`` (per-(token, group) INT8, dequant scale ``1/s``) -> ``proj_b_mm``
     ``spmd(D / NB)`` (exact INT32 into ``partials``); then ``proj_b_act`` ``spmd`` over
     ``(D / act_col_tile) * ceil(T / 16)`` blocks after every ``proj_b_mm``: groups summed in
-    order, ``* wo_b_scale``, BF16 (``rint``).
+    order, ``* wo_b_scale``, BF16 (``rint``). ``cfg.weight_format == "bf16"``: ``quant`` rounds
+    to BF16, ``proj_b_mm`` is BF16 x BF16 -> FP32, no scale is applied (weight_format.py).
     """
     G, LO, D = cfg.o_groups, cfg.o_lora_rank, cfg.hidden_size
+    bf16 = is_bf16(cfg)
     NA, NB, CT = tl.proj_a_n_tile, tl.proj_b_n_tile, tl.act_col_tile
     cap = token_capacity(cfg)
     o_r = pl.create_tensor([t, G * LO], pl.FP32, capacity=cap)
-    o_r_i8 = pl.create_tensor([t, G * LO], pl.INT8, capacity=cap)
-    act_scale_dq = pl.create_tensor([t, G], pl.FP32, capacity=cap)
-    partials = pl.create_tensor([t, G * D], pl.INT32, capacity=cap)
+    o_r_i8 = pl.create_tensor([t, G * LO], weight_dtype(cfg), capacity=cap)
+    act_scale_dq = None if bf16 else pl.create_tensor([t, G], pl.FP32, capacity=cap)
+    partials = pl.create_tensor([t, G * D], pl.FP32 if bf16 else pl.INT32, capacity=cap)
     wo_b_scale_row = pl.reshape(wo_b_scale, [1, D])
     n_qt = -(-t // QUANT_TOK_TILE)
     proj_b_tids = []
@@ -168,7 +171,7 @@ def grouped_o_proj_tasks(o_packed, wo_a, wo_b, wo_b_scale, attn_out, t: int, dep
             with pl.at(level=pl.Level.CORE_GROUP, name_hint="quant", deps=[pa.tid]) as q_tid:
                 for tc in pl.range(n_qt):
                     quant_o_r_tile(o_r, o_r_i8, act_scale_dq, t, tc * QUANT_TOK_TILE, g, o_lora=LO,
-                                   tok_tile=QUANT_TOK_TILE)
+                                   tok_tile=QUANT_TOK_TILE, bf16=bf16)
             pb = pl.spmd(D // NB, name_hint="proj_b_mm", deps=[q_tid])
             for dc in pb:
                 acc = pl.matmul(o_r_i8[:, g * LO:(g + 1) * LO], wo_b[dc * NB:(dc + 1) * NB, g * LO:(g + 1) * LO],
@@ -298,7 +301,7 @@ def decode_sparse_attn_kernels(cfg: DeepSeekV4Config, n_cmp: int) -> SimpleNames
                                rope_cos: pl.Tensor[[T_DYN, R], pl.BF16],
                                rope_sin: pl.Tensor[[T_DYN, R], pl.BF16],
                                wo_a: pl.Tensor[[G, LO, GIN], pl.BF16],
-                               wo_b: pl.Tensor[[D, G * LO], pl.INT8],
+                               wo_b: pl.Tensor[[D, G * LO], weight_dtype(cfg)],
                                wo_b_scale: pl.Tensor[[D], pl.FP32],
                                attn_out: pl.Out[pl.Tensor[[T_DYN, D], pl.BF16]]):
             """Decode sparse attention over window + compressed rows (pypto-lib `decode_sparse_attn_hca.py` / pypto-lib `decode_sparse_attn.py`)."""
@@ -313,7 +316,7 @@ def decode_sparse_attn_kernels(cfg: DeepSeekV4Config, n_cmp: int) -> SimpleNames
                                rope_cos: pl.Tensor[[T_DYN, R], pl.BF16],
                                rope_sin: pl.Tensor[[T_DYN, R], pl.BF16],
                                wo_a: pl.Tensor[[G, LO, GIN], pl.BF16],
-                               wo_b: pl.Tensor[[D, G * LO], pl.INT8],
+                               wo_b: pl.Tensor[[D, G * LO], weight_dtype(cfg)],
                                wo_b_scale: pl.Tensor[[D], pl.FP32],
                                attn_out: pl.Out[pl.Tensor[[T_DYN, D], pl.BF16]]):
             """Decode sparse attention over the window only (pypto-lib `decode_sparse_attn_swa.py`)."""
@@ -505,13 +508,15 @@ def make_decode_attn_inputs(
     n_cmp: int,
     reverse_tables: bool = False,
     ratio: int = HCA_RATIO,
+    weight_format: str = "int8",
 ) -> dict:
     """Seeded fixture of the decode cores: ``B = len(start_pos)`` requests of ``S`` tokens.
 
     Tables from :func:`decode_metadata.decode_block_tables` (``reverse_tables`` reverses
     the page order), indices from :func:`decode_metadata.make_decode_metadata`; ``q``,
     ``ori_kv``, ``cmp_kv`` ~ N(0, 1) (the kernels see RMS-normed rows), ``attn_sink`` ~
-    U(-1, 1), ``wo_a`` / ``wo_b`` ~ U(-1, 1) * fan_in^-0.5 with ``wo_b`` quantised per row;
+    U(-1, 1), ``wo_a`` / ``wo_b`` ~ U(-1, 1) * fan_in^-0.5 with ``wo_b`` quantised per row
+    (``weight_format="bf16"``: BF16 ``wo_b``, unit scales);
     cos / sin rows of the positions (``"main"`` profile for ``n_cmp == 0``, ``"compress"``
     otherwise; zero rows for inactive tokens), BF16.
 
@@ -533,7 +538,8 @@ def make_decode_attn_inputs(
     cmp_kv = torch.randn(cfg.cmp_kv_block_num, cfg.block_size, 1, hd, generator=gen)
     sink = torch.rand(H, generator=gen) * 2 - 1
     wo_a = (torch.rand(G, Lo, gin, generator=gen) * 2 - 1) * gin ** -0.5
-    wo_b, wo_b_scale = quantize_wo_b((torch.rand(D, G * Lo, generator=gen) * 2 - 1) * (G * Lo) ** -0.5)
+    wo_b_f = (torch.rand(D, G * Lo, generator=gen) * 2 - 1) * (G * Lo) ** -0.5
+    wo_b, wo_b_scale = (wo_b_f.to(bf16), torch.ones(D)) if weight_format == "bf16" else quantize_wo_b(wo_b_f)
     cos, sin = rope_tables(cfg, "main" if n_cmp == 0 else "compress")
     pos = meta["position_ids"].long()
     act = (pos >= 0)[:, None]
@@ -554,16 +560,18 @@ _HCA_ARGS = ("q", "ori_kv", "swa_indices", "cmp_kv", "cmp_block_table", "cmp_ind
 
 
 def decode_case_options(kernel: str, preset: str, mode: str, options: dict, *, starts: dict | None = None,
-                        flags: tuple = ()) -> SimpleNamespace:
+                        flags: tuple = (), weight_formats: bool = False) -> SimpleNamespace:
     """The options every decode ``KernelCase`` builder takes, parsed and checked.
 
     ``start_pos`` (per request, ``< 0`` inactive; default ``starts[preset]`` or
     ``starts["flash"]``, ``starts`` defaulting to :data:`DEFAULT_START_POS`), ``S`` (default
     ``cfg.decode_seq``), ``seed`` (0), ``reverse_tables`` (False) and every boolean option
-    named in ``flags`` (False).
+    named in ``flags`` (False); with ``weight_formats`` also ``weight_format`` (``"int8"``;
+    ``"bf16"`` gives ``cfg`` the unquantised kernels, weight_format.py).
 
     Returns:
-        namespace ``cfg, start_pos (tuple), S, seed, reverse_tables`` plus one attribute per flag.
+        namespace ``cfg, start_pos (tuple), S, seed, reverse_tables, weight_format`` plus one
+        attribute per flag.
 
     Raises:
         ConfigError: unknown preset, a mode other than ``"decode"``, or an unknown option,
@@ -576,7 +584,9 @@ def decode_case_options(kernel: str, preset: str, mode: str, options: dict, *, s
     starts = DEFAULT_START_POS if starts is None else starts
     out = SimpleNamespace(cfg=cfg, start_pos=tuple(opts.pop("start_pos", starts.get(preset, starts["flash"]))),
                           S=int(opts.pop("S", cfg.decode_seq)), seed=int(opts.pop("seed", 0)),
-                          reverse_tables=bool(opts.pop("reverse_tables", False)))
+                          reverse_tables=bool(opts.pop("reverse_tables", False)),
+                          weight_format=str(opts.pop("weight_format", "int8")) if weight_formats else "int8")
+    out.cfg = with_weight_format(cfg, out.weight_format)
     for flag in flags:
         setattr(out, flag, bool(opts.pop(flag, False)))
     if opts:
@@ -586,12 +596,12 @@ def decode_case_options(kernel: str, preset: str, mode: str, options: dict, *, s
 
 def _build(variant: str, preset: str, mode: str, **options) -> CaseRun:
     o = decode_case_options(f"decode_sparse_attn_{variant}", preset, mode, options,
-                            starts=CSA_START_POS if variant == "csa" else DEFAULT_START_POS)
+                            starts=CSA_START_POS if variant == "csa" else DEFAULT_START_POS, weight_formats=True)
     cfg, start, S, seed, reverse = o.cfg, o.start_pos, o.S, o.seed, o.reverse_tables
     n_cmp = {"swa": 0, "hca": hca_cmp_cols(cfg), "csa": cfg.index_topk}[variant]
     k = decode_sparse_attn_kernels(cfg, n_cmp)
     d = make_decode_attn_inputs(cfg, start, S, seed, n_cmp=n_cmp, reverse_tables=reverse,
-                                ratio=4 if variant == "csa" else HCA_RATIO)
+                                ratio=4 if variant == "csa" else HCA_RATIO, weight_format=o.weight_format)
     names = _SWA_ARGS if variant == "swa" else _HCA_ARGS
     specs = [TensorSpec(n, list(d[n].shape), d[n].dtype, d[n]) for n in names]
     T = d["q"].shape[0]
@@ -601,11 +611,12 @@ def _build(variant: str, preset: str, mode: str, **options) -> CaseRun:
         cmp = (None, None, None) if variant == "swa" else (v["cmp_kv"], v["cmp_block_table"], v["cmp_indices"])
         v["attn_out"] = golden_decode_sparse_attn(v["q"], v["ori_kv"], v["swa_indices"], *cmp, v["attn_sink"],
                                                   v["rope_cos"], v["rope_sin"], v["wo_a"], v["wo_b"],
-                                                  v["wo_b_scale"], cfg)
+                                                  v["wo_b_scale"], cfg, weight_format=o.weight_format)
 
     return CaseRun(fn=k.decode_sparse_attn_test, specs=specs, golden=golden,
                    compare={"attn_out": ratio_allclose(*TOLERANCES["attn_out"])}, rtol=1e-3, atol=1e-3,
-                   label=f"decode B={len(start)} S={S} start_pos={list(start)}")
+                   label=f"decode B={len(start)} S={S} start_pos={list(start)}"
+                         + (" weight_format=bf16" if o.weight_format == "bf16" else ""))
 
 
 def build_case_swa(preset: str, mode: str, **options) -> CaseRun:

@@ -275,12 +275,20 @@ def ep_launch(args):
         return None
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
         raise ConfigError(f"--ep must be a positive integer, got {ep!r}")
-    backend = args.backend if args.backend != "auto" else ("kernels" if args.weights == "int8" else "golden")
-    if ep > 1 and backend != "kernels":
-        raise ConfigError(f"--ep {ep}: expert parallelism runs on the kernel path (--weights int8)")
+    if ep > 1 and generate_backend(args) != "kernels":
+        raise ConfigError(f"--ep {ep}: expert parallelism runs on the kernel path (not --backend golden)")
     if ep > 1 and getattr(args, "mtp", False):
         raise ConfigError(f"--ep {ep}: --mtp (self-speculative decoding) runs on one rank only")
     return None
+
+
+def generate_backend(args) -> str:
+    """``pto generate``'s backend: ``args.backend`` unless ``"auto"``, which is ``"kernels"`` in
+    both weight formats except ``--mtp`` with bf16 weights (the MTP projection kernel is W8A8
+    only), which runs the golden forward."""
+    if args.backend != "auto":
+        return args.backend
+    return "golden" if getattr(args, "mtp", False) and args.weights == "bf16" else "kernels"
 
 
 def ep_start(args, cfg, deployment):

@@ -18,9 +18,11 @@ forward step (``lookup_embedding`` -> every layer -> ``final_logits``). Per laye
 * every layer's MoE: ``moe`` (hc_pre, gate with hash or learned routing, shared + routed
   W8A8 SwiGLU experts, hc_post).
 
-The kernels are W8A8 (INT8 ``wq_b`` / ``wo_b`` / experts with per-channel scales, BF16
-activations and other weights), so the kernel path needs ``weight_format="int8"``; the
-unquantised path is the golden forward (:class:`pto.models.deepseek_v4.model.GoldenModel`).
+The kernels run in the checkpoint's weight format (weight_format.py): ``"int8"`` is W8A8
+(INT8 ``wq_b`` / ``wo_b`` / indexer ``wq_b`` / experts with per-channel scales, BF16
+activations and other weights), ``"bf16"`` the unquantised kernels (those matrices in BF16,
+BF16 activations into BF16 x BF16 -> FP32 matmuls, a BF16 indexer key cache). The FP32
+golden forward (:class:`pto.models.deepseek_v4.model.GoldenModel`) is the reference of both.
 :class:`KernelModel` has the interface :func:`generate` drives (``new_state``, ``forward``
 for a prefill chunk, ``decode`` for one batched decode step, ``release_state``);
 :attr:`KernelModel.stats` counts the programs, tasks, edges, heap peaks and wall time.
@@ -36,7 +38,6 @@ import torch
 
 import pto.language as pl
 
-from pto.errors import ConfigError
 from pto.models.deepseek_v4.cache import Cache
 from pto.models.deepseek_v4.config import DeepSeekV4Config, DeploymentConfig, kernel_config
 from pto.models.deepseek_v4.decode_attention_hca import decode_attention_hca_kernels
@@ -50,6 +51,7 @@ from pto.models.deepseek_v4.prefill_attention_swa import prefill_attention_swa_k
 from pto.models.deepseek_v4.model import GoldenModel
 from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
 from pto.models.deepseek_v4.tiling import token_capacity
+from pto.models.deepseek_v4.weight_format import torch_weight_dtype
 from pto.models.deepseek_v4.weights import Checkpoint, attention_inputs, moe_inputs
 from pto.runtime import RunConfig
 
@@ -261,26 +263,26 @@ class KernelModel:
     results bit for bit; per-layer statistics).
 
     Args:
-        checkpoint: an opened checkpoint with ``weight_format="int8"``.
+        checkpoint: an opened checkpoint; its ``weight_format`` (``"int8"`` or ``"bf16"``)
+            picks the kernels' path.
         deployment: pools and context (default: :class:`GoldenModel`'s).
         check: run every kernel program in check mode (sanitizer and race checker).
         per_layer: run one program per layer instead of one per step.
 
     Raises:
-        ConfigError: a checkpoint not in the int8 format, or a config the kernels cannot tile.
+        ConfigError: a config the kernels cannot tile.
     """
 
     def __init__(self, checkpoint: Checkpoint, deployment: DeploymentConfig | None = None,
                  check: bool = False, per_layer: bool = False):
-        if checkpoint.weight_format != "int8":
-            raise ConfigError("KernelModel: the kernels are W8A8; open the checkpoint with "
-                              "weight_format='int8' (weight_format='bf16' runs the golden forward)")
         self.golden = GoldenModel(checkpoint, deployment)  # id / context checks
         self.ckpt = checkpoint
+        self.weight_format = fmt = checkpoint.weight_format
         self.cfg, self.deployment = self.golden.cfg, self.golden.deployment
-        self.kcfg = kernel_config(self.cfg, self.deployment)
+        self.kcfg = kernel_config(self.cfg, self.deployment, fmt)
         self.cache = Cache(self.cfg, self.deployment,
-                           mtp_layers=self.cfg.num_nextn_predict_layers if checkpoint.has_mtp else 0)
+                           mtp_layers=self.cfg.num_nextn_predict_layers if checkpoint.has_mtp else 0,
+                           idx_dtype=torch_weight_dtype(fmt))
         self.run_config = RunConfig(heap_bytes=_HEAP_BYTES, check=check)
         self.per_layer = per_layer
         bf16 = torch.bfloat16
@@ -308,13 +310,21 @@ class KernelModel:
         """Layer ``i``'s attention inputs in the kernels' layout (:func:`weights.attention_inputs`),
         converted on first use and kept."""
         if i not in self._attn_w:
-            self._attn_w[i] = attention_inputs(self.ckpt, i)
+            self._attn_w[i] = attention_inputs(self.ckpt, i, self.weight_format)
         return self._attn_w[i]
 
     def ffn_weights(self, i: int) -> dict[str, torch.Tensor]:
-        """Layer ``i``'s INT8 MoE inputs (:func:`weights.moe_inputs`), converted on first use."""
+        """Layer ``i``'s MoE inputs (:func:`weights.moe_inputs`), converted on first use: INT8
+        experts with scales, or for ``"bf16"`` BF16 experts with unit scales and a BF16
+        ``norm_w`` (the bf16 kernels read no scale)."""
         if i not in self._ffn_w:
-            self._ffn_w[i] = moe_inputs(self.ckpt, i, "int8")
+            w = moe_inputs(self.ckpt, i, self.weight_format)
+            if self.weight_format == "bf16":
+                for k in ("w1", "w3", "w2", "sh_w1", "sh_w3", "sh_w2"):
+                    w[k] = w[k].to(torch.bfloat16)
+                    w[k + "_scale"] = torch.ones(w[k].shape[:-1])
+                w["norm_w"] = w["norm_w"].to(torch.bfloat16)
+            self._ffn_w[i] = w
         return self._ffn_w[i]
 
     # ---- requests ---------------------------------------------------------------------------

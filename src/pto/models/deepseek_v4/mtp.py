@@ -57,7 +57,8 @@ class MtpLayer:
     """The MTP layer of a :class:`GoldenModel` or :class:`KernelModel` (module docstring).
 
     Raises:
-        ConfigError: the checkpoint has no MTP layer (``Checkpoint.has_mtp``).
+        ConfigError: the checkpoint has no MTP layer (``Checkpoint.has_mtp``), or a kernel model
+            in the bf16 weight format (the MTP projection kernel is W8A8 only).
     """
 
     def __init__(self, model):
@@ -68,6 +69,9 @@ class MtpLayer:
         self.model, self.cfg = model, model.cfg
         self.L = self.cfg.num_hidden_layers
         self.kernel = hasattr(model, "step_hidden")
+        if self.kernel and getattr(model, "weight_format", "int8") != "int8":
+            raise ConfigError("mtp: MTP on the kernels needs --weights int8 (the MTP projection kernel is W8A8; "
+                              "the golden forward runs MTP in bf16)")
         w = ckpt.layer(self.L)
         glob = ckpt.globals()
         self.w = w

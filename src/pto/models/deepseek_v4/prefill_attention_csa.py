@@ -49,6 +49,7 @@ from pto.models.deepseek_v4.prefill_indexer_compressor import (golden_prefill_in
 from pto.models.deepseek_v4.prefill_sparse_attn import golden_prefill_sparse_attn, prefill_sparse_attn_kernels
 from pto.models.deepseek_v4.qkv_proj_rope import materialize_rope_rows
 from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
+from pto.models.deepseek_v4.weight_format import is_bf16, weight_format_of, with_weight_format
 from pto.models.deepseek_v4.tiling import check_num_tokens, check_token_capacity, token_capacity
 
 __all__ = ["TOLERANCES", "CSA_ARGS", "CSA_OUTPUTS", "csa_block_kernels", "attention_csa_inline", "prefill_attention_csa", "golden_csa_block",
@@ -66,6 +67,11 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {
     "idx_kv_cache": (1, 0, 0.01),
     "idx_kv_scale": (1e-4, 1 / 128, 0.01),
     "idx_compress_state": (1e-3, 1e-3, 0.0),
+}
+# weight_format="bf16": BF16 index keys (one BF16 ulp on 1 % of the elements), unit key scales
+BF16_IDX_TOLERANCES: dict[str, tuple[float, float, float]] = {
+    "idx_kv_cache": (1e-3, 1 / 128, 0.01),
+    "idx_kv_scale": (0.0, 0.0, 0.0),
 }
 
 CSA_ARGS = ("x_hc", "hc_attn_fn", "hc_attn_scale", "hc_attn_base", "attn_norm_w", "wq_a", "wq_b", "wq_b_scale", "wkv",
@@ -282,6 +288,9 @@ def golden_csa_block(inputs: dict, cfg: DeepSeekV4Config, mode: str, *, weight_f
     front = golden_attention_front(i, rope_cos, rope_sin, cfg, weight_format=weight_format, float32=float32)
     post, comb, x_normed, q, kv, qr, qr_scale = (front[k] for k in ("post", "comb", "x_normed", "q", "kv", "qr",
                                                                     "qr_scale"))
+    if weight_format == "bf16" and not float32:  # the kernel's BF16 latent, in its split-K order
+        from pto.models.deepseek_v4.qkv_proj_rope import golden_qr_split_k
+        qr, qr_scale = golden_qr_split_k(x_normed, i["wq_a"], i["gamma_cq"], cfg, "bf16")
     kv_cache = i["kv_cache"].clone()
     flat = kv_cache.view(-1, cfg.head_dim)
     slots = i["ori_slot_mapping"][:nt].long()
@@ -301,7 +310,7 @@ def golden_csa_block(inputs: dict, cfg: DeepSeekV4Config, mode: str, *, weight_f
     idx_kv_cache, idx_kv_scale, idx_state = golden_prefill_indexer_compressor(
         x_normed, i["idx_compress_state"], i["idx_state_block_table"], i["idx_wkv"], i["idx_wgate"], i["idx_ape"],
         i["idx_norm_w"], i["freqs_cos"], i["freqs_sin"], i["hadamard"], i["idx_kv_cache"], i["idx_kv_scale"], pos,
-        nt, i["idx_slot_mapping"], i["idx_state_slot_mapping"], cfg, float32=float32)
+        nt, i["idx_slot_mapping"], i["idx_state_slot_mapping"], cfg, weight_format=weight_format, float32=float32)
     cmp_topk = golden_prefill_indexer(x_normed, qr, qr_scale, i["idx_wq_b"], i["idx_wq_b_scale"],
                                       i["idx_weights_proj"], i["freqs_cos"], i["freqs_sin"], i["hadamard"],
                                       idx_kv_cache, idx_kv_scale, i["idx_block_table"], pos, nt,
@@ -376,7 +385,8 @@ def make_prefill_csa_inputs(cfg: DeepSeekV4Config, T: int, start_pos: int, num_t
     Raises:
         BindError: positions the pools cannot hold (see the two builders).
     """
-    base = make_swa_inputs(cfg, T, start_pos, num_tokens, seed, block_table=block_table, attn_sink=attn_sink)
+    base = make_swa_inputs(cfg, T, start_pos, num_tokens, seed, block_table=block_table, attn_sink=attn_sink,
+                           weight_format=weight_format_of(cfg))
     d = csa_block_inputs(cfg, base, [start_pos], T, num_tokens, seed, state_pages)
     for k in ("state_block_table", "cmp_block_table", "idx_state_block_table", "idx_block_table"):
         d[k] = d[k][0].contiguous()
@@ -394,10 +404,12 @@ def csa_case(entry, d: dict, cfg, mode: str, label: str) -> CaseRun:
     specs.append(ScalarSpec("num_tokens", torch.int32, nt))
 
     def golden(v: dict) -> None:
-        for k, t in zip(CSA_OUTPUTS, golden_csa_block(v, cfg, mode, blocking="columns")):
+        for k, t in zip(CSA_OUTPUTS, golden_csa_block(v, cfg, mode, blocking="columns",
+                                                      weight_format=weight_format_of(cfg))):
             v[k] = t
 
-    compare = {k: ratio_allclose(*tol) for k, tol in TOLERANCES.items() if k != "x_out"}
+    tols = {**TOLERANCES, **BF16_IDX_TOLERANCES} if is_bf16(cfg) else TOLERANCES
+    compare = {k: ratio_allclose(*tol) for k, tol in tols.items() if k != "x_out"}
     compare["x_out"] = valid_ratio_reldiff(nt, *TOLERANCES["x_out"])
     return CaseRun(fn=entry, specs=specs, golden=golden, compare=compare, rtol=1e-2, atol=1e-2, label=label)
 
@@ -406,7 +418,8 @@ def build_prefill_attention_csa(preset: str, mode: str, **options) -> CaseRun:
     """Registry builder of ``prefill_attention_csa`` (pypto-lib `prefill_attention_csa.py`). Mode ``"prefill"``; options ``T``
     (default ``prefill_seq``), ``start_pos`` (default 0), ``num_tokens`` (default ``T``),
     ``block_table`` (``"permuted"`` default, or ``"identity"``), ``attn_sink``, ``seed``,
-    ``seed_scopes``.
+    ``seed_scopes``, ``weight_format`` (``"bf16"``: the unquantised kernels; BF16 index keys
+    compared as :data:`BF16_IDX_TOLERANCES`).
 
     Raises:
         ConfigError: unknown preset, mode or option. BindError: pools too small.
@@ -422,13 +435,14 @@ def build_prefill_attention_csa(preset: str, mode: str, **options) -> CaseRun:
     sink = float(opts.pop("attn_sink", 0.0))
     seed = int(opts.pop("seed", 0))
     seed_scopes = bool(opts.pop("seed_scopes", False))
+    cfg = with_weight_format(cfg, str(opts.pop("weight_format", "int8")))
     if opts:
         raise ConfigError(f"prefill_attention_csa: unknown options {sorted(opts)}")
     check_token_capacity("prefill_attention_csa", cfg, T)  # before any input is built
     d = make_prefill_csa_inputs(cfg, T, start, nt, seed, block_table=table, attn_sink=sink)
     entry = csa_block_kernels(cfg, "prefill", seed_scopes).entry
-    label = f"prefill T={T} start_pos={start} num_tokens={nt} block_table={table}" + (" seed_scopes" if seed_scopes
-                                                                                       else "")
+    label = (f"prefill T={T} start_pos={start} num_tokens={nt} block_table={table}"
+             + (" seed_scopes" if seed_scopes else "") + (" weight_format=bf16" if is_bf16(cfg) else ""))
     return csa_case(entry, d, cfg, "prefill", label)
 
 

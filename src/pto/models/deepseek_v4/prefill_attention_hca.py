@@ -44,6 +44,7 @@ from pto.models.deepseek_v4.prefill_sparse_attn import (golden_prefill_sparse_at
                                                         sparse_attn_tiling)
 from pto.models.deepseek_v4.qkv_proj_rope import materialize_rope_rows
 from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
+from pto.models.deepseek_v4.weight_format import weight_dtype, with_weight_format
 from pto.models.deepseek_v4.tiling import check_num_tokens, check_token_capacity, token_capacity
 
 __all__ = [
@@ -125,7 +126,7 @@ def prefill_attention_hca_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
                               hc_attn_base: pl.Tensor[[MIX], pl.FP32],
                               attn_norm_w: pl.Tensor[[D], pl.BF16],
                               wq_a: pl.Tensor[[D, LQ], pl.BF16],
-                              wq_b: pl.Tensor[[LQ, H * HD], pl.INT8],
+                              wq_b: pl.Tensor[[LQ, H * HD], weight_dtype(cfg)],
                               wq_b_scale: pl.Tensor[[H * HD], pl.FP32],
                               wkv: pl.Tensor[[D, HD], pl.BF16],
                               gamma_cq: pl.Tensor[[LQ], pl.BF16],
@@ -148,7 +149,7 @@ def prefill_attention_hca_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
                               position_ids: pl.Tensor[[T_DYN], pl.INT32],
                               attn_sink: pl.Tensor[[H], pl.FP32],
                               wo_a: pl.Tensor[[G, LO, GIN], pl.BF16],
-                              wo_b: pl.Tensor[[D, G * LO], pl.INT8],
+                              wo_b: pl.Tensor[[D, G * LO], weight_dtype(cfg)],
                               wo_b_scale: pl.Tensor[[D], pl.FP32],
                               x_out: pl.Out[pl.Tensor[[T_DYN, HC, D], pl.FP32]],
                               num_tokens: pl.Scalar[pl.INT32]):
@@ -361,11 +362,13 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     table = opts.pop("block_table", "identity")
     seed_scopes = bool(opts.pop("seed_scopes", False))
     seed = int(opts.pop("seed", 0))
+    wf = str(opts.pop("weight_format", "int8"))  # "bf16": the unquantised kernels, same tolerances
     if opts:
         raise ConfigError(f"prefill_attention_hca: unknown options {sorted(opts)}")
+    cfg = with_weight_format(cfg, wf)
     check_token_capacity("prefill_attention_hca", cfg, T)  # before any input is built
     k = prefill_attention_hca_kernels(cfg, seed_scopes)
-    d = make_prefill_hca_inputs(cfg, T, start_pos, num_tokens, seed, block_table=table)
+    d = make_prefill_hca_inputs(cfg, T, start_pos, num_tokens, seed, block_table=table, weight_format=wf)
     outs = ("kv_cache", "cmp_kv", "compress_state")
     specs = [TensorSpec(n, list(d[n].shape), d[n].dtype, d[n], is_output=n in outs) for n in PREFILL_HCA_ARGS]
     specs.append(TensorSpec("x_out", list(d["x_hc"].shape), torch.float32, is_output=True))
@@ -373,12 +376,12 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
 
     def golden(v: dict) -> None:
         v["kv_cache"], v["cmp_kv"], v["compress_state"], v["x_out"] = golden_prefill_attention_hca(
-            v, cfg, blocking="columns")
+            v, cfg, blocking="columns", weight_format=wf)
 
     compare = {"x_out": valid_ratio_reldiff(num_tokens, *TOLERANCES["x_out"])}
     compare.update({n: ratio_allclose(*TOLERANCES[n]) for n in outs})
     label = (f"prefill T={T} start_pos={start_pos} num_tokens={num_tokens} block_table={table}"
-             + (" seed_scopes" if seed_scopes else ""))
+             + (" seed_scopes" if seed_scopes else "") + (" weight_format=bf16" if wf == "bf16" else ""))
     return CaseRun(fn=k.prefill_attention_hca_test, specs=specs, golden=golden, compare=compare, rtol=1e-2,
                    atol=1e-2, label=label)
 

@@ -37,6 +37,7 @@ from pto.models.deepseek_v4.prefill_sparse_attn import (golden_prefill_sparse_at
                                                         quantize_wo_b)
 from pto.models.deepseek_v4.qkv_proj_rope import materialize_rope_rows, quantize_weight_per_column
 from pto.models.deepseek_v4.rope import golden_materialize_rope_rows, rope_tables
+from pto.models.deepseek_v4.weight_format import weight_dtype, with_weight_format
 from pto.models.deepseek_v4.tiling import check_num_tokens, check_token_capacity, token_capacity
 
 __all__ = [
@@ -160,7 +161,7 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
                               hc_attn_base: pl.Tensor[[MIX], pl.FP32],
                               attn_norm_w: pl.Tensor[[D], pl.BF16],
                               wq_a: pl.Tensor[[D, LQ], pl.BF16],
-                              wq_b: pl.Tensor[[LQ, H * HD], pl.INT8],
+                              wq_b: pl.Tensor[[LQ, H * HD], weight_dtype(cfg)],
                               wq_b_scale: pl.Tensor[[H * HD], pl.FP32],
                               wkv: pl.Tensor[[D, HD], pl.BF16],
                               gamma_cq: pl.Tensor[[LQ], pl.BF16],
@@ -173,7 +174,7 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
                               position_ids: pl.Tensor[[T_DYN], pl.INT32],
                               attn_sink: pl.Tensor[[H], pl.FP32],
                               wo_a: pl.Tensor[[G, LO, GIN], pl.BF16],
-                              wo_b: pl.Tensor[[D, G * LO], pl.INT8],
+                              wo_b: pl.Tensor[[D, G * LO], weight_dtype(cfg)],
                               wo_b_scale: pl.Tensor[[D], pl.FP32],
                               x_out: pl.Out[pl.Tensor[[T_DYN, HC, D], pl.FP32]],
                               num_tokens: pl.Scalar[pl.INT32]):
@@ -554,7 +555,8 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
 
     Mode ``"prefill"`` (``T = prefill_seq``, 128). Options: ``T``, ``start_pos`` (default 0),
     ``num_tokens`` (default ``T``), ``block_table`` (``"identity"`` or ``"permuted"``),
-    ``seed_scopes`` (the two-fill-task variant), ``attn_sink`` (scalar, default 0), ``seed``.
+    ``seed_scopes`` (the two-fill-task variant), ``attn_sink`` (scalar, default 0), ``seed``,
+    ``weight_format`` (``"int8"``; ``"bf16"``: the unquantised kernels, same tolerances).
     Inputs from :func:`make_swa_inputs`; the golden is :func:`golden_prefill_attention_swa`.
     Compare: ``x_out`` with ``valid_ratio_reldiff(num_tokens, *TOLERANCES["x_out"])`` (rows
     ``>= num_tokens`` exactly zero), ``kv_cache`` with ``ratio_allclose(*TOLERANCES["kv_cache"])``;
@@ -576,22 +578,24 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     seed_scopes = bool(opts.pop("seed_scopes", False))
     sink = opts.pop("attn_sink", 0.0)
     seed = int(opts.pop("seed", 0))
+    wf = str(opts.pop("weight_format", "int8"))
     if opts:
         raise ConfigError(f"prefill_attention_swa: unknown options {sorted(opts)}")
+    cfg = with_weight_format(cfg, wf)
     check_token_capacity("prefill_attention_swa", cfg, T)  # before any input is built
     k = prefill_attention_swa_kernels(cfg, seed_scopes)
-    d = make_swa_inputs(cfg, T, start_pos, num_tokens, seed, block_table=table, attn_sink=sink)
+    d = make_swa_inputs(cfg, T, start_pos, num_tokens, seed, block_table=table, attn_sink=sink, weight_format=wf)
     specs = [TensorSpec(n, list(d[n].shape), d[n].dtype, d[n], is_output=(n == "kv_cache")) for n in _SPEC_ORDER]
     specs.append(TensorSpec("x_out", [T, cfg.hc_mult, cfg.hidden_size], torch.float32, is_output=True))
     specs.append(ScalarSpec("num_tokens", torch.int32, num_tokens))
 
     def golden(v: dict) -> None:
-        v["kv_cache"], v["x_out"] = golden_prefill_attention_swa(v, cfg)
+        v["kv_cache"], v["x_out"] = golden_prefill_attention_swa(v, cfg, weight_format=wf)
 
     compare = {"x_out": valid_ratio_reldiff(num_tokens, *TOLERANCES["x_out"]),
                "kv_cache": ratio_allclose(*TOLERANCES["kv_cache"])}
     label = (f"prefill T={T} start_pos={start_pos} num_tokens={num_tokens} block_table={table}"
-             + (" seed_scopes" if seed_scopes else ""))
+             + (" seed_scopes" if seed_scopes else "") + (" weight_format=bf16" if wf == "bf16" else ""))
     return CaseRun(fn=k.prefill_attention_swa_test, specs=specs, golden=golden, compare=compare, rtol=1e-2,
                    atol=1e-2, label=label)
 

@@ -59,6 +59,8 @@ from pto.models.deepseek_v4.prefill_compressor_ratio4 import (CSA_RATIO, _table_
 from pto.models.deepseek_v4.qkv_proj_rope import (int8_quantize_rows, quantize_per_row_int8,
                                                   quantize_weight_per_column, rope_interleaved)
 from pto.models.deepseek_v4.rope import rope_tables
+from pto.models.deepseek_v4.weight_format import (act_dtype, is_bf16, weight_dtype, weight_format_of,
+                                                  with_weight_format)
 from pto.models.deepseek_v4.tiling import MATMUL_M_TILE, round_up, token_capacity
 
 __all__ = ["FP32_MAX", "indexer_sort_width", "indexer_score_capacity", "indexer_topk_tasks", "indexer_inline",
@@ -117,6 +119,11 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
             INT32 (written: every row).
         prefix: task-name prefix; seed_scopes: seed ``score_wide`` with tasks.
 
+    ``cfg.weight_format == "bf16"`` (weight_format.py): ``qr``, ``wq_b`` and the key cache are
+    BF16; ``q_proj`` is BF16 x BF16 -> FP32 with no scale, the rotated query is rounded to BF16
+    instead of quantised, scores ``sum_h w_h * relu(q_h . k_s)`` with no query or key scale
+    (``qr_scale`` / ``wq_b_scale`` / ``idx_kv_scale`` not read).
+
     Raises:
         BindError: shapes that do not match ``cfg``, ``T`` not a multiple of ``B``,
             ``num_tokens`` out of range, a visible key page missing from the table.
@@ -153,9 +160,10 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
         raise CapacityError(f"kernel {kernel}: {n_vis_max} visible index keys need a {L}-wide score row, above "
                             f"the declared capacity {cap}")
     t_pad = round_up(T, MATMUL_M_TILE)
+    bf16 = is_bf16(cfg)
     q_proj = pl.create_tensor([t_pad, HI * c], pl.FP32, capacity=[token_capacity(cfg), None])
-    q_i8 = pl.create_tensor([t_pad * HI, c], pl.INT8, capacity=[token_capacity(cfg) * HI, None])
-    q_dq = pl.create_tensor([t_pad * HI, 1], pl.FP32, capacity=[token_capacity(cfg) * HI, None])
+    q_i8 = pl.create_tensor([t_pad * HI, c], act_dtype(cfg), capacity=[token_capacity(cfg) * HI, None])
+    q_dq = None if bf16 else pl.create_tensor([t_pad * HI, 1], pl.FP32, capacity=[token_capacity(cfg) * HI, None])
     weights = pl.create_tensor([t_pad, HI], pl.FP32, capacity=[token_capacity(cfg), None])
     if seed_scopes:
         score_wide = pl.create_tensor([T, L], pl.FP32, capacity=[token_capacity(cfg), cap])
@@ -176,8 +184,12 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
             a = pl.slice(qr, [PT, KT], [r0, kc * KT], valid_shape=[rows, KT])
             bt = wq_b[kc * KT:(kc + 1) * KT, n0:n0 + NT]
             acc = pl.matmul(a, bt) if acc is None else pl.matmul_acc(acc, a, bt)
-        deq = pl.row_expand_mul(pl.cast(acc, pl.FP32), pl.slice(qr_scale, [PT, 1], [r0, 0], valid_shape=[rows, 1]))
-        deq = pl.col_expand_mul(deq, wq_scale_row[0:1, n0:n0 + NT])
+        if bf16:  # BF16 x BF16 -> FP32, no scale
+            deq = acc
+        else:
+            deq = pl.row_expand_mul(pl.cast(acc, pl.FP32), pl.slice(qr_scale, [PT, 1], [r0, 0],
+                                                                    valid_shape=[rows, 1]))
+            deq = pl.col_expand_mul(deq, wq_scale_row[0:1, n0:n0 + NT])
         pl.assemble(q_proj, pl.set_validshape(deq, rows, NT), [r0, n0])
 
     # 2. RoPE, BF16, Hadamard, per-(token, head) INT8
@@ -200,6 +212,9 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
                                                      pl.cast(sin_table[p:p + 1, 0:r], pl.FP32)), [i * HI, 0])
         q = rope_rotate_rows(pl.fillpad(q), cos_r, sin_r, c - r, r)
         qh = pl.matmul(pl.cast(q, pl.BF16, mode="rint"), hadamard[0:c, 0:c])
+        if bf16:  # the rotated query in BF16, no scale
+            pl.assemble(q_i8, pl.set_validshape(pl.cast(qh, pl.BF16, mode="rint"), act * HI, c), [t0 * HI, 0])
+            continue
         codes, s = int8_quantize_rows(qh)
         pl.assemble(q_i8, pl.set_validshape(codes, act * HI, c), [t0 * HI, 0])
         pl.assemble(q_dq, pl.set_validshape(pl.recip(s), act * HI, 1), [t0 * HI, 0])
@@ -223,14 +238,14 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
     # 5. scores over the visible key pages
     cache_rows = pl.reshape(idx_kv_cache, [pages * bs, c])
     scale_rows = pl.reshape(idx_kv_scale, [pages * bs, 1])
-    q_dq_rows = pl.reshape(q_dq, [t_pad, HI])
+    q_dq_rows = None if bf16 else pl.reshape(q_dq, [t_pad, HI])
     col = pl.arange(0, [1, bs], pl.INT32)
     for t in pl.spmd(T, name_hint=f"{prefix}_score"):
         if t >= nt or n_vis[t] == 0:
             continue
         b = t // S
         q8 = q_i8[t * HI:(t + 1) * HI, 0:c]  # [HI, c]
-        sq = q_dq_rows[t:t + 1, 0:HI]  # [1, HI]
+        sq = None if bf16 else q_dq_rows[t:t + 1, 0:HI]  # [1, HI]
         w = weights[t:t + 1, 0:HI]
         for pg in pl.range(-(-n_vis[t] // bs)):
             phys = pl.read(idx_block_table, [b, pg]) if pg < n_tab else -1
@@ -238,9 +253,13 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
                 raise _bind(kernel, f"token {t} (request {b}) sees index key page {pg}, which its idx_block_table "
                                     "row does not map")
             k8 = cache_rows[phys * bs:(phys + 1) * bs, 0:c]
-            dots = pl.cast(pl.matmul(k8, q8, b_trans=True), pl.FP32)  # [bs, HI]
-            hs = pl.col_expand_mul(pl.maximum(pl.col_expand_mul(dots, sq), 0.0), w)
-            sc = pl.transpose(pl.mul(pl.row_sum(hs), scale_rows[phys * bs:(phys + 1) * bs, 0:1]), 0, 1)  # [1, bs]
+            if bf16:  # BF16 x BF16 -> FP32 dots, no query / key scale
+                hs = pl.col_expand_mul(pl.maximum(pl.matmul(k8, q8, b_trans=True), 0.0), w)
+                sc = pl.transpose(pl.row_sum(hs), 0, 1)  # [1, bs]
+            else:
+                dots = pl.cast(pl.matmul(k8, q8, b_trans=True), pl.FP32)  # [bs, HI]
+                hs = pl.col_expand_mul(pl.maximum(pl.col_expand_mul(dots, sq), 0.0), w)
+                sc = pl.transpose(pl.mul(pl.row_sum(hs), scale_rows[phys * bs:(phys + 1) * bs, 0:1]), 0, 1)
             visible = pl.cmp(col, n_vis[t] - pg * bs, "lt")
             score_wide[t:t + 1, pg * bs:(pg + 1) * bs] = pl.select(visible, sc, -FP32_MAX)
 
@@ -325,19 +344,20 @@ def indexer_entry(cfg: DeepSeekV4Config, mode: str, seed_scopes: bool = False):
     D, Lq, HI, c, r, K, bs = (cfg.hidden_size, cfg.q_lora_rank, cfg.index_n_heads, cfg.index_head_dim,
                               cfg.qk_rope_head_dim, cfg.index_topk, cfg.block_size)
     body = indexer_inline(mode)
+    WD, AD = weight_dtype(cfg), act_dtype(cfg)  # INT8, or BF16 for weight_format "bf16"
 
     @pl.jit
     def indexer_test(
         x: pl.Tensor[[T_DYN, D], pl.BF16],
-        qr: pl.Tensor[[T_DYN, Lq], pl.INT8],
+        qr: pl.Tensor[[T_DYN, Lq], AD],
         qr_scale: pl.Tensor[[T_DYN, 1], pl.FP32],
-        wq_b: pl.Tensor[[Lq, HI * c], pl.INT8],
+        wq_b: pl.Tensor[[Lq, HI * c], WD],
         wq_b_scale: pl.Tensor[[HI * c], pl.FP32],
         weights_proj: pl.Tensor[[D, HI], pl.BF16],
         cos_table: pl.Tensor[[ROPE_ROWS_DYN, r], pl.BF16],
         sin_table: pl.Tensor[[ROPE_ROWS_DYN, r], pl.BF16],
         hadamard: pl.Tensor[[c, c], pl.BF16],
-        idx_kv_cache: pl.Tensor[[IDX_PAGES_DYN, bs, 1, c], pl.INT8],
+        idx_kv_cache: pl.Tensor[[IDX_PAGES_DYN, bs, 1, c], AD],
         idx_kv_scale: pl.Tensor[[IDX_PAGES_DYN, bs, 1, 1], pl.FP32],
         idx_block_table: pl.Tensor[_table_dims(mode, IDX_TABLE_DYN), pl.INT32],
         position_ids: pl.Tensor[[T_DYN], pl.INT32],
@@ -371,7 +391,8 @@ def golden_indexer_query(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, HI, c] int8 or fp32, [T, HI] fp32)
     """Index queries (transformers `models/deepseek_v4/modeling_deepseek_v4.py`; `prefill_indexer.py`): W8A8 dequant (``int8``) or a float product
     (``bf16``), RoPE on the last ``r`` channels, then BF16, Hadamard and per-row INT8
-    (``float32``: no rounding, no quantisation, scale 1). Returns ``(q, dequant scale)``."""
+    (``bf16``: the product rounded to BF16, scale 1; ``float32``: no rounding, no
+    quantisation, scale 1). Returns ``(q, dequant scale)``."""
     T = qr.shape[0]
     if weight_format == "int8":
         acc = (qr.double() @ wq_b.double()).float()  # exact INT32 values
@@ -387,6 +408,8 @@ def golden_indexer_query(
     if float32:
         return q @ hadamard.float(), torch.ones(T, HI)
     qh = q.to(torch.bfloat16).float().reshape(T * HI, c) @ hadamard.float()
+    if weight_format == "bf16":  # the bf16 kernel's BF16 query, unit scale
+        return qh.to(torch.bfloat16).view(T, HI, c), torch.ones(T, HI)
     codes, dq = quantize_per_row_int8(qh)
     return codes.view(T, HI, c), dq.view(T, HI)
 
@@ -444,7 +467,8 @@ def golden_prefill_indexer(
     """Lightning indexer golden (transformers `models/deepseek_v4/modeling_deepseek_v4.py`; `decode_indexer.py` / `prefill_indexer.py`), vectorised over tokens and
     keys; prefill (``[n]`` table) and decode (``[B, n]``, request-major tokens) alike.
 
-    ``weight_format="bf16"`` takes a float ``qr`` (the q LoRA activation) and a float ``wq_b``;
+    ``weight_format="bf16"`` takes a float ``qr`` (the q LoRA activation) and a float ``wq_b``
+    and, as the bf16 kernel, reads no key scale (BF16 keys);
     ``float32=True`` also drops every BF16 rounding and the INT8 queries / keys (an FP32
     ``idx_kv_cache`` with scale 1): the transformers indexer's math up to the Hadamard
     rotation. Rows ``t >= num_tokens`` and rows with no visible key are all ``-1``.
@@ -486,6 +510,8 @@ def golden_prefill_indexer(
     rows = phys.clamp(min=0) * bs + s % bs
     keys = idx_kv_cache.reshape(-1, idx_kv_cache.shape[-1])[rows]
     kscale = idx_kv_scale.reshape(-1)[rows].float()
+    if weight_format == "bf16" and not float32:  # the bf16 kernel reads no key scale
+        kscale = torch.ones_like(kscale)
     score = golden_indexer_scores(q, q_dq, weights, keys, kscale, n_vis)
     out[:nt] = golden_indexer_topk(score, n_vis, K)
     if return_scores:
@@ -547,6 +573,9 @@ def make_indexer_inputs(cfg: DeepSeekV4Config, starts: list[int], S: int, num_to
     ``[pages*bs, c]`` quantised per row into ``idx_kv_cache`` / ``idx_kv_scale``. Request ``b``
     owns key pages ``b*n .. b*n+n-1`` (``n = pages // B``, permuted ``(blk*m+1) % n``).
 
+    For ``cfg.weight_format == "bf16"`` the kernel's operands are the BF16 ``q_res``, ``wq_b``
+    and keys with unit scales (the same draws).
+
     Returns:
         dict keyed by the kernel's parameter names plus ``q_res`` and ``wq_b_float`` (the
         unquantised operands for the ``bf16`` golden).
@@ -576,6 +605,10 @@ def make_indexer_inputs(cfg: DeepSeekV4Config, starts: list[int], S: int, num_to
     table = torch.stack([permuted_block_table(per, per, offset=1) + b * per for b in range(B)]).to(torch.int32)
     cos, sin = rope_tables(cfg, "compress")
     positions = torch.cat([st + torch.arange(S) for st in starts]).to(torch.int32)
+    if is_bf16(cfg):
+        bf = torch.bfloat16
+        qr, qr_scale, wq_b, wq_b_scale = q_res.to(bf), torch.ones(T, 1), wq_b_float.to(bf), torch.ones(HI * c)
+        k8, ks = keys.to(bf), torch.ones(pages * bs, 1)
     return {
         "x": x, "qr": qr, "qr_scale": qr_scale, "wq_b": wq_b, "wq_b_scale": wq_b_scale,
         "weights_proj": weights_proj, "cos_table": cos.to(torch.bfloat16), "sin_table": sin.to(torch.bfloat16),
@@ -597,7 +630,8 @@ def indexer_case(entry, inputs: dict, cfg, label: str) -> CaseRun:
     held = {}
 
     def golden(v: dict) -> None:
-        out, scores, nv = golden_prefill_indexer(**{k: v[k] for k in _ARG_ORDER}, cfg=cfg, return_scores=True)
+        out, scores, nv = golden_prefill_indexer(**{k: v[k] for k in _ARG_ORDER}, cfg=cfg, return_scores=True,
+                                                 weight_format=weight_format_of(cfg))
         held["scores"], held["n_vis"] = scores, nv
         v["cmp_topk_indices"] = out
 
@@ -615,18 +649,21 @@ def indexer_case(entry, inputs: dict, cfg, label: str) -> CaseRun:
 
 def build_prefill_indexer(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None,
                           start_pos: int | None = None, num_tokens: int | None = None, seed: int = 0,
-                          seed_scopes: bool = False) -> CaseRun:
+                          seed_scopes: bool = False, weight_format: str = "int8") -> CaseRun:
     """KernelCase builder: the prefill indexer; ``start_pos`` defaults to ``4 * index_topk``
-    so that late tokens see more entries than ``index_topk`` (a strict subset is selected).
+    so that late tokens see more entries than ``index_topk`` (a strict subset is selected);
+    ``weight_format="bf16"``: the unquantised indexer (same set compare).
 
     Raises:
         ConfigError: unknown preset or mode, ``T < 1``; BindError: a fixture the config cannot hold.
     """
     cfg, T = prefill_case_tokens("prefill_indexer", preset, mode, T)
+    cfg = with_weight_format(cfg, weight_format)
     start = 4 * cfg.index_topk if start_pos is None else start_pos
     nt = T if num_tokens is None else num_tokens
     inputs = make_indexer_inputs(cfg, [start], T, nt, seed)
-    label = f"{preset} {mode} T={T} start_pos={start} num_tokens={nt}" + (" seed_scopes" if seed_scopes else "")
+    label = (f"{preset} {mode} T={T} start_pos={start} num_tokens={nt}" + (" seed_scopes" if seed_scopes else "")
+             + (" weight_format=bf16" if weight_format == "bf16" else ""))
     return indexer_case(prefill_indexer_entry(cfg, seed_scopes), {**inputs, "idx_block_table":
                                                                   inputs["idx_block_table"][0]}, cfg, label)
 

@@ -41,6 +41,7 @@ from pto.models.deepseek_v4.prefill_compressor_ratio4 import (
     ratio4_fixture,
     ratio4_tiling,
 )
+from pto.models.deepseek_v4.weight_format import act_dtype, is_bf16, with_weight_format
 from pto.models.deepseek_v4.qkv_proj_rope import int8_quantize_rows, quantize_per_row_int8
 
 __all__ = ["TOLERANCES", "IDX_KV_BLOCK_NUM", "indexer_cache_write", "indexer_compressor_inline",
@@ -54,6 +55,12 @@ IDX_KV_BLOCK_NUM = 64  # indexer key-cache pages (pypto-lib `models/deepseek/v4-
 TOLERANCES: dict[str, tuple[float, float, float]] = {
     "idx_kv_cache": (1, 0, 0.01),
     "idx_kv_scale": (1e-4, 1 / 128, 0.01),
+    "compress_state": (1e-3, 1e-3, 0.0),
+}
+# weight_format="bf16": BF16 keys within one BF16 ulp on 1 % of the rows' elements, unit scales
+BF16_TOLERANCES: dict[str, tuple[float, float, float]] = {
+    "idx_kv_cache": (1e-3, 1 / 128, 0.01),
+    "idx_kv_scale": (0.0, 0.0, 0.0),
     "compress_state": (1e-3, 1e-3, 0.0),
 }
 
@@ -72,8 +79,11 @@ def indexer_cache_write(normed_kv_pad, write_dst_map, n_writes: int, hadamard, i
     :func:`prefill_compressor_ratio4.ratio4_compress_tasks`. Writes the INT8 row and its FP32
     dequant scale of every write slot with a destination into the flat rows of
     ``idx_kv_cache [pages, bs, 1, width] INT8`` / ``idx_kv_scale [pages, bs, 1, 1] FP32``;
-    ``pad_capacity`` bounds the pad rows (``Ratio4Tiling.pad_capacity``)."""
+    ``pad_capacity`` bounds the pad rows (``Ratio4Tiling.pad_capacity``). With a BF16
+    ``idx_kv_cache`` (weight_format "bf16") the BF16 rotated row itself is written and its
+    scale is 1."""
     w_pad = normed_kv_pad.shape[0]
+    bf16 = idx_kv_cache.dtype == pl.BF16
     n_rows = idx_kv_cache.shape[0] * idx_kv_cache.shape[1]
     cache_rows = pl.reshape(idx_kv_cache, [n_rows, width])
     scale_rows = pl.reshape(idx_kv_scale, [n_rows, 1])
@@ -82,14 +92,18 @@ def indexer_cache_write(normed_kv_pad, write_dst_map, n_writes: int, hadamard, i
         k_bf16 = pl.cast(normed_kv_pad[0:w_pad, 0:width], pl.BF16, mode="rint")
         rotated[0:w_pad, 0:width] = pl.matmul(k_bf16, hadamard[0:width, 0:width])
     with pl.at(level=pl.Level.CORE_GROUP, name_hint=f"{prefix}_cache_write"):
-        k = pl.cast(pl.cast(rotated[0:w_pad, 0:width], pl.BF16, mode="rint"), pl.FP32)
-        codes, s = int8_quantize_rows(k)
-        dq = pl.recip(s)
+        k = pl.cast(rotated[0:w_pad, 0:width], pl.BF16, mode="rint")
+        if bf16:  # unquantised keys, unit scale
+            codes, dq = k, None
+        else:
+            codes, s = int8_quantize_rows(pl.cast(k, pl.FP32))
+            dq = pl.recip(s)
         for i in pl.range(n_writes):
             dst = pl.read(write_dst_map, [0, i])
             if dst >= 0:
                 cache_rows[dst:dst + 1, 0:width] = pl.slice(codes, [1, width], [i, 0])
-                pl.write(scale_rows, [dst, 0], pl.read(dq, [i, 0]))  # a [1, 1] store is below the DMA minimum
+                # a [1, 1] store is below the DMA minimum
+                pl.write(scale_rows, [dst, 0], 1.0 if dq is None else pl.read(dq, [i, 0]))
 
 
 def _check_idx_cache(kernel: str, cache, scale, cfg) -> None:
@@ -174,6 +188,7 @@ def indexer_compressor_entry(cfg: DeepSeekV4Config, mode: str, max_cmp_writes: i
     tl = ratio4_tiling(cfg, c, max_cmp_writes)
     D, r, bs = cfg.hidden_size, cfg.qk_rope_head_dim, cfg.block_size
     body = indexer_compressor_inline(mode)
+    KD = act_dtype(cfg)  # INT8 key cache, BF16 for weight_format "bf16"
 
     @pl.jit
     def indexer_compressor_test(
@@ -187,7 +202,7 @@ def indexer_compressor_entry(cfg: DeepSeekV4Config, mode: str, max_cmp_writes: i
         cos_table: pl.Tensor[[ROPE_ROWS_DYN, r], pl.BF16],
         sin_table: pl.Tensor[[ROPE_ROWS_DYN, r], pl.BF16],
         hadamard: pl.Tensor[[c, c], pl.BF16],
-        idx_kv_cache: pl.InOut[pl.Tensor[[IDX_PAGES_DYN, bs, 1, c], pl.INT8]],
+        idx_kv_cache: pl.InOut[pl.Tensor[[IDX_PAGES_DYN, bs, 1, c], KD]],
         idx_kv_scale: pl.InOut[pl.Tensor[[IDX_PAGES_DYN, bs, 1, 1], pl.FP32]],
         position_ids: pl.Tensor[[T_DYN], pl.INT32],
         num_tokens: pl.Scalar[pl.INT32],
@@ -212,13 +227,16 @@ def golden_indexer_keys(
     entries: torch.Tensor,  # [W, c] fp32 pooled, normed, rotated entries
     hadamard: torch.Tensor,  # [c, c] bf16
     float32: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:  # ([W, c] int8 or fp32, [W, 1] fp32)
+    weight_format: str = "int8",
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([W, c] int8 / bf16 / fp32, [W, 1] fp32)
     """Index keys of compressed entries (module docstring): BF16 Hadamard product rounded to
-    BF16, then per-row INT8 (:func:`quantize_per_row_int8`); ``float32``: the FP32 product,
-    unquantised, with scale 1."""
+    BF16, then per-row INT8 (:func:`quantize_per_row_int8`); ``weight_format="bf16"``: the BF16
+    row itself with scale 1; ``float32``: the FP32 product, unquantised, with scale 1."""
     if float32:
         return entries.float() @ hadamard.float(), torch.ones(entries.shape[0], 1)
     k = (entries.to(torch.bfloat16).double() @ hadamard.double()).float().to(torch.bfloat16)
+    if weight_format == "bf16":
+        return k, torch.ones(entries.shape[0], 1)
     return quantize_per_row_int8(k.float())
 
 
@@ -240,13 +258,14 @@ def golden_prefill_indexer_compressor(
     idx_slot_mapping: torch.Tensor,  # [T] int64
     state_slot_mapping: torch.Tensor,  # [T] int64
     cfg: DeepSeekV4Config,
-    weight_format: str = "bf16",
+    weight_format: str = "int8",
     float32: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # (idx_kv_cache, idx_kv_scale, compress_state)
     """Indexer key compressor golden (transformers `models/deepseek_v4/modeling_deepseek_v4.py`; `prefill_indexer_compressor.py`), vectorised: the ratio-4 core
     golden at width ``index_head_dim`` then :func:`golden_indexer_keys`. ``float32`` (parity
-    mode) keeps the keys unquantised in an FP32 ``idx_kv_cache`` (scale 1). The compressor has
-    no quantised weights; ``weight_format`` is accepted for a uniform signature. Works for
+    mode) keeps the keys unquantised in an FP32 ``idx_kv_cache`` (scale 1);
+    ``weight_format="bf16"`` writes the BF16 keys (scale 1) into a BF16 cache, as the bf16
+    kernel; ``"int8"`` the INT8 codes and their scales. Works for
     prefill (``[L]`` table) and decode (``[B, L]``) alike; the inputs are not modified.
 
     Returns:
@@ -258,7 +277,7 @@ def golden_prefill_indexer_compressor(
     entries, dst, state_out = golden_ratio4_compress(
         x, compress_state, state_block_table, wkv, wgate, ape, norm_w, cos_table, sin_table, position_ids,
         num_tokens, idx_slot_mapping, state_slot_mapping, cfg, "golden_prefill_indexer_compressor", float32)
-    keys, scale = golden_indexer_keys(entries, hadamard, float32)
+    keys, scale = golden_indexer_keys(entries, hadamard, float32, weight_format)
     cache, scales = idx_kv_cache.clone(), idx_kv_scale.clone()
     cache.view(-1, cache.shape[-1])[dst] = keys.to(cache.dtype)
     scales.view(-1, 1)[dst] = scale.to(scales.dtype)
@@ -274,7 +293,8 @@ def indexer_cache_inputs(f: dict, cfg: DeepSeekV4Config, seed: int, pages: int =
     """Turn a :func:`ratio4_fixture` dict at width ``index_head_dim`` into indexer-compressor
     inputs: ``idx_slot_mapping`` (the fixture's compressed rows, recomputed over ``pages``
     key-cache pages), a prior ``idx_kv_cache`` of random INT8 codes with ``idx_kv_scale ~
-    U(0.01, 0.02)``, ``hadamard`` (:func:`random_hadamard`), and ``idx_block_table [B, n]``."""
+    U(0.01, 0.02)`` (``cfg.weight_format == "bf16"``: BF16 ``codes * scale`` and unit scales),
+    ``hadamard`` (:func:`random_hadamard`), and ``idx_block_table [B, n]``."""
     gen = torch.Generator().manual_seed(seed + 2)
     c, bs = cfg.index_head_dim, cfg.block_size
     f = dict(f)
@@ -295,6 +315,9 @@ def indexer_cache_inputs(f: dict, cfg: DeepSeekV4Config, seed: int, pages: int =
     f["idx_kv_cache"] = torch.randint(-127, 128, (pages, bs, 1, c), generator=gen, dtype=torch.int8)
     f["idx_kv_scale"] = 0.01 + 0.01 * torch.rand(pages, bs, 1, 1, generator=gen)
     f["hadamard"] = random_hadamard(c, gen)
+    if is_bf16(cfg):  # BF16 keys, unit scales (what the bf16 compressor writes)
+        f["idx_kv_cache"] = (f["idx_kv_cache"].float() * f["idx_kv_scale"]).to(torch.bfloat16)
+        f["idx_kv_scale"] = torch.ones_like(f["idx_kv_scale"])
     return f
 
 
@@ -320,20 +343,26 @@ _OUTPUTS = ("idx_kv_cache", "idx_kv_scale", "compress_state")
 
 
 def build_prefill_indexer_compressor(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None,
-                                     start_pos: int = 0, num_tokens: int | None = None, seed: int = 0) -> CaseRun:
+                                     start_pos: int = 0, num_tokens: int | None = None, seed: int = 0,
+                                     weight_format: str = "int8") -> CaseRun:
     """KernelCase builder: the prefill indexer compressor (``T = prefill_seq`` by default);
-    compare functions from ``TOLERANCES``.
+    compare functions from ``TOLERANCES`` (``weight_format="bf16"``: the BF16 key cache,
+    :data:`BF16_TOLERANCES`).
 
     Raises:
         ConfigError: unknown preset or mode, ``T < 1``; BindError: a fixture the config cannot hold.
     """
     cfg, T = prefill_case_tokens("prefill_indexer_compressor", preset, mode, T)
+    cfg = with_weight_format(cfg, weight_format)
     nt = T if num_tokens is None else num_tokens
     inputs = make_prefill_indexer_compressor_inputs(cfg, T, start_pos, nt, seed)
     entry = prefill_indexer_compressor_entry(cfg, None)
 
-    return ratio4_case(entry, inputs, _ARG_ORDER, _OUTPUTS, golden_prefill_indexer_compressor, TOLERANCES, cfg,
-                       f"{preset} {mode} T={T} start_pos={start_pos} num_tokens={nt}")
+    return ratio4_case(entry, inputs, _ARG_ORDER, _OUTPUTS, functools.partial(golden_prefill_indexer_compressor,
+                                                                              weight_format=weight_format),
+                       BF16_TOLERANCES if weight_format == "bf16" else TOLERANCES, cfg,
+                       f"{preset} {mode} T={T} start_pos={start_pos} num_tokens={nt}"
+                       + (" weight_format=bf16" if weight_format == "bf16" else ""))
 
 
 register(KernelCase("prefill_indexer_compressor", build_prefill_indexer_compressor, modes=("prefill",),

@@ -66,6 +66,7 @@ from pto.models.deepseek_v4.qkv_proj_rope import (
     rotate_interleaved,
 )
 from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
+from pto.models.deepseek_v4.weight_format import is_bf16, weight_dtype, with_weight_format
 from pto.models.deepseek_v4.tiling import check_num_tokens, check_token_capacity, token_capacity
 
 __all__ = [
@@ -342,12 +343,18 @@ def merge_key_blocks(tok: int, blk_m, blk_l, blk_o, sink_col, *, key_blocks: int
     return pl.row_expand_div(o, pl.add(l, pl.exp(pl.sub(sink_col[:, :], m))))
 
 
-def quant_o_r_tile(o_r, o_r_i8, act_scale_dq, t: int, t0: int, g: int, *, o_lora: int, tok_tile: int) -> None:
+def quant_o_r_tile(o_r, o_r_i8, act_scale_dq, t: int, t0: int, g: int, *, o_lora: int, tok_tile: int,
+                   bf16: bool = False) -> None:
     """Per-(token, group) INT8 quantisation of ``o_r`` rows ``t0 .. t0 + tok_tile`` (clipped to
     ``t``), group ``g``'s ``o_lora`` columns (``int8_quantize_rows``): codes into ``o_r_i8``,
-    the dequant scale ``1 / s`` into column ``g`` of ``act_scale_dq [T, G]``."""
+    the dequant scale ``1 / s`` into column ``g`` of ``act_scale_dq [T, G]``. ``bf16``
+    (weight_format "bf16"): the rows rounded to BF16 (``rint``) into a BF16 ``o_r_i8``, no
+    scale written."""
     rows = min(tok_tile, t - t0)
     x = pl.slice(o_r, [tok_tile, o_lora], [t0, g * o_lora], valid_shape=[rows, o_lora])
+    if bf16:
+        pl.assemble(o_r_i8, pl.cast(x, pl.BF16, mode="rint"), [t0, g * o_lora])
+        return
     codes, s_q = int8_quantize_rows(x)
     pl.assemble(o_r_i8, codes, [t0, g * o_lora])
     pl.assemble(act_scale_dq, pl.set_validshape(pl.recip(s_q), rows, 1), [t0, g])
@@ -357,7 +364,8 @@ def proj_b_act_task(partials, act_scale_dq, wo_b_scale_row, attn_out, t: int, de
                     hidden: int, col_tile: int, tok_tile: int):
     """The ``proj_b_act`` task, ``spmd((D / col_tile) * ceil(T / tok_tile))`` after ``deps``:
     ``sum_g float(partials[:, g*D + c]) * act_scale_dq[:, g]`` in group order, ``* wo_b_scale``,
-    BF16 (``rint``) into ``attn_out [T, D]``. Returns the task id."""
+    BF16 (``rint``) into ``attn_out [T, D]``. Returns the task id. ``act_scale_dq=None``
+    (weight_format "bf16": FP32 ``partials``): the plain group sum, no scale applied."""
     n_at = -(-t // tok_tile)
     task = pl.spmd((hidden // col_tile) * n_at, name_hint="proj_b_act", deps=deps)
     for b in task:
@@ -367,10 +375,14 @@ def proj_b_act_task(partials, act_scale_dq, wo_b_scale_row, attn_out, t: int, de
         acc = None
         for g in pl.range(groups):
             part = pl.slice(partials, [tok_tile, col_tile], [t0, g * hidden + c0], valid_shape=[rows, col_tile])
-            s_g = pl.slice(act_scale_dq, [tok_tile, 1], [t0, g], valid_shape=[rows, 1])
-            term = pl.row_expand_mul(pl.cast(part, pl.FP32, mode="rint"), s_g)
+            if act_scale_dq is None:
+                term = part
+            else:
+                s_g = pl.slice(act_scale_dq, [tok_tile, 1], [t0, g], valid_shape=[rows, 1])
+                term = pl.row_expand_mul(pl.cast(part, pl.FP32, mode="rint"), s_g)
             acc = term if acc is None else pl.add(acc, term)
-        acc = pl.col_expand_mul(acc, wo_b_scale_row[:, c0:c0 + col_tile])
+        if act_scale_dq is not None:
+            acc = pl.col_expand_mul(acc, wo_b_scale_row[:, c0:c0 + col_tile])
         pl.assemble(attn_out, pl.cast(acc, pl.BF16, mode="rint"), [t0, c0])
     return task.tid
 
@@ -416,7 +428,9 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
     ``sparse_bias [T, sparse_pad]``, per-block ``(m, l, o)`` ``[T*NB*H, 1 | 1 | head_dim]``,
     ``attn_rope_stage [T*H, rope_dim]``, ``o_packed [G*T, o_group_in]``, cos / sin rows
     ``[T, rope_dim]``, ``o_r`` / ``o_r_i8 [T, G*o_lora]``, ``act_scale_dq [T, G]``,
-    ``partials [T, G*D]`` INT32.
+    ``partials [T, G*D]`` INT32. ``cfg.weight_format == "bf16"`` (weight_format.py): ``wo_b``
+    and ``o_r_i8`` BF16 (``quant`` rounds ``o_r`` to BF16), ``proj_b_mm`` BF16 x BF16 -> FP32
+    ``partials``, ``proj_b_act`` sums the groups with no scale (``wo_b_scale`` not read).
 
     Raises:
         ConfigError: from :func:`sparse_attn_tiling`. At run time the body raises
@@ -432,6 +446,7 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
     HT, NA, DN, CT = tl.rope_head_tile, tl.proj_a_n_tile, tl.proj_b_n_tile, tl.act_col_tile
     scale = cfg.softmax_scale
     cap = token_capacity(cfg)  # bound of the runtime token count (CapacityError before any task)
+    WD, bf16 = weight_dtype(cfg), is_bf16(cfg)
 
     @pl.jit.inline
     def prefill_sparse_attn(q: pl.Tensor[[T_DYN, H, HD], pl.BF16],
@@ -445,7 +460,7 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
                             rope_cos: pl.Tensor[[T_DYN, R], pl.BF16],
                             rope_sin: pl.Tensor[[T_DYN, R], pl.BF16],
                             wo_a: pl.Tensor[[G, LO, GIN], pl.BF16],
-                            wo_b: pl.Tensor[[D, G * LO], pl.INT8],
+                            wo_b: pl.Tensor[[D, G * LO], WD],
                             wo_b_scale: pl.Tensor[[D], pl.FP32],
                             attn_out: pl.Out[pl.Tensor[[T_DYN, D], pl.BF16]]):
         """Sparse attention with sink, inverse RoPE and the grouped INT8 o-projection (pypto-lib `prefill_sparse_attn.py`)."""
@@ -466,9 +481,9 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
         rope_cos_il = pl.create_tensor([t, R], pl.FP32, capacity=cap)
         rope_sin_signed = pl.create_tensor([t, R], pl.FP32, capacity=cap)
         o_r = pl.create_tensor([t, G * LO], pl.FP32, capacity=cap)
-        o_r_i8 = pl.create_tensor([t, G * LO], pl.INT8, capacity=cap)
-        act_scale_dq = pl.create_tensor([t, G], pl.FP32, capacity=cap)
-        partials = pl.create_tensor([t, G * D], pl.INT32, capacity=cap)
+        o_r_i8 = pl.create_tensor([t, G * LO], WD, capacity=cap)
+        act_scale_dq = None if bf16 else pl.create_tensor([t, G], pl.FP32, capacity=cap)
+        partials = pl.create_tensor([t, G * D], pl.FP32 if bf16 else pl.INT32, capacity=cap)
         stage3 = pl.reshape(attn_rope_stage, [t, H, R])
         o_packed3 = pl.reshape(o_packed, [G * t, HPG, HD])
 
@@ -558,14 +573,14 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
                 for g in pl.range(G):
                     with pl.at(level=pl.Level.CORE_GROUP, name_hint="quant", deps=proj_a_tids[g]) as tid:
                         quant_o_r_tile(o_r, o_r_i8, act_scale_dq, t, tc * QUANT_TOK_TILE, g, o_lora=LO,
-                                       tok_tile=QUANT_TOK_TILE)
+                                       tok_tile=QUANT_TOK_TILE, bf16=bf16)
                     quant_tids[g].append(tid)
             for dc in pl.parallel(PROJ_B_D_SPLIT):
                 for g in pl.range(G):
                     with pl.at(level=pl.Level.CORE_GROUP, name_hint="proj_b_mm", deps=quant_tids[g]) as tid:
                         acc = pl.matmul(o_r_i8[:, g * LO:(g + 1) * LO],
                                         wo_b[dc * DN:(dc + 1) * DN, g * LO:(g + 1) * LO], b_trans=True)
-                        pl.assemble(partials, acc, [0, g * D + dc * DN])  # exact INT32
+                        pl.assemble(partials, acc, [0, g * D + dc * DN])  # exact INT32 (FP32 for bf16)
                     proj_b_tids.append(tid)
 
         # 8. dequantise, sum over groups in order, per-row weight scale, BF16
@@ -1058,7 +1073,8 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     Mode ``"prefill"`` (``T = prefill_seq``, 128). Options: ``T``, ``num_tokens`` (default
     ``T``), ``compress_ratio`` (0, 4 or 128: how many compressed candidates the fixture gives
     each token, default 4), ``start_pos`` (default: full windows; an int gives the causal
-    partial-window layout, see :func:`make_sparse_attn_inputs`), ``seed`` (default 0). Inputs
+    partial-window layout, see :func:`make_sparse_attn_inputs`), ``seed`` (default 0),
+    ``weight_format`` (``"int8"``; ``"bf16"``: the unquantised o-projection, same tolerance). Inputs
     from :func:`make_sparse_attn_inputs`; the golden is :func:`golden_prefill_sparse_attn` with
     the kernel's column blocking (``blocking="columns"``), limited to the ``cmp_cols`` candidate
     columns the kernel attends (all of them at tiny); ``attn_out`` compares with
@@ -1079,11 +1095,14 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     start_pos = opts.pop("start_pos", None)
     start_pos = None if start_pos is None else int(start_pos)
     seed = int(opts.pop("seed", 0))
+    wf = str(opts.pop("weight_format", "int8"))
     if opts:
         raise ConfigError(f"prefill_sparse_attn: unknown options {sorted(opts)}")
+    cfg = with_weight_format(cfg, wf)
     check_token_capacity("prefill_sparse_attn", cfg, T)  # before any input is built
     k = prefill_sparse_attn_kernels(cfg)
-    d = make_sparse_attn_inputs(cfg, T, num_tokens, seed, compress_ratio=ratio, start_pos=start_pos)
+    d = make_sparse_attn_inputs(cfg, T, num_tokens, seed, compress_ratio=ratio, start_pos=start_pos,
+                                weight_format=wf)
     specs = []
     for name in _SPEC_ORDER:
         v = d[name]
@@ -1094,11 +1113,12 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
 
     def golden(v: dict) -> None:
         v["attn_out"] = golden_prefill_sparse_attn(*(v[n] for n in _SPEC_ORDER), cfg, cmp_candidate_limit=limit,
-                                                   blocking="columns")
+                                                   blocking="columns", weight_format=wf)
 
     return CaseRun(fn=k.prefill_sparse_attn_test, specs=specs, golden=golden,
                    compare={"attn_out": ratio_allclose(*TOLERANCES["attn_out"])}, rtol=1e-3, atol=1e-3,
-                   label=f"prefill T={T} num_tokens={num_tokens} compress_ratio={ratio}")
+                   label=f"prefill T={T} num_tokens={num_tokens} compress_ratio={ratio}"
+                         + (" weight_format=bf16" if wf == "bf16" else ""))
 
 
 register(KernelCase("prefill_sparse_attn", build_case, modes=("prefill",),

@@ -51,6 +51,7 @@ from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, VEC_T_TILE, check_seed_capacity, check_token_capacity,
                                            expect_tensor,
                                            mode_tokens, need, round_up, token_capacity, token_tile)
+from pto.models.deepseek_v4.weight_format import act_dtype, is_bf16, weight_dtype, with_weight_format
 
 __all__ = [
     "qkv_proj_rope",
@@ -225,7 +226,7 @@ def int8_quantize_rows(x):
 def qkv_proj_rope(
     x: pl.Tensor[[T_DYN, D_DYN], pl.BF16],
     wq_a: pl.Tensor[[D_DYN, LQ_DYN], pl.BF16],
-    wq_b: pl.Tensor[[LQ_DYN, QD_DYN], pl.INT8],
+    wq_b: pl.Tensor,  # [LQ, QD] INT8, or BF16 for weight_format "bf16" (checked in the body)
     wq_b_scale: pl.Tensor[[QD_DYN], pl.FP32],
     wkv: pl.Tensor[[D_DYN, HD_DYN], pl.BF16],
     rope_cos: pl.Tensor[[T_DYN, R_DYN], pl.BF16],
@@ -234,7 +235,7 @@ def qkv_proj_rope(
     gamma_ckv: pl.Tensor[[HD_DYN], pl.BF16],
     q: pl.Out[pl.Tensor[[T_DYN, H_DYN, HD_DYN], pl.BF16]],
     kv: pl.Out[pl.Tensor[[T_DYN, HD_DYN], pl.BF16]],
-    qr: pl.Out[pl.Tensor[[T_DYN, LQ_DYN], pl.INT8]],
+    qr: pl.Out[pl.Tensor],  # [T, LQ] INT8, or BF16 for weight_format "bf16"
     qr_scale: pl.Out[pl.Tensor[[T_DYN, 1], pl.FP32]],
     late_dep: pl.Scalar[pl.TASK_ID],
     cfg,
@@ -279,6 +280,12 @@ def qkv_proj_rope(
             ``pl.system.task_dummy(deps=[rms_norm_tid])`` (scheduling only).
         cfg: model config. seed_scopes: build the seed-task variant.
 
+    ``cfg.weight_format == "bf16"`` (weight_format.py): ``wq_b`` and ``qr`` are BF16, the q-LoRA
+    latent is rounded to BF16 (``rint``) instead of quantised (``qr_scale`` written as 1),
+    ``qproj_matmul`` is BF16 x BF16 -> FP32 into an FP32 ``q_proj_i32`` and the dequant step
+    applies no scale; the same tasks, and one edge fewer (the dequant step does not read
+    ``qr_scale``).
+
     Returns:
         ``(q, kv, qr, qr_scale)``.
 
@@ -294,7 +301,9 @@ def qkv_proj_rope(
     kname = "qkv_proj_rope"
     expect_tensor(kname, "x", x, [t, D], pl.BF16)
     expect_tensor(kname, "wq_a", wq_a, [D, Lq], pl.BF16)
-    expect_tensor(kname, "wq_b", wq_b, [Lq, qd], pl.INT8)
+    bf16 = is_bf16(cfg)
+    expect_tensor(kname, "wq_b", wq_b, [Lq, qd], weight_dtype(cfg))
+    expect_tensor(kname, "qr", qr, [t, Lq], act_dtype(cfg))
     expect_tensor(kname, "wkv", wkv, [D, hd], pl.BF16)
     expect_tensor(kname, "rope_cos", rope_cos, [t, r], pl.BF16)
     expect_tensor(kname, "q", q, [t, H, hd], pl.BF16)
@@ -307,13 +316,13 @@ def qkv_proj_rope(
     if seed_scopes:
         check_seed_capacity(kname, "qr_fp32", t_pad, t, cap)
         qr_fp32 = pl.create_tensor([cap, Lq], pl.FP32, name="qr_fp32")
-        qr_i8_matmul = pl.create_tensor([cap, Lq], pl.INT8, name="qr_i8_matmul")
-        q_proj_i32 = pl.create_tensor([cap, qd], pl.INT32, name="q_proj_i32")
+        qr_i8_matmul = pl.create_tensor([cap, Lq], act_dtype(cfg), name="qr_i8_matmul")
+        q_proj_i32 = pl.create_tensor([cap, qd], pl.FP32 if bf16 else pl.INT32, name="q_proj_i32")
         kv_fp32 = pl.create_tensor([cap, hd], pl.FP32, name="kv_fp32")
     else:
         qr_fp32 = pl.create_tensor([t_pad, Lq], pl.FP32, init_value=0, capacity=cap, name="qr_fp32")
-        qr_i8_matmul = pl.create_tensor([t_pad, Lq], pl.INT8, capacity=cap, name="qr_i8_matmul")
-        q_proj_i32 = pl.create_tensor([t_pad, qd], pl.INT32, capacity=cap, name="q_proj_i32")
+        qr_i8_matmul = pl.create_tensor([t_pad, Lq], act_dtype(cfg), capacity=cap, name="qr_i8_matmul")
+        q_proj_i32 = pl.create_tensor([t_pad, qd], pl.FP32 if bf16 else pl.INT32, capacity=cap, name="q_proj_i32")
         kv_fp32 = pl.create_tensor([t_pad, hd], pl.FP32, init_value=0, capacity=cap, name="kv_fp32")
     q_rope_cos_il = pl.create_tensor([t, r], pl.FP32, capacity=cap, name="q_rope_cos_il")
     q_rope_sin_signed = pl.create_tensor([t, r], pl.FP32, capacity=cap, name="q_rope_sin_signed")
@@ -358,11 +367,16 @@ def qkv_proj_rope(
         inv = pl.rsqrt(pl.row_sum(a * a) / float(Lq) + eps, high_precision=True)
         g = pl.cast(gamma_cq_row[0:1, 0:Lq], pl.FP32, mode="none")
         y = pl.col_expand_mul(pl.row_expand_mul(a, inv), g)
-        code, s = int8_quantize_rows(y)  # [TT, Lq] INT8, [TT, 1] FP32
-        code = pl.set_validshape(code, rows, Lq)
+        if bf16:  # unquantised: the latent in BF16, unit scale
+            code = pl.set_validshape(pl.cast(y, pl.BF16, mode="rint"), rows, Lq)
+            dq = pl.full([rows, 1], pl.FP32, 1.0)
+        else:
+            code, s = int8_quantize_rows(y)  # [TT, Lq] INT8, [TT, 1] FP32
+            code = pl.set_validshape(code, rows, Lq)
+            dq = pl.set_validshape(pl.recip(s), rows, 1)
         pl.assemble(qr, code, [t0, 0])
         pl.assemble(qr_i8_matmul, code, [t0, 0])
-        pl.assemble(qr_scale, pl.set_validshape(pl.recip(s), rows, 1), [t0, 0])
+        pl.assemble(qr_scale, dq, [t0, 0])
 
     # 4. q_proj_i32 = qr_i8 @ wq_b  (INT8 x INT8 -> exact INT32)
     PN, PPT = tl.qp_n, tl.qp_per_task
@@ -372,7 +386,8 @@ def qkv_proj_rope(
             for m0 in pl.range(0, t_pad, MT):
                 m = min(MT, t_pad - m0)
                 a8 = pl.slice(qr_i8_matmul, [m, Lq], [m0, 0], valid_shape=[min(m, t - m0), Lq])
-                pl.assemble(q_proj_i32, pl.matmul(a8, pl.slice(wq_b, [Lq, PN], [0, n0]), out_dtype=pl.INT32),
+                wt = pl.slice(wq_b, [Lq, PN], [0, n0])
+                pl.assemble(q_proj_i32, pl.matmul(a8, wt) if bf16 else pl.matmul(a8, wt, out_dtype=pl.INT32),
                             [m0, n0])
 
     # 5. dequant, per-head RMSNorm (no weight), RoPE on the last r channels, BF16
@@ -383,9 +398,13 @@ def qkv_proj_rope(
         col_scale = wq_b_scale_row[0:1, c0:c0 + w]
         for t0 in pl.range(0, t, TT):
             rows = min(TT, t - t0)
-            acc = pl.cast(pl.slice(q_proj_i32, [TT, w], [t0, c0], valid_shape=[rows, w]), pl.FP32, mode="none")
-            qs = pl.slice(qr_scale, [TT, 1], [t0, 0], valid_shape=[rows, 1])
-            dq = pl.reshape(pl.col_expand_mul(pl.row_expand_mul(acc, qs), col_scale), [TT * QH, hd])
+            acc = pl.slice(q_proj_i32, [TT, w], [t0, c0], valid_shape=[rows, w])
+            if bf16:  # FP32 product, no scale
+                dq = pl.reshape(pl.fillpad(acc), [TT * QH, hd])
+            else:
+                acc = pl.cast(acc, pl.FP32, mode="none")
+                qs = pl.slice(qr_scale, [TT, 1], [t0, 0], valid_shape=[rows, 1])
+                dq = pl.reshape(pl.col_expand_mul(pl.row_expand_mul(acc, qs), col_scale), [TT * QH, hd])
             inv = pl.rsqrt(pl.row_sum(dq * dq) / float(hd) + eps, high_precision=True)
             y = pl.reshape(pl.row_expand_mul(dq, inv), [TT, QH, hd])
             out = pl.cast(y, pl.BF16, mode="rint")
@@ -483,12 +502,13 @@ def qkv_proj_rope_entry(cfg: DeepSeekV4Config, seed_scopes: bool = False):
     """
     tl = qkv_proj_rope_tiling(cfg)
     D, Lq, H, hd, r, qd = tl.d, tl.lq, tl.h, tl.hd, tl.r, tl.qd
+    WD, AD = weight_dtype(cfg), act_dtype(cfg)
 
     @pl.jit
     def qkv_proj_rope_test(
         x: pl.Tensor[[T_DYN, D], pl.BF16],
         wq_a: pl.Tensor[[D, Lq], pl.BF16],
-        wq_b: pl.Tensor[[Lq, qd], pl.INT8],
+        wq_b: pl.Tensor[[Lq, qd], WD],
         wq_b_scale: pl.Tensor[[qd], pl.FP32],
         wkv: pl.Tensor[[D, hd], pl.BF16],
         rope_cos: pl.Tensor[[T_DYN, r], pl.BF16],
@@ -497,7 +517,7 @@ def qkv_proj_rope_entry(cfg: DeepSeekV4Config, seed_scopes: bool = False):
         gamma_ckv: pl.Tensor[[hd], pl.BF16],
         q: pl.Out[pl.Tensor[[T_DYN, H, hd], pl.BF16]],
         kv: pl.Out[pl.Tensor[[T_DYN, hd], pl.BF16]],
-        qr: pl.Out[pl.Tensor[[T_DYN, Lq], pl.INT8]],
+        qr: pl.Out[pl.Tensor[[T_DYN, Lq], AD]],
         qr_scale: pl.Out[pl.Tensor[[T_DYN, 1], pl.FP32]],
     ):
         late_dep = pl.system.task_dummy(deps=[])
@@ -685,7 +705,8 @@ def golden_qkv_proj_rope(
        ``weight_format="bf16"``: no quantisation at all -- ``q = qr_f @ wq_b`` with the
        float ``wq_b`` (``wq_b_scale`` ignored, may be None); the ``qr`` output is then the
        FP32 normalised latent ``qr_f`` and ``qr_scale`` is all ones, so parity with an
-       unquantised model is exact up to float rounding.
+       unquantised model is exact up to float rounding. With ``out_bf16`` (the bf16 kernels'
+       numerics) ``qr_f`` is first rounded to BF16: ``q = bf16(qr_f) @ wq_b``, ``qr`` BF16.
     3. Per head: ``q_h = q_h * rsqrt(mean(q_h^2) + eps)`` (unweighted), then interleaved
        RoPE on the trailing ``qk_rope_head_dim`` channels.
     4. ``kv = ((x @ wkv) * rsqrt(mean(.^2) + eps)) * gamma_ckv``, RoPE on its trailing
@@ -752,8 +773,8 @@ def golden_qkv_proj_rope(
         acc = (qr.double() @ wq_b.double()).to(torch.int32)  # exact integer sums
         q = (acc.float() * qr_scale) * wq_b_scale.float()
     else:
-        qr, qr_scale = qr_f, torch.ones(T, 1, dtype=torch.float32)
-        q = qr_f @ wq_b.float()
+        qr, qr_scale = (qr_f.to(torch.bfloat16) if out_bf16 else qr_f), torch.ones(T, 1, dtype=torch.float32)
+        q = qr.float() @ wq_b.float()
     q = _rms_normalize(q.reshape(T, H, hd), eps)
     q = torch.cat([q[..., :n], rope_interleaved(q[..., n:], rope_cos, rope_sin)], dim=-1)
 
@@ -769,8 +790,10 @@ def golden_qr_split_k(
     wq_a: torch.Tensor,  # [D, q_lora] bf16
     gamma_cq: torch.Tensor,  # [q_lora] bf16
     cfg: DeepSeekV4Config,
-) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, q_lora] int8, [T, 1] fp32)
-    """Target-order golden of ``qr`` / ``qr_scale``: emulates ``qr_proj_matmul`` and
+    weight_format: str = "int8",
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, q_lora] int8 | bf16, [T, 1] fp32)
+    """Target-order golden of ``qr`` / ``qr_scale`` (``weight_format="bf16"``: the BF16 latent
+    and ones instead of the INT8 codes and scales): emulates ``qr_proj_matmul`` and
     ``qr_rms_norm_quant`` of :func:`qkv_proj_rope` for bit-level comparison (the plain math is
     :func:`golden_qkv_proj_rope`, one FP32 matmul).
 
@@ -804,6 +827,8 @@ def golden_qr_split_k(
                 acc[m0:m1, n0:n0 + tl.qr_n] += part
     a = acc[:T]
     inv = torch.rsqrt((a * a).sum(dim=-1, keepdim=True) / float(tl.lq) + cfg.rms_norm_eps)
+    if weight_format == "bf16":
+        return ((a * inv) * gamma_cq.float()).to(torch.bfloat16), torch.ones(T, 1)
     return quantize_per_row_int8((a * inv) * gamma_cq.float())
 
 
@@ -876,10 +901,11 @@ def make_qkv_inputs(
 
 # ---- registration ----
 def build_qkv_proj_rope(preset: str = "tiny", mode: str = "prefill", *, T: int | None = None, seed: int = 0,
-                        seed_scopes: bool = False) -> CaseRun:
+                        seed_scopes: bool = False, weight_format: str = "int8") -> CaseRun:
     """KernelCase builder: ``qkv_proj_rope`` at ``preset`` in ``mode`` (decode: 4x2 = 8
     tokens at flash, prefill: 128) or ``T`` tokens, inputs from :func:`make_qkv_inputs`
-    (INT8 ``wq_b``); ``seed_scopes=True`` selects the seed-task variant. ``q`` / ``kv``
+    (INT8 ``wq_b``; BF16 for ``weight_format="bf16"``, the unquantised kernel, same
+    tolerances); ``seed_scopes=True`` selects the seed-task variant. ``q`` / ``kv``
     compare with :data:`TOLERANCES` against :func:`golden_qkv_proj_rope`; ``qr`` /
     ``qr_scale`` exactly against :func:`golden_qr_split_k` (the kernel's summation order).
 
@@ -888,14 +914,16 @@ def build_qkv_proj_rope(preset: str = "tiny", mode: str = "prefill", *, T: int |
         CapacityError: ``T`` above the token capacity (before any input is built).
     """
     cfg, T = mode_tokens(preset, mode, T)
+    cfg = with_weight_format(cfg, weight_format)
     check_token_capacity("qkv_proj_rope", cfg, T)  # before any input is built
     D, Lq, H, hd, r = cfg.hidden_size, cfg.q_lora_rank, cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim
-    ins = make_qkv_inputs(cfg, T, seed)
+    ins = make_qkv_inputs(cfg, T, seed, weight_format=weight_format)
     bf16, f32 = torch.bfloat16, torch.float32
+    q8 = bf16 if weight_format == "bf16" else torch.int8
     specs = [
         TensorSpec("x", [T, D], bf16, init_value=ins["x"]),
         TensorSpec("wq_a", [D, Lq], bf16, init_value=ins["wq_a"]),
-        TensorSpec("wq_b", [Lq, H * hd], torch.int8, init_value=ins["wq_b"]),
+        TensorSpec("wq_b", [Lq, H * hd], q8, init_value=ins["wq_b"]),
         TensorSpec("wq_b_scale", [H * hd], f32, init_value=ins["wq_b_scale"]),
         TensorSpec("wkv", [D, hd], bf16, init_value=ins["wkv"]),
         TensorSpec("rope_cos", [T, r], bf16, init_value=ins["rope_cos"]),
@@ -904,20 +932,21 @@ def build_qkv_proj_rope(preset: str = "tiny", mode: str = "prefill", *, T: int |
         TensorSpec("gamma_ckv", [hd], bf16, init_value=ins["gamma_ckv"]),
         TensorSpec("q", [T, H, hd], bf16, is_output=True),
         TensorSpec("kv", [T, hd], bf16, is_output=True),
-        TensorSpec("qr", [T, Lq], torch.int8, is_output=True),
+        TensorSpec("qr", [T, Lq], q8, is_output=True),
         TensorSpec("qr_scale", [T, 1], f32, is_output=True),
     ]
 
     def golden(v: dict) -> None:
         v["q"], v["kv"], v["qr"], v["qr_scale"] = golden_qkv_proj_rope(
             v["x"], v["wq_a"], v["wq_b"], v["wq_b_scale"], v["wkv"], v["rope_cos"], v["rope_sin"],
-            v["gamma_cq"], v["gamma_ckv"], cfg)
+            v["gamma_cq"], v["gamma_ckv"], cfg, weight_format=weight_format)
         # qr / qr_scale from the split-K emulation: bit for bit what the kernel must produce
-        v["qr"], v["qr_scale"] = golden_qr_split_k(v["x"], v["wq_a"], v["gamma_cq"], cfg)
+        v["qr"], v["qr_scale"] = golden_qr_split_k(v["x"], v["wq_a"], v["gamma_cq"], cfg, weight_format)
 
     compare = {k: ratio_allclose(*tol) for k, tol in TOLERANCES.items() if k in ("q", "kv")}
     compare.update(qr=exact(), qr_scale=exact())
-    label = f"{preset} {mode} T={T}" + (" seed_scopes" if seed_scopes else "")
+    label = (f"{preset} {mode} T={T}" + (" seed_scopes" if seed_scopes else "")
+             + (" weight_format=bf16" if weight_format == "bf16" else ""))
     return CaseRun(qkv_proj_rope_entry(cfg, bool(seed_scopes)), specs, golden, compare, rtol=5e-3, atol=5e-3,
                    label=label)
 

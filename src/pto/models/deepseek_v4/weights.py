@@ -424,7 +424,7 @@ def orthonormal_hadamard(n: int) -> torch.Tensor:
     return h / n ** 0.5
 
 
-def attention_inputs(ckpt: Checkpoint, i: int) -> dict[str, torch.Tensor]:
+def attention_inputs(ckpt: Checkpoint, i: int, weight_format: str = "int8") -> dict[str, torch.Tensor]:
     """Layer ``i``'s attention-block inputs in the kernels' layout (pypto-lib `models/deepseek/v4-flash/prefill_attention_swa.py`,
     pypto-lib `decode_attention_swa.py`, pypto-lib `decode_attention_hca.py`, pypto-lib `prefill_attention_hca.py`, pypto-lib `prefill_attention_csa.py`; parameter names of ``prefill_attention_*`` / ``CSA_ARGS``).
 
@@ -434,15 +434,27 @@ def attention_inputs(ckpt: Checkpoint, i: int) -> dict[str, torch.Tensor]:
     ``cmp_wkv / cmp_wgate [c*d, D]`` BF16, ``cmp_ape`` FP32, ``cmp_norm_w`` BF16; CSA layers
     the indexer's ``idx_*`` compressor, an orthonormal ``hadamard``, INT8 ``idx_wq_b`` per
     column with ``idx_wq_b_scale`` and ``idx_weights_proj [D, HI]`` BF16.
+    ``weight_format="bf16"`` (the unquantised kernels): ``wq_b``, ``wo_b`` and ``idx_wq_b`` in
+    BF16 (same layouts) with unit scales.
 
     Raises:
-        CheckpointError: ``i`` outside the layers.
+        CheckpointError: ``i`` outside the layers. ConfigError: an unknown format.
     """
     from pto.models.deepseek_v4.prefill_sparse_attn import quantize_wo_b
 
+    if weight_format not in WEIGHT_FORMATS:
+        raise ConfigError(f"attention_inputs: weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
     cfg, bf16, t, p = ckpt.config, torch.bfloat16, ckpt.tensor, ckpt.layer_prefix(i)
-    wq_b, wq_b_scale = quantize_weight_per_column(t(p + "attn.wq_b.weight").T.contiguous())
-    wo_b, wo_b_scale = quantize_wo_b(t(p + "attn.wo_b.weight"))
+
+    def per_column(w):  # [in, out]: INT8 codes per output column and scales, or BF16 and ones
+        if weight_format == "bf16":
+            return w.to(bf16), torch.ones(w.shape[1])
+        return quantize_weight_per_column(w)
+
+    wq_b, wq_b_scale = per_column(t(p + "attn.wq_b.weight").T.contiguous())
+    wo_b_f = t(p + "attn.wo_b.weight")
+    wo_b, wo_b_scale = (wo_b_f.to(bf16), torch.ones(wo_b_f.shape[0])) if weight_format == "bf16" \
+        else quantize_wo_b(wo_b_f)
     out = {
         "hc_attn_fn": t(p + "hc_attn_fn"), "hc_attn_scale": t(p + "hc_attn_scale"),
         "hc_attn_base": t(p + "hc_attn_base"), "attn_norm_w": t(p + "attn_norm.weight").to(bf16),
@@ -459,7 +471,7 @@ def attention_inputs(ckpt: Checkpoint, i: int) -> dict[str, torch.Tensor]:
                    cmp_ape=t(c + "ape"), cmp_norm_w=t(c + "norm.weight").to(bf16))
     if ratio == 4:
         x = p + "attn.indexer."
-        idx_wq_b, idx_wq_b_scale = quantize_weight_per_column(t(x + "wq_b.weight").T.contiguous())
+        idx_wq_b, idx_wq_b_scale = per_column(t(x + "wq_b.weight").T.contiguous())
         out.update(idx_wkv=t(x + "compressor.wkv.weight").to(bf16),
                    idx_wgate=t(x + "compressor.wgate.weight").to(bf16), idx_ape=t(x + "compressor.ape"),
                    idx_norm_w=t(x + "compressor.norm.weight").to(bf16),
