@@ -417,4 +417,4 @@ def test_records_of_one_block_merge_their_op_counts():
     _task(g, "split", [(0, 0, False, 0, 0), (0, 0, False, 0, 0)], counts=[(2, 1, 0, 0), (1, 1, 1, 0)])
     r = simulate(_program(g), TOY_LAT)
     assert r.blocks == 1
-    assert [(x.start_us, x.end_us) for x in r.runs] == [(1.0, 14.0)]
+    assert [(x.start_us, x.end_us) for x in r.runs] == [(1.0, pytest.approx(14.0, rel=1e-12))]
