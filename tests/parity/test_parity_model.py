@@ -8,7 +8,10 @@ it (no missing / unexpected keys, values equal) and is the oracle for:
   tokens identical for 8 new tokens (transformers' cached generate vs pto's cache);
 * the int8 (W8A8) golden: top-1 agreement with transformers >= 0.80 over every prompt
   position and generated token (measured and printed);
-* chunked prefill (128, 100) and a batch of different lengths giving the one-shot tokens.
+* chunked prefill (128, 100) and a batch of different lengths giving the one-shot tokens;
+* the kernel model in both weight formats (int8 >= 0.80, bf16 >= 0.90 top-1 agreement over
+  every prompt position and generated token; logits error and greedy tokens printed and in the
+  assertion message).
 """
 
 import pytest
@@ -113,14 +116,15 @@ def test_chunked_prefill_and_batch_give_the_same_tokens(ckpt_dir, prompt, hf_gre
 
 # ---- the kernel path ---------------------------------------------------------------------------
 
-def _kernel_agreement(ckpt_dir, hf_model, ids: list[int]) -> tuple[float, float, list[int], list[int]]:
-    """Top-1 agreement and logits max abs error of the kernel model (int8) with transformers
-    fp32 over every prompt position and generated token (teacher-forced on pto's tokens);
-    also the greedy tokens of both."""
+def _kernel_agreement(ckpt_dir, hf_model, ids: list[int],
+                      weight_format: str = "int8") -> tuple[float, float, list[int], list[int]]:
+    """Top-1 agreement and logits max abs error of the kernel model (``weight_format``) with
+    transformers fp32 over every prompt position and generated token (teacher-forced on pto's
+    tokens); also the greedy tokens of both."""
     from pto.models.deepseek_v4.config import get_deployment
     from pto.models.deepseek_v4.layer import KernelModel
 
-    km = KernelModel(open_checkpoint(ckpt_dir, "int8"), get_deployment("tiny"))
+    km = KernelModel(open_checkpoint(ckpt_dir, weight_format), get_deployment("tiny"))
     res = generate(km, [ids], max_new_tokens=NEW, eos_token_id=None, keep_logits=True)
     ours = torch.cat([res.prompt_logits[0], torch.stack(res.step_logits[0][1:])])
     with torch.no_grad():
@@ -144,3 +148,22 @@ def test_kernel_model_int8_top1_509(ckpt_dir, hf_model, prompt):
     print(f"[parity] kernels (int8; every layer on kernels) vs transformers fp32, 509-token prompt: "
           f"top-1 {agree:.4f}, logits max abs err {err:.3f}, tokens {ours} vs {theirs}")
     assert agree >= 0.80
+
+
+def _bf16_kernel_report(ckpt_dir, hf_model, ids: list[int]) -> str:
+    agree, err, ours, theirs = _kernel_agreement(ckpt_dir, hf_model, ids, "bf16")
+    same = sum(a == b for a, b in zip(ours, theirs))
+    msg = (f"kernels (bf16: unquantised BF16 kernels) vs transformers fp32, {len(ids)}-token prompt: top-1 "
+           f"{agree:.4f}, logits max abs err {err:.3f}, greedy tokens {ours} vs {theirs} ({same}/{NEW} equal)")
+    print(f"[parity] {msg}")
+    assert agree >= 0.90, msg
+    return msg
+
+
+def test_kernel_model_bf16_top1_short(ckpt_dir, hf_model, prompt):
+    _bf16_kernel_report(ckpt_dir, hf_model, prompt[:100])
+
+
+@pytest.mark.slow
+def test_kernel_model_bf16_top1_509(ckpt_dir, hf_model, prompt):
+    _bf16_kernel_report(ckpt_dir, hf_model, prompt)

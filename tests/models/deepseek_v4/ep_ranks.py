@@ -4,8 +4,9 @@
 ``blocks``: the tiny MoE (a hash and a learned layer) and the vocabulary-parallel head, each
 rank with (a) every token row (the same rows as the single-rank reference) and (b) its own
 half of the rows (data parallel); the EP1 results come from the single-rank kernels in the
-same process. Everything runs in check mode. ``generate OUT_DIR CKPT MAX_NEW check|fast``:
-:class:`EPModel` generation of :data:`PROMPTS` (tokens and logits kept). Results ->
+same process. Everything runs in check mode. ``generate OUT_DIR CKPT MAX_NEW check|fast
+[int8|bf16]``: :class:`EPModel` generation of :data:`PROMPTS` in that weight format (tokens and
+logits kept). Results ->
 ``OUT_DIR/rank{r}.pt``.
 """
 
@@ -75,11 +76,11 @@ def deployment():
     return get_deployment("tiny").replace(max_context=64, rope_max_pos=64)
 
 
-def run_generate(w, out_dir, ckpt, max_new, check):
+def run_generate(w, out_dir, ckpt, max_new, check, weight_format="int8"):
     from pto.models.deepseek_v4.ep_model import EPModel
     from pto.models.deepseek_v4.generate import generate
     from pto.models.deepseek_v4.weights import open_checkpoint
-    model = EPModel(open_checkpoint(ckpt, "int8"), deployment(), check=check == "check")
+    model = EPModel(open_checkpoint(ckpt, weight_format), deployment(), check=check == "check")
     res = generate(model, PROMPTS, max_new_tokens=int(max_new), eos_token_id=None, keep_logits=True)
     torch.save({"tokens": res.tokens, "prompt_logits": res.prompt_logits, "step_logits": res.step_logits,
                 "tasks": dict(model.stats.tasks), "programs": dict(model.stats.programs)},

@@ -71,7 +71,7 @@ def test_world_sizes_the_deployment_rejects():
         check_ep(odd, 8)
 
 
-def _generate_ep(tmp_path, ep, max_new, check):
+def _generate_ep(tmp_path, ep, max_new, check, weight_format="int8"):
     from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
     from pto.models.deepseek_v4.generate import generate
     from pto.models.deepseek_v4.layer import KernelModel
@@ -81,13 +81,15 @@ def _generate_ep(tmp_path, ep, max_new, check):
     ckpt = write_tiny_checkpoint(tmp_path / "tiny", seed=3)
     out = tmp_path / "out"
     out.mkdir()
-    assert dist.spawn(["generate", str(out), str(ckpt), str(max_new), check], ep, script=RANKS, timeout_s=300) == 0
-    ref = generate(KernelModel(open_checkpoint(ckpt, "int8"), deployment()), PROMPTS, max_new_tokens=max_new,
-                   eos_token_id=None, keep_logits=True)
+    assert dist.spawn(["generate", str(out), str(ckpt), str(max_new), check, weight_format], ep, script=RANKS,
+                      timeout_s=300) == 0
+    ref = generate(KernelModel(open_checkpoint(ckpt, weight_format), deployment()), PROMPTS,
+                   max_new_tokens=max_new, eos_token_id=None, keep_logits=True)
     for r in range(ep):
         got = torch.load(out / f"rank{r}.pt")
         assert got["tokens"] == ref.tokens
-        # bf16 head and INT8 experts: every prefill and decode logit bit-identical to EP1
+        # every prefill and decode logit bit-identical to EP1 (INT8 or BF16 experts: each route's
+        # y is computed on its own row and the origin sums a token's routes in k order)
         for a, b in zip(got["prompt_logits"], ref.prompt_logits):
             assert torch.equal(a, b)
         for sa, sb in zip(got["step_logits"], ref.step_logits):
@@ -104,6 +106,11 @@ def _generate_ep(tmp_path, ep, max_new, check):
 
 def test_generate_ep2_same_tokens_and_logits_as_ep1(tmp_path):
     _generate_ep(tmp_path, 2, 3, "fast")
+
+
+def test_generate_ep2_bf16_logits_bit_identical_to_ep1(tmp_path):
+    """The unquantised (bf16) kernels across 2 ranks: tokens and every logit bit for bit EP1's."""
+    _generate_ep(tmp_path, 2, 2, "fast", "bf16")
 
 
 @pytest.mark.slow

@@ -47,7 +47,7 @@ from pto.models.deepseek_v4.prefill_sparse_attn import (BIAS_TOK_TILE, FP32_MAX,
 from pto.models.deepseek_v4.qkv_proj_rope import rope_interleaved
 from pto.models.deepseek_v4.rope import rope_tables
 from pto.models.deepseek_v4.weight_format import is_bf16, weight_dtype, with_weight_format
-from pto.models.deepseek_v4.tiling import round_up, token_capacity
+from pto.models.deepseek_v4.tiling import MATMUL_M_TILE, round_up, token_capacity
 
 __all__ = [
     "DecodeAttnTiling",
@@ -162,21 +162,29 @@ def grouped_o_proj_tasks(o_packed, wo_a, wo_b, wo_b_scale, attn_out, t: int, dep
     wo_b_scale_row = pl.reshape(wo_b_scale, [1, D])
     n_qt = -(-t // QUANT_TOK_TILE)
     proj_b_tids = []
+    # bf16: the FP32 GEMM rows take MATMUL_M_TILE-padded tiles, so a token's row does not depend
+    # on how many requests share the step (torch's b-transposed GEMM rounds rows differently
+    # below 4; EP ranks decode fewer requests than one rank). INT8 products are exact anyway.
+    mp = round_up(t, MATMUL_M_TILE) if bf16 else t
     with pl.manual_scope():
         for g in pl.parallel(G):
             pa = pl.spmd(LO // NA, name_hint="proj_a_mm", deps=deps)
             for nf in pa:
-                acc = pl.matmul(o_packed[g * t:(g + 1) * t, :], wo_a[g, nf * NA:(nf + 1) * NA, :], b_trans=True)
-                pl.assemble(o_r, acc, [0, g * LO + nf * NA])
+                a = pl.slice(o_packed, [mp, o_packed.shape[1]], [g * t, 0], valid_shape=[t, o_packed.shape[1]]) \
+                    if bf16 else o_packed[g * t:(g + 1) * t, :]
+                acc = pl.matmul(a, wo_a[g, nf * NA:(nf + 1) * NA, :], b_trans=True)
+                pl.assemble(o_r, pl.set_validshape(acc, t, NA) if bf16 else acc, [0, g * LO + nf * NA])
             with pl.at(level=pl.Level.CORE_GROUP, name_hint="quant", deps=[pa.tid]) as q_tid:
                 for tc in pl.range(n_qt):
                     quant_o_r_tile(o_r, o_r_i8, act_scale_dq, t, tc * QUANT_TOK_TILE, g, o_lora=LO,
                                    tok_tile=QUANT_TOK_TILE, bf16=bf16)
             pb = pl.spmd(D // NB, name_hint="proj_b_mm", deps=[q_tid])
             for dc in pb:
-                acc = pl.matmul(o_r_i8[:, g * LO:(g + 1) * LO], wo_b[dc * NB:(dc + 1) * NB, g * LO:(g + 1) * LO],
-                                b_trans=True)
-                pl.assemble(partials, acc, [0, g * D + dc * NB])  # exact INT32
+                a = pl.slice(o_r_i8, [mp, LO], [0, g * LO], valid_shape=[t, LO]) if bf16 \
+                    else o_r_i8[:, g * LO:(g + 1) * LO]
+                acc = pl.matmul(a, wo_b[dc * NB:(dc + 1) * NB, g * LO:(g + 1) * LO], b_trans=True)
+                # exact INT32 (FP32 for bf16)
+                pl.assemble(partials, pl.set_validshape(acc, t, NB) if bf16 else acc, [0, g * D + dc * NB])
             proj_b_tids.append(pb.tid)
     proj_b_act_task(partials, act_scale_dq, wo_b_scale_row, attn_out, t, proj_b_tids, groups=G, hidden=D,
                     col_tile=CT, tok_tile=ACT_TOK_TILE)
