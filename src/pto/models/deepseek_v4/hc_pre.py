@@ -307,8 +307,9 @@ def hc_pre(
         d0 = (b % n_d) * DT
         rows = min(MT, t - t0)
         pre = pl.slice(pre_val_store, [MT, hc_pad], [t0, 0], valid_shape=[rows, hc])
-        xt = pl.slice(x, [MT, hc, DT], [t0, 0, d0], valid_shape=[rows, hc, DT])  # all streams, one load
-        terms = [pl.row_expand_mul(xt[:, h, :], pl.slice(pre, [MT, 1], [0, h])) for h in range(hc)]
+        # each stream's [MT, DT] window of x_flat loaded on its own (no whole-token load + split)
+        terms = [pl.row_expand_mul(pl.slice(x_flat, [MT, DT], [t0, h * D + d0], valid_shape=[rows, DT]),
+                                   pl.slice(pre, [MT, 1], [0, h])) for h in range(hc)]
         while len(terms) > 1:  # pairwise tree, as the golden
             terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
         pl.assemble(x_mixed, pl.set_validshape(pl.cast(terms[0], pl.BF16, mode="rint"), rows, DT), [t0, d0])
