@@ -6,10 +6,12 @@ DeepSeek-V4-Flash kernels written in it. See README.md and docs/ for the user's 
 """
 
 from pto.errors import (BindError, CapacityError, CheckpointError, ConfigError, DslError, GoldenDataError, GoldenError,
-                        HeapExhaustedError, PtoError, RaceError, UndefinedOutputError, UndefinedValueError)
+                        GraphOnlyError, HeapExhaustedError, PtoError, RaceError, UndefinedOutputError,
+                        UndefinedValueError)
 from pto.runtime import Program, RunConfig, run
 
 __all__ = ["PtoError", "BindError", "CapacityError", "CheckpointError", "HeapExhaustedError", "ConfigError", "DslError",
-           "UndefinedValueError", "UndefinedOutputError", "RaceError", "GoldenDataError", "GoldenError", "Program",
+           "UndefinedValueError", "UndefinedOutputError", "RaceError", "GoldenDataError", "GoldenError", "GraphOnlyError",
+           "Program",
            "RunConfig", "run"]
 __version__ = "0.1.0"

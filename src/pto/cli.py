@@ -213,11 +213,12 @@ class Target:
         """``"name mode"`` for tables and PASS/FAIL lines (just ``name`` without a mode)."""
         return f"{self.name} {self.mode}".strip()
 
-    def run_program(self, check: bool = False, drop_init: tuple = ()) -> Program:
-        """Run once (no golden) and return the Program (``drop_init``: see RunConfig)."""
+    def run_program(self, check: bool = False, drop_init: tuple = (), execute: bool = True) -> Program:
+        """Run once (no golden) and return the Program (``drop_init``, ``execute``: see RunConfig;
+        ``execute=False`` is graph-only mode)."""
         if self.program is not None:
             return self.program
-        cfg = RunConfig(check=check, keep_footprints=True, drop_init=tuple(drop_init))
+        cfg = RunConfig(check=check, keep_footprints=True, drop_init=tuple(drop_init), execute=execute)
         if self.case_run is not None:
             cr = self.case_run
             torch.manual_seed(0)
@@ -395,9 +396,23 @@ def _stats_table(title: str, prog: Program) -> Table:
             ("heap peak", fmt_bytes(s.heap_peak_bytes)),
             ("scratch tensors", f"{s.scratch_tensors} ({fmt_bytes(s.scratch_bytes)})"),
             ("wall", f"{s.wall_us / 1e3:.2f} ms")]
+    if s.graph_only:
+        rows.append(("graph-only assumptions", f"{s.assumed_reads} reads, {s.assumed_footprints} footprints, "
+                                               f"{s.assumed_sorts} sorts (docs/graph_only.md)"))
     for k, v in rows:
         t.add_row(k, str(v))
     return t
+
+
+def add_graph_only_arg(p: argparse.ArgumentParser) -> None:
+    """``--graph-only``: run in graph-only mode (``RunConfig(execute=False)``, docs/graph_only.md)."""
+    p.add_argument("--graph-only", action="store_true",
+                   help="graph-only mode: record tasks, edges, footprints and heap without computing float data "
+                        "(RunConfig(execute=False); docs/graph_only.md)")
+
+
+def _graph_only_title(title: str, args) -> str:
+    return f"{title} (graph-only)" if getattr(args, "graph_only", False) else title
 
 
 def _mode_label(mode: str, preset: str, label: str) -> str:
@@ -536,6 +551,7 @@ def cmd_demo(args) -> int:
 def _run_args(p):
     add_target_args(p)
     add_json_arg(p)
+    add_graph_only_arg(p)
 
 
 @command("run", "run a kernel once without checks and print its statistics", _run_args)
@@ -544,10 +560,10 @@ def cmd_run(args) -> int:
     ``{"kernel", "stats"}`` (:func:`pto.views.stats_doc`)."""
     from pto.views import stats_doc, to_json
     target = _target_from_args(args)
-    prog = target.run_program(check=False)
-    title = target.title
+    prog = target.run_program(check=False, execute=not args.graph_only)
+    title = _graph_only_title(target.title, args)
     if args.json:
-        print(to_json({"kernel": title, "stats": stats_doc(prog.stats)}))
+        print(to_json({"kernel": target.title, "stats": stats_doc(prog.stats)}))
         return 0
     console().print(_stats_table(title, prog))
     return 0
@@ -780,6 +796,7 @@ def _graph_args(p):
     out.add_argument("--dot", action="store_true", help="print the graph in Graphviz DOT (pipe into dot -Tsvg)")
     out.add_argument("--json", action="store_true",
                      help="print one JSON document with the same figures instead of the table (keys: docs/cli.md)")
+    add_graph_only_arg(p)
 
 
 @command("graph", "run a kernel and print its tasks and edges", _graph_args)
@@ -790,8 +807,8 @@ def cmd_graph(args) -> int:
     (:func:`pto.views.graph_dot`)."""
     from pto.views import graph_doc, graph_dot, to_json
     target = _target_from_args(args)
-    prog = target.run_program(check=False)
-    title = target.title
+    prog = target.run_program(check=False, execute=not args.graph_only)
+    title = _graph_only_title(target.title, args)
     if args.dot:
         if args.footprints or args.buffer or args.task:
             raise ConfigError("--dot draws the whole graph; --footprints, --buffer and --task apply to the table "
@@ -864,6 +881,7 @@ def _sim_args(p):
     p.add_argument("--tasks", action="store_true",
                    help="also a per-task table: ready, start, end, slack, core type, on the critical path")
     add_json_arg(p)
+    add_graph_only_arg(p)
 
 
 @command("sim", "schedule a kernel's task graph on a simulated accelerator", _sim_args)
@@ -876,9 +894,9 @@ def cmd_sim(args) -> int:
     from pto.views import sim_doc, sim_task_rows, to_json
     machine = get_machine(args.machine)
     target = _target_from_args(args)
-    prog = target.run_program(check=False)
+    prog = target.run_program(check=False, execute=not args.graph_only)
     sim = simulate(prog, machine)
-    title = target.title
+    title = _graph_only_title(target.title, args)
     doc = sim_doc(sim, title)
     if args.tasks:
         doc["task_table"] = sim_task_rows(sim, prog)
@@ -1247,6 +1265,69 @@ def cmd_generate(args) -> int:
 
 
 # ---- entry point -------------------------------------------------------------------------
+
+def _model_graph_args(p):
+    p.add_argument("--preset", default="flash", help="model and deployment preset (default flash)")
+    p.add_argument("--stage", choices=("decode", "prefill"), default="decode",
+                   help="one decode step of the deployment's batch (default) or a prefill chunk")
+    p.add_argument("--tokens", type=int, default=128, help="prefill chunk length in tokens (default 128)")
+    p.add_argument("--context", type=int, default=None,
+                   help="tokens each request held before the step (decode default min(4096, max_context/2); "
+                        "prefill default 0)")
+    p.add_argument("--layers", action="store_true", help="one row per layer stage instead of per stage kind")
+    p.add_argument("--sim", default=None, metavar="MACHINE", help="also simulate the step on MACHINE (a2a3 or a5)")
+    add_json_arg(p)
+
+
+@command("model-graph", "build a whole DeepSeek-V4 decode step or prefill chunk in graph-only mode; per-stage "
+                        "tasks, edges and heap", _model_graph_args)
+def cmd_model_graph(args) -> int:
+    """``pto model-graph [--preset flash] [--stage decode|prefill] [--tokens N] [--context N] [--layers]
+    [--sim MACHINE] [--json]`` (:mod:`pto.models.deepseek_v4.graph_only`): the step's task graph
+    without computing float data; per stage kind (or per layer stage) tasks, edges, edges per
+    task, blocks, heap peak; the total beside the reference device graph."""
+    from pto.models.deepseek_v4.graph_only import REFERENCE_DECODE_TASKS, decode_step_graph, prefill_graph
+    from pto.views import stats_doc, to_json
+    _check_preset(args.preset)
+    if args.stage == "decode":
+        g = decode_step_graph(args.preset, context=args.context)
+    else:
+        g = prefill_graph(args.preset, tokens=args.tokens, context=args.context or 0)
+    sim = None
+    if args.sim:
+        from pto.runtime.simulate import get_machine, simulate
+        sim = simulate(g.program, get_machine(args.sim))
+    stages = g.stages if args.layers else g.by_kind()
+    if args.json:
+        doc = {"preset": args.preset, "stage": args.stage, "tokens": g.tokens, "requests": g.requests,
+               "context": g.context, "build_s": round(g.wall_s, 3), "stats": stats_doc(g.stats),
+               "stages": [{"name": s.name, "count": s.kernels.get("layers", 1), "tasks": s.tasks, "edges": s.edges,
+                           "edges_per_task": round(s.edges_per_task, 3), "blocks": s.blocks,
+                           "heap_peak_bytes": s.heap_peak_bytes} for s in stages]}
+        if args.stage == "decode":
+            doc["reference_tasks"] = REFERENCE_DECODE_TASKS
+        if sim is not None:
+            doc["sim"] = {"machine": args.sim, "makespan_us": sim.makespan_us, "effective_us": sim.effective_us}
+        print(to_json(doc))
+        return 0
+    if args.layers:
+        t = Table(title=g.summary()[0], title_justify="left")
+        for col in ("stage", "tasks", "edges", "edges/task", "blocks", "heap peak"):
+            t.add_column(col, justify="left" if col == "stage" else "right")
+        for s in stages:
+            t.add_row(s.name, str(s.tasks), str(s.edges), f"{s.edges_per_task:.2f}", str(s.blocks),
+                      fmt_bytes(s.heap_peak_bytes))
+        console().print(t)
+        lines = g.summary()[-2 if args.stage == "decode" else -1:]
+    else:
+        lines = g.summary()
+    for line in lines:
+        console().print(line, highlight=False, markup=False)
+    if sim is not None:
+        console().print(f"simulated on {args.sim}: makespan {sim.makespan_us:.1f} us, effective "
+                        f"{sim.effective_us:.1f} us", highlight=False, markup=False)
+    return 0
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser with one subparser per registered command."""

@@ -48,11 +48,15 @@ def core_type(task) -> str:
 def stats_doc(stats) -> dict:
     """The figures of ``pto run`` from a ProgramStats: counts, ``gm_bytes`` (GM bytes
     moved), ``flops``, ``heap_peak_bytes``, ``scratch_tensors`` / ``scratch_bytes``
-    (allocations of the run) and ``wall_ms`` (CPU wall time of the run)."""
+    (allocations of the run) and ``wall_ms`` (CPU wall time of the run); a graph-only run adds
+    ``graph_only`` and ``assumed_reads`` / ``assumed_footprints`` / ``assumed_sorts``."""
     return {"tasks": stats.tasks, "join_nodes": stats.dummies, "blocks": stats.blocks, "edges": stats.edges,
             "tile_ops": stats.tile_ops, "gm_bytes": stats.bytes, "flops": stats.flops,
             "heap_peak_bytes": stats.heap_peak_bytes, "scratch_tensors": stats.scratch_tensors,
-            "scratch_bytes": stats.scratch_bytes, "wall_ms": round(stats.wall_us / 1e3, 3)}
+            "scratch_bytes": stats.scratch_bytes, "wall_ms": round(stats.wall_us / 1e3, 3),
+            **({"graph_only": True, "assumed_reads": stats.assumed_reads,
+                "assumed_footprints": stats.assumed_footprints, "assumed_sorts": stats.assumed_sorts}
+               if getattr(stats, "graph_only", False) else {})}
 
 
 def _footprint_doc(f) -> dict:

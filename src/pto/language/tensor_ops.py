@@ -274,7 +274,7 @@ class GMTensor:
                     blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))
                     blk.bytes += (b0 - a0) * (b1 - a1) * self._itemsize
                     blk.ld += 1
-                    return Tile(src.clone())
+                    return Tile(_go.meta(src.shape, src.dtype) if src.is_meta else src.clone())
         starts, stops, drop = self._parse(key)
         if len(drop) == len(self._shape):
             return _read_elem(self, starts)
@@ -423,13 +423,13 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
         m = t.smask()[key]
         if box is not None and bool(m.any()):
             mask = buf.program.consume_undefined(m.clone(), blk, "load")
+    if src.is_meta:  # graph-only mode: an unknown tile (a meta clone is slower than a new one)
+        return Tile(_go.meta([b - a for a, b in zip(starts, stops)], src.dtype), None, valid)
     if valid is None:
         return Tile(src.clone(), mask)
     if vstops == stops:
         return Tile(src.clone(), mask, valid)
     fill = 0 if pad is None else _pad_scalar(src.dtype, pad)
-    if src.is_meta:  # graph-only mode: the padded tile is unknown too
-        return Tile(_go.meta(shape, src.dtype), None, valid)
     pads = []  # (before, after) per dim, last dim first: the valid values, then the pad value
     for n, v in zip(reversed(shape), reversed(valid)):
         pads += (0, n - v)
@@ -686,6 +686,8 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
         parts = [_load(t, [r, c0], [r + 1, c1], None, None, checked=True) for r in idx]
         if not parts:
             return Tile(torch.empty([0, c1 - c0], dtype=t.data.dtype))
+        if any(p.data.is_meta for p in parts):  # graph-only mode: an unknown row makes the tile unknown
+            return Tile(_go.meta([len(idx), c1 - c0], t.data.dtype))
         data = torch.cat([p.data for p in parts])
         mask = None
         if any(p.mask is not None for p in parts):

@@ -903,6 +903,8 @@ def tile_slice(x, shape, offsets) -> Tile:
             raise DslError(f"pl.slice: window [{o}, {o + s}) out of tile dim {d} of extent {x.shape[d]}")
         key.append(slice(o, o + s))
     key = tuple(key)
+    if x.data.is_meta:  # graph-only mode
+        return Tile(_meta([k.stop - k.start for k in key], x.data.dtype))
     return Tile(x.data[key].clone(), None if x.mask is None else x.mask[key].clone())
 
 
@@ -924,6 +926,8 @@ def tile_assemble(dst, src, offsets) -> Tile:
             raise DslError(f"pl.assemble: source tile {list(src.shape)} at offset {o} of dim {d} spans [{o}, {o + s}), "
                            f"out of bounds of the target tile's extent {dst.shape[d]} (shape {list(dst.shape)})")
         key.append(slice(o, o + s))
+    if dst.data.is_meta or src.data.is_meta:  # graph-only mode: the assembled tile is unknown
+        return Tile(_meta(dst.data.shape, dst.data.dtype), None, dst.valid)
     out = Tile(dst.data.clone(), None if dst.mask is None else dst.mask.clone(), dst.valid)
     out._mown = out.mask is not None
     out[tuple(key)] = src

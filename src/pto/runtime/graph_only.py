@@ -121,14 +121,15 @@ class BufferState:
 
     def _mark(self, box, unknown: bool) -> None:
         u = self.unknown
-        if u is None and not unknown:
+        if u is None and not unknown or u is True and unknown:
             return
         if u is True or u is None:
-            if u is True and unknown:
-                return
             buf = self.buf
-            u = self.unknown = torch.full((buf.nbytes // buf.data.element_size() // buf.C, buf.C), u is True,
-                                          dtype=torch.bool)
+            rows = buf.nbytes // buf.data.element_size() // buf.C
+            if type(box) is tuple and box[0] == 0 and box[1] == rows and box[2] == 0 and box[3] == buf.C:
+                self.unknown = True if unknown else None  # the whole buffer
+                return
+            u = self.unknown = torch.full((rows, buf.C), u is True, dtype=torch.bool)
         for r0, r1, c0, c1 in _boxes(box):
             u[r0:r1, c0:c1] = unknown
 
@@ -189,9 +190,9 @@ class GraphOnlyState:
         return t
 
     def attach(self, buf, assumption: Assumption | None = None) -> None:
-        """Give ``buf`` its graph-only record: every scratch allocation (a shape-only one starts
-        unknown, or known if it has an ``init_value``) and every argument with real storage;
-        a shape-only argument (weights, activations) has none: it is unknown throughout."""
+        """Give ``buf`` its graph-only record: every scratch allocation (unknown until written,
+        as it is undefined; known if it has an ``init_value``) and every argument with real
+        storage; a shape-only argument (weights, activations) has none: it is unknown throughout."""
         if buf.data.is_meta:
             if buf.kind != "scratch":
                 return
@@ -202,7 +203,9 @@ class GraphOnlyState:
         buf.slow = True  # the GM fast paths skip it: its accesses go through the record
 
     def allocate(self, name: str, site: str, shape, dtype, init_value) -> tuple:
-        """``(storage, assumption or None)`` of a scratch allocation (see the module docstring)."""
+        """``(storage, assumption or None)`` of a scratch allocation: the assumption's values, else
+        shape-only storage (its values, if any become known, live in the record's lazily made
+        ``real`` storage; see :class:`BufferState`)."""
         a = _ASSUMPTIONS.get((name, os.path.basename(site.rsplit(":", 1)[0])))
         if a is not None:
             data = a.fill(tuple(shape), dtype.torch, self.prog)
@@ -210,11 +213,7 @@ class GraphOnlyState:
                 raise ConfigError(f"graph-only assumption {a.name!r} ({a.module}) filled a {data.dtype} "
                                   f"{list(data.shape)} tensor for the allocation {list(shape)} {dtype} at {site}")
             return data.contiguous(), a
-        if not is_index_dtype(dtype.torch):
-            return meta(shape, dtype.torch), None
-        if init_value is None:
-            return torch.zeros(shape, dtype=dtype.torch), None
-        return torch.full(shape, init_value, dtype=dtype.torch), None
+        return meta(shape, dtype.torch), None
 
     # ---- assumption accounting -------------------------------------------------------
     def derived_read(self, blk) -> None:

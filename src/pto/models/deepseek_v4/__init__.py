@@ -37,3 +37,4 @@ from pto.models.deepseek_v4.weights import open_checkpoint  # noqa: E402,F401
 from pto.models.deepseek_v4.model import GoldenModel  # noqa: E402,F401
 from pto.models.deepseek_v4.layer import KernelModel  # noqa: E402,F401
 from pto.models.deepseek_v4.generate import GenerateResult, generate  # noqa: E402,F401
+from pto.models.deepseek_v4 import graph_only  # noqa: E402,F401  (graph-only step builds; the routing assumption)

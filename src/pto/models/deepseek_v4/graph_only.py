@@ -155,7 +155,8 @@ class StepGraph:
     def summary(self) -> list[str]:
         """Lines of the per-kind table and the total (what ``pto graph --model`` prints)."""
         st = self.stats
-        lines = [f"{self.cfg.name} {self.phase} step, graph-only: {self.tokens} tokens ({self.requests} requests, "
+        req = f"{self.requests} request{'s' if self.requests != 1 else ''}"
+        lines = [f"{self.cfg.name} {self.phase} step, graph-only: {self.tokens} tokens ({req}, "
                  f"context {self.context}), {self.cfg.num_hidden_layers} layers, built in {self.wall_s:.1f} s",
                  f"{'stage':<18} {'count':>5} {'tasks':>7} {'per':>6} {'edges':>7} {'e/task':>6} {'blocks':>8} "
                  f"{'heap peak':>10}"]
@@ -165,7 +166,7 @@ class StepGraph:
                          f"{k.blocks:>8} {k.heap_peak_bytes / 2**20:>8.1f} MiB")
         lines.append(f"{'total':<18} {'':>5} {st.tasks:>7} {'':>6} {st.edges:>7} "
                      f"{st.edges / max(st.tasks, 1):>6.2f} {st.blocks:>8} {st.heap_peak_bytes / 2**20:>8.1f} MiB")
-        if self.phase == "decode":
+        if self.phase == "decode" and self.cfg.name == "flash":
             lines.append(f"reference device graph of one decode step: {REFERENCE_DECODE_TASKS} tasks on one rank at "
                          f"EP2/TP2; here {st.tasks} tasks on one rank holding all {self.cfg.n_routed_experts} experts "
                          f"(docs/graph_only.md)")
@@ -347,9 +348,12 @@ def _step(phase: str, cfg, dep: DeploymentConfig, B: int, S: int, context: int, 
         cache = Cache(kcfg, dep)
     rids = [cache.add_request() for _ in range(B)]
     for r in rids:
-        if context:
-            cache.reserve(r, context)
-            cache.commit(r, context)
+        done = 0
+        while done < context:  # the context as chunked prefill wrote it (SWA pages behind the window freed)
+            n = min(dep.prefill_seq, context - done)
+            cache.reserve(r, n)
+            cache.commit(r, n)
+            done += n
         cache.reserve(r, S)
     pos = torch.cat([torch.arange(context, context + S) for _ in rids])
     inputs = _Inputs(kcfg, cache)
