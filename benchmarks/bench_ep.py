@@ -15,7 +15,7 @@ exchange, prefill is not parallel (one request at a time, its owner's attention)
 tiny model's experts are too small for the split to pay.
 
     python benchmarks/bench_ep.py [--ep 1,2] [--prompt 32] [--new 4] [--repeat 1] [--experts E --moe-inter F]
-    python benchmarks/bench_ep.py --flash-counts 2,8     # FLASH decode step tasks per rank
+    python benchmarks/bench_ep.py --flash-counts 2,8     # FLASH decode step tasks per rank (graph-only)
 """
 
 from __future__ import annotations
@@ -110,57 +110,78 @@ def _decode_step_tasks(model, prompts) -> dict:
 
 
 def flash_counts(sizes: list[int], T: int = 8) -> dict:
-    """Per rank, the tasks of one FLASH decode step's MoE (``moe_ep``, a hash layer and a learned
-    one) and head (``lm_head_ep``) at each EP size, ranks as threads of this process
-    (``run_threads``). The routed, shared and head weights are zeros shared by every rank (the
-    task graph does not depend on their values; routes come from a seeded router), ``T`` token
-    rows per rank (FLASH decode: 4 requests x 2 tokens).
+    """Per rank, the tasks of one FLASH decode step at each EP size, in graph-only mode
+    (``RunConfig(execute=False)``: shape-only weights and activations, no tile math).
+
+    Each rank decodes its own batch of ``decode_batch x decode_seq`` (4 x 2 = ``T`` = 8 token
+    rows; attention data parallel, so the run's batch is ``N`` times that). Per rank:
+
+    * attention: the stages of :func:`graph_only.decode_step_graph` for that batch (the same
+      on every rank and every EP size);
+    * ``moe_ep`` of a hash layer and of a learned layer and ``lm_head_ep``, ranks as threads
+      (``run_threads``). Routes are balanced over the ranks' experts: the hash table sends the
+      ``j``-th route of the run (token id ``t``, slot ``k``, ``j = t*K + k``, rank ``r``'s rows
+      holding ids ``r*T ..``) to expert ``j * E // (N*T*K)``. The learned layers' routes come
+      from graph-only's top-k ties assumption (every row picks experts ``0 .. K-1``), so a rank
+      owning none of them receives no route there; the step counts every layer as the hash
+      layer (``moe_ep``'s tasks do not depend on which experts a rank's routes hit, as long as
+      it receives some, which real routing over 256 experts gives).
 
     Returns:
-        ``{ep: [{"moe_hash", "moe_learned", "head", "step", "wall_s"} per rank]}`` with ``step``
-        = ``num_hash_layers * moe_hash + (layers - num_hash_layers) * moe_learned + head``.
+        ``{"ep1": {"attention", "moe", "head", "step"}, ep: [{"moe_hash", "moe_learned", "head",
+        "attention", "step", "wall_s"} per rank]}`` with ``step = 1 (embedding) + attention +
+        layers * moe_hash + head``.
     """
     import pto.language.distributed as pld
     from pto.models.deepseek_v4.config import get_config
     from pto.models.deepseek_v4.gate import make_gate_inputs
+    from pto.models.deepseek_v4.graph_only import decode_step_graph
     from pto.models.deepseek_v4.moe_ep import EPWindows, lm_head_ep_kernels, moe_ep_kernels
     from pto.runtime import RunConfig
     from pto.runtime import distributed as dist
 
     cfg = get_config("flash")
-    D, F, E, HC, V = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.hc_mult, cfg.vocab_size
+    D, F, E, HC, V, K = (cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.hc_mult,
+                         cfg.vocab_size, cfg.num_experts_per_tok)
+    one = decode_step_graph(cfg)
+    kinds = {st.name: st.tasks for st in one.by_kind()}
+    attention = sum(v for k, v in kinds.items() if k.startswith("attention"))
+    out = {"ep1": {"attention": attention, "moe": kinds["moe"] // cfg.num_hidden_layers,
+                   "head": kinds["hc_head"] + kinds["lm_head"], "step": one.stats.tasks}}
     g = make_gate_inputs(cfg, T, seed=1)
-    run_cfg = RunConfig(heap_bytes=256 << 20)
-    out = {}
+    run_cfg = RunConfig(heap_bytes=1 << 40, execute=False)
+
+    def meta(*shape, dt=torch.float32):
+        return torch.empty(*shape, dtype=dt, device="meta")
+
     for ep in sizes:
         EL = E // ep
-        w13 = torch.zeros(EL, F, D, dtype=torch.int8)
-        w2 = torch.zeros(EL, D, F, dtype=torch.int8)
-        head_w = torch.zeros(V // ep, D, dtype=torch.bfloat16)
+        j = torch.arange(V)[:, None] * K + torch.arange(K)[None, :]
+        tid2eid = (j * E // (ep * T * K) % E).to(torch.int32)
+        w13, w2 = meta(EL, F, D, dt=torch.int8), meta(EL, D, F, dt=torch.int8)
         moe = moe_ep_kernels(cfg, ep).moe_ep_test
         head = lm_head_ep_kernels(cfg, ep).lm_head_ep_test
 
         def rank(r):
             win = EPWindows(cfg)
-            gen = torch.Generator().manual_seed(100 + r)
-            x = torch.randn(T, HC, D, generator=gen)
-            ids = torch.randint(0, V, (T,), generator=gen)
-            common = [torch.randn(cfg.mix_hc, HC * D, generator=gen) * 1e-3, torch.ones(3), torch.zeros(cfg.mix_hc),
-                      g["norm_w"], g["gate_w"], g["gate_bias"], g["tid2eid"], ids,
-                      w13, torch.ones(EL, F), w13, torch.ones(EL, F), w2, torch.ones(EL, D),
-                      w13[0], torch.ones(F), w13[0], torch.ones(F), w2[0], torch.ones(D)]
+            x = meta(T, HC, D)
+            ids = torch.arange(r * T, (r + 1) * T)
+            common = [meta(cfg.mix_hc, HC * D), meta(3), meta(cfg.mix_hc), g["norm_w"], g["gate_w"], g["gate_bias"],
+                      tid2eid, ids, w13, meta(EL, F), w13, meta(EL, F), w2, meta(EL, D),
+                      meta(F, D, dt=torch.int8), meta(F), meta(F, D, dt=torch.int8), meta(F),
+                      meta(D, F, dt=torch.int8), meta(D)]
             t0 = time.perf_counter()
             res = {}
             for key, layer in (("moe_hash", 0), ("moe_learned", cfg.num_hash_layers)):
-                x_next = torch.empty_like(x)
-                prog = dist.run(moe, x, *common, *win.moe_args(), x_next, layer, T, win.moe_epoch, config=run_cfg)
+                prog = dist.run(moe, x, *common, *win.moe_args(), meta(T, HC, D), layer, T, win.moe_epoch,
+                                config=run_cfg)
                 res[key] = prog.stats.tasks
-            logits = torch.empty(T * ep, V)
-            prog = dist.run(head, x, torch.randn(HC, HC * D, generator=gen) * 1e-3, torch.ones(1), torch.zeros(HC),
-                            g["norm_w"], head_w, *win.head_args(), logits, [T] * ep, win.head_epoch, config=run_cfg)
+            prog = dist.run(head, x, meta(HC, HC * D), meta(1), meta(HC), g["norm_w"],
+                            meta(V // ep, D, dt=torch.bfloat16), *win.head_args(), meta(T * ep, V), [T] * ep,
+                            win.head_epoch, config=run_cfg)
             res["head"] = prog.stats.tasks
-            n_hash = cfg.num_hash_layers
-            res["step"] = n_hash * res["moe_hash"] + (cfg.num_hidden_layers - n_hash) * res["moe_learned"] + res["head"]
+            res["attention"] = attention
+            res["step"] = 1 + attention + cfg.num_hidden_layers * res["moe_hash"] + res["head"]
             res["wall_s"] = time.perf_counter() - t0
             assert pld.rank() == r
             return res
@@ -181,23 +202,26 @@ def main(argv=None) -> int:
                     help="expert intermediate size (default: the tiny preset's 64); with --experts, a checkpoint "
                          "whose experts dominate its bytes, to see the per-rank memory of expert parallelism")
     ap.add_argument("--flash-counts", metavar="SIZES", default=None,
-                    help="instead: per-rank tasks of the FLASH decode step's MoE and head at these EP sizes "
-                         "(e.g. 2,8; ranks as threads, zero weights)")
+                    help="instead: per-rank tasks of the FLASH decode step at these EP sizes (e.g. 2,8; "
+                         "graph-only mode, ranks as threads)")
     ap.add_argument("--_rank", nargs=2, metavar=("OUT", "CKPT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.flash_counts:
         torch.set_num_threads(1)
         counts = flash_counts([int(x) for x in args.flash_counts.split(",")])
-        t = Table(title="FLASH decode step (8 tokens per rank), tasks per rank: MoE per layer (hash / learned "
-                        "routing), head, and the step's MoE + head over 43 layers (attention: data parallel, "
-                        "not counted)")
-        for c in ("EP", "rank", "moe (hash)", "moe (learned)", "head", "MoE + head per step", "wall s"):
+        ep1 = counts.pop("ep1")
+        t = Table(title="FLASH decode step, tasks per rank in graph-only mode (each rank: 4 requests x 2 tokens; "
+                        "MoE per layer with hash / learned routing, the step counting every layer as a hash layer)")
+        for c in ("EP", "rank", "attention", "MoE per layer (hash)", "MoE per layer (learned)", "head", "step",
+                  "wall s"):
             t.add_column(c, justify="right")
+        t.add_row("1", "0", str(ep1["attention"]), str(ep1["moe"]), str(ep1["moe"]), str(ep1["head"]),
+                  str(ep1["step"]), "")
         for ep, ranks in counts.items():
             for r, c in enumerate(ranks):
-                t.add_row(str(ep), str(r), str(c["moe_hash"]), str(c["moe_learned"]), str(c["head"]), str(c["step"]),
-                          f"{c['wall_s']:.1f}")
-        Console().print(t)
+                t.add_row(str(ep), str(r), str(c["attention"]), str(c["moe_hash"]), str(c["moe_learned"]),
+                          str(c["head"]), str(c["step"]), f"{c['wall_s']:.1f}")
+        Console(width=max(140, Console().width)).print(t)
         return 0
     if args._rank:
         _rank(args._rank[0], args._rank[1], args.prompt, args.new, args.repeat)

@@ -163,6 +163,12 @@ class World:
         """
         data = getattr(gm, "data", None)
         w = None if data is None else self._by_key.get((data.data_ptr(), tuple(data.shape), data.dtype))
+        if w is None and data is not None and data.is_meta:
+            # graph-only mode binds a float window parameter shape-only: the window of the
+            # parameter's name, else the only one of its shape and dtype
+            same = [v for v in self.windows if tuple(v.tensor.shape) == tuple(data.shape) and v.tensor.dtype == data.dtype]
+            named = [v for v in same if v.name == getattr(gm, "name", None)]
+            w = named[0] if len(named) == 1 else same[0] if len(same) == 1 else None
         if w is None:
             name = getattr(gm, "name", type(gm).__name__)
             raise DslError(f"{what}: {name!r} is not a window (pass a tensor from pld.window as a "
@@ -248,7 +254,9 @@ class World:
         w = self.windows[wid]
         region = tuple(slice(o, o + s) for o, s in zip(offs, data.shape))
         with self.cv:
-            if atomic:
+            if data.is_meta:  # graph-only mode: a shape-only tile, nothing to copy (the write is recorded)
+                pass
+            elif atomic:
                 w.tensor[region] += data
             else:
                 w.tensor[region] = data
