@@ -8,10 +8,11 @@ blocks in creation order: with 4 requests and 2 ranks, requests 0-1 on rank 0 an
 rank 1), which alone runs its embedding and attention and holds its cache pages. Per layer:
 
 * attention: the owner's ``prefill_attention_*`` / ``decode_attention_*`` program on its own
-  requests' rows (a prefill chunk is one request, so the other ranks have no rows then);
+  requests' rows (prefill: each rank one chunk of its own requests per round,
+  :meth:`EPModel.prefill_many`; a rank with no chunk left has no rows);
 * MoE: :func:`moe_ep.moe_ep_kernels` on every rank (a rank without rows passes one zero row
-  with ``num_tokens = 0`` and still serves its experts); rank ``r`` keeps only the routed
-  experts ``[r*E/N, (r+1)*E/N)``;
+  with ``num_tokens = 0`` and still serves its experts); rank ``r`` reads from the checkpoint
+  only the routed experts ``[r*E/N, (r+1)*E/N)``;
 * head: :func:`moe_ep.lm_head_ep_kernels` on every rank with its vocabulary shard; every rank
   gets the whole ``[rows, V]`` logits, so every rank's generate loop picks the same tokens.
 
