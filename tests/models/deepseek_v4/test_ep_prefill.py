@@ -1,6 +1,7 @@
 """EPModel prefill, data parallel over requests: ranks (threads here) prefill their own
 requests' chunks at once, one chunk per round, ranks with fewer chunks passing no rows; tokens
-and every prompt logit bit-identical to one rank prefilling one chunk at a time."""
+and every prompt logit bit-identical to one rank prefilling one chunk at a time. Each rank holds
+only its experts and head rows."""
 
 import torch
 
@@ -20,11 +21,16 @@ def test_prefill_rounds_of_unequal_chunk_counts_bit_identical(tmp_path):
 
     ck = write_tiny_checkpoint(tmp_path / "tiny", seed=4)
     dep = get_deployment("tiny").replace(max_context=64, rope_max_pos=64)
-    ref = generate(KernelModel(open_checkpoint(ck, "int8"), dep), PROMPTS, max_new_tokens=2, chunk=2,
-                   eos_token_id=None, keep_logits=True)
+    model_ref = KernelModel(open_checkpoint(ck, "int8"), dep)
+    ref = generate(model_ref, PROMPTS, max_new_tokens=2, chunk=2, eos_token_id=None, keep_logits=True)
 
     def rank(r):
         model = EPModel(open_checkpoint(ck, "int8"), dep)
+        # the rank read only its 8 of 16 experts, its 256 of 512 head rows; the golden inside
+        # (id and context checks) holds no copy of the embedding or the head
+        assert model.ffn_weights(0)["w1"].shape == (8, 64, 128) and model._head_shard.shape == (256, 128)
+        assert torch.equal(model._head_shard, model_ref._head_w[4][256 * r:256 * (r + 1)])
+        assert model.golden._glob._got == {}
         res = generate(model, PROMPTS, max_new_tokens=2, chunk=2, eos_token_id=None, keep_logits=True)
         return res, dict(model.stats.programs)
 
