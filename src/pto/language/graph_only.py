@@ -40,9 +40,19 @@ __all__ = ["MetaScalar", "meta", "is_index_dtype", "count_sort"]
 _META = torch.device("meta")
 
 
+_METAS: dict = {}  # (shape, dtype) -> one shared meta tensor (it has no values to change)
+
+
 def meta(shape, dtype: torch.dtype) -> torch.Tensor:
-    """A shape-only (torch ``meta``) tensor of ``shape`` and torch ``dtype``: no storage, no values."""
-    return torch.empty(shape, dtype=dtype, device=_META)
+    """A shape-only (torch ``meta``) tensor of ``shape`` and torch ``dtype``: no storage, no values.
+    One tensor per shape and dtype is shared (tile ops never change a tile's tensor in place)."""
+    key = (tuple(shape), dtype)
+    t = _METAS.get(key)
+    if t is None:
+        if len(_METAS) > 50_000:
+            _METAS.clear()
+        t = _METAS[key] = torch.empty(key[0], dtype=dtype, device=_META)
+    return t
 
 
 def is_index_dtype(dtype: torch.dtype) -> bool:
@@ -53,10 +63,12 @@ def is_index_dtype(dtype: torch.dtype) -> bool:
 
 
 def count_sort() -> None:
-    """Count one sort of unknown values under the ties assumption (module docstring)."""
+    """Count one sort of unknown values under the ties assumption (module docstring); the
+    running block's results become assumption-derived."""
     prog = _ctx.state.program
     if prog is not None and getattr(prog, "go", None) is not None:
         prog.go.sorts += 1
+        prog.go.derived_read(_ctx.state.block)
 
 
 class MetaScalar(ScalarValue):

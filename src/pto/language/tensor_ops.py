@@ -472,13 +472,15 @@ def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
     key = tuple(map(_pyslice, starts, stops))
     src = tile.data if tile.valid is None else tile.data[tuple(_pyslice(0, e) for e in ext)]
     dst = _window(t, starts, stops)
+    box = None
     if buf.go is not None or dst.is_meta:  # graph-only mode: no float storage, unknown masks
         if atomic is not None and (atomic != AtomicType.Add or not (
                 dst.dtype.is_floating_point or dst.dtype in (torch.int32, torch.int16, torch.int8))):
             raise DslError(f"{t.name}: atomic add on dtype {t.dtype} is not supported" if atomic == AtomicType.Add
                            else f"{t.name}: unknown atomic type {atomic!r}")
         if buf.go is not None:
-            buf.go.store(dst, src, t.box(starts, stops), atomic is not None, blk)
+            box = t.box(starts, stops)
+            buf.go.store(dst, src, box, atomic is not None, blk)
     elif atomic is None:
         dst.copy_(src)
     elif atomic == AtomicType.Add:
@@ -490,7 +492,8 @@ def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
             dst.add_(src)
     else:
         raise DslError(f"{t.name}: unknown atomic type {atomic!r}")
-    box = t.box(starts, stops)
+    if box is None:
+        box = t.box(starts, stops)
     if box is not None:
         kind = W if atomic is None else A
         if type(box) is list:

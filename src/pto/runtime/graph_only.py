@@ -14,8 +14,9 @@ The language side (:mod:`pto.language.graph_only`) defines known and unknown val
   :class:`pto.language.graph_only.MetaScalar`.
 * **Assumptions.** :func:`register_assumption` names an allocation (its name and the file that
   allocates it) whose values graph-only mode cannot compute and supplies them instead: the
-  allocation gets real storage filled by the assumption, and unknown stores into it are
-  ignored (known stores still write). Values read from an assumed buffer, and everything a
+  allocation gets real storage filled by the assumption, and unknown or assumption-derived
+  stores into it (e.g. a top-k under the sort ties assumption) are ignored; known stores
+  still write (a hash layer's routes from its table). Values read from an assumed buffer, and everything a
   block computes after reading one, are *assumption-derived*: ``ProgramStats.assumed_reads``
   counts those reads (tile loads and scalar reads), ``ProgramStats.assumed_footprints`` the
   footprint boxes of the blocks that made them and of the task launched right after an
@@ -143,11 +144,12 @@ class BufferState:
 
     def store(self, dst: torch.Tensor, src: torch.Tensor, box, atomic: bool, blk) -> None:
         """Store (or atomically add) the tile data ``src`` into the window ``dst``."""
-        if src.is_meta:
+        derived = blk is not None and self.state.block_derived(blk)
+        if src.is_meta or derived and self.assumption is not None:
             if self.assumption is None:
                 self._mark(box, True)
-            return
-        if blk is not None and self.state.block_derived(blk):
+            return  # an assumed allocation keeps its values against unknown or other assumed ones
+        if derived:
             self.derived = True
         w = self._window(dst)
         if atomic:

@@ -5,9 +5,9 @@ chunk at FLASH size on one CPU, with task, edge and heap figures per stage (docs
 :func:`pto.models.deepseek_v4.layer.layer_kernels` (embedding -> every layer's attention block
 and MoE block -> hc_head / final norm / lm_head) under ``RunConfig(execute=False)``:
 
-* weights, activations and caches are shape-only (torch ``meta``): nothing of FLASH's 160 GiB
-  of weights or its caches is allocated; the weights have the kernels' layout and dtypes
-  (:func:`weights.attention_inputs` / :func:`weights.moe_inputs` over a shape-only checkpoint);
+* weights, activations and caches are shape-only (torch ``meta``): nothing of FLASH's weights
+  or caches is allocated; the weights have the kernels' layout and dtypes
+  (:func:`attention_weight_shapes`, the moe kernel's annotations);
 * the cache metadata is real: ``B`` requests of ``context`` tokens each on a
   :class:`~pto.models.deepseek_v4.cache.Cache` of the deployment (its pages, block tables and
   slot mappings), positions, token ids;
@@ -32,6 +32,7 @@ import functools
 import inspect
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 
@@ -39,7 +40,6 @@ import pto.language as pl
 from pto.errors import ConfigError
 from pto.language import _ctx
 from pto.models.deepseek_v4.cache import Cache
-from pto.models.deepseek_v4.checkpoint import expected_tensors
 from pto.models.deepseek_v4.config import DeepSeekV4Config, DeploymentConfig, get_config, get_deployment, kernel_config
 from pto.models.deepseek_v4.layer import _FAMILY, KernelModel, _bodies, _jit, layer_kernels
 from pto.models.deepseek_v4.lm_head import lm_head_kernels
@@ -47,12 +47,11 @@ from pto.models.deepseek_v4.lookup_embedding import lookup_embedding_kernels
 from pto.models.deepseek_v4.moe import MOE_INPUTS, moe_kernels
 from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
 from pto.models.deepseek_v4.tiling import token_capacity
-from pto.models.deepseek_v4.weights import Checkpoint, attention_inputs
 from pto.runtime import RunConfig
 from pto.runtime.graph_only import register_assumption
 
 __all__ = ["StageStats", "StepGraph", "decode_step_graph", "prefill_graph", "balanced_routes",
-           "REFERENCE_DECODE_TASKS"]
+           "attention_weight_shapes", "REFERENCE_DECODE_TASKS"]
 
 # The reference device graph of one FLASH decode step (pypto-lib v4-flash decode_fwd on simpler's
 # host_build_graph, hw-native-sys/simpler#1860 / #1926): 15,971 device tasks on one rank at EP2 / TP2.
@@ -176,30 +175,35 @@ class StepGraph:
 
 
 # ---- inputs ---------------------------------------------------------------------------------
-class _MetaCheckpoint:
-    """The shape-only checkpoint :func:`weights.attention_inputs` reads: every tensor of
-    :func:`checkpoint.expected_tensors` as a ``meta`` FP32 (INT64 for index tensors) tensor."""
-
-    weight_format = "int8"
-    has_mtp = False
-    path = "<graph-only>"
-    layer_prefix = Checkpoint.layer_prefix
-    layer_ratio = Checkpoint.layer_ratio
-
-    def __init__(self, cfg: DeepSeekV4Config):
-        self.config = cfg
-        self._shapes = expected_tensors(cfg)
-
-    def tensor(self, name: str, rows=None) -> torch.Tensor:
-        shape, kind = self._shapes[name]
-        return torch.empty(shape, dtype=torch.float32 if kind == "float" else torch.int64, device="meta")
+def attention_weight_shapes(cfg: DeepSeekV4Config, ratio: int) -> dict:
+    """Name -> ``(shape, torch dtype)`` of a layer's attention inputs in the kernels' layout, as
+    :func:`weights.attention_inputs` produces them for a layer of compress ratio ``ratio``
+    (tests hold the two equal): BF16 ``wq_a [D, Lq]`` / ``wkv [D, d]``, INT8 ``wq_b [Lq, H*d]``
+    and ``wo_b [D, G*Lo]`` with FP32 scales, ``wo_a [G, Lo, H*d/G]``; compressor (ratio 4: two
+    series) and CSA indexer weights."""
+    D, H, d, Lq = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.q_lora_rank
+    G, Lo, N, HI, dI = cfg.o_groups, cfg.o_lora_rank, cfg.hc_mult, cfg.index_n_heads, cfg.index_head_dim
+    f32, bf16, i8 = torch.float32, torch.bfloat16, torch.int8
+    out = {"hc_attn_fn": ((N * (N + 2), N * D), f32), "hc_attn_scale": ((3,), f32),
+           "hc_attn_base": ((N * (N + 2),), f32), "attn_norm_w": ((D,), bf16), "wq_a": ((D, Lq), bf16),
+           "wq_b": ((Lq, H * d), i8), "wq_b_scale": ((H * d,), f32), "wkv": ((D, d), bf16),
+           "gamma_cq": ((Lq,), bf16), "gamma_ckv": ((d,), bf16), "attn_sink": ((H,), f32),
+           "wo_a": ((G, Lo, H * d // G), bf16), "wo_b": ((D, G * Lo), i8), "wo_b_scale": ((D,), f32)}
+    if ratio:
+        c = 2 if ratio == 4 else 1
+        out.update(cmp_wkv=((c * d, D), bf16), cmp_wgate=((c * d, D), bf16), cmp_ape=((ratio, c * d), f32),
+                   cmp_norm_w=((d,), bf16))
+    if ratio == 4:
+        out.update(idx_wkv=((2 * dI, D), bf16), idx_wgate=((2 * dI, D), bf16), idx_ape=((4, 2 * dI), f32),
+                   idx_norm_w=((dI,), bf16), hadamard=((dI, dI), bf16), idx_wq_b=((Lq, HI * dI), i8),
+                   idx_wq_b_scale=((HI * dI,), f32), idx_weights_proj=((D, HI), bf16))
+    return out
 
 
 @functools.lru_cache(maxsize=8)
 def _attn_weights(cfg: DeepSeekV4Config, ratio: int) -> dict:
     """Shape-only attention inputs of a layer of compress ratio ``ratio`` (shared by every such layer)."""
-    i = list(cfg.compress_ratios).index(ratio)
-    return attention_inputs(_MetaCheckpoint(cfg), i)
+    return {k: _meta(shape, dt) for k, (shape, dt) in attention_weight_shapes(cfg, ratio).items()}
 
 
 @functools.lru_cache(maxsize=8)
@@ -218,12 +222,33 @@ def _moe_weights(cfg: DeepSeekV4Config) -> dict:
     return out
 
 
+class _MemoCache:
+    """The deployment's :class:`Cache` with its block tables and slot mappings computed once per
+    request, kind and positions (every layer asks for the same ones)."""
+
+    def __init__(self, cache: Cache):
+        self._cache, self._memo = cache, {}
+        self.layers = cache.layers
+
+    def block_table(self, rid: int, kind: str = "swa_kv") -> torch.Tensor:
+        key = ("t", rid, kind)
+        if key not in self._memo:
+            self._memo[key] = self._cache.block_table(rid, kind)
+        return self._memo[key]
+
+    def slot_mapping(self, rid: int, positions: torch.Tensor, kind: str = "swa_kv") -> torch.Tensor:
+        key = ("s", rid, kind, tuple(positions.tolist()))
+        if key not in self._memo:
+            self._memo[key] = self._cache.slot_mapping(rid, positions, kind)
+        return self._memo[key]
+
+
 class _Inputs:
     """The duck-typed model :meth:`KernelModel.layer_args` reads (weights shape-only)."""
 
     def __init__(self, cfg, cache: Cache):
-        self.cfg, self.cache = cfg, cache
-        self.ckpt = _MetaCheckpoint(cfg)
+        self.cfg, self.cache = cfg, _MemoCache(cache)
+        self.ckpt = SimpleNamespace(layer_ratio=lambda i: cfg.compress_ratios[i])
         self._rope = {p: tuple(torch.empty(t.shape, dtype=torch.bfloat16, device="meta")
                                for t in rope_tables(cfg, p)) for p in ("main", "compress")}
 
