@@ -1,0 +1,838 @@
+"""The program cache: a repeated plain call of a kernel replays the torch work of a recorded run.
+
+A decode loop calls the same kernels with the same shapes every step; every call used to run
+the whole orchestration again (the DSL's Python, footprints, the task graph) for the same
+torch operations. With the cache on (the default), calls of one kernel are keyed by
+
+* the kernel, every tensor argument's shape, dtype, storage offset and which arguments share
+  storage, every scalar argument's value, every other argument's value (int, float, str, bool,
+  None, tuples of them) or identity (any other object: a config), and ``RunConfig.heap_bytes``;
+
+and go through three stages per key:
+
+1. first call: a plain run (``Program.execute``);
+2. second call: a plain run recorded by a ``torch.overrides.TorchFunctionMode``: every torch
+   operation the program runs (tile loads and stores, tile math, heap views, init fills), with
+   the argument tensors, the heap's backing buffer and each operation's results as numbered
+   values. Metadata queries (shape, dtype, strides, ...) are left out: they are fixed by the key.
+   Every Python value an operation hands back to the program (``item``, ``bool``, ``tolist``:
+   ``pl.read`` and data-dependent control flow) becomes a guard, and so does the result shape of
+   an operation whose shape depends on data (``nonzero``, boolean-mask indexing, ...). The
+   recording is turned into straight-line Python (one call per operation, results in registers
+   reused after their last use);
+3. later calls: the arguments are bound and checked as for a plain run, Out/InOut arguments get
+   private copies, the straight-line code runs, outputs are copied back. A guard that sees
+   another value (another control path or another data-dependent footprint) stops the replay
+   (only private copies and heap scratch were written) and the call runs as a plain run; a key
+   whose replays diverge three times in a row goes back to plain runs for good.
+
+Results are bit-identical to a plain run: the same torch operations run on the same values in
+the same order. The replayed program's ``graph``, ``buffers`` and ``stats`` are the recorded
+run's (the graph is rebuilt on first access with this call's buffers; ``wall_us`` is this
+call's, ``task_wall_us`` and ``Task.wall_ns`` are the recording's). Not cached, always a plain
+run: check mode, any RunConfig field other than ``heap_bytes`` off its default,
+``pto.runtime.drop_init_values`` active, a distributed world of more than one rank, a program
+that raised, and a recording that saw something replay cannot reproduce (an operation with a
+``generator=``, an in-place write into a tensor the program did not create or receive, a
+non-plain Python result, an operation that raised). The orchestration must be a function of
+the key and of the values it reads from tensors (what a kernel is anyway); a kernel whose
+Python reads other mutable state (a global flag, the clock) must run with the cache off:
+``pto.runtime.set_program_cache(False)`` or ``PTO_PROGRAM_CACHE=0`` in the environment.
+``pto.runtime.clear_program_cache()`` forgets every recording.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+import threading
+import time
+import weakref
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from pto.errors import DslError
+from pto.language import _ctx
+from pto.language.jit import bind_arguments
+from pto.language.tensor_ops import GMTensor
+from pto.language.typing import INOUT, OUT, ScalarType, TensorType
+from pto.runtime.graph import Block, Task, TaskGraph
+from pto.runtime.heap import RingHeap
+from pto.runtime.program import Program, ProgramStats, RunConfig
+
+__all__ = ["run", "set_program_cache", "program_cache_enabled", "clear_program_cache", "cache_info"]
+
+_ENABLED = [os.environ.get("PTO_PROGRAM_CACHE", "1") not in ("0", "false", "off", "no")]
+_MAX_ENTRIES = 512
+_MAX_DIVERGED = 3
+_CACHE: dict = {}
+_LOCK = threading.Lock()
+_INFO = {"plain": 0, "recorded": 0, "replayed": 0, "diverged": 0, "uncacheable": 0, "errors": 0}
+
+
+def set_program_cache(enabled: bool) -> None:
+    """Turn the program cache on or off for every later call (on by default; off also when the
+    environment has ``PTO_PROGRAM_CACHE=0``). Turning it off forgets every recording.
+
+    Raises:
+        TypeError: ``enabled`` is not a bool.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_program_cache(enabled): expected True or False, got {enabled!r}")
+    _ENABLED[0] = enabled
+    if not enabled:
+        clear_program_cache()
+
+
+def program_cache_enabled() -> bool:
+    """True when repeated plain calls are recorded and replayed (see the module docstring)."""
+    return _ENABLED[0]
+
+
+def clear_program_cache() -> None:
+    """Forget every recorded program: the next call of each kernel is a first call again."""
+    with _LOCK:
+        _CACHE.clear()
+        for k in _INFO:
+            _INFO[k] = 0
+
+
+def cache_info() -> dict:
+    """Counters since the last clear: ``plain`` (calls run as plain programs, recordings not
+    counted), ``recorded``, ``replayed``, ``diverged`` (replays stopped by a guard or an error,
+    then run plain), ``errors`` (of those, replays stopped by an exception), ``uncacheable``
+    (recordings that could not be replayed), and ``entries``."""
+    with _LOCK:
+        return dict(_INFO, entries=len(_CACHE))
+
+
+class _Diverged(Exception):
+    """A replay guard saw another value than the recording (internal)."""
+
+
+# ---- the key ------------------------------------------------------------------------------------
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def _plain_value(v) -> bool:
+    t = type(v)
+    if t in _PLAIN:
+        return True
+    return t is tuple and all(_plain_value(x) for x in v)
+
+
+def _key(jf, params, cfg):
+    """The cache key of a call, with the objects kept alive so that their ids stay theirs;
+    None when the call cannot be keyed (a non-contiguous tensor: the plain run reports it)."""
+    parts = []
+    keep = [jf]
+    storages: dict = {}
+    for p in params:
+        v = p.value
+        if isinstance(p.ann, TensorType):
+            if not v.is_contiguous():
+                return None, None
+            sp = v.untyped_storage().data_ptr()
+            parts.append((tuple(v.shape), v.dtype, v.storage_offset(), v.requires_grad, storages.setdefault(sp, len(storages))))
+        elif isinstance(p.ann, ScalarType) or _plain_value(v):
+            parts.append((type(v), v))
+        else:
+            parts.append(("id", id(v)))
+            keep.append(v)
+    return (id(jf), tuple(parts), cfg.heap_bytes), keep
+
+
+def _cacheable_config(config):
+    """The validated RunConfig of a call when the cache may serve it, else None."""
+    if config is None:
+        return _DEFAULT_CONFIG
+    if type(config) is not RunConfig:
+        return None
+    try:
+        config.validate()
+    except Exception:  # noqa: BLE001 - the plain run reports it
+        return None
+    if config != RunConfig(heap_bytes=config.heap_bytes):
+        return None
+    return config
+
+
+_DEFAULT_CONFIG = RunConfig()
+
+
+def _world_size() -> int:
+    try:
+        from pto.language import distributed as pld
+        return pld.world_size()
+    except Exception:  # noqa: BLE001 - no distributed runtime
+        return 1
+
+
+# ---- the cache entry ----------------------------------------------------------------------------
+class _Entry:
+    __slots__ = ("state", "trace", "keep", "diverged")
+
+    def __init__(self, keep):
+        self.state = "seen"  # seen once -> "trace" (replayable) or "off" (plain runs only)
+        self.trace = None
+        self.keep = keep
+        self.diverged = 0
+
+
+def run(jf, args, kwargs, config) -> Program:
+    """Run ``@pl.jit`` function ``jf`` (the runtime's program factory): a plain run, a recorded
+    run or a replay (see the module docstring). Raises what a plain run raises."""
+    cfg = _cacheable_config(config) if _ENABLED[0] else None
+    if cfg is None or _ctx.state.program is not None:
+        return Program(jf, config).execute(args, kwargs)
+    from pto.runtime.sanitizer import active_drop_init
+    if active_drop_init() or _world_size() > 1:
+        return Program(jf, config).execute(args, kwargs)
+    try:
+        params = bind_arguments(jf, args, kwargs, gm=False)
+    except Exception:  # noqa: BLE001 - the plain run raises it with its context
+        return Program(jf, config).execute(args, kwargs)
+    key, keep = _key(jf, params, cfg)
+    if key is None:
+        return Program(jf, config).execute(args, kwargs)
+    with _LOCK:
+        ent = _CACHE.get(key)
+        if ent is None:
+            if len(_CACHE) >= _MAX_ENTRIES:
+                _CACHE.pop(next(iter(_CACHE)))
+            _CACHE[key] = _Entry(keep)
+    if ent is None or ent.state == "off":
+        _count("plain")
+        return Program(jf, config).execute(args, kwargs)
+    if ent.state == "seen":
+        return _record(ent, jf, args, kwargs, config)
+    prog = _replay(ent.trace, jf, params, cfg)
+    if prog is not None:
+        ent.diverged = 0
+        _count("replayed")
+        return prog
+    ent.diverged += 1
+    if ent.diverged >= _MAX_DIVERGED:
+        ent.state, ent.trace = "off", None
+    _count("diverged")
+    return Program(jf, config).execute(args, kwargs)
+
+
+def _count(what: str) -> None:
+    with _LOCK:
+        _INFO[what] += 1
+
+
+def _record(ent: _Entry, jf, args, kwargs, config) -> Program:
+    """The second call of a key: a plain run under the recorder; keeps the trace if it can be replayed."""
+    rec = _Recorder()
+    proxy = copy.copy(jf)
+    proxy.fn = rec.wrap(jf.fn)
+    prog = Program(proxy, config)
+    try:
+        prog.execute(args, kwargs)
+    finally:
+        prog.jf = jf
+    try:
+        trace = rec.finish(prog)
+    except _Unreplayable as e:
+        trace, rec.bad = None, str(e)
+    if trace is None:
+        ent.state = "off"
+        _count("uncacheable")
+    else:
+        ent.trace, ent.state = trace, "trace"
+        _count("recorded")
+    return prog
+
+
+# ---- recording ----------------------------------------------------------------------------------
+class _V:
+    """A recorded tensor value (its number) inside an argument template."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i):
+        self.i = i
+
+
+class _Seq:
+    """A list or tuple argument holding recorded tensors."""
+
+    __slots__ = ("kind", "items")
+
+    def __init__(self, kind, items):
+        self.kind = kind
+        self.items = items
+
+
+class _Unreplayable(Exception):
+    """The recorded run did something a replay cannot reproduce (internal)."""
+
+
+_META = frozenset((
+    "shape", "dtype", "device", "size", "stride", "dim", "ndim", "numel", "nelement", "element_size",
+    "storage_offset", "is_contiguous", "is_floating_point", "is_complex", "is_signed", "data_ptr", "requires_grad",
+    "layout", "itemsize", "nbytes", "names", "is_sparse", "is_quantized", "is_meta", "is_cuda", "is_cpu", "__len__",
+    "untyped_storage", "_version", "_is_view", "is_leaf", "grad_fn", "is_inference", "get_device", "is_nested", "is_mkldnn"))
+_INPLACE_DUNDER = frozenset(("__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
+                             "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"))
+_DATA_SHAPE = frozenset(("nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "repeat_interleave",
+                         "nonzero_static", "bincount"))
+_KIND: dict = {}  # func -> (name, kind): 0 metadata, 1 operation, 2 in-place operation, 3 data-dependent shape
+
+
+def _func_kind(func):
+    k = _KIND.get(func)
+    if k is None:
+        name = getattr(func, "__name__", "")
+        if name == "__get__":
+            name = getattr(getattr(func, "__self__", None), "__name__", name)
+        if name in _META:
+            kind = 0
+        elif name in _INPLACE_DUNDER or (name.endswith("_") and not name.endswith("__")):
+            kind = 2
+        elif name in _DATA_SHAPE:
+            kind = 3
+        else:
+            kind = 1
+        k = _KIND[func] = (name, kind)
+    return k
+
+
+def _plain_result(v) -> bool:
+    t = type(v)
+    if t in _PLAIN or t is torch.Size or t is torch.dtype:
+        return True
+    if t is tuple or t is list:
+        return all(_plain_result(x) for x in v)
+    return False
+
+
+class _Recorder(TorchFunctionMode):
+    """Records the torch operations of one program run (see the module docstring)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ids: dict = {}  # id(tensor) -> (weakref, value number)
+        self.nvals = 0
+        self.inputs: list = []  # value numbers of the GM argument data, then the heap storage
+        self.consts: dict = {}  # value number -> tensor made before the run (kept by reference)
+        self.protected: set = set()  # storage pointers the program must not write (In arguments, constants)
+        self.ops: list = []  # (func, args template, kwargs template, outputs, guard kind, guard value, big outputs)
+        self.bad = None
+        self.ret = None
+
+    def wrap(self, fn):
+        """``fn`` (the kernel body) run under this recorder, its GM arguments and the heap as inputs."""
+        rec = self
+
+        def recorded(*values):
+            prog = _ctx.state.program
+            for v in values:
+                if isinstance(v, GMTensor):
+                    rec.inputs.append(rec._new(v.data))
+                    if v.buf.readonly:
+                        rec.protected.add(v.data.untyped_storage().data_ptr())
+            rec.inputs.append(rec._new(prog.heap.storage))
+            with rec:
+                ret = fn(*values)
+            rec.ret = ret
+            return ret
+        return recorded
+
+    def _new(self, t) -> int:
+        i = self.nvals
+        self.nvals += 1
+        self.ids[id(t)] = (weakref.ref(t), i)
+        return i
+
+    def _val(self, t) -> _V:
+        e = self.ids.get(id(t))
+        if e is not None and e[0]() is t:
+            return _V(e[1])
+        i = self._new(t)  # made before the run (a module constant, a config's tensor): by reference
+        self.consts[i] = t
+        self.protected.add(t.untyped_storage().data_ptr())
+        return _V(i)
+
+    def _enc(self, x):
+        if isinstance(x, torch.Tensor):
+            return self._val(x)
+        t = type(x)
+        if t is tuple or t is list:
+            items = [self._enc(y) for y in x]
+            if any(type(y) is _V or type(y) is _Seq for y in items):
+                return _Seq(t, items)
+            return x
+        if t is dict or (t is slice and any(isinstance(y, torch.Tensor) for y in (x.start, x.stop, x.step))):
+            self.bad = f"a {t.__name__} argument holding tensors"
+        return x
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name, kind = _func_kind(func)
+        if kind == 0 or self.bad is not None:
+            return func(*args, **kwargs)
+        if "generator" in kwargs:
+            self.bad = f"{name} with a generator= (its state is not replayed)"
+            return func(*args, **kwargs)
+        if kind == 2 or "out" in kwargs:
+            dst = kwargs.get("out", args[0] if args else None)
+            if isinstance(dst, torch.Tensor) and dst.untyped_storage().data_ptr() in self.protected:
+                self.bad = f"{name} writes into a tensor the program did not create"
+        a = [self._enc(x) for x in args]
+        kw = {k: self._enc(v) for k, v in kwargs.items()}
+        if kind == 1 and name == "__getitem__" and len(args) > 1:
+            idx = args[1] if type(args[1]) is tuple else (args[1],)
+            if any(isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in idx):
+                kind = 3
+        try:
+            res = func(*args, **kwargs)
+        except BaseException:
+            self.bad = f"{name} raised"
+            raise
+        if isinstance(res, torch.Tensor):
+            e = self.ids.get(id(res))
+            if e is not None and e[0]() is res:
+                outs = e[1]  # an in-place operation returning its input, or a view cached by torch
+                fresh = None
+            else:
+                outs = self._new(res)
+                fresh = outs
+            guard = tuple(res.shape) if kind == 3 else None
+            big = (fresh,) if fresh is not None and res.numel() * res.element_size() > 65536 else ()
+            self.ops.append((func, a, kw, outs, 2 if kind == 3 else 0, guard, big))
+        elif type(res) in (tuple, list) or isinstance(res, tuple) and all(isinstance(y, torch.Tensor) for y in res):
+            if all(isinstance(y, torch.Tensor) for y in res):
+                outs = []
+                for y in res:
+                    e = self.ids.get(id(y))
+                    outs.append(e[1] if e is not None and e[0]() is y else self._new(y))
+                guard = tuple(tuple(y.shape) for y in res) if kind == 3 else None
+                self.ops.append((func, a, kw, tuple(outs), 2 if kind == 3 else 0, guard, ()))
+            elif name == "tolist" and type(res) is list:
+                # pl.read keeps a tile's values as a list: guard only the elements the program reads
+                acc = _Access()
+                res = _tracked(res, acc, ())
+                self.ops.append((func, a, kw, None, 4, acc, ()))
+            elif _plain_result(res):
+                self.ops.append((func, a, kw, None, 1, res, ()))
+            else:
+                self.bad = f"{name} returned {type(res).__name__} mixing tensors and other values"
+        elif _plain_result(res):
+            self.ops.append((func, a, kw, None, 1 if res is not None else 0, res, ()))
+        else:
+            self.bad = f"{name} returned a {type(res).__name__}"
+        return res
+
+    # ---- the trace --------------------------------------------------------------------------
+    def _ret_spec(self, prog, ret):
+        if isinstance(ret, GMTensor):
+            for k, (p, caller, g) in enumerate(prog.args):
+                if g.buf is ret.buf and ret.data.data_ptr() == g.data.data_ptr() and ret.shape == g.shape:
+                    return ("arg", k)
+            e = self.ids.get(id(ret.data))
+            if e is None or e[0]() is not ret.data:
+                raise _Unreplayable("the returned tensor was not recorded")
+            return ("clone", e[1])
+        if type(ret) in (tuple, list):
+            return (type(ret), [self._ret_spec(prog, r) for r in ret])
+        if _plain_value(ret):
+            return ("value", ret)
+        raise _Unreplayable(f"the kernel returned a {type(ret).__name__}")
+
+    def finish(self, prog) -> "_Trace | None":
+        """The replayable trace of the finished program ``prog``, or None."""
+        if self.bad is not None:
+            return None
+        ret = self._ret_spec(prog, self.ret)
+        return _Trace(self, prog, ret)
+
+
+class _Access:
+    """The elements of a recorded ``tolist`` result the program looked at: ``{index path: value}``,
+    or ``whole`` when it used the list another way than by int subscripts."""
+
+    __slots__ = ("seen", "whole", "value")
+
+    def __init__(self):
+        self.seen: dict = {}
+        self.whole = False
+        self.value = None
+
+
+def _whole(method):
+    def f(self, *a, **k):
+        self._acc.whole = True
+        return getattr(list, method)(self, *a, **k)
+    f.__name__ = method
+    return f
+
+
+class _TList(list):
+    """A ``tolist`` result that notes which elements the program reads (see :class:`_Access`)."""
+
+    __slots__ = ("_acc", "_path")
+
+    def __getitem__(self, i):
+        if type(i) is not int:
+            self._acc.whole = True
+            return list.__getitem__(self, i)
+        v = list.__getitem__(self, i)
+        if type(v) is not _TList:
+            self._acc.seen[self._path + (i % len(self),)] = v
+        return v
+
+    for _m in ("__iter__", "__reversed__", "__contains__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__",
+               "__ge__", "__add__", "__mul__", "__rmul__", "__repr__", "__str__", "index", "count", "copy",
+               "__setitem__", "__delitem__", "append", "extend", "insert", "pop", "remove", "sort", "reverse",
+               "__iadd__", "__imul__", "clear", "__reduce_ex__"):
+        locals()[_m] = _whole(_m)
+    del _m
+
+
+def _tracked(lst: list, acc: _Access, path: tuple) -> _TList:
+    acc.value = lst if not path else acc.value
+    out = _TList(_tracked(x, acc, path + (k,)) if type(x) is list else x for k, x in enumerate(lst))
+    out._acc, out._path = acc, path
+    return out
+
+
+def _same(a, b) -> bool:
+    """``a == b`` with NaN equal to NaN (guard values: what the program saw)."""
+    if a == b:
+        return True
+    ta = type(a)
+    if ta is float and type(b) is float:
+        return a != a and b != b
+    if ta in (list, tuple, _TList) and type(b) in (list, tuple, _TList) and len(a) == len(b):
+        return all(_same(x, y) for x, y in zip(a, b))
+    return False
+
+
+def _uses(x, out):
+    t = type(x)
+    if t is _V:
+        out.append(x.i)
+    elif t is _Seq:
+        for y in x.items:
+            _uses(y, out)
+
+
+def _ret_uses(spec, out):
+    if spec[0] == "clone":
+        out.append(spec[1])
+    elif spec[0] in (tuple, list):
+        for s in spec[1]:
+            _ret_uses(s, out)
+
+
+_CHUNK = 2000
+
+
+class _Trace:
+    """Straight-line replay code of one recording, the recorded graph and statistics."""
+
+    def __init__(self, rec: _Recorder, prog: Program, ret_spec):
+        ops = rec.ops
+        inputs = rec.inputs
+        n_ops = len(ops)
+        end = n_ops + 1
+        last: dict = {}
+        for i, (_f, a, kw, outs, _gk, _g, _b) in enumerate(ops):
+            used: list = []
+            for x in a:
+                _uses(x, used)
+            for x in kw.values():
+                _uses(x, used)
+            if type(outs) is int:
+                used.append(outs)
+            for v in used:
+                last[v] = i
+        keep: list = []
+        _ret_uses(ret_spec, keep)
+        for v in keep:
+            last[v] = end
+        for v in inputs:
+            last[v] = end
+        # registers: the inputs first, then every value in a free register from its definition to its last use
+        reg = {v: k for k, v in enumerate(inputs)}
+        free: list = []
+        nregs = len(inputs)
+        glob = {"D": _Diverged, "S": _same}
+        names: dict = {}
+
+        def const(obj) -> str:
+            key = id(obj)
+            nm = names.get(key)
+            if nm is None:
+                nm = names[key] = f"c{len(names)}"
+                glob[nm] = obj
+                glob["_keep" + nm] = obj  # keeps the object (and so its id) alive
+            return nm
+
+        def expr(x) -> str:
+            t = type(x)
+            if t is _V:
+                c = rec.consts.get(x.i)
+                return const(c) if c is not None else f"r[{reg[x.i]}]"
+            if t is _Seq:
+                inner = ", ".join(expr(y) for y in x.items)
+                return f"({inner},)" if x.kind is tuple else f"[{inner}]"
+            if t is int or t is bool or x is None or t is str:
+                return repr(x)
+            if t is float and math.isfinite(x):
+                return repr(x)
+            if (t is tuple or t is list) and all(type(y) is int for y in x):
+                inner = ", ".join(map(repr, x))
+                return (f"({inner},)" if t is tuple else f"[{inner}]") if x else ("()" if t is tuple else "[]")
+            return const(x)
+
+        lines: list = []
+        starts: list = []  # the first line of each operation
+        bigvals = {v for op in ops for v in op[6]}
+        for i, (f, a, kw, outs, gk, g, big) in enumerate(ops):
+            call = const(f) + "(" + ", ".join([expr(x) for x in a] + [f"{k}={expr(v)}" for k, v in kw.items()]) + ")"
+            used: list = []
+            for x in a:
+                _uses(x, used)
+            for x in kw.values():
+                _uses(x, used)
+            starts.append(len(lines))
+            # registers of values used for the last time here: freed after this operation's results
+            # have theirs (so a kill below never hits a result)
+            dying = [v for v in dict.fromkeys(used) if last.get(v) == i and v in reg and v not in rec.consts]
+            kills = [reg[v] for v in dying if v in bigvals]
+            if gk in (1, 4):
+                for v in dying:
+                    free.append(reg.pop(v))
+            if gk == 1:
+                if type(g) is float and g != g:
+                    lines.append(f"_ = {call}")
+                    lines.append(f"if _ == _: raise D({i})")
+                elif _literal(g):
+                    lines.append(f"if {call} != {expr(g)}: raise D({i})")
+                else:
+                    lines.append(f"if not S({call}, {const(g)}): raise D({i})")
+                continue
+            if gk == 4:  # a tolist whose read elements are guarded
+                lines.append(f"_ = {call}")
+                if g.whole:
+                    lines.append(f"if not S(_, {const(g.value)}): raise D({i})")
+                else:
+                    conds = []
+                    for path, v in g.seen.items():
+                        el = "_" + "".join(f"[{k}]" for k in path)
+                        if type(v) is float and v != v:
+                            conds.append(f"{el} == {el}")
+                        elif _literal(v):
+                            conds.append(f"{el} != {expr(v)}")
+                        else:
+                            conds.append(f"not S({el}, {const(v)})")
+                    if conds:
+                        lines.append(f"if {' or '.join(conds)}: raise D({i})")
+                continue
+            targets = []
+            for v in ((outs,) if type(outs) is int else outs or ()):
+                if v in reg or last.get(v, -1) <= i:
+                    targets.append("_")
+                    continue
+                if free:
+                    reg[v] = free.pop()
+                else:
+                    reg[v] = nregs
+                    nregs += 1
+                targets.append(f"r[{reg[v]}]")
+            if type(outs) is int:
+                if gk == 2:
+                    lines.append(f"_ = {call}")
+                    lines.append(f"if tuple(_.shape) != {const(g)}: raise D({i})")
+                    if targets[0] != "_":
+                        lines.append(f"{targets[0]} = _")
+                elif targets[0] == "_":
+                    lines.append(call)
+                else:
+                    lines.append(f"{targets[0]} = {call}")
+            elif outs is None:
+                lines.append(call)
+            else:
+                lines.append(f"_ = {call}")
+                if gk == 2:
+                    lines.append(f"if tuple(tuple(y.shape) for y in _) != {const(g)}: raise D({i})")
+                for k, tg in enumerate(targets):
+                    if tg != "_":
+                        lines.append(f"{tg} = _[{k}]")
+            for v in dying:
+                free.append(reg.pop(v))
+            for k in kills:  # large values used for the last time: let them go now
+                lines.append(f"r[{k}] = None")
+        src = []
+        chunks = []
+        starts.append(len(lines))
+        c0 = 0
+        for s1 in starts[1:]:  # chunks of about _CHUNK lines, split between the lines of two operations
+            if s1 - c0 < _CHUNK and s1 != len(lines):
+                continue
+            nm = f"_chunk{len(chunks)}"
+            chunks.append(nm)
+            body = lines[c0:s1] or ["pass"]
+            src.append(f"def {nm}(r):\n    " + "\n    ".join(body) + "\n")
+            c0 = s1
+        if not chunks:
+            chunks.append("_chunk0")
+            src.append("def _chunk0(r):\n    pass\n")
+        code = compile("\n".join(src), f"<pto replay of {prog.name}>", "exec")
+        exec(code, glob)  # noqa: S102 - code generated above from the recording
+        self.chunks = [glob[nm] for nm in chunks]
+        self.nregs = nregs
+        self.input_regs = [reg_of for reg_of in range(len(inputs))]
+        self.out_regs = {v: reg[v] for v in keep}
+        self.ret_spec = ret_spec
+        self.n_ops = n_ops
+        self.template = _Template(prog)
+
+
+def _literal(v) -> bool:
+    t = type(v)
+    if t is int or t is bool or v is None or t is str:
+        return True
+    return t is float and math.isfinite(v)
+
+
+# ---- the recorded graph -------------------------------------------------------------------------
+class _Template:
+    """The recorded run's graph, buffers and statistics, without its tensors."""
+
+    def __init__(self, prog: Program):
+        s = prog.stats
+        self.stats = {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if not f.name.startswith("_")}
+        self.edges = s.edges
+        self.buffers = []
+        for b in prog.buffers:
+            nb = copy.copy(b)
+            nb.data = nb.shadow = nb.program = None
+            nb.pending = None
+            self.buffers.append(nb)
+        bmap = {id(b): nb for b, nb in zip(prog.buffers, self.buffers)}
+        self.tasks = [_copy_task(t, bmap, None) for t in prog.graph.tasks]
+        self.orch_reads = prog.orch_reads
+        self.dyn_dims = getattr(prog, "dyn_dims", {})
+
+
+def _copy_task(t: Task, bmap: dict, prog) -> Task:
+    nt = Task(t.id, t.name, t.kind, t.site, t.n_blocks, list(t.explicit), t.manual)
+    nt.preds = set(t.preds)
+    nt.wall_ns = t.wall_ns
+    for blk in t.blocks:
+        nb = Block(nt, blk.idx, blk.phase)
+        nb.ops, nb.flops, nb.bytes, nb.cube, nb.fp = blk.ops, blk.flops, blk.bytes, blk.cube, None
+        nt.blocks.append(nb)
+    g = t.grouped
+    if type(g) is list:
+        nt.grouped = [(bmap[id(buf)], box, kind) for buf, box, kind in g]
+    elif g:
+        nt.grouped = {bmap[id(buf)]: [None if x is None else list(x) for x in kinds] for buf, kinds in g.items()}
+    return nt
+
+
+class ReplayedProgram(Program):
+    """A :class:`Program` whose torch work was replayed from a recording (see the module
+    docstring). ``replayed`` is True; ``graph``, ``buffers`` and ``args`` are built on first access."""
+
+    replayed = True
+
+    def __getattr__(self, name):
+        if name in ("graph", "buffers", "args"):
+            self._materialize()
+            return object.__getattribute__(self, name)
+        raise AttributeError(name)
+
+    def _materialize(self) -> None:
+        tpl = self._template
+        bufs = []
+        arg_data = iter(self._gm)
+        for b in tpl.buffers:
+            nb = copy.copy(b)
+            nb.program = self
+            if b.kind == "arg":
+                nb.data = next(arg_data)
+            else:
+                nb.data = self.heap.storage[b.offset:b.offset + b.nbytes].view(b.dtype).view(list(b.shape))
+            bufs.append(nb)
+        bmap = {id(b): nb for b, nb in zip(tpl.buffers, bufs)}
+        graph = TaskGraph()
+        graph.tasks = [_copy_task(t, bmap, self) for t in tpl.tasks]
+        self.graph = graph
+        self.buffers = bufs
+        self.args = [(p, caller, GMTensor(d, nb, p.name)) for (p, caller), d, nb
+                     in zip(self._params, self._gm, [b for b in bufs if b.kind == "arg"])]
+
+
+Program.replayed = False
+
+
+def _replay(trace: _Trace, jf, params, cfg) -> Program | None:
+    """Replay ``trace`` for the bound ``params``; None when a guard diverged (nothing the caller
+    sees was written)."""
+    st = _ctx.state
+    if st.program is not None:
+        raise DslError(f"program {jf.__name__} started while another program is running")
+    t0 = time.perf_counter_ns()
+    regs = [None] * trace.nregs
+    gm = []
+    tparams = []
+    k = 0
+    for p in params:
+        if isinstance(p.ann, TensorType):
+            t = p.value
+            d = t.clone() if p.ann.direction in (OUT, INOUT) else t
+            regs[k] = d
+            gm.append(d)
+            tparams.append((p, t))
+            k += 1
+    heap = RingHeap(cfg.heap_bytes)
+    regs[k] = heap.storage
+    try:
+        for ch in trace.chunks:
+            ch(regs)
+    except _Diverged:
+        return None
+    except Exception:  # noqa: BLE001 - whatever failed, the plain run reproduces it with its context
+        _count("errors")
+        return None
+    finally:
+        heap.release()
+    for (p, caller), d in zip(tparams, gm):
+        if p.ann.direction in (OUT, INOUT):
+            caller.copy_(d)
+    prog = ReplayedProgram.__new__(ReplayedProgram)
+    prog.jf, prog.name, prog.config, prog.check = jf, jf.__name__, cfg, False
+    prog.heap = heap
+    prog._template, prog._gm, prog._params = trace.template, gm, tparams
+    prog.result = _ret_value(trace, trace.ret_spec, regs, tparams)
+    s = ProgramStats(**trace.template.stats)
+    s.edges = trace.template.edges
+    prog.stats = s
+    prog.dyn_dims = trace.template.dyn_dims
+    prog.orch_reads = trace.template.orch_reads
+    prog.dropped_init, prog.atomic_reordered = [], {}
+    prog.races = prog.sanitizer = prog.cur_task = prog.cur_block = prog.left_early = None
+    prog.manual = False
+    prog._t0 = t0
+    s.wall_us = (time.perf_counter_ns() - t0) / 1e3
+    return prog
+
+
+def _ret_value(trace, spec, regs, tparams):
+    kind = spec[0]
+    if kind == "arg":
+        return tparams[spec[1]][1]
+    if kind == "clone":
+        return regs[trace.out_regs[spec[1]]].clone()
+    if kind == "value":
+        return spec[1]
+    return kind(_ret_value(trace, s, regs, tparams) for s in spec[1])
