@@ -36,8 +36,8 @@ def test_rejected_world_sizes_start_no_process(ckpt, capsys, monkeypatch, extra,
 
 
 def test_ep_needs_the_kernel_path(ckpt, capsys):
-    assert main(["generate", ckpt, "--input-ids", "5 17", "--ep", "2"]) == 2
-    assert "--ep 2: expert parallelism runs on the kernel path (--weights int8)" in capsys.readouterr().err
+    assert main(["generate", ckpt, "--input-ids", "5 17", "--backend", "golden", "--ep", "2"]) == 2
+    assert "--ep 2: expert parallelism runs on the kernel path (not --backend golden)" in capsys.readouterr().err
 
 
 def test_ep_rejects_mtp(ckpt, capsys):
@@ -79,19 +79,6 @@ def _no_spawn(monkeypatch):
 
 def _error_lines(err: str) -> list:
     return [ln for ln in err.splitlines() if ln.strip()]
-
-
-@pytest.mark.parametrize("inputs, needle", [
-    (["--input-ids", "5 17 512"], "BindError: generate: request 0 token 2 = 512 is outside the vocabulary [0, 512)"),
-    (["--input-ids", " "], "BindError: generate: request 0 has an empty prompt"),
-    (["--input-ids", " ".join(["5"] * 62)],
-     "CapacityError: generate: request 0 needs 62 prompt + 3 new tokens, more than the deployment's max_context=64"),
-])
-def test_bad_prompts_are_one_error_before_any_rank_starts(ckpt, capsys, monkeypatch, inputs, needle):
-    _no_spawn(monkeypatch)
-    args = [a for a in ARGS if a not in ("--input-ids", "5 17 300")]
-    assert main(["generate", ckpt, *inputs, *args, "--ep", "2"]) == 2
-    assert _error_lines(capsys.readouterr().err) == [f"error: {needle}"]
 
 
 def test_bad_checkpoint_is_one_error_before_any_rank_starts(tmp_path, capsys, monkeypatch):
