@@ -12,8 +12,8 @@ and MoE block -> hc_head / final norm / lm_head) under ``RunConfig(execute=False
   :class:`~pto.models.deepseek_v4.cache.Cache` of the deployment (its pages, block tables and
   slot mappings), positions, token ids;
 * routing is **balanced** (the reference's balanced-routing option, ``moe.py
-  --balanced-routing``): the hash table sends route ``(t, k)`` of token id ``t`` to expert
-  ``(t * K + k) mod E`` and the learned layers' routes (the ``indices`` allocation of
+  --balanced-routing``): the token ids are ``0 .. T-1``, the hash table sends route ``(t, k)``
+  of token id ``t`` to expert ``(t * K + k) mod E`` and the learned layers' routes (the ``indices`` allocation of
   ``moe.py``, an allocation assumption) are ``(row * K + k) mod E``: the step's ``T * K``
   routes spread evenly over the experts, a token's ``K`` experts distinct;
 * the CSA indexer's top-k over shape-only scores takes the first ``index_topk`` visible
@@ -386,7 +386,7 @@ def _step(phase: str, cfg, dep: DeploymentConfig, B: int, S: int, context: int, 
     largs = [a for i in range(kcfg.num_hidden_layers)
              for a in KernelModel.layer_args(inputs, i, rids, pos, prefill)]
     T = B * S
-    ids = (torch.arange(T) * 7919 % kcfg.vocab_size).to(torch.int64)
+    ids = (torch.arange(T) % kcfg.vocab_size).to(torch.int64)  # ids 0..T-1: the hash layers' routes balanced too
     V, D, N = kcfg.vocab_size, kcfg.hidden_size, kcfg.hc_mult
     head_w = [_meta((N, N * D), torch.float32), _meta((1,), torch.float32), _meta((N,), torch.float32),
               _meta((D,), torch.bfloat16), _meta((V, D), torch.bfloat16)]
