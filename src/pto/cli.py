@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import gc
 import copy
 import importlib
 import math
@@ -507,6 +508,7 @@ def cmd_demo(args) -> int:
                 preset = capped_preset(args.preset, case.max_preset) if case.group == "model" else args.preset
                 bar.update(job, description=f"{case.name} {mode} ({preset})")
                 rows.append(_demo_row(case, mode, preset, args))
+                gc.collect()  # a finished row is reference cycles (its Program) holding its inputs: 1 GiB FLASH tables
                 bar.advance(job)
     wall_s = time.perf_counter() - t_start
     n_pass = sum(r["status"] == "PASS" for r in rows)

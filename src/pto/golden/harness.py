@@ -212,6 +212,31 @@ def resolve_outputs(fn, specs) -> list:
     return out
 
 
+def _shared_inputs(fn, specs, values: dict) -> dict:
+    """``{name: version}`` of the tensors the golden can read in place instead of a clone: every
+    tensor of a parameter annotated ``pl.Tensor`` (direction In, so the kernel cannot write
+    it), with its torch version counter (bumped by every in-place write, also through a view)
+    so that a golden writing one is caught. A table the kernel only reads (a FLASH vocab table
+    is 1 GiB in BF16) is then held once, not twice. Outputs, scalars, parameters of a kernel
+    without a signature and tensors without a version counter (inference-mode) are cloned."""
+    from pto.language.typing import IN, TensorType
+    sig = getattr(fn, "signature", None)
+    if sig is None:
+        return {}
+    anns = sig()[1]
+    shared = {}
+    for s in specs:
+        ann = anns.get(s.name)
+        v = values.get(s.name)
+        if isinstance(s, TensorSpec) and not s.is_output and isinstance(ann, TensorType) and ann.direction == IN \
+                and isinstance(v, torch.Tensor):
+            try:
+                shared[s.name] = v._version
+            except RuntimeError:  # an inference tensor has no version counter: clone it
+                continue
+    return shared
+
+
 def run_jit(fn, specs, golden_fn=None, compare_fn=None, rtol: float = 1e-5, atol: float = 1e-5,
             check: bool = True, golden_data: str | None = None, save_data: str | None = None,
             seed: int | None = 0, config: RunConfig | None = None) -> RunResult:
@@ -220,8 +245,10 @@ def run_jit(fn, specs, golden_fn=None, compare_fn=None, rtol: float = 1e-5, atol
     Args:
         fn: a ``@pl.jit`` function whose parameters are ``specs`` in order.
         specs: TensorSpec / ScalarSpec list in parameter order.
-        golden_fn: ``golden_fn(values)`` fills the output entries of a dict of
-            clones (pure outputs start as zeros, scalars are Python values).
+        golden_fn: ``golden_fn(values)`` fills the output entries of a dict of the
+            inputs (pure outputs start as zeros, scalars are Python values): clones of the
+            outputs, and the kernel's own tensors of the read-only (``pl.Tensor``, direction
+            In) inputs, which the golden must not write (a GoldenError says which it wrote).
         compare_fn: {output name: compare function}; others use exact compare
             (integer outputs) or ``allclose(atol, rtol)``.
         check: run the kernel in check mode (sanitizer + race checker).
@@ -241,7 +268,7 @@ def run_jit(fn, specs, golden_fn=None, compare_fn=None, rtol: float = 1e-5, atol
             an ``is_output=None`` spec without a tensor annotation (:func:`resolve_outputs`).
         ConfigError: a ``compare_fn`` key that is not an output spec name.
         GoldenError: ``golden_fn`` raised an exception that is not a PtoError (a PtoError
-            it raises propagates as is).
+            it raises propagates as is), or wrote a read-only input in place.
         GoldenDataError: bad golden data.
     """
     _check_spec_names(fn, specs)
@@ -274,17 +301,24 @@ def run_jit(fn, specs, golden_fn=None, compare_fn=None, rtol: float = 1e-5, atol
             values[s.name] = s.to_python() if isinstance(s, ScalarSpec) else s.create_tensor()
         golden_ms = 0.0
         if golden_fn is not None:
-            gvals = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
+            shared = _shared_inputs(fn, specs, values)
+            gvals = {k: (v.clone() if isinstance(v, torch.Tensor) and k not in shared else v)
+                     for k, v in values.items()}
+            name = getattr(golden_fn, "__qualname__", None) or getattr(golden_fn, "__name__", None) or repr(golden_fn)
             t0 = time.perf_counter()
             try:
                 golden_fn(gvals)
             except PtoError:
                 raise
             except Exception as e:  # noqa: BLE001 - any failure of user golden code
-                name = getattr(golden_fn, "__qualname__", None) or getattr(golden_fn, "__name__", None) or repr(golden_fn)
                 raise GoldenError(f"run_jit {getattr(fn, '__name__', fn)}: the golden {name} raised "
                                   f"{type(e).__name__}: {e}") from e
             golden_ms = (time.perf_counter() - t0) * 1e3
+            written = [k for k, ver in shared.items() if values[k]._version != ver]
+            if written:  # the kernel would run on the golden's writes: stop before it does
+                raise GoldenError(f"run_jit {getattr(fn, '__name__', fn)}: the golden {name} wrote its read-only "
+                                  f"input(s) {written} in place (inputs of pl.Tensor parameters are shared with "
+                                  f"the kernel, not cloned); compute into new tensors or clone them first")
             expected = {s.name: gvals[s.name] for s in specs if isinstance(s, TensorSpec) and s.is_output}
         if save_data is not None:
             ins = {s.name: (torch.tensor(values[s.name], dtype=s.dtype) if isinstance(s, ScalarSpec)
