@@ -12,8 +12,9 @@ from pto.models.deepseek_v4.layer import KernelModel
 from pto.models.deepseek_v4.weights import open_checkpoint
 from pto.runtime import distributed as dist
 
-# chunk 2: rank 0 owns requests 0 (3 chunks) and 1 (1 chunk), rank 1 requests 2 (2) and 3 (1)
-PROMPTS = [[5, 17, 300, 4, 9], [7], [100, 1, 2], [42]]
+# chunk 2, owners round robin: rank 0 owns requests 0 (3 chunks) and 2 (1 chunk), rank 1
+# requests 1 (2 chunks) and 3 (1)
+PROMPTS = [[5, 17, 300, 4, 9], [7, 8, 9], [100], [42]]
 
 
 def test_prefill_rounds_of_unequal_chunk_counts_bit_identical(tmp_path):

@@ -99,7 +99,7 @@ def _generate_ep(tmp_path, ep, max_new, check, weight_format="int8"):
         # so 6 layers x (4 / ep prefill rounds + (max_new - 1) decode steps) MoE programs on every rank
         assert got["programs"]["moe_ep"] == 6 * (4 // ep + max_new - 1)
         assert got["programs"]["lm_head_ep"] == 4 // ep + max_new - 1
-        # attention runs on the owner only (EP2: rank r owns requests 2r, 2r + 1)
+        # attention runs on the owner only (EP2: rank r owns requests r, r + 2)
         assert got["programs"]["prefill_attention_swa"] == 2 * (4 // ep)  # 2 SWA layers
     return ref
 

@@ -3,9 +3,9 @@ LM head vocabulary parallel (docs/distributed.md; pypto-lib `models/deepseek/v4-
 
 :class:`EPModel` is a :class:`KernelModel` for one rank of a ``pld`` world of ``N`` ranks
 (``pto.runtime.distributed.init``), with the interface :func:`generate` drives. Every rank runs
-the same generate loop over the same prompts; a request belongs to one rank (contiguous
-blocks in creation order: with 4 requests and 2 ranks, requests 0-1 on rank 0 and 2-3 on
-rank 1), which alone runs its embedding and attention and holds its cache pages. Per layer:
+the same generate loop over the same prompts; a request belongs to one rank (round robin in
+creation order: with 4 requests and 2 ranks, requests 0 and 2 on rank 0, 1 and 3 on rank 1),
+which alone runs its embedding and attention and holds its cache pages. Per layer:
 
 * attention: the owner's ``prefill_attention_*`` / ``decode_attention_*`` program on its own
   requests' rows (prefill: each rank one chunk of its own requests per round,
@@ -108,9 +108,10 @@ class EPModel(KernelModel):
 
     # ---- requests and weights -------------------------------------------------------------------
     def new_state(self) -> KernelState:
-        """A new request, owned by rank ``k * N // max_requests`` for the ``k``-th request made."""
+        """A new request, owned by rank ``k mod N`` for the ``k``-th request made (round robin:
+        any number of requests, and every later generate call, spread evenly)."""
         st = super().new_state()
-        self._owner[st.rid] = min(self.ep - 1, self._made * self.ep // self.deployment.max_requests)
+        self._owner[st.rid] = self._made % self.ep
         self._made += 1
         return st
 
