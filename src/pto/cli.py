@@ -799,6 +799,58 @@ def _graph_args(p):
     out.add_argument("--json", action="store_true",
                      help="print one JSON document with the same figures instead of the table (keys: docs/cli.md)")
     add_graph_only_arg(p)
+    next(a for a in p._actions if a.dest == "target").nargs = "?"  # not with --model
+    p.add_argument("--model", default=None, metavar="PRESET",
+                   help="instead of a kernel: the whole DeepSeek-V4 step of this preset (flash, tiny, ...) in "
+                        "graph-only mode, per-stage tasks, edges and heap (docs/graph_only.md)")
+    p.add_argument("--stage", choices=("decode", "prefill"), default="decode",
+                   help="with --model: one decode step of the deployment's batch (default) or a prefill chunk")
+    p.add_argument("--tokens", type=int, default=128, help="with --model --stage prefill: chunk tokens (default 128)")
+    p.add_argument("--context", type=int, default=None,
+                   help="with --model: tokens each request held before the step (decode default "
+                        "min(4096, max_context / 2), prefill 0)")
+    p.add_argument("--layers", action="store_true", help="with --model: one row per layer stage, not per stage kind")
+
+
+def _model_graph(args) -> int:
+    """``pto graph --model PRESET [--stage decode|prefill] [--tokens N] [--context N] [--layers]
+    [--json]`` (:mod:`pto.models.deepseek_v4.graph_only`): the step's task graph without computing
+    float data; per stage kind (or per layer stage) tasks, edges, edges per task, blocks, heap
+    peak, the total beside the reference device graph."""
+    from pto.models.deepseek_v4.graph_only import REFERENCE_DECODE_TASKS, decode_step_graph, prefill_graph
+    from pto.views import stats_doc, to_json
+    if args.target or args.footprints or args.buffer or args.task or args.dot or args.preset or args.mode:
+        raise ConfigError("pto graph --model builds the whole model step: it takes no kernel, --preset, --mode, "
+                          "--footprints, --buffer, --task or --dot")
+    _check_preset(args.model)
+    if args.stage == "decode":
+        g = decode_step_graph(args.model, context=args.context)
+    else:
+        g = prefill_graph(args.model, tokens=args.tokens, context=args.context or 0)
+    stages = g.stages if args.layers else g.by_kind()
+    if args.json:
+        doc = {"model": args.model, "stage": args.stage, "tokens": g.tokens, "requests": g.requests,
+               "context": g.context, "build_s": round(g.wall_s, 3), "stats": stats_doc(g.stats),
+               "stages": [{"name": s.name, "count": s.kernels.get("layers", 1), "tasks": s.tasks, "edges": s.edges,
+                           "edges_per_task": round(s.edges_per_task, 3), "blocks": s.blocks,
+                           "heap_peak_bytes": s.heap_peak_bytes} for s in stages]}
+        if args.stage == "decode" and g.cfg.name == "flash":
+            doc["reference_tasks"] = REFERENCE_DECODE_TASKS
+        print(to_json(doc))
+        return 0
+    lines = g.summary()
+    if args.layers:
+        t = Table(title=lines[0], title_justify="left")
+        for col in ("stage", "tasks", "edges", "edges/task", "blocks", "heap peak"):
+            t.add_column(col, justify="left" if col == "stage" else "right")
+        for s in stages:
+            t.add_row(s.name, str(s.tasks), str(s.edges), f"{s.edges_per_task:.2f}", str(s.blocks),
+                      fmt_bytes(s.heap_peak_bytes))
+        console().print(t)
+        lines = lines[next(i for i, ln in enumerate(lines) if ln.startswith("total")):]
+    for line in lines:
+        console().print(line, highlight=False, markup=False)
+    return 0
 
 
 @command("graph", "run a kernel and print its tasks and edges", _graph_args)
@@ -808,6 +860,10 @@ def cmd_graph(args) -> int:
     footprints), as ``--json`` (:func:`pto.views.graph_doc`) or as ``--dot``
     (:func:`pto.views.graph_dot`)."""
     from pto.views import graph_doc, graph_dot, to_json
+    if args.model:
+        return _model_graph(args)
+    if not args.target:
+        raise ConfigError("pto graph: name a kernel (or MODULE:FUNCTION), or --model PRESET for the whole model step")
     target = _target_from_args(args)
     prog = target.run_program(check=False, execute=not args.graph_only)
     title = _graph_only_title(target.title, args)
@@ -1267,69 +1323,6 @@ def cmd_generate(args) -> int:
 
 
 # ---- entry point -------------------------------------------------------------------------
-
-def _model_graph_args(p):
-    p.add_argument("--preset", default="flash", help="model and deployment preset (default flash)")
-    p.add_argument("--stage", choices=("decode", "prefill"), default="decode",
-                   help="one decode step of the deployment's batch (default) or a prefill chunk")
-    p.add_argument("--tokens", type=int, default=128, help="prefill chunk length in tokens (default 128)")
-    p.add_argument("--context", type=int, default=None,
-                   help="tokens each request held before the step (decode default min(4096, max_context/2); "
-                        "prefill default 0)")
-    p.add_argument("--layers", action="store_true", help="one row per layer stage instead of per stage kind")
-    p.add_argument("--sim", default=None, metavar="MACHINE", help="also simulate the step on MACHINE (a2a3 or a5)")
-    add_json_arg(p)
-
-
-@command("model-graph", "build a whole DeepSeek-V4 decode step or prefill chunk in graph-only mode; per-stage "
-                        "tasks, edges and heap", _model_graph_args)
-def cmd_model_graph(args) -> int:
-    """``pto model-graph [--preset flash] [--stage decode|prefill] [--tokens N] [--context N] [--layers]
-    [--sim MACHINE] [--json]`` (:mod:`pto.models.deepseek_v4.graph_only`): the step's task graph
-    without computing float data; per stage kind (or per layer stage) tasks, edges, edges per
-    task, blocks, heap peak; the total beside the reference device graph."""
-    from pto.models.deepseek_v4.graph_only import REFERENCE_DECODE_TASKS, decode_step_graph, prefill_graph
-    from pto.views import stats_doc, to_json
-    _check_preset(args.preset)
-    if args.stage == "decode":
-        g = decode_step_graph(args.preset, context=args.context)
-    else:
-        g = prefill_graph(args.preset, tokens=args.tokens, context=args.context or 0)
-    sim = None
-    if args.sim:
-        from pto.runtime.simulate import get_machine, simulate
-        sim = simulate(g.program, get_machine(args.sim))
-    stages = g.stages if args.layers else g.by_kind()
-    if args.json:
-        doc = {"preset": args.preset, "stage": args.stage, "tokens": g.tokens, "requests": g.requests,
-               "context": g.context, "build_s": round(g.wall_s, 3), "stats": stats_doc(g.stats),
-               "stages": [{"name": s.name, "count": s.kernels.get("layers", 1), "tasks": s.tasks, "edges": s.edges,
-                           "edges_per_task": round(s.edges_per_task, 3), "blocks": s.blocks,
-                           "heap_peak_bytes": s.heap_peak_bytes} for s in stages]}
-        if args.stage == "decode":
-            doc["reference_tasks"] = REFERENCE_DECODE_TASKS
-        if sim is not None:
-            doc["sim"] = {"machine": args.sim, "makespan_us": sim.makespan_us, "effective_us": sim.effective_us}
-        print(to_json(doc))
-        return 0
-    if args.layers:
-        t = Table(title=g.summary()[0], title_justify="left")
-        for col in ("stage", "tasks", "edges", "edges/task", "blocks", "heap peak"):
-            t.add_column(col, justify="left" if col == "stage" else "right")
-        for s in stages:
-            t.add_row(s.name, str(s.tasks), str(s.edges), f"{s.edges_per_task:.2f}", str(s.blocks),
-                      fmt_bytes(s.heap_peak_bytes))
-        console().print(t)
-        lines = g.summary()[-2 if args.stage == "decode" else -1:]
-    else:
-        lines = g.summary()
-    for line in lines:
-        console().print(line, highlight=False, markup=False)
-    if sim is not None:
-        console().print(f"simulated on {args.sim}: makespan {sim.makespan_us:.1f} us, effective "
-                        f"{sim.effective_us:.1f} us", highlight=False, markup=False)
-    return 0
-
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser with one subparser per registered command."""

@@ -1,6 +1,6 @@
 """The whole forward step in graph-only mode (graph_only.py): per-stage figures that add up to
 the program's, the same graph as layer_kernels' forward program and as a real decode step of
-the kernel model, FLASH-size builds (slow), and the pto model-graph / --graph-only CLI."""
+the kernel model, FLASH-size builds (slow), and the pto graph --model / --graph-only CLI."""
 
 import json
 
@@ -96,13 +96,18 @@ def test_decode_step_graph_errors():
 
 
 def test_cli_model_graph_and_graph_only(capsys):
-    assert cli.main(["model-graph", "--preset", "tiny", "--json"]) == 0
+    assert cli.main(["graph", "--model", "tiny", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["stage"] == "decode" and doc["stats"]["graph_only"] is True
     assert sum(s["tasks"] for s in doc["stages"]) == doc["stats"]["tasks"]
-    assert cli.main(["model-graph", "--preset", "tiny", "--layers"]) == 0
+    assert cli.main(["graph", "--model", "tiny", "--layers"]) == 0
     out = capsys.readouterr().out
-    assert "L2 attention csa" in out and "L5 moe" in out
+    assert "L2 attention csa" in out and "L5 moe" in out and "assumptions:" in out
+    assert cli.main(["graph", "--model", "tiny", "--stage", "prefill", "--tokens", "32", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["stage"], doc["tokens"]) == ("prefill", 32) and "reference_tasks" not in doc
+    assert cli.main(["graph", "--model", "tiny", "--dot"]) == 2
+    assert "takes no kernel" in capsys.readouterr().err
     assert cli.main(["run", "hc_pre", "--preset", "tiny", "--graph-only", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["stats"]["graph_only"] is True and doc["stats"]["tasks"] == 5
