@@ -685,15 +685,32 @@ class _Trace:
         if not chunks:
             chunks.append("_chunk0")
             src.append("def _chunk0(r):\n    pass\n")
-        code = compile("\n".join(src), f"<pto replay of {prog.name}>", "exec")
-        exec(code, glob)  # noqa: S102 - code generated above from the recording
-        self.chunks = [glob[nm] for nm in chunks]
+        # each chunk is compiled when a replay first reaches it (a replay that diverges early, as
+        # one whose positions move does, compiles little)
+        self.chunks = [_LazyChunk(s, nm, glob, f"<pto replay of {prog.name}>") for s, nm in zip(src, chunks)]
         self.nregs = nregs
         self.input_regs = [reg_of for reg_of in range(len(inputs))]
         self.out_regs = {v: reg[v] for v in keep}
         self.ret_spec = ret_spec
         self.n_ops = n_ops
         self.template = _Template(prog)
+
+
+class _LazyChunk:
+    """One chunk of replay code, compiled on its first call."""
+
+    __slots__ = ("src", "name", "glob", "where", "fn")
+
+    def __init__(self, src, name, glob, where):
+        self.src, self.name, self.glob, self.where, self.fn = src, name, glob, where, None
+
+    def __call__(self, r):
+        fn = self.fn
+        if fn is None:
+            exec(compile(self.src, self.where, "exec"), self.glob)  # noqa: S102 - generated from the recording
+            fn = self.fn = self.glob[self.name]
+            self.src = None
+        fn(r)
 
 
 def _literal(v) -> bool:
