@@ -24,9 +24,9 @@ Kernel (:func:`gate`): ``ffn_norm`` (RMSNorm, INT8 quant, writes ``xg`` and ``in
 ``gate_scores`` (FP32 matmul against ``gate_w``, scores), then an orchestration-level branch
 on the scalar ``layer_id``: ``route_hash`` (table rows of ``tid2eid``, gather of the scores)
 or ``route_topk``; ``gate_inactive_pad`` zero-fills rows ``>= num_tokens``. Deviations:
-``ffn_norm`` quantises in the same task (the reference's separate ``x_norm_quant``) and rounds
-the INT8 codes by FP32 arithmetic and a bit reinterpretation, not a float-to-integer cast
-(:func:`int8_codes`; same values for every input); the
+``ffn_norm`` quantises in the same task (the reference's separate ``x_norm_quant``) and casts
+``x * s`` to INT8 in one saturating ``rint`` cast, without the FP16 hop (:func:`int8_codes`;
+same values for every input); the
 top-k is ``pl.sort32`` + ``pl.mrgsort`` of the whole ``[tokens, E]`` tile with the expert ids
 carried along (the selected list is the prefix of a stable descending sort, i.e. ties go to
 the lowest expert id, as the reference golden's stable argsort); the softplus range switch is
@@ -46,7 +46,7 @@ from pto.errors import BindError, ConfigError
 from pto.golden import CaseRun, KernelCase, ScalarSpec, TensorSpec, exact, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.lookup_embedding import check_token_ids
-from pto.models.deepseek_v4.qkv_proj_rope import INT8_SCALE_MAX, int8_row_amax, quantize_per_row_int8
+from pto.models.deepseek_v4.qkv_proj_rope import INT8_SCALE_MAX, int8_row_amax, int8_row_codes, quantize_per_row_int8
 from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, check_num_tokens, check_token_capacity, mode_tokens, need,
                                            round_up, token_capacity, token_tile)
 from pto.models.deepseek_v4.weight_format import act_dtype, is_bf16, with_weight_format
@@ -60,8 +60,6 @@ ROUTE_NORM_EPS = 1e-20  # renormalisation floor of the routing weights (transfor
 SOFTPLUS_FLOOR_X = -15.0
 FP32_MAX = 3.4028234663852886e38
 STEP_SCALE = 2.0 ** 126  # positive_step: (2^126)^2 * 2^-149 = 2^103 > 1
-INT8_ROUND_MAGIC = 1.5 * 2.0 ** 23  # int8_codes: v + 1.5*2^23 is FP32 rint(v) + 1.5*2^23 for |v| <= 2^22
-INT8_ROUND_MAGIC_BITS = 0x4B400000  # the FP32 bit pattern of 1.5*2^23
 
 # Compare functions (pypto-lib `models/deepseek/v4-flash/gate.py`; the pypto-lib tests' tolerances): x_norm_i8 codes within +-1 on 0.1 % of
 # elements, indices as per-row sets, weights per row as sorted values; rest 1e-3.
@@ -82,18 +80,10 @@ GATE_E_TILE = 256  # experts per gate_scores block [16]
 
 def int8_codes(x, s):
     """INT8 codes ``[M, N]`` of the FP32 tile ``x`` scaled per row by ``s [M, 1]``: ``x * s``
-    -rint-> INT32 -> INT8 (saturating; NaN gives 0). The reference's FP16 hop (``round`` then
-    ``trunc``) is the identity for ``|x * s| <= 127``, so the codes equal
-    :func:`quantize_per_row_int8`'s.
-
-    Spelled without a float-to-integer cast: the product is clamped to ``[-128, 127]`` (NaN to
-    0), and adding ``1.5 * 2^23`` rounds it to an integer half-to-even in FP32 arithmetic (the
-    sum lies in ``[2^23, 2^24)``, where the FP32 spacing is 1), whose bit pattern is
-    ``0x4B400000 + code``; its 32-bit lanes are reinterpreted as INT32 and the offset taken off."""
-    v = pl.minimum(pl.maximum(pl.row_expand_mul(x, s), -128.0), 127.0)
-    v = pl.select(pl.cmp(v, v, "eq"), v, 0.0)  # NaN -> 0, as the float-to-integer cast
-    bits = pl.gather(v + INT8_ROUND_MAGIC, mask_pattern=pl.MaskPattern.P1111, output_dtype=pl.INT32)
-    return pl.cast(bits - INT8_ROUND_MAGIC_BITS, pl.INT8, mode="trunc")
+    -rint-> INT8 (saturating; NaN gives 0), :func:`qkv_proj_rope.int8_row_codes`. The
+    reference's FP16 hop (``round`` then ``trunc``) changes no code, so the codes equal
+    :func:`quantize_per_row_int8`'s."""
+    return int8_row_codes(x, s)
 
 
 def positive_step(x):

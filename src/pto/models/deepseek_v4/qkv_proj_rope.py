@@ -207,10 +207,11 @@ def int8_row_amax(x):
 
 def int8_row_codes(x, s):
     """INT8 codes ``[M, N]`` of the FP32 tile ``x [M, N]`` scaled per row by ``s [M, 1]`` FP32:
-    ``x * s`` FP32 -rint-> INT32 -round-> FP16 -trunc-> INT8 (the cast chain that
-    :func:`quantize_per_row_int8` reproduces; exact for ``|x * s| <= 127``)."""
-    code = pl.cast(pl.row_expand_mul(x, s), pl.INT32, mode="rint")
-    return pl.cast(pl.cast(code, pl.FP16, mode="round"), pl.INT8, mode="trunc")
+    ``x * s`` -rint-> INT8 in one saturating cast (NaN gives 0). The reference's chain
+    (FP32 -rint-> INT32 -round-> FP16 -trunc-> INT8, which :func:`quantize_per_row_int8`
+    reproduces) gives the same code for every FP32 input: the FP16 hop keeps every integer in
+    ``[-128, 127]`` and rounds any other one monotonically to a value that saturates alike."""
+    return pl.cast(pl.row_expand_mul(x, s), pl.INT8, mode="rint")
 
 
 def int8_quantize_rows(x):
