@@ -11,7 +11,9 @@ the best run is reported (the machine is shared):
 * ``pto golden``: :class:`GoldenModel`, ``--weights bf16`` (the FP32 parity forward);
 * ``pto kernels``: :class:`KernelModel` (``int8``), the DSL kernels through the CPU runtime,
   with the per-kernel wall split (where the time goes: runtime vs the kernels' tile math is
-  in ``benchmarks/bench_overhead.py``).
+  in ``benchmarks/bench_overhead.py``);
+* ``pto kernels-bf16``: :class:`KernelModel` with ``bf16`` weights (the unquantised kernels:
+  BF16 weights and activations into BF16 x BF16 -> FP32 matmuls).
 
 * ``kernels+mtp``: the kernel path with self-speculative decoding by the checkpoint's MTP
   layer (``generate(mtp=True)``; each decode step verifies a draft and drafts the next);
@@ -25,7 +27,7 @@ the MTP acceptance rate, and each pto engine's ratios to transformers (wall = pr
 decode). Target of issue 15: the kernel path within 3x of transformers' wall.
 
     python benchmarks/bench_generate.py [--prompt 509] [--new 8] [--repeat 2] [--chunk 128]
-        [--engines transformers,golden,kernels,kernels+mtp-none,kernels+mtp,kernels+mtp-accept]
+        [--engines transformers,golden,kernels,kernels-bf16,kernels+mtp-none,kernels+mtp,kernels+mtp-accept]
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def _pto(ckpt: str, ids: list[int], new: int, repeat: int, engine: str, chunk: i
     dep = get_deployment("tiny")
     kernels = engine.startswith("kernels")
     if kernels:
-        model = KernelModel(open_checkpoint(ckpt, "int8"), dep)
+        model = KernelModel(open_checkpoint(ckpt, "bf16" if engine == "kernels-bf16" else "int8"), dep)
     else:
         model = GoldenModel(open_checkpoint(ckpt, "bf16"), dep)
     mtp = {}
@@ -115,7 +117,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--chunk", type=int, default=128)
-    ap.add_argument("--engines", default="transformers,golden,kernels")
+    ap.add_argument("--engines", default="transformers,golden,kernels,kernels-bf16")
     args = ap.parse_args()
 
     from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
