@@ -138,3 +138,27 @@ def test_indexer_golden_bf16_scores_against_float64():
     ref = (torch.relu(torch.einsum("thc,sc->tsh", q.double(), keys)) * w[:, None, :]).sum(-1)
     vis = torch.arange(N)[None, :] < nv[:, None]
     assert float((scores.double() - ref)[vis].abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
+def test_generate_backend_and_mtp_on_bf16_kernels(tmp_path):
+    """``pto generate``'s auto backend is the kernels in both formats, the golden forward for
+    ``--mtp`` with bf16 weights; the MTP layer refuses a bf16 kernel model (W8A8 projection)."""
+    from types import SimpleNamespace
+
+    from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
+    from pto.models.deepseek_v4.config import get_deployment
+    from pto.models.deepseek_v4.ep_model import generate_backend
+    from pto.models.deepseek_v4.layer import KernelModel
+    from pto.models.deepseek_v4.mtp import MtpLayer
+    from pto.models.deepseek_v4.weights import open_checkpoint
+
+    def args(weights, backend="auto", mtp=False):
+        return SimpleNamespace(weights=weights, backend=backend, mtp=mtp)
+    assert [generate_backend(args(w)) for w in ("bf16", "int8")] == ["kernels", "kernels"]
+    assert generate_backend(args("bf16", mtp=True)) == "golden" and generate_backend(args("int8", mtp=True)) == "kernels"
+    assert generate_backend(args("bf16", "golden")) == "golden"
+    ck = write_tiny_checkpoint(tmp_path / "tiny", seed=0, mtp=True)
+    km = KernelModel(open_checkpoint(ck, "bf16"), get_deployment("tiny"))
+    assert km.kcfg.weight_format == "bf16" and km.cache.layers[2]["idx_kv"].dtype == torch.bfloat16
+    with pytest.raises(ConfigError, match="MTP on the kernels needs --weights int8"):
+        MtpLayer(km)
