@@ -105,8 +105,9 @@ BLOCK_ORDERS = ("program", "reverse", "shuffle")
 
 @dataclass
 class ProgramStats:
-    """Statistics of one program run (bytes in bytes, wall time in µs). ``edges`` (a property)
-    counts the graph's edges on first read (a plain run derives them then)."""
+    """Statistics of one program run (bytes in bytes, wall time in µs). The graph figures
+    (tasks, dummies, blocks, tile_ops, bytes, flops, task_wall_us; ``edges``, a property) are
+    counted from the graph on first read (a plain run derives its edges then)."""
 
     tasks: int = 0
     dummies: int = 0
@@ -129,6 +130,33 @@ class ProgramStats:
 
     _edges: int = field(default=0, repr=False, compare=False)
     _edges_graph: object = field(default=None, repr=False, compare=False)
+    _counts_graph: object = field(default=None, repr=False, compare=False)
+
+    def __getattribute__(self, name):
+        if name in _COUNTED:
+            g = object.__getattribute__(self, "_counts_graph")
+            if g is not None:
+                object.__getattribute__(self, "_count")(g)
+        return object.__getattribute__(self, name)
+
+    def _count(self, graph) -> None:
+        """Count the graph figures of ``graph`` (a TaskGraph) into the fields."""
+        self._counts_graph = None
+        tasks = dummies = blocks = ops = flops = nbytes = wall_ns = 0
+        for t in graph.tasks:
+            if t.kind == "dummy":
+                dummies += 1
+                continue
+            tasks += 1
+            blocks += len(t.blocks)
+            wall_ns += t.wall_ns
+            for b in t.blocks:
+                ops += b.ops
+                flops += b.flops
+                nbytes += b.bytes
+        self.tasks, self.dummies, self.blocks = tasks, dummies, blocks
+        self.tile_ops, self.flops, self.bytes = ops, flops, nbytes
+        self.task_wall_us = wall_ns / 1e3
 
     @property
     def edges(self) -> int:
@@ -145,8 +173,8 @@ class ProgramStats:
         self._edges, self._edges_graph = value, None
 
     def edges_of(self, graph) -> None:
-        """Count ``edges`` from ``graph`` (a TaskGraph) when first read."""
-        self._edges_graph = graph
+        """Count ``edges`` and the other graph figures from ``graph`` (a TaskGraph) when first read."""
+        self._edges_graph = self._counts_graph = graph
 
     def as_row(self) -> dict:
         """The headline figures as a flat dict."""
@@ -154,6 +182,7 @@ class ProgramStats:
                                               "heap_peak_bytes", "scratch_bytes", "wall_us")}
 
 
+_COUNTED = frozenset(("tasks", "dummies", "blocks", "tile_ops", "bytes", "flops", "task_wall_us"))
 _now_ns = time.perf_counter_ns
 
 _LHS = re.compile(r"^\s*([A-Za-z_][A-Za-z_0-9]*)\s*(?::[^=]*)?=(?!=)")
@@ -405,23 +434,8 @@ class Program:
     def _finish_stats(self) -> None:
         s = self.stats
         s.wall_us = (time.perf_counter_ns() - self._t0) / 1e3
-        tasks = dummies = blocks = ops = flops = nbytes = wall_ns = 0
-        s.edges_of(self.graph)
-        for t in self.graph.tasks:
-            if t.kind == "dummy":
-                dummies += 1
-                continue
-            tasks += 1
-            blocks += len(t.blocks)
-            wall_ns += t.wall_ns
-            for b in t.blocks:
-                ops += b.ops
-                flops += b.flops
-                nbytes += b.bytes
-        s.tasks, s.dummies, s.blocks = tasks, dummies, blocks
-        s.tile_ops, s.flops, s.bytes = ops, flops, nbytes
+        s.edges_of(self.graph)  # the graph figures are counted on first read
         s.heap_peak_bytes = self.heap.peak
-        s.task_wall_us = wall_ns / 1e3
 
     # ---- allocation ------------------------------------------------------------
     def new_tensor(self, shape, dtype, init_value, capacity, manual_dep, name, frame) -> GMTensor:
