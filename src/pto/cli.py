@@ -803,8 +803,9 @@ def _graph_args(p):
     p.add_argument("--model", default=None, metavar="PRESET",
                    help="instead of a kernel: the whole DeepSeek-V4 step of this preset (flash, tiny, ...) in "
                         "graph-only mode, per-stage tasks, edges and heap (docs/graph_only.md)")
-    p.add_argument("--stage", choices=("decode", "prefill"), default="decode",
-                   help="with --model: one decode step of the deployment's batch (default) or a prefill chunk")
+    p.add_argument("--stage", choices=("decode", "prefill", "moe"), default="decode",
+                   help="with --model: one decode step of the deployment's batch (default), a prefill chunk, or "
+                        "one MoE block of the decode step's rows")
     p.add_argument("--tokens", type=int, default=128, help="with --model --stage prefill: chunk tokens (default 128)")
     p.add_argument("--context", type=int, default=None,
                    help="with --model: tokens each request held before the step (decode default "
@@ -817,7 +818,7 @@ def _model_graph(args) -> int:
     [--json]`` (:mod:`pto.models.deepseek_v4.graph_only`): the step's task graph without computing
     float data; per stage kind (or per layer stage) tasks, edges, edges per task, blocks, heap
     peak, the total beside the reference device graph."""
-    from pto.models.deepseek_v4.graph_only import REFERENCE_DECODE_TASKS, decode_step_graph, prefill_graph
+    from pto.models.deepseek_v4.graph_only import REFERENCE_DECODE_TASKS, decode_step_graph, moe_graph, prefill_graph
     from pto.views import stats_doc, to_json
     if args.target or args.footprints or args.buffer or args.task or args.dot or args.preset or args.mode:
         raise ConfigError("pto graph --model builds the whole model step: it takes no kernel, --preset, --mode, "
@@ -825,6 +826,8 @@ def _model_graph(args) -> int:
     _check_preset(args.model)
     if args.stage == "decode":
         g = decode_step_graph(args.model, context=args.context)
+    elif args.stage == "moe":
+        g = moe_graph(args.model)
     else:
         g = prefill_graph(args.model, tokens=args.tokens, context=args.context or 0)
     stages = g.stages if args.layers else g.by_kind()

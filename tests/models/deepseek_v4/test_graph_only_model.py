@@ -11,7 +11,7 @@ from pto import cli
 from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
 from pto.models.deepseek_v4.config import get_config, get_deployment, kernel_config
 from pto.models.deepseek_v4.graph_only import (REFERENCE_DECODE_TASKS, attention_weight_shapes, balanced_routes,
-                                                decode_step_graph, prefill_graph)
+                                                decode_step_graph, moe_graph, prefill_graph)
 from pto.models.deepseek_v4.layer import KernelModel
 from pto.models.deepseek_v4.weights import attention_inputs, open_checkpoint
 
@@ -82,6 +82,15 @@ def test_decode_step_graph_has_the_tasks_and_edges_of_a_real_decode_step(tmp_pat
     assert g.stats.heap_peak_bytes == km.stats.heap_peak_bytes["decode_fwd"]
 
 
+def test_moe_graph():
+    g = moe_graph("tiny")
+    assert g.stats.tasks == 15 and [s.name for s in g.stages] == ["L3 moe"]
+    assert g.stages[0].kernels["expert_routed"] == 3
+    ffn = [t for t in g.program.graph.tasks if t.name == "expert_ffn"]
+    assert len(ffn) == 1 and len(ffn[0].blocks) == 16  # 8 rows x 4 routes on all 16 experts, 2 rows each
+    assert g.stats.assumed_reads > 0
+
+
 def test_tiny_prefill_graph():
     g = prefill_graph("tiny", tokens=64)
     assert (g.tokens, g.requests, g.context) == (64, 1, 0)
@@ -106,6 +115,8 @@ def test_cli_model_graph_and_graph_only(capsys):
     assert cli.main(["graph", "--model", "tiny", "--stage", "prefill", "--tokens", "32", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert (doc["stage"], doc["tokens"]) == ("prefill", 32) and "reference_tasks" not in doc
+    assert cli.main(["graph", "--model", "tiny", "--stage", "moe"]) == 0
+    assert "tiny MoE block, graph-only: 8 tokens, 16 experts" in capsys.readouterr().out
     assert cli.main(["graph", "--model", "tiny", "--dot"]) == 2
     assert "takes no kernel" in capsys.readouterr().err
     assert cli.main(["run", "hc_pre", "--preset", "tiny", "--graph-only", "--json"]) == 0
@@ -134,6 +145,13 @@ def test_flash_decode_step_builds():
     assert by_name["L2 attention csa"].tasks > by_name["L3 attention hca"].tasks > 0
     assert g.stats.tasks < REFERENCE_DECODE_TASKS
     assert g.stats.assumed_sorts == 21 * 8 + 43 - cfg.num_hash_layers  # CSA top-k rows, learned gates
+
+
+@pytest.mark.slow
+def test_flash_moe_block_builds():
+    g = moe_graph("flash")
+    ffn = [t for t in g.program.graph.tasks if t.name == "expert_ffn"]
+    assert g.stats.tasks == 15 and len(ffn[0].blocks) == 48
 
 
 @pytest.mark.slow

@@ -50,7 +50,7 @@ from pto.models.deepseek_v4.tiling import token_capacity
 from pto.runtime import RunConfig
 from pto.runtime.graph_only import register_assumption
 
-__all__ = ["StageStats", "StepGraph", "decode_step_graph", "prefill_graph", "balanced_routes",
+__all__ = ["StageStats", "StepGraph", "decode_step_graph", "prefill_graph", "moe_graph", "balanced_routes",
            "attention_weight_shapes", "REFERENCE_DECODE_TASKS"]
 
 # The reference device graph of one FLASH decode step (pypto-lib v4-flash decode_fwd on simpler's
@@ -112,7 +112,7 @@ class StepGraph:
     """A graph-only build of one forward step.
 
     Attributes:
-        phase: ``"decode"`` or ``"prefill"``; ``cfg`` the kernel config; ``tokens`` the step's
+        phase: ``"decode"``, ``"prefill"`` or ``"moe"`` (one MoE block); ``cfg`` the kernel config; ``tokens`` the step's
             token rows (``B * S`` for decode); ``requests``, ``context`` (tokens each request
             held before the step).
         program: the :class:`pto.Program` (its ``graph`` and ``stats``; simulate it with
@@ -155,8 +155,11 @@ class StepGraph:
         """Lines of the per-kind table and the total (what ``pto graph --model`` prints)."""
         st = self.stats
         req = f"{self.requests} request{'s' if self.requests != 1 else ''}"
-        lines = [f"{self.cfg.name} {self.phase} step, graph-only: {self.tokens} tokens ({req}, "
-                 f"context {self.context}), {self.cfg.num_hidden_layers} layers, built in {self.wall_s:.1f} s",
+        what = (f"{self.cfg.name} MoE block, graph-only: {self.tokens} tokens, {self.cfg.n_routed_experts} experts"
+                if self.phase == "moe" else
+                f"{self.cfg.name} {self.phase} step, graph-only: {self.tokens} tokens ({req}, "
+                f"context {self.context}), {self.cfg.num_hidden_layers} layers")
+        lines = [f"{what}, built in {self.wall_s:.1f} s",
                  f"{'stage':<18} {'count':>5} {'tasks':>7} {'per':>6} {'edges':>7} {'e/task':>6} {'blocks':>8} "
                  f"{'heap peak':>10}"]
         for k in self.by_kind():
@@ -440,6 +443,34 @@ def decode_step_graph(cfg="flash", dep=None, ep: int = 1, *, context: int | None
     cfg, dep = _resolve(cfg, dep)
     context = min(4096, dep.max_context // 2) if context is None else context
     return _step("decode", cfg, dep, batch or dep.decode_batch, seq or dep.decode_seq, context, staged)
+
+
+def moe_graph(cfg="flash", dep=None, *, tokens: int | None = None, layer_id: int | None = None) -> StepGraph:
+    """Graph-only build of one MoE block (``moe_kernels(cfg).moe_test``: hc_pre, gate, shared and
+    routed experts, hc_post) over ``tokens`` rows (default the deployment's decode step, FLASH 8)
+    of layer ``layer_id`` (default the first learned-routing layer), balanced routing: the FLASH
+    MoE with its 256 experts' 6 GiB of INT8 weights shape-only.
+
+    Raises:
+        ConfigError: an unknown preset; BindError: a ``layer_id`` outside the layers.
+    """
+    cfg, dep = _resolve(cfg, dep)
+    t0 = time.perf_counter()
+    kcfg = kernel_config(cfg, dep)
+    T = tokens or dep.decode_tokens
+    lid = kcfg.num_hash_layers if layer_id is None else layer_id
+    w = _moe_weights(kcfg)
+    x = _meta((T, kcfg.hc_mult, kcfg.hidden_size), torch.float32)
+    ids = (torch.arange(T) % kcfg.vocab_size).to(torch.int64)
+    args = [x] + [ids if k == "input_ids" else w[k] for k in MOE_INPUTS[1:]] + [x, lid, T]
+    prog = moe_kernels(kcfg).moe_test.run(*args, config=RunConfig(execute=False, heap_bytes=_GRAPH_HEAP))
+    st = prog.stats
+    stage = StageStats(f"L{lid} moe", st.tasks, st.blocks, st.edges, st.heap_peak_bytes)
+    for t in prog.graph.tasks:
+        if t.kind != "dummy":
+            mod = t.site.rsplit(":", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+            stage.kernels[mod] = stage.kernels.get(mod, 0) + 1
+    return StepGraph("moe", kcfg, T, 1, 0, prog, [stage], time.perf_counter() - t0)
 
 
 def prefill_graph(cfg="flash", dep=None, *, tokens: int = 128, context: int = 0, staged: bool = True) -> StepGraph:
