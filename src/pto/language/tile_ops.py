@@ -1025,6 +1025,7 @@ def _meta_matmul(a: Tile, b: Tile, A: torch.Tensor, B: torch.Tensor, out_dtype) 
     blk = _ctx.state.block
     if blk is not None:
         blk.cube = True
+        blk.mm += 1
     return Tile(_meta(shape, acc.torch))
 
 
