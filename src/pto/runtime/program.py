@@ -565,7 +565,12 @@ class Program:
             fp = blocks[0].fp
             n = len(fp)
             distinct = True  # at most one box per (buffer, kind): nothing to group or coalesce
-            if 1 < n <= 4:
+            if n == 3:  # the common load, load, store task
+                (b0, _, k0), (b1, _, k1), (b2, _, k2) = fp
+                distinct = not ((b0 is b1 and k0 == k1) or (b0 is b2 and k0 == k2) or (b1 is b2 and k1 == k2))
+            elif n == 2:
+                distinct = fp[0][0] is not fp[1][0] or fp[0][2] != fp[1][2]
+            elif 1 < n <= 4:
                 for i in range(1, n):
                     b, _, k = fp[i]
                     for j in range(i):
@@ -579,6 +584,13 @@ class Program:
                 distinct = len({(id(b), k) for b, _, k in fp}) == n
             if distinct:
                 task.grouped = fp  # the raw records; footprints and buffer ids are built on first access
+                if self.races is None:  # _close_task of a plain run, inline
+                    lazy = self.lazy
+                    task._preds, task._lazy = None, lazy
+                    lazy.pending.append(task)
+                    if not self.config.keep_footprints:
+                        blocks[0].fp = None
+                    return
                 self._close_task(task)
                 return
         grouped = {}  # buffer -> [reads, writes, atomics], each None or a list of boxes
