@@ -1161,7 +1161,7 @@ def _generate_args(p):
     p.add_argument("--chunk", type=int, default=128, help="prefill chunk in tokens (default 128)")
     p.add_argument("--backend", choices=("auto", "golden", "kernels"), default="auto",
                    help="golden: the FP32 golden forward; kernels: the DSL kernels in the --weights format; "
-                        "auto (default): kernels (golden for --mtp with bf16 weights)")
+                        "auto (default): kernels")
     p.add_argument("--max-context", type=int, default=None,
                    help="deployment context in tokens (default: the model's, at most 16384)")
     p.add_argument("--json", action="store_true", help="print one JSON object (tokens, timings)")

@@ -26,6 +26,7 @@ BF16_CASES = [
     ("prefill_attention_swa", "prefill"), ("decode_attention_swa", "decode"),
     ("prefill_attention_hca", "prefill"), ("decode_attention_hca", "decode"),
     ("prefill_attention_csa", "prefill"), ("decode_attention_csa", "decode"),
+    ("mtp_projection", "prefill"), ("mtp_projection", "decode"),
 ]
 
 
@@ -141,24 +142,25 @@ def test_indexer_golden_bf16_scores_against_float64():
 
 
 def test_generate_backend_and_mtp_on_bf16_kernels(tmp_path):
-    """``pto generate``'s auto backend is the kernels in both formats, the golden forward for
-    ``--mtp`` with bf16 weights; the MTP layer refuses a bf16 kernel model (W8A8 projection)."""
+    """``pto generate``'s auto backend is the kernels in both formats; MTP self-speculative
+    decoding on the bf16 kernels (the bf16 MTP projection) gives plain greedy's tokens."""
     from types import SimpleNamespace
 
     from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
     from pto.models.deepseek_v4.config import get_deployment
     from pto.models.deepseek_v4.ep_model import generate_backend
+    from pto.models.deepseek_v4.generate import generate
     from pto.models.deepseek_v4.layer import KernelModel
-    from pto.models.deepseek_v4.mtp import MtpLayer
     from pto.models.deepseek_v4.weights import open_checkpoint
 
-    def args(weights, backend="auto", mtp=False):
-        return SimpleNamespace(weights=weights, backend=backend, mtp=mtp)
-    assert [generate_backend(args(w)) for w in ("bf16", "int8")] == ["kernels", "kernels"]
-    assert generate_backend(args("bf16", mtp=True)) == "golden" and generate_backend(args("int8", mtp=True)) == "kernels"
-    assert generate_backend(args("bf16", "golden")) == "golden"
+    for w in ("bf16", "int8"):
+        assert generate_backend(SimpleNamespace(weights=w, backend="auto", mtp=True)) == "kernels"
+    assert generate_backend(SimpleNamespace(weights="bf16", backend="golden", mtp=False)) == "golden"
     ck = write_tiny_checkpoint(tmp_path / "tiny", seed=0, mtp=True)
-    km = KernelModel(open_checkpoint(ck, "bf16"), get_deployment("tiny"))
+    dep = get_deployment("tiny").replace(max_context=64, rope_max_pos=64)
+    km = KernelModel(open_checkpoint(ck, "bf16"), dep)
     assert km.kcfg.weight_format == "bf16" and km.cache.layers[2]["idx_kv"].dtype == torch.bfloat16
-    with pytest.raises(ConfigError, match="MTP on the kernels needs --weights int8"):
-        MtpLayer(km)
+    plain = generate(km, [[5, 17, 300]], max_new_tokens=4, eos_token_id=None)
+    km = KernelModel(open_checkpoint(ck, "bf16"), dep)
+    spec = generate(km, [[5, 17, 300]], max_new_tokens=4, eos_token_id=None, mtp=True)
+    assert spec.tokens == plain.tokens and spec.mtp_drafts > 0

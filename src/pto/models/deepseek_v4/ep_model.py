@@ -285,12 +285,9 @@ def ep_launch(args):
 
 
 def generate_backend(args) -> str:
-    """``pto generate``'s backend: ``args.backend`` unless ``"auto"``, which is ``"kernels"`` in
-    both weight formats except ``--mtp`` with bf16 weights (the MTP projection kernel is W8A8
-    only), which runs the golden forward."""
-    if args.backend != "auto":
-        return args.backend
-    return "golden" if getattr(args, "mtp", False) and args.weights == "bf16" else "kernels"
+    """``pto generate``'s backend: ``args.backend`` unless ``"auto"``, which is ``"kernels"``
+    (in both weight formats)."""
+    return "kernels" if args.backend == "auto" else args.backend
 
 
 def ep_start(args, cfg, deployment):

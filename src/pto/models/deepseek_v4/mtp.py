@@ -57,8 +57,7 @@ class MtpLayer:
     """The MTP layer of a :class:`GoldenModel` or :class:`KernelModel` (module docstring).
 
     Raises:
-        ConfigError: the checkpoint has no MTP layer (``Checkpoint.has_mtp``), or a kernel model
-            in the bf16 weight format (the MTP projection kernel is W8A8 only).
+        ConfigError: the checkpoint has no MTP layer (``Checkpoint.has_mtp``).
     """
 
     def __init__(self, model):
@@ -69,16 +68,18 @@ class MtpLayer:
         self.model, self.cfg = model, model.cfg
         self.L = self.cfg.num_hidden_layers
         self.kernel = hasattr(model, "step_hidden")
-        if self.kernel and getattr(model, "weight_format", "int8") != "int8":
-            raise ConfigError("mtp: MTP on the kernels needs --weights int8 (the MTP projection kernel is W8A8; "
-                              "the golden forward runs MTP in bf16)")
         w = ckpt.layer(self.L)
         glob = ckpt.globals()
         self.w = w
         bf16 = torch.bfloat16
         if self.kernel:
-            ew, es = quantize_weight_per_column(ckpt.tensor("mtp.0.e_proj.weight").T.contiguous())
-            hw, hs = quantize_weight_per_column(ckpt.tensor("mtp.0.h_proj.weight").T.contiguous())
+            def proj(name):  # [in, out]: INT8 per output column (W8A8), or BF16 with unit scales
+                w = ckpt.tensor(name).T.contiguous()
+                if getattr(model, "weight_format", "int8") == "bf16":
+                    return w.to(bf16), torch.ones(w.shape[1])
+                return quantize_weight_per_column(w)
+            ew, es = proj("mtp.0.e_proj.weight")
+            hw, hs = proj("mtp.0.h_proj.weight")
             self.proj_w = [w["enorm.weight"].to(bf16), w["hnorm.weight"].to(bf16), ew, es, hw, hs]
             self.head_w = [w["hc_head_fn"], w["hc_head_scale"], w["hc_head_base"], w["norm.weight"].to(bf16),
                            glob["head.weight"].to(bf16)]

@@ -39,6 +39,7 @@ from pto.golden import CaseRun, KernelCase, TensorSpec, ratio_allclose, register
 from pto.models.deepseek_v4.config import DeepSeekV4Config
 from pto.models.deepseek_v4.qkv_proj_rope import (int8_quantize_rows, quantize_per_row_int8,
                                                   quantize_weight_per_column)
+from pto.models.deepseek_v4.weight_format import is_bf16, weight_dtype, with_weight_format
 from pto.models.deepseek_v4.tiling import (MATMUL_M_TILE, expect_tensor, mode_tokens, need, round_up,
                                            token_capacity, token_tile)
 
@@ -69,7 +70,9 @@ def mtp_projection_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     D] FP32`` (Out). GM scratch (``t_pad = round_up(T, 16)``, capacity
     :func:`token_capacity`): ``codes [t_pad, (1 + HC) * D] INT8``, ``inv_s [t_pad, 1 + HC]
     FP32``; every row ``< T`` of both is written before it is read, padding rows are never
-    stored.
+    stored. ``cfg.weight_format == "bf16"`` (weight_format.py): BF16 weights, the normed rows
+    rounded to BF16 into a BF16 ``codes`` (no ``inv_s``), BF16 x BF16 -> FP32 products with no
+    scale (``*_scale`` not read).
 
     Raises:
         ConfigError: ``hidden_size`` not a multiple of 16.
@@ -79,11 +82,15 @@ def mtp_projection_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     NT = min(D, PROJ_N_TILE)
     need(D % NT == 0, "mtp_projection", cfg, f"hidden_size={D} must be a multiple of {NT}")
     cap = token_capacity(cfg)
+    WD, bf16 = weight_dtype(cfg), is_bf16(cfg)
 
     def norm_codes(x, w_row):
-        """Weighted RMSNorm of the FP32 tile ``x [M, D]`` then per-row INT8: ``(codes, 1/s)``."""
+        """Weighted RMSNorm of the FP32 tile ``x [M, D]`` then per-row INT8: ``(codes, 1/s)``
+        (bf16: the BF16 normed row, ``None``)."""
         inv = pl.rsqrt(pl.row_sum(x * x) / float(D) + eps, high_precision=True)
         xn = pl.col_expand_mul(pl.row_expand_mul(x, inv), w_row)
+        if bf16:
+            return pl.cast(xn, pl.BF16, mode="rint"), None
         codes, s = int8_quantize_rows(xn)
         return codes, pl.recip(s)
 
@@ -92,9 +99,9 @@ def mtp_projection_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                        prev_hc: pl.Tensor[[T_DYN, HC, D], pl.FP32],
                        enorm_w: pl.Tensor[[D], pl.BF16],
                        hnorm_w: pl.Tensor[[D], pl.BF16],
-                       e_proj_w: pl.Tensor[[D, D], pl.INT8],
+                       e_proj_w: pl.Tensor[[D, D], WD],
                        e_proj_scale: pl.Tensor[[D], pl.FP32],
-                       h_proj_w: pl.Tensor[[D, D], pl.INT8],
+                       h_proj_w: pl.Tensor[[D, D], WD],
                        h_proj_scale: pl.Tensor[[D], pl.FP32],
                        x_hc: pl.Out[pl.Tensor[[T_DYN, HC, D], pl.FP32]]):
         """``x_hc[t, h] = e_proj(enorm(emb[t])) + h_proj(hnorm(prev_hc[t, h]))`` (module docstring)."""
@@ -102,8 +109,8 @@ def mtp_projection_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
         expect_tensor("mtp_projection", "prev_hc", prev_hc, [t, HC, D], pl.FP32)
         t_pad = round_up(t, MATMUL_M_TILE)
         TT = token_tile(t, PROJ_T_TILE)
-        codes = pl.create_tensor([t_pad, (1 + HC) * D], pl.INT8, capacity=cap, name="codes")
-        inv_s = pl.create_tensor([t_pad, 1 + HC], pl.FP32, capacity=cap, name="inv_s")
+        codes = pl.create_tensor([t_pad, (1 + HC) * D], WD, capacity=cap, name="codes")
+        inv_s = None if bf16 else pl.create_tensor([t_pad, 1 + HC], pl.FP32, capacity=cap, name="inv_s")
         prev_flat = pl.reshape(prev_hc, [t, HC * D])
         out_flat = pl.reshape(x_hc, [t, HC * D])
         en, hn = pl.reshape(enorm_w, [1, D]), pl.reshape(hnorm_w, [1, D])
@@ -115,27 +122,32 @@ def mtp_projection_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
             x = pl.cast(pl.slice(emb, [TT, D], [t0, 0], valid_shape=[rows, D]), pl.FP32, mode="none")
             c, r = norm_codes(x, en_row)
             pl.assemble(codes, pl.set_validshape(c, rows, D), [t0, 0])
-            pl.assemble(inv_s, pl.set_validshape(r, rows, 1), [t0, 0])
+            if r is not None:
+                pl.assemble(inv_s, pl.set_validshape(r, rows, 1), [t0, 0])
             for h in range(HC):
                 p = pl.slice(prev_flat, [TT, D], [t0, h * D], valid_shape=[rows, D])
                 c, r = norm_codes(p, hn_row)
                 pl.assemble(codes, pl.set_validshape(c, rows, D), [t0, (1 + h) * D])
-                pl.assemble(inv_s, pl.set_validshape(r, rows, 1), [t0, 1 + h])
+                if r is not None:
+                    pl.assemble(inv_s, pl.set_validshape(r, rows, 1), [t0, 1 + h])
         MT = min(t_pad, PROJ_T_TILE)
         n_m = (t + MT - 1) // MT
         es_row, hs_row = pl.reshape(e_proj_scale, [1, D]), pl.reshape(h_proj_scale, [1, D])
+
+        def linear(col: int, w, s_row, n0: int, m0: int, rows: int):  # one projection of a codes block
+            c = pl.slice(codes, [MT, D], [m0, col * D], valid_shape=[rows, D])
+            if bf16:  # BF16 x BF16 -> FP32, no scale
+                return pl.matmul(c, w)
+            r = pl.slice(inv_s, [MT, 1], [m0, col], valid_shape=[rows, 1])
+            return pl.col_expand_mul(pl.row_expand_mul(pl.cast(pl.matmul(c, w), pl.FP32), r), s_row[0:1, n0:n0 + NT])
+
         for b in pl.spmd(n_m * (D // NT), name_hint="mtp_projection_linear"):
             m0, n0 = (b % n_m) * MT, (b // n_m) * NT
             rows = min(MT, t - m0)
             we, wh = e_proj_w[0:D, n0:n0 + NT], h_proj_w[0:D, n0:n0 + NT]
-            es, hs = es_row[0:1, n0:n0 + NT], hs_row[0:1, n0:n0 + NT]
-            ce = pl.slice(codes, [MT, D], [m0, 0], valid_shape=[rows, D])
-            re = pl.slice(inv_s, [MT, 1], [m0, 0], valid_shape=[rows, 1])
-            e = pl.col_expand_mul(pl.row_expand_mul(pl.cast(pl.matmul(ce, we), pl.FP32), re), es)
+            e = linear(0, we, es_row, n0, m0, rows)
             for h in range(HC):
-                ch = pl.slice(codes, [MT, D], [m0, (1 + h) * D], valid_shape=[rows, D])
-                rh = pl.slice(inv_s, [MT, 1], [m0, 1 + h], valid_shape=[rows, 1])
-                y = pl.col_expand_mul(pl.row_expand_mul(pl.cast(pl.matmul(ch, wh), pl.FP32), rh), hs)
+                y = linear(1 + h, wh, hs_row, n0, m0, rows)
                 pl.assemble(out_flat, pl.set_validshape(e + y, rows, NT), [m0, h * D + n0])
         return x_hc
 
@@ -154,13 +166,16 @@ def golden_mtp_projection(
     h_proj_w,  # as e_proj_w
     h_proj_scale,  # [D] fp32 or None
     eps: float,
+    *,
+    bf16_act: bool = False,
 ) -> torch.Tensor:  # [T, HC, D] fp32
     """``e_proj(enorm(emb)) + h_proj(hnorm(prev_hc))`` broadcast over the streams (pypto-lib `mtp_projection.py`).
 
     With INT8 weights (scales given) each matrix is W8A8 by the kernels' rule
     (``quantize_per_row_int8`` of the normed rows, exact integer products in FP64, ``(acc *
-    s_x) * scale``); with ``None`` scales the FP32 weights are used as they are (the parity
-    mode of the FP32 golden forward).
+    s_x) * scale``); with ``None`` scales the float weights are used as they are (the parity
+    mode of the FP32 golden forward), the normed rows rounded to BF16 first when ``bf16_act``
+    (the bf16 kernel).
     """
     def rms(x, w):
         x = x.float()
@@ -168,7 +183,7 @@ def golden_mtp_projection(
 
     def lin(x, w, s):
         if s is None:
-            return x @ w.float()
+            return (x.to(torch.bfloat16).float() if bf16_act else x) @ w.float()
         codes, sx = quantize_per_row_int8(x)
         return (codes.double() @ w.double()).float() * sx * s[None, :]
 
@@ -181,11 +196,15 @@ def golden_mtp_projection(
 def make_mtp_projection_inputs(cfg: DeepSeekV4Config, T: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """Seeded inputs keyed by :data:`MTP_PROJ_ARGS` (``x_hc`` zero): BF16 ``N(0, 1)`` rows,
     FP32 ``N(0, 1)`` streams, norm weights ``1 + 0.1 N(0, 1)``, weights ``N(0, 1/D)``
-    quantised per output column."""
+    quantised per output column (``cfg.weight_format == "bf16"``: BF16, unit scales)."""
     g = torch.Generator().manual_seed(seed)
     D, HC = cfg.hidden_size, cfg.hc_mult
-    ew, es = quantize_weight_per_column(torch.randn(D, D, generator=g) / D ** 0.5)
-    hw, hs = quantize_weight_per_column(torch.randn(D, D, generator=g) / D ** 0.5)
+
+    def weight():
+        w = torch.randn(D, D, generator=g) / D ** 0.5
+        return (w.to(torch.bfloat16), torch.ones(D)) if is_bf16(cfg) else quantize_weight_per_column(w)
+    ew, es = weight()
+    hw, hs = weight()
     return {"emb": torch.randn(T, D, generator=g).to(torch.bfloat16),
             "prev_hc": torch.randn(T, HC, D, generator=g),
             "enorm_w": (1 + 0.1 * torch.randn(D, generator=g)).to(torch.bfloat16),
@@ -196,17 +215,24 @@ def make_mtp_projection_inputs(cfg: DeepSeekV4Config, T: int, seed: int = 0) -> 
 
 def build_case(preset: str, mode: str, **options) -> CaseRun:
     """KernelCase builder: ``decode`` (``decode_batch * decode_seq`` rows) or ``prefill``
-    (``prefill_seq`` rows); options ``T=``, ``seed=``. ``x_hc`` compared by
+    (``prefill_seq`` rows); options ``T=``, ``seed=``, ``weight_format=`` (``"bf16"``: the
+    unquantised kernel, same tolerance). ``x_hc`` compared by
     ``ratio_allclose(*TOLERANCES["x_hc"])`` against :func:`golden_mtp_projection`."""
     cfg, T = mode_tokens(preset, mode, options.get("T"))
+    wf = str(options.get("weight_format", "int8"))
+    cfg = with_weight_format(cfg, wf)
     d = make_mtp_projection_inputs(cfg, T, int(options.get("seed", 0)))
     specs = [TensorSpec(n, list(d[n].shape), d[n].dtype, d[n], is_output=(n == "x_hc")) for n in MTP_PROJ_ARGS]
 
     def golden(v: dict) -> None:
-        v["x_hc"] = golden_mtp_projection(*[v[n] for n in MTP_PROJ_ARGS[:-1]], cfg.rms_norm_eps)
+        a = [v[n] for n in MTP_PROJ_ARGS[:-1]]
+        if wf == "bf16":  # float weights: no scale, BF16 activations as the kernel
+            a[5] = a[7] = None
+        v["x_hc"] = golden_mtp_projection(*a, cfg.rms_norm_eps, bf16_act=wf == "bf16")
 
     return CaseRun(fn=mtp_projection_kernels(cfg).mtp_projection_test, specs=specs, golden=golden,
-                   compare={"x_hc": ratio_allclose(*TOLERANCES["x_hc"])}, label=f"mtp_projection T={T}")
+                   compare={"x_hc": ratio_allclose(*TOLERANCES["x_hc"])},
+                   label=f"mtp_projection T={T}" + (" weight_format=bf16" if wf == "bf16" else ""))
 
 
 register(KernelCase("mtp_projection", build_case, modes=("decode", "prefill"),
