@@ -106,6 +106,11 @@ class StageStats:
         """Edges per task (0 without tasks)."""
         return self.edges / self.tasks if self.tasks else 0.0
 
+    def count_kernel(self, task) -> None:
+        """Count ``task`` under its kernel module (the file name of its source line, no ``.py``)."""
+        mod = task.site.rsplit(":", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+        self.kernels[mod] = self.kernels.get(mod, 0) + 1
+
 
 @dataclass
 class StepGraph:
@@ -360,8 +365,7 @@ def _stages(prog, marks: _Marks) -> list[StageStats]:
                     continue
                 s.tasks += 1
                 s.blocks += len(t.blocks)
-                mod = t.site.rsplit(":", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-                s.kernels[mod] = s.kernels.get(mod, 0) + 1
+                s.count_kernel(t)
             out.append(s)
     return out
 
@@ -468,8 +472,7 @@ def moe_graph(cfg="flash", dep=None, *, tokens: int | None = None, layer_id: int
     stage = StageStats(f"L{lid} moe", st.tasks, st.blocks, st.edges, st.heap_peak_bytes)
     for t in prog.graph.tasks:
         if t.kind != "dummy":
-            mod = t.site.rsplit(":", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-            stage.kernels[mod] = stage.kernels.get(mod, 0) + 1
+            stage.count_kernel(t)
     return StepGraph("moe", kcfg, T, 1, 0, prog, [stage], time.perf_counter() - t0)
 
 
