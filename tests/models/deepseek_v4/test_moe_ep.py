@@ -116,3 +116,8 @@ def test_generate_ep2_bf16_logits_bit_identical_to_ep1(tmp_path):
 @pytest.mark.slow
 def test_generate_ep4_check_mode_same_as_ep1(tmp_path):
     _generate_ep(tmp_path, 4, 8, "check")
+
+
+@pytest.mark.slow
+def test_generate_ep4_bf16_logits_bit_identical_to_ep1(tmp_path):
+    _generate_ep(tmp_path, 4, 4, "fast", "bf16")
