@@ -19,7 +19,9 @@ E8M0 per 32 inputs). Every float weight comes out FP32 (``tid2eid`` int64).
 
 Weight formats of the loaded model (``weight_format``):
 
-* ``"bf16"``: unquantised (the fp32 golden forward uses the FP32 values as they are);
+* ``"bf16"``: unquantised: the fp32 golden forward uses the FP32 values as they are, the bf16
+  kernels (``KernelModel``) BF16 copies of the same matrices with unit scales
+  (:func:`attention_inputs` with ``weight_format="bf16"``, ``KernelModel.ffn_weights``);
 * ``"int8"``: W8A8 as the kernels deploy it (PPT ``weights_flash.py``): ``wq_b``, ``wo_b``,
   ``indexer.wq_b``, the shared and every routed expert matrix get per-output-row INT8
   codes with an FP32 scale ``max(amax, 1e-4) / 127`` (the kernels' rule); the rest stays
