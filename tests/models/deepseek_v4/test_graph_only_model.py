@@ -91,6 +91,23 @@ def test_moe_graph():
     assert g.stats.assumed_reads > 0
 
 
+def test_step_builds_in_two_threads_keep_their_own_stages():
+    import threading
+    out = {}
+
+    def build(k):
+        out[k] = decode_step_graph("tiny", context=64 * (k + 1))
+
+    ts = [threading.Thread(target=build, args=(k,)) for k in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for g in out.values():
+        _check_stages(g)
+    assert out[0].context == 64 and out[1].context == 128
+
+
 def test_tiny_prefill_graph():
     g = prefill_graph("tiny", tokens=64)
     assert (g.tokens, g.requests, g.context) == (64, 1, 0)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -272,11 +273,15 @@ def _meta(shape, dtype) -> torch.Tensor:
 
 
 # ---- the program with stage marks -----------------------------------------------------------
-class _Marks:
-    """Stage boundaries of the running program: ``(name, first task id, heap peak before)``;
-    the heap's running peak is reset at each mark so that every stage gets its own."""
+class _Marks(threading.local):
+    """Stage boundaries of the program running in this thread: ``marks`` ``(name, first task
+    id)`` and each stage's heap peak; the heap's running peak is reset at each mark so that
+    every stage gets its own (and restored to the program's at the last one)."""
 
     def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
         self.marks: list = []
         self.peaks: list = []
         self.global_peak = 0
@@ -310,9 +315,7 @@ def _staged_program(cfg, phase: str):
     prefill = phase == "prefill"
 
     def fwd(*args):
-        marks.marks.clear()
-        marks.peaks.clear()
-        marks.global_peak = 0
+        marks.reset()
         input_ids, embed = args[0], args[1]
         t = pl.tensor.dim(input_ids, 0)
         num_tokens = args[-1] if prefill else t
