@@ -24,6 +24,12 @@ Rules shared by every op (hw-native-sys/pypto `docs/en/user/`):
 
 Every op raises :class:`pto.DslError` on a rank, shape or dtype it does not
 accept, naming the op and the offending operand.
+
+Graph-only mode (``RunConfig(execute=False)``, :mod:`pto.language.graph_only`): an operand
+whose ``data`` is a torch ``meta`` tensor is unknown; the op checks its operands as always,
+counts its tile ops and flops as a real run would, and returns an unknown tile of the result's
+shape and dtype without computing (``sort32`` / ``mrgsort`` of unknown values: the ties
+assumption).
 """
 
 from __future__ import annotations
@@ -152,6 +158,9 @@ class Tile:
                 raise DslError(f"tile subscript assign: dtype {value.dtype} into {self.dtype} tile")
             self.data = _meta(self.data.shape, self.data.dtype)  # graph-only mode: the tile becomes unknown
             return
+        from pto.language.tensor_ops import aliases_readonly  # tensor_ops imports this module
+        if aliases_readonly(self.data):  # a no-copy load of an In parameter: copy before writing
+            self.data = self.data.clone()
         if isinstance(value, ScalarValue):
             self.data[key] = value.value
             if self.mask is not None or not value.defined:
