@@ -61,7 +61,7 @@ from pto.language.tensor_ops import GMTensor
 from pto.language.typing import INOUT, OUT, ScalarType, TensorType
 from pto.runtime.graph import Block, Task, TaskGraph
 from pto.runtime.heap import RingHeap
-from pto.runtime.program import Program, ProgramStats, RunConfig
+from pto.runtime.program import Program, ProgramStats, RunConfig, _gc_pause, _gc_resume
 
 __all__ = ["run", "set_program_cache", "program_cache_enabled", "clear_program_cache", "cache_info"]
 
@@ -236,10 +236,13 @@ def _record(ent: _Entry, jf, args, kwargs, config) -> Program:
         prog.execute(args, kwargs)
     finally:
         prog.jf = jf
+    _gc_pause()  # building the trace makes many small objects next to a large graph: no collections meanwhile
     try:
         trace = rec.finish(prog)
     except _Unreplayable as e:
         trace, rec.bad = None, str(e)
+    finally:
+        _gc_resume()
     if trace is None:
         ent.state = "off"
         _count("uncacheable")
@@ -592,125 +595,130 @@ class _Trace:
                 return (f"({inner},)" if t is tuple else f"[{inner}]") if x else ("()" if t is tuple else "[]")
             return const(x)
 
-        lines: list = []
-        starts: list = []  # the first line of each operation
-        bigvals = {v for op in ops for v in op[6]}
-        for i, (f, a, kw, outs, gk, g, big) in enumerate(ops):
-            call = const(f) + "(" + ", ".join([expr(x) for x in a] + [f"{k}={expr(v)}" for k, v in kw.items()]) + ")"
-            used: list = []
-            for x in a:
-                _uses(x, used)
-            for x in kw.values():
-                _uses(x, used)
-            starts.append(len(lines))
-            # registers of values used for the last time here: freed after this operation's results
-            # have theirs (so a kill below never hits a result)
-            dying = [v for v in dict.fromkeys(used) if last.get(v) == i and v in reg and v not in rec.consts]
-            kills = [reg[v] for v in dying if v in bigvals]
-            if gk in (1, 4):
-                for v in dying:
-                    free.append(reg.pop(v))
-            if gk == 1:
-                if type(g) is float and g != g:
-                    lines.append(f"_ = {call}")
-                    lines.append(f"if _ == _: raise D({i})")
-                elif _literal(g):
-                    lines.append(f"if {call} != {expr(g)}: raise D({i})")
-                else:
-                    lines.append(f"if not S({call}, {const(g)}): raise D({i})")
-                continue
-            if gk == 4:  # a tolist whose read elements are guarded
-                lines.append(f"_ = {call}")
-                if g.whole:
-                    lines.append(f"if not S(_, {const(g.value)}): raise D({i})")
-                else:
-                    conds = []
-                    for path, v in g.seen.items():
-                        el = "_" + "".join(f"[{k}]" for k in path)
-                        if type(v) is float and v != v:
-                            conds.append(f"{el} == {el}")
-                        elif _literal(v):
-                            conds.append(f"{el} != {expr(v)}")
-                        else:
-                            conds.append(f"not S({el}, {const(v)})")
-                    if conds:
-                        lines.append(f"if {' or '.join(conds)}: raise D({i})")
-                continue
-            targets = []
-            for v in ((outs,) if type(outs) is int else outs or ()):
-                if v in reg or last.get(v, -1) <= i:
-                    targets.append("_")
+        where = f"<pto replay of {prog.name}>"
+        state = {"nregs": nregs}
+
+        def emit(lines):
+            nm = f"_chunk{len(self.chunks)}"
+            src = f"def {nm}(r):\n    " + "\n    ".join(lines or ["pass"]) + "\n"
+            exec(compile(src, where, "exec"), glob)  # noqa: S102 - generated from the recording
+            return glob[nm]
+
+        def chunks():
+            nregs = state["nregs"]
+            lines: list = []
+            bigvals = {v for op in ops for v in op[6]}
+            for i, (f, a, kw, outs, gk, g, big) in enumerate(ops):
+                if len(lines) >= _CHUNK:  # a chunk ends between the lines of two operations
+                    yield emit(lines)
+                    lines = []
+                call = const(f) + "(" + ", ".join([expr(x) for x in a] + [f"{k}={expr(v)}" for k, v in kw.items()]) + ")"
+                used: list = []
+                for x in a:
+                    _uses(x, used)
+                for x in kw.values():
+                    _uses(x, used)
+                # registers of values used for the last time here: freed after this operation's results
+                # have theirs (so a kill below never hits a result)
+                dying = [v for v in dict.fromkeys(used) if last.get(v) == i and v in reg and v not in rec.consts]
+                kills = [reg[v] for v in dying if v in bigvals]
+                if gk in (1, 4):
+                    for v in dying:
+                        free.append(reg.pop(v))
+                if gk == 1:
+                    if type(g) is float and g != g:
+                        lines.append(f"_ = {call}")
+                        lines.append(f"if _ == _: raise D({i})")
+                    elif _literal(g):
+                        lines.append(f"if {call} != {expr(g)}: raise D({i})")
+                    else:
+                        lines.append(f"if not S({call}, {const(g)}): raise D({i})")
                     continue
-                if free:
-                    reg[v] = free.pop()
-                else:
-                    reg[v] = nregs
-                    nregs += 1
-                targets.append(f"r[{reg[v]}]")
-            if type(outs) is int:
-                if gk == 2:
+                if gk == 4:  # a tolist whose read elements are guarded
                     lines.append(f"_ = {call}")
-                    lines.append(f"if tuple(_.shape) != {const(g)}: raise D({i})")
-                    if targets[0] != "_":
-                        lines.append(f"{targets[0]} = _")
-                elif targets[0] == "_":
+                    if g.whole:
+                        lines.append(f"if not S(_, {const(g.value)}): raise D({i})")
+                    else:
+                        conds = []
+                        for path, v in g.seen.items():
+                            el = "_" + "".join(f"[{k}]" for k in path)
+                            if type(v) is float and v != v:
+                                conds.append(f"{el} == {el}")
+                            elif _literal(v):
+                                conds.append(f"{el} != {expr(v)}")
+                            else:
+                                conds.append(f"not S({el}, {const(v)})")
+                        if conds:
+                            lines.append(f"if {' or '.join(conds)}: raise D({i})")
+                    continue
+                targets = []
+                for v in ((outs,) if type(outs) is int else outs or ()):
+                    if v in reg or last.get(v, -1) <= i:
+                        targets.append("_")
+                        continue
+                    if free:
+                        reg[v] = free.pop()
+                    else:
+                        reg[v] = nregs
+                        nregs += 1
+                    targets.append(f"r[{reg[v]}]")
+                if type(outs) is int:
+                    if gk == 2:
+                        lines.append(f"_ = {call}")
+                        lines.append(f"if tuple(_.shape) != {const(g)}: raise D({i})")
+                        if targets[0] != "_":
+                            lines.append(f"{targets[0]} = _")
+                    elif targets[0] == "_":
+                        lines.append(call)
+                    else:
+                        lines.append(f"{targets[0]} = {call}")
+                elif outs is None:
                     lines.append(call)
                 else:
-                    lines.append(f"{targets[0]} = {call}")
-            elif outs is None:
-                lines.append(call)
-            else:
-                lines.append(f"_ = {call}")
-                if gk == 2:
-                    lines.append(f"if tuple(tuple(y.shape) for y in _) != {const(g)}: raise D({i})")
-                for k, tg in enumerate(targets):
-                    if tg != "_":
-                        lines.append(f"{tg} = _[{k}]")
-            for v in dying:
-                free.append(reg.pop(v))
-            for k in kills:  # large values used for the last time: let them go now
-                lines.append(f"r[{k}] = None")
-        src = []
-        chunks = []
-        starts.append(len(lines))
-        c0 = 0
-        for s1 in starts[1:]:  # chunks of about _CHUNK lines, split between the lines of two operations
-            if s1 - c0 < _CHUNK and s1 != len(lines):
-                continue
-            nm = f"_chunk{len(chunks)}"
-            chunks.append(nm)
-            body = lines[c0:s1] or ["pass"]
-            src.append(f"def {nm}(r):\n    " + "\n    ".join(body) + "\n")
-            c0 = s1
-        if not chunks:
-            chunks.append("_chunk0")
-            src.append("def _chunk0(r):\n    pass\n")
-        # each chunk is compiled when a replay first reaches it (a replay that diverges early, as
-        # one whose positions move does, compiles little)
-        self.chunks = [_LazyChunk(s, nm, glob, f"<pto replay of {prog.name}>") for s, nm in zip(src, chunks)]
-        self.nregs = nregs
-        self.input_regs = [reg_of for reg_of in range(len(inputs))]
-        self.out_regs = {v: reg[v] for v in keep}
+                    lines.append(f"_ = {call}")
+                    if gk == 2:
+                        lines.append(f"if tuple(tuple(y.shape) for y in _) != {const(g)}: raise D({i})")
+                    for k, tg in enumerate(targets):
+                        if tg != "_":
+                            lines.append(f"{tg} = _[{k}]")
+                for v in dying:
+                    free.append(reg.pop(v))
+                for k in kills:  # large values used for the last time: let them go now
+                    lines.append(f"r[{k}] = None")
+            state["nregs"] = nregs
+            self.out_regs = {v: reg[v] for v in keep}
+            yield emit(lines)
+
+        # the code is generated and compiled chunk by chunk as replays first reach it (a replay that
+        # diverges early, as one whose positions move does, generates and compiles little)
+        self.chunks: list = []
+        self._gen = chunks()
+        self._gen_lock = threading.Lock()
+        self.nregs = rec.nvals + 1  # no value needs a register beyond its number
+        self.out_regs = None
         self.ret_spec = ret_spec
         self.n_ops = n_ops
         self.template = _Template(prog)
 
-
-class _LazyChunk:
-    """One chunk of replay code, compiled on its first call."""
-
-    __slots__ = ("src", "name", "glob", "where", "fn")
-
-    def __init__(self, src, name, glob, where):
-        self.src, self.name, self.glob, self.where, self.fn = src, name, glob, where, None
-
-    def __call__(self, r):
-        fn = self.fn
-        if fn is None:
-            exec(compile(self.src, self.where, "exec"), self.glob)  # noqa: S102 - generated from the recording
-            fn = self.fn = self.glob[self.name]
-            self.src = None
-        fn(r)
+    def run(self, regs) -> None:
+        """Run the replay code on the registers ``regs`` (inputs set); raises _Diverged."""
+        k = 0
+        chunks = self.chunks
+        while True:
+            if k < len(chunks):
+                chunks[k](regs)
+                k += 1
+                continue
+            with self._gen_lock:
+                if k < len(chunks):
+                    continue
+                if self._gen is None:
+                    return
+                ch = next(self._gen, None)
+                if ch is None:
+                    self._gen = None
+                    return
+                chunks.append(ch)
 
 
 def _literal(v) -> bool:
@@ -814,8 +822,7 @@ def _replay(trace: _Trace, jf, params, cfg) -> Program | None:
     heap = RingHeap(cfg.heap_bytes)
     regs[k] = heap.storage
     try:
-        for ch in trace.chunks:
-            ch(regs)
+        trace.run(regs)
     except _Diverged:
         return None
     except Exception:  # noqa: BLE001 - whatever failed, the plain run reproduces it with its context
