@@ -26,7 +26,7 @@ BF16_CASES = [
     ("prefill_attention_swa", "prefill"), ("decode_attention_swa", "decode"),
     ("prefill_attention_hca", "prefill"), ("decode_attention_hca", "decode"),
     ("prefill_attention_csa", "prefill"), ("decode_attention_csa", "decode"),
-    ("mtp_projection", "prefill"), ("mtp_projection", "decode"),
+    ("mtp_projection", "prefill"), ("mtp_projection", "decode"), ("mtp_layer", "prefill"), ("mtp_layer", "decode"),
 ]
 
 

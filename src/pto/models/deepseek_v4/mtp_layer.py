@@ -35,6 +35,7 @@ from pto.models.deepseek_v4.moe import MOE_INPUTS, golden_moe, make_moe_inputs
 from pto.models.deepseek_v4.mtp_projection import (MTP_PROJ_ARGS, golden_mtp_projection,
                                                    make_mtp_projection_inputs, mtp_projection_kernels)
 from pto.models.deepseek_v4.prefill_attention_swa import golden_prefill_attention_swa, make_swa_inputs
+from pto.models.deepseek_v4.weight_format import weight_format_of, with_weight_format
 from pto.models.deepseek_v4.tiling import mode_tokens, token_capacity
 
 __all__ = ["TOLERANCES", "HEAD_ARGS", "mtp_layer_kernels", "golden_mtp_layer", "build_case"]
@@ -101,7 +102,8 @@ def mtp_layer_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
 def golden_mtp_layer(inputs: dict, cfg: DeepSeekV4Config, phase: str) -> dict[str, torch.Tensor]:
     """Golden of :func:`mtp_layer_kernels` (module docstring): ``golden_mtp_projection`` ->
     ``golden_decode_attention_swa`` / ``golden_prefill_attention_swa`` -> ``golden_moe``
-    (``layer_id = num_hidden_layers``) -> ``golden_final_logits``.
+    (``layer_id = num_hidden_layers``) -> ``golden_final_logits``, each in ``cfg``'s weight
+    format (``"bf16"``: the unquantised kernels' numerics).
 
     Args:
         inputs: the program's arguments by name (``phase`` ``"prefill"``: with ``num_tokens``).
@@ -110,15 +112,20 @@ def golden_mtp_layer(inputs: dict, cfg: DeepSeekV4Config, phase: str) -> dict[st
         ``{"kv_cache", "x_out", "logits"}``.
     """
     i = dict(inputs)
+    wf = weight_format_of(cfg)
     n = int(i["num_tokens"]) if phase == "prefill" else i["emb"].shape[0]
-    x_hc = golden_mtp_projection(*[i[k] for k in MTP_PROJ_ARGS[:-1]], cfg.rms_norm_eps)
+    proj = [i[k] for k in MTP_PROJ_ARGS[:-1]]
+    if wf == "bf16":  # float weights, no scale, BF16 activations
+        proj[5] = proj[7] = None
+    x_hc = golden_mtp_projection(*proj, cfg.rms_norm_eps, bf16_act=wf == "bf16")
     if phase == "prefill":
         x_hc[n:] = 0
-        kv, x_attn = golden_prefill_attention_swa({**i, "x_hc": x_hc}, cfg)
+        kv, x_attn = golden_prefill_attention_swa({**i, "x_hc": x_hc}, cfg, weight_format=wf)
     else:
-        kv, x_attn = golden_decode_attention_swa({**i, "x_hc": x_hc}, cfg)
+        kv, x_attn = golden_decode_attention_swa({**i, "x_hc": x_hc}, cfg, weight_format=wf)
     moe = {k: i[k] for k in MOE_INPUTS[1:]}
-    x_out = golden_moe({**moe, "x_hc": x_attn, "layer_id": cfg.num_hidden_layers, "num_tokens": n}, cfg)
+    x_out = golden_moe({**moe, "x_hc": x_attn, "layer_id": cfg.num_hidden_layers, "num_tokens": n}, cfg,
+                       weight_format=wf)
     logits = golden_final_logits(x_out, *[i[k] for k in HEAD_ARGS], cfg)
     return {"kv_cache": kv, "x_out": x_out, "logits": logits}
 
@@ -127,23 +134,27 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
     """KernelCase builder of the MTP layer: ``decode`` (``decode_batch`` requests of ``S``
     tokens at :data:`decode_sparse_attn.DEFAULT_START_POS`; options of
     ``decode_case_options``) or ``prefill`` (``prefill_seq`` rows, options ``T``,
-    ``num_tokens``, ``start_pos``, ``seed``). Fixtures: the SWA block's
+    ``num_tokens``, ``start_pos``, ``seed``); both take ``weight_format`` (``"bf16"``: the
+    unquantised kernels, same tolerances). Fixtures: the SWA block's
     (``make_decode_swa_inputs`` / ``make_swa_inputs``), the MoE block's
     (``make_moe_inputs``, learned routing), the projection's and the head's.
     Compared: ``x_out``, ``logits`` and ``kv_cache`` by :data:`TOLERANCES`."""
     if mode == "decode":
-        o = decode_case_options("mtp_layer", preset, mode, options)
-        cfg, seed = o.cfg, o.seed
+        o = decode_case_options("mtp_layer", preset, mode, options, weight_formats=True)
+        cfg, seed, wf = o.cfg, o.seed, o.weight_format
         T = len(o.start_pos) * o.S
-        d = make_decode_swa_inputs(cfg, o.start_pos, o.S, seed)
+        d = make_decode_swa_inputs(cfg, o.start_pos, o.S, seed, weight_format=wf)
         n = T
     else:
         opts = dict(options)
         cfg, T = mode_tokens(preset, mode, opts.pop("T", None))
+        wf = str(opts.pop("weight_format", "int8"))
+        cfg = with_weight_format(cfg, wf)
         seed, n = int(opts.pop("seed", 0)), int(opts.pop("num_tokens", T))
-        d = make_swa_inputs(cfg, T, int(opts.pop("start_pos", 0)), n, seed)
+        d = make_swa_inputs(cfg, T, int(opts.pop("start_pos", 0)), n, seed, weight_format=wf)
         d.pop("num_tokens")
-    d.update({k: v for k, v in make_moe_inputs(cfg, T, seed + 10, num_tokens=n).items() if k != "x_hc"})
+    d.update({k: v for k, v in make_moe_inputs(cfg, T, seed + 10, num_tokens=n, weight_format=wf).items()
+              if k != "x_hc"})
     d.update(make_mtp_projection_inputs(cfg, T, seed + 20))
     hh = make_hc_head_inputs(cfg, T, seed + 30)
     d.update(mtp_hc_fn=hh["hc_fn"], mtp_hc_scale=hh["hc_scale"], mtp_hc_base=hh["hc_base"],
@@ -169,7 +180,8 @@ def build_case(preset: str, mode: str, **options) -> CaseRun:
         compare = {"x_out": valid_ratio_reldiff(n, *TOLERANCES["x_out"]),
                    "logits": valid_ratio_reldiff(n, *TOLERANCES["logits"]),
                    "kv_cache": ratio_reldiff(*TOLERANCES["kv_cache"])}
-    return CaseRun(getattr(k, f"mtp_{mode}_layer"), specs, golden, compare, label=f"mtp {mode} T={T} active={n}")
+    return CaseRun(getattr(k, f"mtp_{mode}_layer"), specs, golden, compare,
+                   label=f"mtp {mode} T={T} active={n}" + (" weight_format=bf16" if wf == "bf16" else ""))
 
 
 register(KernelCase("mtp_layer", build_case, modes=("decode", "prefill"), max_preset="demo",
