@@ -21,6 +21,7 @@ import torch
 
 from pto.errors import DslError
 from pto.language import _ctx
+from pto.language import compat_ops as _compat
 from pto.language import graph_only as _go
 from pto.language.dtypes import as_dtype
 from pto.language.tile_ops import PadValue, Tile, _pad_scalar, tile_assemble, tile_key, tile_reshape, tile_slice
@@ -274,7 +275,11 @@ class GMTensor:
                     blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))
                     blk.bytes += (b0 - a0) * (b1 - a1) * self._itemsize
                     blk.ld += 1
-                    return Tile(_go.meta(src.shape, src.dtype) if src.is_meta else src.clone())
+                    if src.is_meta:
+                        return Tile(_go.meta(src.shape, src.dtype))
+                    # an In parameter's contiguous window without a copy, as _load
+                    view = buf.readonly and buf.kind == "arg" and not _compat.mode.pypto and src.is_contiguous()
+                    return Tile(src if view else src.clone())
         starts, stops, drop = self._parse(key)
         if len(drop) == len(self._shape):
             return _read_elem(self, starts)
@@ -371,6 +376,18 @@ def _where() -> str:
     return site
 
 
+def aliases_readonly(d: torch.Tensor) -> bool:
+    """Whether the tile data ``d`` is a view of an In parameter of the running program (a
+    no-copy load, or a sub-tile / reshape of one): a tile write must copy it first."""
+    if d._base is None:
+        return False
+    prog = _ctx.state.program
+    if prog is None:
+        return False
+    ptr = d.untyped_storage().data_ptr()
+    return any(b.readonly and b.kind == "arg" and b.data.untyped_storage().data_ptr() == ptr for b in prog.buffers)
+
+
 def _prog_block(what: str):
     blk = _ctx.state.block
     if blk is None:
@@ -425,10 +442,14 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
             mask = buf.program.consume_undefined(m.clone(), blk, "load")
     if src.is_meta:  # graph-only mode: an unknown tile (a meta clone is slower than a new one)
         return Tile(_go.meta([b - a for a, b in zip(starts, stops)], src.dtype), None, valid)
+    # an In parameter is never written during the run (a store into it is a DslError), so a
+    # contiguous window of it is handed out without a copy; tile writes copy such a tile first
+    # (Tile.__setitem__, pl.write: aliases_readonly)
+    view = buf.readonly and buf.kind == "arg" and not _compat.mode.pypto and src.is_contiguous()
     if valid is None:
-        return Tile(src.clone(), mask)
+        return Tile(src if view else src.clone(), mask)
     if vstops == stops:
-        return Tile(src.clone(), mask, valid)
+        return Tile(src if view else src.clone(), mask, valid)
     fill = 0 if pad is None else _pad_scalar(src.dtype, pad)
     pads = []  # (before, after) per dim, last dim first: the valid values, then the pad value
     for n, v in zip(reversed(shape), reversed(valid)):
@@ -878,6 +899,8 @@ def write(dst, idx, value):
         if isinstance(value, _go.MetaScalar) or dst.data.is_meta:  # graph-only mode: the tile becomes unknown
             dst.data = _go.meta(dst.data.shape, dst.data.dtype)
             return dst
+        if aliases_readonly(dst.data):
+            dst.data = dst.data.clone()
         dst.data[idx] = v
         if dst.mask is not None or undefined:
             dst.own_mask()[tuple(idx)] = oid

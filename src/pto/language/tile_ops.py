@@ -158,6 +158,9 @@ class Tile:
                 raise DslError(f"tile subscript assign: dtype {value.dtype} into {self.dtype} tile")
             self.data = _meta(self.data.shape, self.data.dtype)  # graph-only mode: the tile becomes unknown
             return
+        from pto.language.tensor_ops import aliases_readonly  # tensor_ops imports this module
+        if aliases_readonly(self.data):  # a no-copy load of an In parameter: copy before writing
+            self.data = self.data.clone()
         if isinstance(value, ScalarValue):
             self.data[key] = value.value
             if self.mask is not None or not value.defined:
