@@ -418,3 +418,61 @@ def test_records_of_one_block_merge_their_op_counts():
     r = simulate(_program(g), TOY_LAT)
     assert r.blocks == 1
     assert [(x.start_us, x.end_us) for x in r.runs] == [(1.0, pytest.approx(14.0, rel=1e-12))]
+
+
+def _bench_sim_device():
+    """benchmarks/bench_sim_device.py as a module (it is a script, not a package)."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    name = "bench_sim_device"
+    if name not in sys.modules:
+        path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_sim_device.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # dataclasses resolve the module's annotations through sys.modules
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def test_bench_status_leaves_different_programs_out_of_the_check():
+    bench = _bench_sim_device()
+    fig = bench.Figure("x", 2.0, "src")
+    assert bench.figure_status(fig, 1.0) == "ok"            # 1.0 / 2.0 = 0.5x: the bound is inside
+    assert bench.figure_status(fig, 4.0) == "ok"            # 2.0x
+    assert bench.figure_status(fig, 0.98) == "DISAGREES"    # 0.49x
+    assert bench.figure_status(fig, None) == "pending"
+    assert bench.figure_status(bench.Figure("d", 51.0, "src", measure="delta:effective"), 25.0) == "ok"
+    assert bench.figure_status(bench.Figure("d", 51.0, "src", measure="delta:effective"), 24.9) == "DISAGREES"
+    other = bench.Figure("y", 2.0, "src", differs="historical: different program: ...")
+    assert bench.figure_status(other, 0.2) == "different program"  # 0.1x, but not a comparison
+    table = [{"what": "a", "status": "ok"}, {"what": "b", "status": "DISAGREES"},
+             {"what": "c", "status": "different program"}, {"what": "d", "status": "derived"}]
+    assert bench.summary(table) == ("1 of 2 compared figures disagree: b. Not compared (1, the device measured a "
+                                    "different program, reason on each row): c")
+    # every row left out of the check says why, and the MoE row compares one rank with one rank
+    for f in bench.FIGURES:
+        assert not f.differs or f.differs.startswith(("historical: different program:", "different program:"))
+    moe = next(f for f in bench.FIGURES if f.kernels == ("moe_ep",))
+    assert (moe.ep, moe.experts_per_rank, moe.device_us, moe.differs) == (2, 32, 514.5, "")
+
+
+def test_ep_moe_program_is_one_rank_of_the_world():
+    bench = _bench_sim_device()
+    from pto.models.deepseek_v4.config import get_config
+
+    cfg = get_config("tiny")  # D 128, F 64, K 4
+    D, F, K = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok
+    prog = bench.ep_moe_program("tiny", ep=2, experts_per_rank=4)
+    tasks = {t.name: t for t in prog.graph.tasks}
+    assert len(prog.graph.tasks) == 21 and sum(len(t.preds) for t in prog.graph.tasks) == 27
+    ffn = tasks["expert_ffn"]
+    assert len(ffn.blocks) == 4                              # one block per local expert
+    assert sum(b.mm for b in ffn.blocks) == 4 * 3            # gate, up and w2 of each
+    assert sum(b.bytes for b in ffn.blocks) >= 4 * 3 * F * D  # the 4 experts' INT8 weights: 98,304 B
+    # balanced routes: rank 0 receives its own T*K = 32 routes' rows, D INT8 bytes each, from the window
+    gather = tasks["moe_ep_gather"].blocks[0]
+    assert gather.bytes >= 8 * K * D
+    r = simulate(prog, "a2a3")
+    assert r.tasks == 21 and r.effective_us >= r.critical_path_us - 1e-9 > 0  # a schedule is no shorter
