@@ -443,18 +443,20 @@ def prefill_compressor_ratio128(
     PT, PN, PK = tl.proj_t, tl.proj_n, tl.proj_k
     n_col = d // PN
 
-    def kv_gate_rows(c0, k0):  # [2*PN, PK] BF16: the block's wkv rows above its wgate rows
-        w_t = pl.assemble(pl.full([2 * PN, PK], pl.BF16, 0), wkv[c0:c0 + PN, k0:k0 + PK], [0, 0])
-        return pl.assemble(w_t, wgate[c0:c0 + PN, k0:k0 + PK], [PN, 0])
+    def kv_gate_rows(c0):  # [2*PN, D] BF16: the block's wkv rows above its wgate rows, all K chunks
+        w_t = pl.assemble(pl.full([2 * PN, D], pl.BF16, 0), wkv[c0:c0 + PN, 0:D], [0, 0])
+        return pl.assemble(w_t, wgate[c0:c0 + PN, 0:D], [PN, 0])
 
     for b in pl.spmd(-(-t_len // PT) * n_col, name_hint="prefill_hca_c128_kv_score_proj"):
         r0, c0 = (b // n_col) * PT, (b % n_col) * PN
         rows = min(PT, t_len - r0)
-        xt = pl.slice(x, [PT, PK], [r0, 0], valid_shape=[rows, PK])
-        acc = pl.matmul(xt, kv_gate_rows(c0, 0), b_trans=True)  # [PT, 2*PN] FP32: kv | score
+        # the block's x rows and weight rows loaded once; each K chunk is a [*, PK] sub-tile of them
+        x_rows, w_rows = pl.slice(x, [PT, D], [r0, 0], valid_shape=[rows, D]), kv_gate_rows(c0)
+        acc = pl.matmul(pl.slice(x_rows, [PT, PK], [0, 0]), pl.slice(w_rows, [2 * PN, PK], [0, 0]),
+                        b_trans=True)  # [PT, 2*PN] FP32: kv | score
         for kc in pl.range(1, D // PK):
-            xt = pl.slice(x, [PT, PK], [r0, kc * PK], valid_shape=[rows, PK])
-            acc = pl.matmul_acc(acc, xt, kv_gate_rows(c0, kc * PK), b_trans=True)
+            acc = pl.matmul_acc(acc, pl.slice(x_rows, [PT, PK], [0, kc * PK]),
+                                pl.slice(w_rows, [2 * PN, PK], [0, kc * PK]), b_trans=True)
         pl.assemble(kv_proj, pl.set_validshape(pl.slice(acc, [PT, PN], [0, 0]), rows, PN), [r0, c0])
         pl.assemble(score_proj, pl.set_validshape(pl.slice(acc, [PT, PN], [0, PN]), rows, PN), [r0, c0])
 
