@@ -37,17 +37,15 @@ from types import SimpleNamespace
 
 import torch
 
-import pto.language as pl
 from pto.errors import ConfigError
 from pto.language import _ctx
 from pto.models.deepseek_v4.cache import Cache
 from pto.models.deepseek_v4.config import DeepSeekV4Config, DeploymentConfig, get_config, get_deployment, kernel_config
-from pto.models.deepseek_v4.layer import _FAMILY, KernelModel, _bodies, _jit, layer_kernels
+from pto.models.deepseek_v4.layer import _FAMILY, KernelModel, _bodies, _forward, _jit, layer_kernels
 from pto.models.deepseek_v4.lm_head import lm_head_kernels
 from pto.models.deepseek_v4.lookup_embedding import lookup_embedding_kernels
 from pto.models.deepseek_v4.moe import MOE_INPUTS, moe_kernels
 from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
-from pto.models.deepseek_v4.tiling import token_capacity
 from pto.runtime import RunConfig
 from pto.runtime.graph_only import register_assumption
 
@@ -310,38 +308,11 @@ def _staged_program(cfg, phase: str):
     per_layer = [bodies[f"{phase}_{_FAMILY[r]}"] for r in cfg.compress_ratios]
     emb = lookup_embedding_kernels(cfg).lookup_embedding
     head = lm_head_kernels(cfg).final_logits
-    HC, D, cap = cfg.hc_mult, cfg.hidden_size, token_capacity(cfg)
     marks = _Marks()
-    prefill = phase == "prefill"
 
     def fwd(*args):
         marks.reset()
-        input_ids, embed = args[0], args[1]
-        t = pl.tensor.dim(input_ids, 0)
-        num_tokens = args[-1] if prefill else t
-        marks.mark("embedding")
-        x = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name="x_embed")
-        emb(input_ids, embed, x)
-        k = 2
-        for i, lb in enumerate(per_layer):
-            x_next = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name=f"x_layer{i}")
-            largs = args[k:k + len(lb.names)]
-            # _LayerBody.__call__, with a mark between its attention and MoE blocks
-            na = len(lb.a_names)
-            marks.mark(f"L{i} attention {_FAMILY[cfg.compress_ratios[i]]}")
-            x_mid = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name="x_mid")
-            lb.attn(x, *largs[:na], x_mid, *([num_tokens] if lb.attn_num_tokens else []))
-            marks.mark(f"L{i} moe")
-            moe_args = list(largs[na:])
-            moe_args.insert(lb._ids_at, input_ids)
-            lb.moe(x_mid, *moe_args, x_next, i, num_tokens)
-            k += len(lb.names)
-            x = x_next
-        marks.mark("head")
-        hc_fn, hc_scale, hc_base, norm_w, head_w, logits = args[k:k + 6]
-        head(x, hc_fn, hc_scale, hc_base, norm_w, head_w, logits)
-        marks.mark(None)
-        return logits
+        return _forward(cfg, per_layer, emb, head, args, phase == "prefill", mark=marks.mark)
 
     jf = _jit(f"{phase}_fwd", f"{phase}_fwd with graph-only stage marks (pto.models.deepseek_v4.graph_only)",
               names, anns, fwd)

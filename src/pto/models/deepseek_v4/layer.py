@@ -68,8 +68,9 @@ class _LayerBody:
     ``x_hc``, ``x_out``, ``num_tokens``), then ``moe``'s (without ``x_hc``, ``input_ids``,
     ``x_next``, ``layer_id``, ``num_tokens``); ``annotations`` are the blocks' own (plus
     ``x_hc``). :meth:`__call__` runs the layer inside a program: the attention reads ``x_in``
-    and writes the scratch ``x_mid [T, hc_mult, D]`` FP32 that the MoE block turns into
-    ``x_out``.
+    and writes the scratch ``x_mid [T, hc_mult, D]`` FP32 (in the caller's heap scope) that the
+    MoE block turns into ``x_out``; each block runs in its own ``pl.scope()``, so its scratch is
+    freed when it ends (the reference's ``decode_fwd`` runs every stage in its own scope).
     """
 
     def __init__(self, attn, moe, attn_num_tokens: bool, cfg: DeepSeekV4Config):
@@ -87,15 +88,74 @@ class _LayerBody:
         ids_at = [n for n in m_sig.parameters if n != "x_hc"].index("input_ids")
         self._ids_at = ids_at  # input_ids' place among moe's arguments after x_hc
 
-    def __call__(self, x_in, args, input_ids, x_out, layer_id, num_tokens):
+    def __call__(self, x_in, args, input_ids, x_out, layer_id, num_tokens, mark=None):
+        """Run the layer (``mark()``, if given, is called between the two blocks)."""
         na = len(self.a_names)
         t = pl.tensor.dim(x_in, 0)
         x_mid = pl.create_tensor([t, self.HC, self.D], pl.FP32, capacity=self.cap, name="x_mid")
-        self.attn(x_in, *args[:na], x_mid, *([num_tokens] if self.attn_num_tokens else []))
+        with pl.scope():
+            self.attn(x_in, *args[:na], x_mid, *([num_tokens] if self.attn_num_tokens else []))
+        if mark is not None:
+            mark()
         moe_args = list(args[na:])
         moe_args.insert(self._ids_at, input_ids)
-        self.moe(x_mid, *moe_args, x_out, layer_id, num_tokens)
+        with pl.scope():
+            self.moe(x_mid, *moe_args, x_out, layer_id, num_tokens)
         return x_out
+
+
+def _forward(cfg: DeepSeekV4Config, layers: list, emb, head, args, prefill: bool, mark=None):
+    """The body of ``prefill_fwd`` / ``decode_fwd`` (:func:`layer_kernels`): ``lookup_embedding``
+    -> ``layers`` (one :class:`_LayerBody` per layer) -> ``final_logits``; returns ``logits``.
+
+    Heap scopes: every layer runs in its own ``pl.scope()`` (and each of its two blocks in one
+    more, :class:`_LayerBody`), so a layer's scratch is freed when it ends. The residual streams
+    ``x_layer{i} [T, hc_mult, D]`` FP32 between layers are allocated by halving the layer range:
+    the stream at the middle of a range lives in a scope around that range, so at most about
+    ``log2(layers) + 1`` streams are live (FLASH: 7 of 43) and the heap peak is one layer's
+    scratch plus those. Every stream is a new tensor, so the tasks and edges are those of one
+    top scope.
+
+    ``mark(name)``, if given, is called at each stage start (``"embedding"``, ``"L{i} attention
+    {swa|csa|hca}"``, ``"L{i} moe"``, ``"head"``) and with ``None`` at the end (graph_only.py's
+    stage figures).
+    """
+    mark = mark or (lambda name: None)
+    input_ids, embed = args[0], args[1]
+    t = pl.tensor.dim(input_ids, 0)
+    num_tokens = args[-1] if prefill else t
+    HC, D, cap = cfg.hc_mult, cfg.hidden_size, token_capacity(cfg)
+    at = [2]
+    for lb in layers:
+        at.append(at[-1] + len(lb.names))
+
+    def stream(name):
+        return pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name=name)
+
+    def run(lo, hi, x_in, x_out):  # layers lo .. hi-1: x_in -> x_out
+        if hi - lo == 1:
+            mark(f"L{lo} attention {_FAMILY[cfg.compress_ratios[lo]]}")
+            with pl.scope():
+                layers[lo](x_in, args[at[lo]:at[lo + 1]], input_ids, x_out, lo, num_tokens,
+                           mark=lambda: mark(f"L{lo} moe"))
+            return
+        mid = (lo + hi) // 2
+        with pl.scope():
+            x_m = stream(f"x_layer{mid - 1}")
+            run(lo, mid, x_in, x_m)
+            run(mid, hi, x_m, x_out)
+
+    x_last = stream(f"x_layer{len(layers) - 1}")
+    with pl.scope():
+        mark("embedding")
+        x = stream("x_embed")
+        emb(input_ids, embed, x)
+        run(0, len(layers), x, x_last)
+    mark("head")
+    hc_fn, hc_scale, hc_base, norm_w, head_w, logits = args[at[-1]:at[-1] + 6]
+    head(x_last, hc_fn, hc_scale, hc_base, norm_w, head_w, logits)
+    mark(None)
+    return logits
 
 
 def _jit(name: str, doc: str, names: list[str], annotations: dict, body):
@@ -142,7 +202,8 @@ def layer_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     ``prefill_fwd(input_ids, embed, <layer 0 args as l0_*>, ..., hc_fn, hc_scale, hc_base,
     norm_w, head_w, logits, num_tokens)`` and ``decode_fwd(...)`` (no ``num_tokens``):
     ``lookup_embedding`` -> every layer -> ``final_logits`` (hc_head, RMSNorm, lm_head) into
-    ``logits [T, V]`` FP32, one task graph for the whole step.
+    ``logits [T, V]`` FP32, one task graph for the whole step; every layer and block in its own
+    heap scope, so the heap peak is one layer's scratch plus a few residual streams (:func:`_forward`).
 
     Returns:
         namespace with the six layer programs, ``prefill_fwd``, ``decode_fwd`` and
@@ -176,7 +237,6 @@ def layer_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     e_sig, e_anns = emb.signature()
     h_sig, h_anns = head.signature()
     head_names = ["hc_fn", "hc_scale", "hc_base", "norm_w", "head_w"]  # final_logits' (weight -> head_w)
-    HC, D, cap = cfg.hc_mult, cfg.hidden_size, token_capacity(cfg)
 
     def layer_args(i: int, phase: str) -> list[str]:
         return [f"l{i}_{n}" for n in bodies[f"{phase}_{_FAMILY[cfg.compress_ratios[i]]}"].names]
@@ -194,20 +254,7 @@ def layer_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                      "num_tokens": per_layer[0].moe_annotations["num_tokens"]})
 
         def fwd(*args, _layers=per_layer, _prefill=phase == "prefill"):
-            input_ids, embed = args[0], args[1]
-            t = pl.tensor.dim(input_ids, 0)
-            num_tokens = args[-1] if _prefill else t
-            x = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name="x_embed")
-            emb(input_ids, embed, x)
-            k = 2
-            for i, lb in enumerate(_layers):
-                x_next = pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name=f"x_layer{i}")
-                lb(x, args[k:k + len(lb.names)], input_ids, x_next, i, num_tokens)
-                k += len(lb.names)
-                x = x_next
-            hc_fn, hc_scale, hc_base, norm_w, head_w, logits = args[k:k + 6]
-            head(x, hc_fn, hc_scale, hc_base, norm_w, head_w, logits)
-            return logits
+            return _forward(cfg, _layers, emb, head, args, _prefill)
 
         name = f"{phase}_fwd"
         out[name] = _jit(name, f"{name}: embedding, every layer of the schedule, the head; returns ``logits``.",
