@@ -122,7 +122,8 @@ def flash_counts(sizes: list[int], T: int = 8) -> dict:
       (``run_threads``). Routes are balanced over the ranks' experts: the hash table sends the
       ``j``-th route of the run (token id ``t``, slot ``k``, ``j = t*K + k``, rank ``r``'s rows
       holding ids ``r*T ..``) to expert ``j * E // (N*T*K)``. The learned layers' routes come
-      from graph-only's top-k ties assumption (every row picks experts ``0 .. K-1``), so a rank
+      from graph-only's balanced-routing assumption on the rank's own rows (row ``t``, slot
+      ``k`` to expert ``(t*K + k) mod E``: every rank picks experts ``0 .. T*K-1``), so a rank
       owning none of them receives no route there; the step counts every layer as the hash
       layer (``moe_ep``'s tasks do not depend on which experts a rank's routes hit, as long as
       it receives some, which real routing over 256 experts gives).
