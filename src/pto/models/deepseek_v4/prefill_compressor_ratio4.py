@@ -307,21 +307,25 @@ def ratio4_compress_tasks(x, compress_state, state_block_table, wkv, wgate, ape,
     PT, PN, PK = min(C4_PROJ_T_TILE, round_up(t_len, MATMUL_M_TILE)), tl.proj_n, tl.proj_k
     n_col = 2 * c // PN
 
-    def kv_gate_rows(c0):  # [2*PN, D] BF16: the block's wkv rows above its wgate rows, all K chunks
-        w_t = pl.assemble(pl.full([2 * PN, D], pl.BF16, 0), wkv[c0:c0 + PN, 0:D], [0, 0])
-        return pl.assemble(w_t, wgate[c0:c0 + PN, 0:D], [PN, 0])
-
     for blk in pl.spmd(-(-t_len // PT) * n_col, name_hint=f"{prefix}_kv_score_proj"):
         r0, c0 = (blk // n_col) * PT, (blk % n_col) * PN
         rows = min(PT, t_len - r0)
-        # the block's x rows and weight rows loaded once; each K chunk is a [*, PK] sub-tile of them
-        x_rows, w_rows = pl.slice(x, [PT, D], [r0, 0], valid_shape=[rows, D]), kv_gate_rows(c0)
-        acc = pl.matmul(pl.slice(x_rows, [PT, PK], [0, 0]), pl.slice(w_rows, [2 * PN, PK], [0, 0]), b_trans=True)
-        for kc in pl.range(1, D // PK):
-            acc = pl.matmul_acc(acc, pl.slice(x_rows, [PT, PK], [0, kc * PK]),
-                                pl.slice(w_rows, [2 * PN, PK], [0, kc * PK]), b_trans=True)
-        pl.assemble(kv_proj, pl.set_validshape(pl.slice(acc, [PT, PN], [0, 0]), rows, PN), [r0, c0])
-        pl.assemble(score_proj, pl.set_validshape(pl.slice(acc, [PT, PN], [0, PN]), rows, PN), [r0, c0])
+        # the block's x rows and its wkv / wgate rows loaded once (BF16); each K chunk is a
+        # [*, PK] sub-tile of them; kv and score are separate [PT, PN] products
+        x_rows = pl.slice(x, [PT, D], [r0, 0], valid_shape=[rows, D])
+        wk_rows, wg_rows = wkv[c0:c0 + PN, 0:D], wgate[c0:c0 + PN, 0:D]
+        acc_kv = acc_sc = None
+        for kc in pl.range(D // PK):
+            k0 = kc * PK
+            xt = x_rows[:, k0:k0 + PK]
+            if acc_kv is None:
+                acc_kv = pl.matmul(xt, wk_rows[:, k0:k0 + PK], b_trans=True)
+                acc_sc = pl.matmul(xt, wg_rows[:, k0:k0 + PK], b_trans=True)
+            else:
+                acc_kv = pl.matmul_acc(acc_kv, xt, wk_rows[:, k0:k0 + PK], b_trans=True)
+                acc_sc = pl.matmul_acc(acc_sc, xt, wg_rows[:, k0:k0 + PK], b_trans=True)
+        pl.assemble(kv_proj, pl.set_validshape(acc_kv, rows, PN), [r0, c0])
+        pl.assemble(score_proj, pl.set_validshape(acc_sc, rows, PN), [r0, c0])
 
     ST = C4_SCATTER_T_TILE
     for blk in pl.spmd(-(-t_len // ST), name_hint=f"{prefix}_state_scatter"):
