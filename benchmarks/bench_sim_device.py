@@ -133,10 +133,10 @@ FIGURES: list = [
            ("decode_attention_hca",), "span:decode_qk_pv", SEED, note="task span; midpoint of the published range"),
     Figure("CSA decode qk_pv exec, gather inside (24 AIC + 48 AIV blocks)", 46.1, _PR775 + ", range 44.5-47.7 us",
            ("decode_attention_csa",), "span:decode_gather_kv+decode_qk_pv", SEED,
-           note=("ours gathers in a separate decode_gather_kv grid, so the span covers both tasks; its 40 blocks "
-                 "(token x 128-key block) issue 137 GM loads each, 0.70 us apiece in the model (about 100 us), "
-                 "where the reference spreads its 8 x 640 row gathers over 72 blocks (about 71 loads, 50 us, "
-                 "each); midpoint of the published range")),
+           note=("ours gathers in a separate decode_gather_kv grid, so the span covers both tasks: 160 blocks "
+                 "(token x 128-key block x 32-row part, the grid of the reference's hoisted HCA/SWA gathers), up "
+                 "to 41 GM loads each (0.70 us apiece in the model), where the reference at #775 still gathered "
+                 "inside qk_pv, its 8 x 640 row gathers over 72 blocks; midpoint of the published range")),
     Figure("HCA decode qk_pv_aiv (after widening to T*SPARSE_BLOCKS)", 49.8,
            "pypto-lib PR #770 (a2a3, 3-run mean, demo SPARSE_BLOCKS=2)", ("decode_attention_hca",),
            "span:decode_qk_pv", SEED, note="task span",

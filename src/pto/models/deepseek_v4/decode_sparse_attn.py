@@ -82,6 +82,7 @@ PROJ_B_D_TILE_MAX = 512  # output columns per proj_b_mm block (pypto-lib `decode
 QUANT_TOK_TILE = 16  # token rows per quant tile (T padded to 16 in pypto-lib `decode_sparse_attn_swa.py`)
 ACT_COL_TILE_MAX = 512  # output columns per proj_b_act block
 ACT_TOK_TILE = 16  # token rows per proj_b_act block
+GATHER_ROWS = 32  # key rows per decode_gather_kv block (pypto-lib `decode_sparse_attn_swa.py` / `_hca.py`: 32)
 
 T_DYN = pl.dynamic("T")
 B_DYN = pl.dynamic("B")
@@ -196,10 +197,14 @@ def decode_sparse_attn_kernels(cfg: DeepSeekV4Config, n_cmp: int) -> SimpleNames
 
     Tasks (``NB = key_blocks``, ``KT = key_tile``, ``T`` dynamic, ``S = T / B``):
 
-    1. ``decode_gather_kv`` ``spmd(T * NB)``: block = (token, key block); a zeroed
-       ``[KT, head_dim]`` stage receives the valid rows (window rows as given; compressed
-       slot ``k`` lowered through ``cmp_block_table[t // S, k // block_size]``), copied in
-       runs of consecutive rows; a block whose every index is ``-1`` is not written.
+    1. ``decode_gather_kv`` ``spmd(T * NB * GP)``, ``GP = KT / GATHER_ROWS`` (4 at FLASH):
+       block = (token, key block, part of ``GATHER_ROWS`` rows), the grid of the reference's
+       hoisted gathers (32 rows per block, pypto-lib decode_sparse_attn_swa.py /
+       decode_sparse_attn_hca.py), so the scattered compressed rows of one key block are
+       copied by ``GP`` cores; a zeroed ``[KT / GP, head_dim]`` stage receives the part's
+       valid rows (window rows as given; compressed slot ``k`` lowered through
+       ``cmp_block_table[t // S, k // block_size]``), copied in runs of consecutive rows; a
+       key block whose every index is ``-1`` is not written.
     2. ``decode_build_bias`` ``spmd(ceil(T/16))``: additive mask ``[T, key_pad]`` (0 valid,
        ``-FP32_MAX`` for ``-1`` and the pad columns).
     3. ``decode_qk_pv`` ``spmd(T * NB)``: all heads of one (token, key block): scores,
@@ -236,6 +241,7 @@ def decode_sparse_attn_kernels(cfg: DeepSeekV4Config, n_cmp: int) -> SimpleNames
     BS, P, CP, W = cfg.block_size, cfg.ori_kv_block_num, cfg.cmp_kv_block_num, cfg.sliding_window
     G, HPG, LO, GIN, D = cfg.o_groups, cfg.heads_per_group, cfg.o_lora_rank, cfg.o_group_in, cfg.hidden_size
     KT, NB, NBS, PAD, NC = tl.key_tile, tl.key_blocks, tl.swa_blocks, tl.key_pad, n_cmp
+    GP = max(1, KT // GATHER_ROWS) if KT % GATHER_ROWS == 0 else 1  # gather blocks per key block
     scale = cfg.softmax_scale
     cap = token_capacity(cfg)
 
@@ -263,11 +269,12 @@ def decode_sparse_attn_kernels(cfg: DeepSeekV4Config, n_cmp: int) -> SimpleNames
 
         # 1. gather the valid key rows, one (token, key block) per block
         geo = dict(key_tile=KT, key_blocks=NB, swa_blocks=NBS, n_cmp=NC, head_dim=HD, cmp_pages=CP, block_size=BS)
-        gather = pl.spmd(t * NB, name_hint="decode_gather_kv")
+        gather = pl.spmd(t * NB * GP, name_hint="decode_gather_kv")
         for b in gather:
-            tok, kb = divmod(b, NB)
+            tok, rest = divmod(b, NB * GP)
+            kb, part = divmod(rest, GP)
             gather_key_block("decode_sparse_attn", tok, kb, swa_indices, cmp_indices, ori_flat, cmp_flat,
-                             cmp_block_table, (tok // s_req,), sparse_kv, **geo)
+                             cmp_block_table, (tok // s_req,), sparse_kv, part=(part, GP), **geo)
 
         # 2. additive mask: 0 valid, -FP32_MAX for -1 and the pad columns
         for b in pl.spmd(-(-t // BIAS_TOK_TILE), name_hint="decode_build_bias"):

@@ -215,11 +215,12 @@ def rope_index_rows(r: int):
 
 
 # ---- block bodies shared with decode_sparse_attn (same ops in the same order) ----
-def _gather_rows(src_flat, idx, n: int, lower, stage, head_dim: int):
-    """Copy the rows of the ``n`` leading index columns of ``idx [1, >= n]`` into ``stage [KT,
-    head_dim]`` (column ``k`` to stage row ``k``), one slice per run of consecutive rows;
+def _gather_rows(src_flat, idx, n: int, lower, stage, head_dim: int, k0: int = 0):
+    """Copy the rows of index columns ``k0 .. n-1`` of ``idx [1, >= n]`` into ``stage [>= n - k0,
+    head_dim]`` (column ``k`` to stage row ``k - k0``), one slice per run of consecutive rows;
     ``lower(col, value)`` maps an index to a flat row of ``src_flat`` (``-1`` skips)."""
-    rows = [lower(k, pl.read(idx, [0, k])) for k in range(n)]
+    rows = [lower(k, pl.read(idx, [0, k])) for k in range(k0, n)]
+    n = len(rows)
     k = 0
     while k < n:
         if rows[k] < 0:
@@ -235,9 +236,11 @@ def _gather_rows(src_flat, idx, n: int, lower, stage, head_dim: int):
 
 def gather_key_block(kernel: str, tok: int, kb: int, swa_indices, cmp_indices, ori_flat, cmp_flat, cmp_block_table,
                      table_row: tuple, sparse_kv, *, key_tile: int, key_blocks: int, swa_blocks: int, n_cmp: int,
-                     head_dim: int, cmp_pages: int, block_size: int) -> None:
+                     head_dim: int, cmp_pages: int, block_size: int, part: tuple = (0, 1)) -> None:
     """Gather key block ``kb`` of token ``tok`` into ``sparse_kv`` rows ``(tok * key_blocks + kb)
-    * key_tile ..`` (inside a block of the core's gather task).
+    * key_tile ..`` (inside a block of the core's gather task); with ``part = (p, parts)`` only
+    its rows ``p * key_tile / parts ..`` (one of ``parts`` blocks sharing the key block: the
+    same bytes in ``parts`` stores).
 
     Blocks ``kb < swa_blocks`` take ``key_tile`` window columns of ``swa_indices [T, W]`` INT32
     (physical flat rows of ``ori_flat``); the others take compressed columns of ``cmp_indices
@@ -258,10 +261,13 @@ def gather_key_block(kernel: str, tok: int, kb: int, swa_indices, cmp_indices, o
     idx = pl.slice(swa_indices if swa else cmp_indices, [1, n], [tok, c0])
     if pl.read(pl.row_max(idx), [0, 0]) < 0:
         return
-    stage = pl.full([key_tile, head_dim], pl.BF16, 0)
-    if swa:
-        stage = _gather_rows(ori_flat, idx, n, lambda k, v: v, stage, head_dim)
-    else:
+    p, parts = part
+    sub = key_tile // parts
+    r0, r1 = p * sub, min(n, (p + 1) * sub)  # this part's index columns (none past n: zero rows)
+    stage = pl.full([sub, head_dim], pl.BF16, 0)
+    if swa and r1 > r0:
+        stage = _gather_rows(ori_flat, idx, r1, lambda k, v: v, stage, head_dim, r0)
+    elif r1 > r0:
         pages = {}
         entry = "cmp_block_table[" + "".join(f"{r}, " for r in table_row)
 
@@ -279,8 +285,8 @@ def gather_key_block(kernel: str, tok: int, kb: int, swa_indices, cmp_indices, o
                 raise BindError(f"{kernel}: cmp_indices[{tok}, {c0 + k}] = {slot} maps to {entry}{page}] = {phys}, "
                                 "not a page of cmp_kv")
             return phys * block_size + slot % block_size
-        stage = _gather_rows(cmp_flat, idx, n, lower, stage, head_dim)
-    pl.assemble(sparse_kv, stage, [(tok * key_blocks + kb) * key_tile, 0])
+        stage = _gather_rows(cmp_flat, idx, r1, lower, stage, head_dim, r0)
+    pl.assemble(sparse_kv, stage, [(tok * key_blocks + kb) * key_tile + r0, 0])
 
 
 def bias_block(b: int, t: int, swa_indices, cmp_indices, sparse_bias, *, window: int, n_cmp: int,
