@@ -755,6 +755,7 @@ def _copy_task(t: Task, bmap: dict, prog) -> Task:
     for blk in t.blocks:
         nb = Block(nt, blk.idx, blk.phase)
         nb.ops, nb.flops, nb.bytes, nb.cube, nb.fp = blk.ops, blk.flops, blk.bytes, blk.cube, None
+        nb.ld, nb.st, nb.mm = blk.ld, blk.st, blk.mm  # the simulator's per-op latency counters
         nt.blocks.append(nb)
     g = t.grouped
     if type(g) is list:
