@@ -219,8 +219,11 @@ class Program:
     Attributes:
         graph: the TaskGraph; stats: ProgramStats (after the run);
         result: the function's return value mapped to torch tensors;
-        buffers: every root Buffer (arguments and allocations).
+        buffers: every root Buffer (arguments and allocations);
+        replayed: False (True on a replay of the program cache, runtime/replay.py).
     """
+
+    replayed = False
 
     def __init__(self, jf, config: RunConfig | None = None):
         """Set up a run of ``jf`` under ``config``.

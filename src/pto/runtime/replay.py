@@ -534,7 +534,8 @@ def _ret_uses(spec, out):
             _ret_uses(s, out)
 
 
-_CHUNK = 2000
+_WINDOW = 12  # lines per replay window
+_TEMPLATES: dict = {}  # window body -> compiled template ``t(r, p)``
 
 
 class _Trace:
@@ -566,50 +567,49 @@ class _Trace:
         reg = {v: k for k, v in enumerate(inputs)}
         free: list = []
         nregs = len(inputs)
-        glob = {"D": _Diverged, "S": _same}
-        names: dict = {}
+        P: list = []  # the parameters of the operations of the current window
 
-        def const(obj) -> str:
-            key = id(obj)
-            nm = names.get(key)
-            if nm is None:
-                nm = names[key] = f"c{len(names)}"
-                glob[nm] = obj
-                glob["_keep" + nm] = obj  # keeps the object (and so its id) alive
-            return nm
+        def par(obj) -> str:
+            P.append(obj)
+            return f"p[{len(P) - 1}]"
+
+        const = par
 
         def expr(x) -> str:
             t = type(x)
             if t is _V:
                 c = rec.consts.get(x.i)
-                return const(c) if c is not None else f"r[{reg[x.i]}]"
+                return par(c) if c is not None else f"r[{par(reg[x.i])}]"
             if t is _Seq:
                 inner = ", ".join(expr(y) for y in x.items)
                 return f"({inner},)" if x.kind is tuple else f"[{inner}]"
-            if t is int or t is bool or x is None or t is str:
+            if t is bool or x is None:
                 return repr(x)
-            if t is float and math.isfinite(x):
-                return repr(x)
-            if (t is tuple or t is list) and all(type(y) is int for y in x):
-                inner = ", ".join(map(repr, x))
-                return (f"({inner},)" if t is tuple else f"[{inner}]") if x else ("()" if t is tuple else "[]")
-            return const(x)
+            return par(x)
 
-        where = f"<pto replay of {prog.name}>"
         state = {"nregs": nregs}
 
         def emit(lines):
-            nm = f"_chunk{len(self.chunks)}"
-            src = f"def {nm}(r):\n    " + "\n    ".join(lines or ["pass"]) + "\n"
-            exec(compile(src, where, "exec"), glob)  # noqa: S102 - generated from the recording
-            return glob[nm]
+            """The window's (template, parameters): templates are shared by every window of the same
+            shape (the operations' structure without registers, constants and numbers)."""
+            body = "\n    ".join(lines or ["pass"])
+            fn = _TEMPLATES.get(body)
+            if fn is None:
+                if len(_TEMPLATES) > 50_000:
+                    _TEMPLATES.clear()
+                ns = {"D": _Diverged, "S": _same}
+                exec(compile(f"def t(r, p):\n    {body}\n", "<pto replay>", "exec"), ns)  # noqa: S102 - generated
+                fn = _TEMPLATES[body] = ns["t"]
+            out = (fn, tuple(P))
+            P.clear()
+            return out
 
         def chunks():
             nregs = state["nregs"]
             lines: list = []
             bigvals = {v for op in ops for v in op[6]}
             for i, (f, a, kw, outs, gk, g, big) in enumerate(ops):
-                if len(lines) >= _CHUNK:  # a chunk ends between the lines of two operations
+                if len(lines) >= _WINDOW:  # a window ends between the lines of two operations
                     yield emit(lines)
                     lines = []
                 call = const(f) + "(" + ", ".join([expr(x) for x in a] + [f"{k}={expr(v)}" for k, v in kw.items()]) + ")"
@@ -628,16 +628,16 @@ class _Trace:
                 if gk == 1:
                     if type(g) is float and g != g:
                         lines.append(f"_ = {call}")
-                        lines.append(f"if _ == _: raise D({i})")
+                        lines.append(f"if _ == _: raise D({par(i)})")
                     elif _literal(g):
-                        lines.append(f"if {call} != {expr(g)}: raise D({i})")
+                        lines.append(f"if {call} != {expr(g)}: raise D({par(i)})")
                     else:
-                        lines.append(f"if not S({call}, {const(g)}): raise D({i})")
+                        lines.append(f"if not S({call}, {const(g)}): raise D({par(i)})")
                     continue
                 if gk == 4:  # a tolist whose read elements are guarded
                     lines.append(f"_ = {call}")
                     if g.whole:
-                        lines.append(f"if not S(_, {const(g.value)}): raise D({i})")
+                        lines.append(f"if not S(_, {const(g.value)}): raise D({par(i)})")
                     else:
                         conds = []
                         for path, v in g.seen.items():
@@ -649,7 +649,7 @@ class _Trace:
                             else:
                                 conds.append(f"not S({el}, {const(v)})")
                         if conds:
-                            lines.append(f"if {' or '.join(conds)}: raise D({i})")
+                            lines.append(f"if {' or '.join(conds)}: raise D({par(i)})")
                     continue
                 targets = []
                 for v in ((outs,) if type(outs) is int else outs or ()):
@@ -661,11 +661,11 @@ class _Trace:
                     else:
                         reg[v] = nregs
                         nregs += 1
-                    targets.append(f"r[{reg[v]}]")
+                    targets.append(f"r[{par(reg[v])}]")
                 if type(outs) is int:
                     if gk == 2:
                         lines.append(f"_ = {call}")
-                        lines.append(f"if tuple(_.shape) != {const(g)}: raise D({i})")
+                        lines.append(f"if tuple(_.shape) != {const(g)}: raise D({par(i)})")
                         if targets[0] != "_":
                             lines.append(f"{targets[0]} = _")
                     elif targets[0] == "_":
@@ -677,48 +677,30 @@ class _Trace:
                 else:
                     lines.append(f"_ = {call}")
                     if gk == 2:
-                        lines.append(f"if tuple(tuple(y.shape) for y in _) != {const(g)}: raise D({i})")
+                        lines.append(f"if tuple(tuple(y.shape) for y in _) != {const(g)}: raise D({par(i)})")
                     for k, tg in enumerate(targets):
                         if tg != "_":
                             lines.append(f"{tg} = _[{k}]")
                 for v in dying:
                     free.append(reg.pop(v))
                 for k in kills:  # large values used for the last time: let them go now
-                    lines.append(f"r[{k}] = None")
+                    lines.append(f"r[{par(k)}] = None")
             state["nregs"] = nregs
             self.out_regs = {v: reg[v] for v in keep}
             yield emit(lines)
 
-        # the code is generated and compiled chunk by chunk as replays first reach it (a replay that
-        # diverges early, as one whose positions move does, generates and compiles little)
-        self.chunks: list = []
-        self._gen = chunks()
-        self._gen_lock = threading.Lock()
-        self.nregs = rec.nvals + 1  # no value needs a register beyond its number
+        # the replay: windows of a few operations, each a shared template and its parameters
         self.out_regs = None
+        self.windows = list(chunks())
+        self.nregs = state["nregs"]
         self.ret_spec = ret_spec
         self.n_ops = n_ops
         self.template = _Template(prog)
 
     def run(self, regs) -> None:
         """Run the replay code on the registers ``regs`` (inputs set); raises _Diverged."""
-        k = 0
-        chunks = self.chunks
-        while True:
-            if k < len(chunks):
-                chunks[k](regs)
-                k += 1
-                continue
-            with self._gen_lock:
-                if k < len(chunks):
-                    continue
-                if self._gen is None:
-                    return
-                ch = next(self._gen, None)
-                if ch is None:
-                    self._gen = None
-                    return
-                chunks.append(ch)
+        for fn, p in self.windows:
+            fn(regs, p)
 
 
 def _literal(v) -> bool:
@@ -798,9 +780,6 @@ class ReplayedProgram(Program):
                      in zip(self._params, self._gm, [b for b in bufs if b.kind == "arg"])]
 
 
-Program.replayed = False
-
-
 def _replay(trace: _Trace, jf, params, cfg) -> Program | None:
     """Replay ``trace`` for the bound ``params``; None when a guard diverged (nothing the caller
     sees was written)."""
@@ -822,6 +801,7 @@ def _replay(trace: _Trace, jf, params, cfg) -> Program | None:
             k += 1
     heap = RingHeap(cfg.heap_bytes)
     regs[k] = heap.storage
+    _gc_pause()  # as a plain run: no collection rescans the caller's objects meanwhile
     try:
         trace.run(regs)
     except _Diverged:
@@ -830,6 +810,7 @@ def _replay(trace: _Trace, jf, params, cfg) -> Program | None:
         _count("errors")
         return None
     finally:
+        _gc_resume()
         heap.release()
     for (p, caller), d in zip(tparams, gm):
         if p.ann.direction in (OUT, INOUT):
@@ -837,6 +818,7 @@ def _replay(trace: _Trace, jf, params, cfg) -> Program | None:
     prog = ReplayedProgram.__new__(ReplayedProgram)
     prog.jf, prog.name, prog.config, prog.check = jf, jf.__name__, cfg, False
     prog.heap = heap
+    heap.peak = trace.template.stats["heap_peak_bytes"]
     prog._template, prog._gm, prog._params = trace.template, gm, tparams
     prog.result = _ret_value(trace, trace.ret_spec, regs, tparams)
     s = ProgramStats(**trace.template.stats)
