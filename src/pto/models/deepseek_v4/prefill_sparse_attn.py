@@ -217,20 +217,22 @@ def rope_index_rows(r: int):
 # ---- block bodies shared with decode_sparse_attn (same ops in the same order) ----
 def _gather_rows(src_flat, idx, n: int, lower, stage, head_dim: int, k0: int = 0):
     """Copy the rows of index columns ``k0 .. n-1`` of ``idx [1, >= n]`` into ``stage [>= n - k0,
-    head_dim]`` (column ``k`` to stage row ``k - k0``), one slice per run of consecutive rows;
+    head_dim]`` (column ``k`` to stage row ``k - k0``): every valid row in one ``pl.gather_rows``
+    (read footprints per row), placed in the stage by runs of consecutive columns;
     ``lower(col, value)`` maps an index to a flat row of ``src_flat`` (``-1`` skips)."""
     rows = [lower(k, pl.read(idx, [0, k])) for k in range(k0, n)]
-    n = len(rows)
-    k = 0
-    while k < n:
-        if rows[k] < 0:
-            k += 1
-            continue
-        k1 = k + 1
-        while k1 < n and rows[k1] == rows[k] + (k1 - k):
-            k1 += 1
-        stage = pl.assemble(stage, pl.slice(src_flat, [k1 - k, head_dim], [rows[k], 0]), [k, 0])
-        k = k1
+    cols = [k for k, r in enumerate(rows) if r >= 0]
+    if not cols:
+        return stage
+    got = pl.gather_rows(src_flat, [rows[k] for k in cols], cols=head_dim)  # [len(cols), head_dim]
+    i = 0
+    while i < len(cols):
+        j = i + 1
+        while j < len(cols) and cols[j] == cols[i] + (j - i):
+            j += 1
+        part = got if j - i == len(cols) else pl.slice(got, [j - i, head_dim], [i, 0])
+        stage = pl.assemble(stage, part, [cols[i], 0])
+        i = j
     return stage
 
 
