@@ -686,7 +686,8 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
     """Rows ``rows`` of the rank-2 GM tensor ``t`` as one tile (inside a task): ``out[i, :] =
     t[rows[i], col_offset : col_offset + cols]``, ``[len(rows), cols]`` in ``t``'s dtype
     (``cols`` defaults to the rest of the row). One GM row gather instead of a load per row; the
-    read footprint is recorded per row, exactly as ``len(rows)`` one-row loads would record it.
+    read footprint is the rows' own (one box per run of consecutive rows: the union of what
+    ``len(rows)`` one-row loads would record, never the bounding box of all rows).
     Row indices are Python ints (read them with ``pl.read``); repeats are allowed.
 
     Raises:
@@ -721,12 +722,17 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
     sel = torch.tensor(idx, dtype=torch.int64)
     data = t.data[:, c0:c1].index_select(0, sel)
     fp = blk.fp
-    for r in idx:
-        box = t.box((r, c0), (r + 1, c1))
+    i, n_idx = 0, len(idx)
+    while i < n_idx:  # one box per run of consecutive rows: the union of the one-row boxes
+        j = i + 1
+        while j < n_idx and idx[j] == idx[i] + (j - i):
+            j += 1
+        box = t.box((idx[i], c0), (idx[i] + j - i, c1))
         if type(box) is list:
             fp.extend((buf, b, R) for b in box)
         elif box is not None:
             fp.append((buf, box, R))
+        i = j
     blk.bytes += data.numel() * data.element_size()
     blk.ld += len(idx)
     mask = None
