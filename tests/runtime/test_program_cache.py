@@ -41,7 +41,7 @@ def row_add(a: pl.Tensor[[N, 16], pl.FP32], b: pl.Tensor[[N, 16], pl.FP32], c: p
 
 
 @pl.jit
-def steered(flag: pl.Tensor[[1, 1], pl.INT32], x: pl.Tensor[[8, 16], pl.FP32],
+def steered(flag: pl.Tensor[[pl.dynamic("F"), 65], pl.INT32], x: pl.Tensor[[8, 16], pl.FP32],
             y: pl.Out[pl.Tensor[[8, 16], pl.FP32]]):
     # the orchestration reads a value and picks a control path and a footprint by it
     f = pl.read(flag, [0, 0])
@@ -112,6 +112,24 @@ def test_other_arguments_replay_with_their_own_values():
     assert not row_add.run(torch.randn(9, 16), torch.randn(9, 16), torch.zeros(9, 16)).replayed
 
 
+def _flag(v: int, rows: int = 64) -> torch.Tensor:
+    """The steering value in element [0, 0] of an INT32 tensor; 64 x 65 elements is larger than
+    the index tensors whose values are part of the key, so only a guard sees it."""
+    t = torch.zeros(rows, 65, dtype=torch.int32)
+    t[0, 0] = v
+    return t
+
+
+def test_small_index_tensors_are_part_of_the_key():
+    x = torch.randn(8, 16)
+    for flag in (0, 0, 0, 1):
+        y = torch.zeros(8, 16)
+        prog = steered.run(_flag(flag, rows=1), x, y)
+        assert torch.equal(y, _steered_ref(flag, x))
+    assert not prog.replayed and cache_info()["diverged"] == 0  # another key: a first call, no replay tried
+    assert steered.run(_flag(0, rows=1), x, torch.zeros(8, 16)).replayed
+
+
 def _steered_ref(flag: int, x: torch.Tensor) -> torch.Tensor:
     y = x.clone() if flag == 0 else x + x
     r = flag % 8
@@ -123,23 +141,23 @@ def test_a_different_control_path_or_footprint_diverges_and_runs_plain():
     x = torch.randn(8, 16)
     flags = (1, 8, 3)  # 1 and 3: another path; 8: the same path, another row
     set_program_cache(False)
-    plain = {f: graph_record(steered.run(torch.tensor([[f]], dtype=torch.int32), x, torch.zeros(8, 16)))
+    plain = {f: graph_record(steered.run(_flag(f), x, torch.zeros(8, 16)))
              for f in flags}
     set_program_cache(True)
     for _ in range(3):
         y = torch.zeros(8, 16)
-        prog = steered.run(torch.tensor([[0]], dtype=torch.int32), x, y)
+        prog = steered.run(_flag(0), x, y)
         assert torch.equal(y, _steered_ref(0, x))
     assert prog.replayed
     for flag in flags:
         y = torch.zeros(8, 16)
-        prog = steered.run(torch.tensor([[flag]], dtype=torch.int32), x, y)
+        prog = steered.run(_flag(flag), x, y)
         assert torch.equal(y, _steered_ref(flag, x)), flag
         assert not prog.replayed
         assert graph_record(prog) == plain[flag]
     assert cache_info()["diverged"] == 3
     # three divergences in a row: the key runs plain for good
-    prog = steered.run(torch.tensor([[0]], dtype=torch.int32), x, torch.zeros(8, 16))
+    prog = steered.run(_flag(0), x, torch.zeros(8, 16))
     assert not prog.replayed
 
 
@@ -172,9 +190,9 @@ def test_check_mode_other_configs_the_switch_and_the_reset_run_plain():
 def test_a_replay_leaves_the_caller_untouched_when_it_diverges():
     x = torch.randn(8, 16)
     for _ in range(3):
-        steered.run(torch.tensor([[0]], dtype=torch.int32), x, torch.zeros(8, 16))
+        steered.run(_flag(0), x, torch.zeros(8, 16))
     y = torch.full((8, 16), 7.0)
-    steered.run(torch.tensor([[1]], dtype=torch.int32), x, y)
+    steered.run(_flag(1), x, y)
     assert torch.equal(y, _steered_ref(1, x))
 
 

@@ -5,8 +5,10 @@ the whole orchestration again (the DSL's Python, footprints, the task graph) for
 torch operations. With the cache on (the default), calls of one kernel are keyed by
 
 * the kernel, every tensor argument's shape, dtype, storage offset and which arguments share
-  storage, every scalar argument's value, every other argument's value (int, float, str, bool,
-  None, tuples of them) or identity (any other object: a config), and ``RunConfig.heap_bytes``;
+  storage, the values of small index tensors (INT16/INT32/INT64/BOOL, at most 4096 elements:
+  positions, block tables, lengths, which steer control flow and footprints), every scalar
+  argument's value, every other argument's value (int, float, str, bool, None, tuples of them)
+  or identity (any other object: a config), and ``RunConfig.heap_bytes``;
 
 and go through three stages per key:
 
@@ -124,6 +126,10 @@ def _plain_value(v) -> bool:
     return t is tuple and all(_plain_value(x) for x in v)
 
 
+_INDEX_DTYPES = (torch.int32, torch.int64, torch.int16, torch.bool)
+_INDEX_NUMEL = 4096
+
+
 def _key(jf, params, cfg):
     """The cache key of a call, with the objects kept alive so that their ids stay theirs;
     None when the call cannot be keyed (a non-contiguous tensor: the plain run reports it)."""
@@ -136,7 +142,12 @@ def _key(jf, params, cfg):
             if not v.is_contiguous():
                 return None, None
             sp = v.untyped_storage().data_ptr()
-            parts.append((tuple(v.shape), v.dtype, v.storage_offset(), v.requires_grad, storages.setdefault(sp, len(storages))))
+            part = (tuple(v.shape), v.dtype, v.storage_offset(), v.requires_grad, storages.setdefault(sp, len(storages)))
+            if v.dtype in _INDEX_DTYPES and v.numel() <= _INDEX_NUMEL:
+                # small index data (positions, block tables, lengths) steers control and footprints:
+                # its values are part of the key, so a call with other positions is not even tried
+                part += (tuple(v.reshape(-1).tolist()),)
+            parts.append(part)
         elif isinstance(p.ann, ScalarType) or _plain_value(v):
             parts.append((type(v), v))
         else:
