@@ -687,8 +687,10 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
     t[rows[i], col_offset : col_offset + cols]``, ``[len(rows), cols]`` in ``t``'s dtype
     (``cols`` defaults to the rest of the row). One GM row gather instead of a load per row; the
     read footprint is the rows' own (one box per run of consecutive rows: the union of what
-    ``len(rows)`` one-row loads would record, never the bounding box of all rows).
-    Row indices are Python ints (read them with ``pl.read``); repeats are allowed.
+    ``len(rows)`` one-row loads would record, never the bounding box of all rows). The block
+    counts one GM load per such run (a run of consecutive rows is one copy, as a slice of it
+    would be; the simulator's per-load latency). Row indices are Python ints (read them with
+    ``pl.read``); repeats are allowed.
 
     Raises:
         DslError: outside a task, a ``t`` that is not a rank-2 GM tensor, a column window or a
@@ -709,6 +711,8 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
     buf = t.buf
     if buf.slow or buf.go is not None or not idx:  # per-row loads (remote / graph-only tensors)
         parts = [_load(t, [r, c0], [r + 1, c1], None, None, checked=True) for r in idx]
+        if blk is not None and parts:  # one GM load per run of consecutive rows, as below
+            blk.ld -= len(idx) - sum(1 for i in range(len(idx)) if i == 0 or idx[i] != idx[i - 1] + 1)
         if not parts:
             return Tile(torch.empty([0, c1 - c0], dtype=t.data.dtype))
         if any(p.data.is_meta for p in parts):  # graph-only mode: an unknown row makes the tile unknown
@@ -723,10 +727,11 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
     data = t.data[:, c0:c1].index_select(0, sel)
     fp = blk.fp
     i, n_idx = 0, len(idx)
-    while i < n_idx:  # one box per run of consecutive rows: the union of the one-row boxes
+    while i < n_idx:  # one box and one GM load per run of consecutive rows: the union of the one-row boxes
         j = i + 1
         while j < n_idx and idx[j] == idx[i] + (j - i):
             j += 1
+        blk.ld += 1
         box = t.box((idx[i], c0), (idx[i] + j - i, c1))
         if type(box) is list:
             fp.extend((buf, b, R) for b in box)
@@ -734,7 +739,6 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
             fp.append((buf, box, R))
         i = j
     blk.bytes += data.numel() * data.element_size()
-    blk.ld += len(idx)
     mask = None
     if buf.shadow is not None:
         m = t.smask()[:, c0:c1].index_select(0, sel)
