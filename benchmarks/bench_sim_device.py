@@ -19,7 +19,8 @@ out of that check; the summary line names those rows.
 
 ``--markdown`` prints the table as GitHub markdown (docs/performance.md carries it);
 ``--seed-table`` prints, for every registered kernel with a seed variant, seed tasks against
-allocation-time fills (windows and each allocation's cost), also for docs/performance.md.
+allocation-time fills (windows and each allocation's cost), also for docs/performance.md;
+both flags together print both tables from one run.
 """
 
 from __future__ import annotations
@@ -458,12 +459,17 @@ def main(argv=None) -> int:
                     help="kernels the seed table leaves out (e.g. moe: all 256 FLASH experts take ~12 GB)")
     args = ap.parse_args(argv)
     machine = get_machine(args.machine)
-    if args.seed_table:
+    if args.seed_table and not args.markdown:
         print(seed_markdown(seed_vs_init(args.preset, args.machine, skip=args.skip), args.preset, machine))
         return 0
     table_rows = rows(args.preset, args.machine)
-    if args.markdown:
+    if args.markdown:  # with --seed-table: both tables of docs/performance.md from one run
         print(markdown(table_rows, args.preset, machine))
+        if args.seed_table:
+            _PROGRAMS.clear()
+            gc.collect()
+            print()
+            print(seed_markdown(seed_vs_init(args.preset, args.machine, skip=args.skip), args.preset, machine))
         return 0
     con = Console() if Console().is_terminal else Console(width=220)
     table = Table(title=f"simulator vs device, simulated {machine.name}, preset={args.preset}", title_justify="left")
