@@ -111,83 +111,38 @@ def _decode_step_tasks(model, prompts) -> dict:
 
 def flash_counts(sizes: list[int], T: int = 8) -> dict:
     """Per rank, the tasks of one FLASH decode step at each EP size, in graph-only mode
-    (``RunConfig(execute=False)``: shape-only weights and activations, no tile math).
+    (``RunConfig(execute=False)``: shape-only weights and activations, no tile math):
+    :func:`graph_only.ep_step_graphs`, the step of ``EPModel`` with its ranks as threads.
 
     Each rank decodes its own batch of ``decode_batch x decode_seq`` (4 x 2 = ``T`` = 8 token
-    rows; attention data parallel, so the run's batch is ``N`` times that). Per rank:
-
-    * attention: the stages of :func:`graph_only.decode_step_graph` for that batch (the same
-      on every rank and every EP size);
-    * ``moe_ep`` of a hash layer and of a learned layer and ``lm_head_ep``, ranks as threads
-      (``run_threads``). Routes are balanced over the ranks' experts: the hash table sends the
-      ``j``-th route of the run (token id ``t``, slot ``k``, ``j = t*K + k``, rank ``r``'s rows
-      holding ids ``r*T ..``) to expert ``j * E // (N*T*K)``. The learned layers' routes come
-      from graph-only's balanced-routing assumption on the rank's own rows (row ``t``, slot
-      ``k`` to expert ``(t*K + k) mod E``: every rank picks experts ``0 .. T*K-1``), so a rank
-      owning none of them receives no route there; the step counts every layer as the hash
-      layer (``moe_ep``'s tasks do not depend on which experts a rank's routes hit, as long as
-      it receives some, which real routing over 256 experts gives).
+    rows; attention data parallel, so the run's batch is ``N`` times that). Routes are balanced
+    over the run's rows: the hash table sends the run's ``j``-th route to expert
+    ``j * E // routes``, the learned layers' route ``j`` to expert ``j * E // routes`` too when
+    the run has at most ``E`` routes (EP2: 96) and to ``j mod E`` otherwise, so every rank's
+    experts receive routes.
 
     Returns:
         ``{"ep1": {"attention", "moe", "head", "step"}, ep: [{"moe_hash", "moe_learned", "head",
-        "attention", "step", "wall_s"} per rank]}`` with ``step = 1 (embedding) + attention +
-        layers * moe_hash + head``.
+        "attention", "step", "wall_s"} per rank]}``; ``step`` is the rank's programs' tasks and
+        ``wall_s`` the build of all the ranks of that size.
     """
-    import pto.language.distributed as pld
     from pto.models.deepseek_v4.config import get_config
-    from pto.models.deepseek_v4.gate import make_gate_inputs
-    from pto.models.deepseek_v4.graph_only import decode_step_graph
-    from pto.models.deepseek_v4.moe_ep import EPWindows, lm_head_ep_kernels, moe_ep_kernels
-    from pto.runtime import RunConfig
-    from pto.runtime import distributed as dist
+    from pto.models.deepseek_v4.graph_only import decode_step_graph, ep_step_graphs
 
     cfg = get_config("flash")
-    D, F, E, HC, V, K = (cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.hc_mult,
-                         cfg.vocab_size, cfg.num_experts_per_tok)
     one = decode_step_graph(cfg)
     kinds = {st.name: st.tasks for st in one.by_kind()}
     attention = sum(v for k, v in kinds.items() if k.startswith("attention"))
     out = {"ep1": {"attention": attention, "moe": kinds["moe"] // cfg.num_hidden_layers,
                    "head": kinds["hc_head"] + kinds["lm_head"], "step": one.stats.tasks}}
-    g = make_gate_inputs(cfg, T, seed=1)
-    run_cfg = RunConfig(heap_bytes=1 << 40, execute=False)
-
-    def meta(*shape, dt=torch.float32):
-        return torch.empty(*shape, dtype=dt, device="meta")
-
     for ep in sizes:
-        EL = E // ep
-        j = torch.arange(V)[:, None] * K + torch.arange(K)[None, :]
-        tid2eid = (j * E // (ep * T * K) % E).to(torch.int32)
-        w13, w2 = meta(EL, F, D, dt=torch.int8), meta(EL, D, F, dt=torch.int8)
-        moe = moe_ep_kernels(cfg, ep).moe_ep_test
-        head = lm_head_ep_kernels(cfg, ep).lm_head_ep_test
-
-        def rank(r):
-            win = EPWindows(cfg)
-            x = meta(T, HC, D)
-            ids = torch.arange(r * T, (r + 1) * T)
-            common = [meta(cfg.mix_hc, HC * D), meta(3), meta(cfg.mix_hc), g["norm_w"], g["gate_w"], g["gate_bias"],
-                      tid2eid, ids, w13, meta(EL, F), w13, meta(EL, F), w2, meta(EL, D),
-                      meta(F, D, dt=torch.int8), meta(F), meta(F, D, dt=torch.int8), meta(F),
-                      meta(D, F, dt=torch.int8), meta(D)]
-            t0 = time.perf_counter()
-            res = {}
-            for key, layer in (("moe_hash", 0), ("moe_learned", cfg.num_hash_layers)):
-                prog = dist.run(moe, x, *common, *win.moe_args(), meta(T, HC, D), layer, T, win.moe_epoch,
-                                config=run_cfg)
-                res[key] = prog.stats.tasks
-            prog = dist.run(head, x, meta(HC, HC * D), meta(1), meta(HC), g["norm_w"],
-                            meta(V // ep, D, dt=torch.bfloat16), *win.head_args(), meta(T * ep, V), [T] * ep,
-                            win.head_epoch, config=run_cfg)
-            res["head"] = prog.stats.tasks
-            res["attention"] = attention
-            res["step"] = 1 + attention + cfg.num_hidden_layers * res["moe_hash"] + res["head"]
-            res["wall_s"] = time.perf_counter() - t0
-            assert pld.rank() == r
-            return res
-
-        out[ep] = dist.run_threads(rank, ep, timeout_s=1800)
+        ranks = []
+        for g in ep_step_graphs(cfg, ep=ep, batch=4, seq=T // 4):
+            by = {s.name: s.tasks for s in g.stages}
+            ranks.append({"attention": sum(s.tasks for s in g.stages if " attention " in s.name),
+                          "moe_hash": by["L0 moe"], "moe_learned": by[f"L{cfg.num_hash_layers} moe"],
+                          "head": by["hc_head"] + by["lm_head"], "step": g.stats.tasks, "wall_s": g.wall_s})
+        out[ep] = ranks
     return out
 
 
@@ -212,7 +167,7 @@ def main(argv=None) -> int:
         counts = flash_counts([int(x) for x in args.flash_counts.split(",")])
         ep1 = counts.pop("ep1")
         t = Table(title="FLASH decode step, tasks per rank in graph-only mode (each rank: 4 requests x 2 tokens; "
-                        "MoE per layer with hash / learned routing, the step counting every layer as a hash layer)")
+                        "MoE per layer with hash / learned routing; balanced routes)")
         for c in ("EP", "rank", "attention", "MoE per layer (hash)", "MoE per layer (learned)", "head", "step",
                   "wall s"):
             t.add_column(c, justify="right")

@@ -811,6 +811,10 @@ def _graph_args(p):
                    help="with --model: tokens each request held before the step (decode default "
                         "min(4096, max_context / 2), prefill 0)")
     p.add_argument("--layers", action="store_true", help="with --model: one row per layer stage, not per stage kind")
+    p.add_argument("--ep", type=int, default=1, metavar="N",
+                   help="with --model --stage decode: one rank's step at expert parallelism N (every rank its own "
+                        "batch; ranks as threads)")
+    p.add_argument("--rank", type=int, default=0, metavar="R", help="with --model --ep N: the rank shown (default 0)")
 
 
 def _model_graph(args) -> int:
@@ -824,8 +828,10 @@ def _model_graph(args) -> int:
         raise ConfigError("pto graph --model builds the whole model step: it takes no kernel, --preset, --mode, "
                           "--footprints, --buffer, --task or --dot")
     _check_preset(args.model)
+    if (args.ep != 1 or args.rank) and args.stage != "decode":
+        raise ConfigError(f"pto graph --model --ep / --rank: only with --stage decode (not {args.stage})")
     if args.stage == "decode":
-        g = decode_step_graph(args.model, context=args.context)
+        g = decode_step_graph(args.model, ep=args.ep, rank=args.rank, context=args.context)
     elif args.stage == "moe":
         g = moe_graph(args.model)
     else:
@@ -833,7 +839,8 @@ def _model_graph(args) -> int:
     stages = g.stages if args.layers else g.by_kind()
     if args.json:
         doc = {"model": args.model, "stage": args.stage, "tokens": g.tokens, "requests": g.requests,
-               "context": g.context, "build_s": round(g.wall_s, 3), "stats": stats_doc(g.stats),
+               "context": g.context, **({"ep": g.ep, "rank": g.rank} if g.ep > 1 else {}),
+               "build_s": round(g.wall_s, 3), "stats": stats_doc(g.stats),
                "stages": [{"name": s.name, "count": s.kernels.get("layers", 1), "tasks": s.tasks, "edges": s.edges,
                            "edges_per_task": round(s.edges_per_task, 3), "blocks": s.blocks,
                            "heap_peak_bytes": s.heap_peak_bytes} for s in stages]}

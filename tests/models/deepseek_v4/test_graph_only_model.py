@@ -115,8 +115,8 @@ def test_tiny_prefill_graph():
 
 
 def test_decode_step_graph_errors():
-    with pytest.raises(Exception, match="ep=2"):
-        decode_step_graph("tiny", ep=2)
+    with pytest.raises(Exception, match="rank=5"):
+        decode_step_graph("tiny", ep=2, rank=5)
     with pytest.raises(Exception, match="max_context"):
         decode_step_graph("tiny", context=5000)
 

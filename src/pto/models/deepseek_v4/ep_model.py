@@ -90,6 +90,11 @@ class EPModel(KernelModel):
             if first == self.rank:
                 raise type(err)(f"rank {self.rank}: {err}") from None
             raise PeerFailed(f"rank {self.rank}: stopped, rank {first} failed loading its weights: {why}")
+        self._setup_programs()
+
+    def _setup_programs(self) -> None:
+        """The rank's programs and windows (``self.kcfg``, ``self.ep`` and ``self._head_w`` set;
+        also used by the graph-only rank of :func:`graph_only.decode_step_graph`)."""
         k = self.kcfg
         self.windows = EPWindows(k)
         self._moe_ep = moe_ep_kernels(k, self.ep).moe_ep_test

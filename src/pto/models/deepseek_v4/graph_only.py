@@ -22,8 +22,9 @@ and MoE block -> hc_head / final norm / lm_head) under ``RunConfig(execute=False
 
 The program is the one :class:`~pto.models.deepseek_v4.layer.KernelModel` runs, with stage
 marks: one ``@pl.jit`` with ``layer_kernels``' composition (tests hold its graph equal to
-``layer_kernels(cfg).decode_fwd``'s). ``ep > 1`` is not built here (the expert-parallel
-programs are ``ep_model``'s).
+``layer_kernels(cfg).decode_fwd``'s). With ``ep > 1``, :func:`decode_step_graph` gives one
+rank's step as :class:`~pto.models.deepseek_v4.ep_model.EPModel` runs it (one program per
+layer block and the head, ranks as threads).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ from pto.errors import ConfigError
 from pto.language import _ctx
 from pto.models.deepseek_v4.cache import Cache
 from pto.models.deepseek_v4.config import DeepSeekV4Config, DeploymentConfig, get_config, get_deployment, kernel_config
-from pto.models.deepseek_v4.layer import _FAMILY, KernelModel, _bodies, _forward, _jit, layer_kernels
+from pto.models.deepseek_v4.ep_model import EPModel
+from pto.models.deepseek_v4.layer import (_FAMILY, KernelModel, KernelStats, _bodies, _forward, _jit,
+                                          layer_kernels)
 from pto.models.deepseek_v4.lm_head import lm_head_kernels
 from pto.models.deepseek_v4.lookup_embedding import lookup_embedding_kernels
 from pto.models.deepseek_v4.moe import MOE_INPUTS, moe_kernels
@@ -50,7 +53,7 @@ from pto.runtime import RunConfig
 from pto.runtime.graph_only import register_assumption
 
 __all__ = ["StageStats", "StepGraph", "decode_step_graph", "prefill_graph", "moe_graph", "balanced_routes",
-           "attention_weight_shapes", "REFERENCE_DECODE_TASKS"]
+           "spread_hash_table", "ep_step_graphs", "attention_weight_shapes", "REFERENCE_DECODE_TASKS"]
 
 # The reference device graph of one FLASH decode step (pypto-lib v4-flash decode_fwd on simpler's
 # host_build_graph, hw-native-sys/simpler#1860 / #1926): 15,971 device tasks on one rank at EP2 / TP2.
@@ -59,23 +62,32 @@ _GRAPH_HEAP = 1 << 40  # graph-only heaps have no backing memory: plan any size
 
 
 # ---- the balanced-routing assumption --------------------------------------------------------
-def balanced_routes(T: int, K: int, E: int, dtype=torch.int32) -> torch.Tensor:
+def balanced_routes(T: int, K: int, E: int, dtype=torch.int32, *, rank: int = 0, ranks: int = 1) -> torch.Tensor:
     """``[T, K]`` expert ids ``(t * K + k) mod E``: ``T * K`` routes spread evenly over ``E``
     experts (every expert gets ``floor`` or ``ceil`` of ``T * K / E``), a row's ``K`` experts
-    distinct when ``K <= E`` (the reference's balanced routing, pypto-lib ``moe.py``)."""
-    return ((torch.arange(T)[:, None] * K + torch.arange(K)[None, :]) % E).to(dtype)
+    distinct when ``K <= E`` (the reference's balanced routing, pypto-lib ``moe.py``).
+
+    With ``ranks > 1`` (expert parallelism, every rank ``T`` rows): the rows of rank ``rank``
+    are the run's rows ``rank * T ..``, and route ``j = (rank * T + t) * K + k`` of the run's
+    ``R = ranks * T * K`` goes to expert ``j * E // R`` when ``R <= E`` (spread over the whole
+    expert range, so every rank's experts receive routes), else ``j mod E``."""
+    j = (rank * T + torch.arange(T))[:, None] * K + torch.arange(K)[None, :]
+    R = ranks * T * K
+    return (j * E // R if ranks > 1 and R <= E else j % E).to(dtype)
 
 
 def _routes_fill(shape, dtype, prog) -> torch.Tensor:
-    """Fill of the ``indices [T, K]`` allocation of ``moe.py`` (:func:`balanced_routes`); ``E`` is
-    the row count of the program's router weight (a parameter named ``gate_w`` or ``*_gate_w``).
+    """Fill of the ``indices [T, K]`` allocation of ``moe.py`` (:func:`balanced_routes`, over the
+    run's rows when the program runs on a rank of a ``pld`` world); ``E`` is the row count of the
+    program's router weight (a parameter named ``gate_w`` or ``*_gate_w``).
 
     Raises:
         ConfigError: the program has no such parameter.
     """
+    import pto.language.distributed as pld
     for p, _caller, g in prog.args:
         if p.name == "gate_w" or p.name.endswith("_gate_w"):
-            return balanced_routes(shape[0], shape[1], g.shape[0], dtype)
+            return balanced_routes(shape[0], shape[1], g.shape[0], dtype, rank=pld.rank(), ranks=pld.world_size())
     raise ConfigError(f"kernel {prog.name}: the graph-only balanced-routing assumption needs the router weight "
                       f"(a parameter named gate_w) to know the expert count")
 
@@ -125,6 +137,10 @@ class StepGraph:
             (swa|csa|hca)`` and ``L{i} moe``, then ``hc_head`` and ``lm_head`` (``final norm``
             included in lm_head).
         wall_s: build wall time (inputs and program), seconds.
+        programs, ep, rank: an expert-parallel rank's step (``decode_step_graph(ep=N, rank=r)``,
+            ``program`` None): the rank's programs in run order (embedding, per layer attention
+            and ``moe_ep``, ``lm_head_ep``), the world size and the rank; ``tokens`` and
+            ``requests`` are the rank's.
     """
 
     phase: str
@@ -135,11 +151,16 @@ class StepGraph:
     program: object
     stages: list
     wall_s: float
+    programs: list = field(default_factory=list)
+    ep: int = 1
+    rank: int = 0
+    ep_stats: object = None
 
     @property
     def stats(self):
-        """The program's :class:`pto.runtime.ProgramStats`."""
-        return self.program.stats
+        """The program's :class:`pto.runtime.ProgramStats` (an expert-parallel rank: its programs'
+        figures summed, the heap peak the largest; edges only within each program)."""
+        return self.program.stats if self.program is not None else self.ep_stats
 
     def by_kind(self) -> list[StageStats]:
         """Stages summed by kind: embedding, ``attention swa|csa|hca`` (per layer: tasks / layers
@@ -161,8 +182,9 @@ class StepGraph:
         req = f"{self.requests} request{'s' if self.requests != 1 else ''}"
         what = (f"{self.cfg.name} MoE block, graph-only: {self.tokens} tokens, {self.cfg.n_routed_experts} experts"
                 if self.phase == "moe" else
-                f"{self.cfg.name} {self.phase} step, graph-only: {self.tokens} tokens ({req}, "
-                f"context {self.context}), {self.cfg.num_hidden_layers} layers")
+                f"{self.cfg.name} {self.phase} step, graph-only"
+                + (f", EP{self.ep} rank {self.rank} ({len(self.programs)} programs)" if self.ep > 1 else "")
+                + f": {self.tokens} tokens ({req}, context {self.context}), {self.cfg.num_hidden_layers} layers")
         lines = [f"{what}, built in {self.wall_s:.1f} s",
                  f"{'stage':<18} {'count':>5} {'tasks':>7} {'per':>6} {'edges':>7} {'e/task':>6} {'blocks':>8} "
                  f"{'heap peak':>10}"]
@@ -173,9 +195,11 @@ class StepGraph:
         lines.append(f"{'total':<18} {'':>5} {st.tasks:>7} {'':>6} {st.edges:>7} "
                      f"{st.edges / max(st.tasks, 1):>6.2f} {st.blocks:>8} {st.heap_peak_bytes / 2**20:>8.1f} MiB")
         if self.phase == "decode" and self.cfg.name == "flash":
+            here = (f"{st.tasks} tasks on rank {self.rank} of EP{self.ep}, {self.cfg.n_routed_experts // self.ep} "
+                    f"experts each" if self.ep > 1 else
+                    f"{st.tasks} tasks on one rank holding all {self.cfg.n_routed_experts} experts")
             lines.append(f"reference device graph of one decode step: {REFERENCE_DECODE_TASKS} tasks on one rank at "
-                         f"EP2/TP2; here {st.tasks} tasks on one rank holding all {self.cfg.n_routed_experts} experts "
-                         f"(docs/graph_only.md)")
+                         f"EP2/TP2; here {here} (docs/graph_only.md)")
         lines.append(f"assumptions: {st.assumed_reads} reads of assumed routes, {st.assumed_footprints} footprints "
                      f"that follow from them, {st.assumed_sorts} top-k sorts of shape-only scores")
         return lines
@@ -213,19 +237,35 @@ def _attn_weights(cfg: DeepSeekV4Config, ratio: int) -> dict:
     return {k: _meta(shape, dt) for k, (shape, dt) in attention_weight_shapes(cfg, ratio).items()}
 
 
+def spread_hash_table(V: int, K: int, E: int, routes: int, dtype=torch.int32) -> torch.Tensor:
+    """``[V, K]`` hash table (``tid2eid``) sending route ``j = t * K + k`` of token id ``t`` to
+    expert ``(j * E // routes) mod E``: a run whose ``routes`` routes have the token ids
+    ``0 .. routes / K - 1`` spreads them evenly over the whole expert range, so with expert
+    parallelism every rank's experts receive some (``benchmarks/bench_ep.py``)."""
+    j = torch.arange(V)[:, None] * K + torch.arange(K)[None, :]
+    return (j * E // routes % E).to(dtype)
+
+
 @functools.lru_cache(maxsize=8)
-def _moe_weights(cfg: DeepSeekV4Config) -> dict:
-    """Shape-only MoE inputs (the moe kernel's annotations) and a real balanced ``tid2eid``."""
+def _moe_weights(cfg: DeepSeekV4Config, ep: int = 1, routes: int = 0) -> dict:
+    """Shape-only MoE inputs (the moe kernel's annotations; with ``ep > 1`` the routed experts of
+    one rank, ``E / ep`` of them) and a real ``tid2eid``: :func:`balanced_routes`, or with
+    ``routes`` :func:`spread_hash_table` over that many routes."""
+    from pto.models.deepseek_v4.ep_model import ROUTED_KEYS
     _sig, anns = moe_kernels(cfg).moe.signature()
+    V, K, E = cfg.vocab_size, cfg.num_experts_per_tok, cfg.n_routed_experts
     out = {}
     for k in MOE_INPUTS[1:]:
         if k == "input_ids":
             continue
         a = anns[k]
+        dims = list(a.dims)
+        if k in ROUTED_KEYS:
+            dims[0] //= ep
         if k == "tid2eid":
-            out[k] = balanced_routes(cfg.vocab_size, cfg.num_experts_per_tok, cfg.n_routed_experts)
+            out[k] = spread_hash_table(V, K, E, routes) if routes else balanced_routes(V, K, E)
         else:
-            out[k] = torch.empty(list(a.dims), dtype=a.dtype.torch, device="meta")
+            out[k] = torch.empty(dims, dtype=a.dtype.torch, device="meta")
     return out
 
 
@@ -253,8 +293,9 @@ class _MemoCache:
 class _Inputs:
     """The duck-typed model :meth:`KernelModel.layer_args` reads (weights shape-only)."""
 
-    def __init__(self, cfg, cache: Cache):
+    def __init__(self, cfg, cache: Cache, ep: int = 1, routes: int = 0):
         self.cfg, self.cache = cfg, _MemoCache(cache)
+        self._ep, self._routes = ep, routes
         self.ckpt = SimpleNamespace(layer_ratio=lambda i: cfg.compress_ratios[i])
         self._rope = {p: tuple(torch.empty(t.shape, dtype=torch.bfloat16, device="meta")
                                for t in rope_tables(cfg, p)) for p in ("main", "compress")}
@@ -263,7 +304,37 @@ class _Inputs:
         return _attn_weights(self.cfg, self.cfg.compress_ratios[i])
 
     def ffn_weights(self, i: int) -> dict:
-        return _moe_weights(self.cfg)
+        return _moe_weights(self.cfg, self._ep, self._routes)
+
+
+class _RecordingStats(KernelStats):
+    """:class:`KernelStats` that also keeps every program run, ``runs``: ``(name, program)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.runs: list = []
+
+    def add(self, name: str, prog, wall: float) -> None:
+        super().add(name, prog, wall)
+        self.runs.append((name, prog))
+
+
+class _EPRank(_Inputs, EPModel):
+    """One rank of :class:`~pto.models.deepseek_v4.ep_model.EPModel` with shape-only weights
+    (its ``E / N`` routed experts, its ``V / N`` head rows) and its own requests on its own
+    cache; the programs and the step (``EPModel._ep_step``) are EPModel's, run graph-only."""
+
+    def __init__(self, kcfg, cache: Cache, ep: int, rank: int, routes: int):
+        _Inputs.__init__(self, kcfg, cache, ep, routes)
+        self.kcfg, self.ep, self.rank = kcfg, ep, rank
+        V, D, N = kcfg.vocab_size, kcfg.hidden_size, kcfg.hc_mult
+        self._embed = lookup_embedding_kernels(kcfg).lookup_embedding_test
+        self._embed_w = _meta((V, D), torch.bfloat16)
+        self._head_w = [_meta((N, N * D), torch.float32), _meta((1,), torch.float32), _meta((N,), torch.float32),
+                        _meta((D,), torch.bfloat16), _meta((V // ep, D), torch.bfloat16)]
+        self.stats = _RecordingStats()
+        self.run_config = RunConfig(execute=False, heap_bytes=_GRAPH_HEAP)
+        self._setup_programs()
 
 
 def _meta(shape, dtype) -> torch.Tensor:
@@ -319,34 +390,94 @@ def _staged_program(cfg, phase: str):
     return jf, marks
 
 
+def _stage_stats(name: str, tasks: list, peak: int) -> list[StageStats]:
+    """:class:`StageStats` of the graph tasks ``tasks`` of stage ``name`` (``"head"`` is split
+    into hc_head and lm_head by kernel file)."""
+    parts = [(name, tasks)]
+    if name == "head":
+        hc = [t for t in tasks if t.site.rsplit(":", 1)[0].endswith("hc_head.py")]
+        parts = [("hc_head", hc), ("lm_head", [t for t in tasks if t not in hc])]
+    out = []
+    for pname, ts in parts:
+        s = StageStats(pname, heap_peak_bytes=peak)
+        for t in ts:
+            s.edges += len(t.preds)
+            if t.kind == "dummy":
+                continue
+            s.tasks += 1
+            s.blocks += len(t.blocks)
+            s.count_kernel(t)
+        out.append(s)
+    return out
+
+
 def _stages(prog, marks: _Marks) -> list[StageStats]:
     """Per-stage statistics from the marks (the head split into hc_head and lm_head by kernel file)."""
     tasks = prog.graph.tasks
     bounds = [m[1] for m in marks.marks] + [len(tasks)]
     out = []
     for (name, lo), hi, peak in zip(marks.marks, bounds[1:], marks.peaks):
-        parts = [(name, list(range(lo, hi)))]
-        if name == "head":
-            hc = [j for j in range(lo, hi) if tasks[j].site.rsplit(":", 1)[0].endswith("hc_head.py")]
-            rest = [j for j in range(lo, hi) if j not in set(hc)]
-            parts = [("hc_head", hc), ("lm_head", rest)]
-        for pname, ids in parts:
-            s = StageStats(pname, heap_peak_bytes=peak)
-            for j in ids:
-                t = tasks[j]
-                s.edges += len(t.preds)
-                if t.kind == "dummy":
-                    continue
-                s.tasks += 1
-                s.blocks += len(t.blocks)
-                s.count_kernel(t)
-            out.append(s)
+        out += _stage_stats(name, tasks[lo:hi], peak)
     return out
 
 
-def _step(phase: str, cfg, dep: DeploymentConfig, B: int, S: int, context: int, staged: bool) -> StepGraph:
+def _sum_stats(progs: list) -> SimpleNamespace:
+    """The statistics of several graph-only programs summed (heap peak: the largest)."""
+    keys = ("tasks", "dummies", "blocks", "edges", "tile_ops", "bytes", "flops", "scratch_tensors", "scratch_bytes",
+            "assumed_reads", "assumed_footprints", "assumed_sorts", "wall_us", "task_wall_us")
+    out = SimpleNamespace(**{k: sum(getattr(p.stats, k) for p in progs) for k in keys})
+    out.heap_peak_bytes = max(p.stats.heap_peak_bytes for p in progs)
+    out.graph_only = True
+    return out
+
+
+def ep_step_graphs(cfg="flash", dep=None, ep: int = 2, *, context: int | None = None, batch: int | None = None,
+                   seq: int | None = None) -> list[StepGraph]:
+    """Every rank's decode step at expert parallelism ``ep`` in graph-only mode, one
+    :class:`StepGraph` per rank (``decode_step_graph(ep=N, rank=r)`` is the ``r``-th): every rank
+    decodes its own ``batch x seq`` rows (attention data parallel) through
+    :class:`~pto.models.deepseek_v4.ep_model.EPModel`'s programs, ranks as threads of this
+    process (``pto.runtime.distributed.run_threads``). Arguments and errors as
+    :func:`decode_step_graph`."""
+    from pto.models.deepseek_v4.moe_ep import check_ep
+    from pto.runtime import distributed as dist
+    cfg, dep = _resolve(cfg, dep)
+    context = min(4096, dep.max_context // 2) if context is None else context
+    B, S = batch or dep.decode_batch, seq or dep.decode_seq
     t0 = time.perf_counter()
     kcfg = kernel_config(cfg, dep)
+    check_ep(kcfg, ep)
+    T, K, V = B * S, kcfg.num_experts_per_tok, kcfg.vocab_size
+    reqs = [_requests("decode", kcfg, dep, B, S, context) for _ in range(ep)]
+
+    def body(r):
+        cache, rids, pos = reqs[r]
+        m = _EPRank(kcfg, cache, ep, r, ep * T * K)
+        m._ep_step((torch.arange(r * T, (r + 1) * T) % V).to(torch.int64), rids, pos, False, [T] * ep)
+        return m.stats.runs
+
+    out = []
+    for rank, runs in enumerate(dist.run_threads(body, ep, timeout_s=3600)):
+        stages, n_attn, n_moe = [], 0, 0
+        for name, prog in runs:
+            if name == "lookup_embedding":
+                stage = "embedding"
+            elif name == "moe_ep":
+                stage, n_moe = f"L{n_moe} moe", n_moe + 1
+            elif name == "lm_head_ep":
+                stage = "head"
+            else:  # decode_attention_<family>
+                stage, n_attn = f"L{n_attn} attention {name.rsplit('_', 1)[1]}", n_attn + 1
+            stages += _stage_stats(stage, prog.graph.tasks, prog.stats.heap_peak_bytes)
+        progs = [p for _n, p in runs]
+        out.append(StepGraph("decode", kcfg, T, B, context, None, stages, time.perf_counter() - t0, programs=progs,
+                             ep=ep, rank=rank, ep_stats=_sum_stats(progs)))
+    return out
+
+
+def _requests(phase: str, kcfg, dep: DeploymentConfig, B: int, S: int, context: int):
+    """A shape-only :class:`Cache` of the deployment holding ``B`` requests of ``context`` tokens
+    with room for ``S`` more each; returns ``(cache, request ids, positions [B * S])``."""
     if context + S > dep.max_context:
         raise ConfigError(f"graph-only {phase}: context {context} + {S} tokens exceeds the deployment's "
                           f"max_context={dep.max_context}")
@@ -361,7 +492,13 @@ def _step(phase: str, cfg, dep: DeploymentConfig, B: int, S: int, context: int, 
             cache.commit(r, n)
             done += n
         cache.reserve(r, S)
-    pos = torch.cat([torch.arange(context, context + S) for _ in rids])
+    return cache, rids, torch.cat([torch.arange(context, context + S) for _ in rids])
+
+
+def _step(phase: str, cfg, dep: DeploymentConfig, B: int, S: int, context: int, staged: bool) -> StepGraph:
+    t0 = time.perf_counter()
+    kcfg = kernel_config(cfg, dep)
+    cache, rids, pos = _requests(phase, kcfg, dep, B, S, context)
     inputs = _Inputs(kcfg, cache)
     prefill = phase == "prefill"
     largs = [a for i in range(kcfg.num_hidden_layers)
@@ -394,14 +531,21 @@ def _resolve(cfg, dep):
     return cfg, dep
 
 
-def decode_step_graph(cfg="flash", dep=None, ep: int = 1, *, context: int | None = None, batch: int | None = None,
-                      seq: int | None = None, staged: bool = True) -> StepGraph:
+def decode_step_graph(cfg="flash", dep=None, ep: int = 1, *, rank: int = 0, context: int | None = None,
+                      batch: int | None = None, seq: int | None = None, staged: bool = True) -> StepGraph:
     """Graph-only build of one decode step of all layers (module docstring).
 
     Args:
         cfg: model config or preset name (``"flash"``, ``"tiny"`` ...).
         dep: deployment config or preset name (default: the preset of ``cfg``'s name).
-        ep: expert-parallel ranks; only 1 (one rank holding every expert) is built here.
+        ep: expert-parallel ranks. 1: one rank holding every expert, one program. ``N > 1``:
+            rank ``rank``'s step as :class:`~pto.models.deepseek_v4.ep_model.EPModel` runs it
+            (attention data parallel: every rank decodes its own ``batch x seq`` rows; per layer
+            its attention program and ``moe_ep``, then ``lm_head_ep``), the ``N`` ranks as
+            threads of this process; the hash table sends the run's ``j``-th route to expert
+            ``j * E / routes`` (:func:`spread_hash_table`), the learned routes are balanced over
+            the run's rows (:func:`balanced_routes`), so every rank's experts receive routes.
+        rank: with ``ep > 1``, the rank whose graph is returned.
         context: tokens every request held before the step (its positions follow); default
             ``min(4096, max_context // 2)`` (FLASH: 4096, past the CSA indexer's 512 top-k).
         batch, seq: requests and tokens per request of the step (default the deployment's
@@ -412,12 +556,14 @@ def decode_step_graph(cfg="flash", dep=None, ep: int = 1, *, context: int | None
         :class:`StepGraph`.
 
     Raises:
-        ConfigError: ``ep != 1``, a context the deployment cannot hold, an unknown preset.
+        ConfigError: an ``ep`` the config does not allow (``moe_ep.check_ep``), a ``rank``
+            outside it, a context the deployment cannot hold, an unknown preset.
         CapacityError: the deployment's page pools cannot hold ``batch`` requests of that context.
     """
     if ep != 1:
-        raise ConfigError(f"decode_step_graph: ep={ep}: only the single-rank step (ep=1) is built here; the "
-                          f"expert-parallel rank programs are pto.models.deepseek_v4.ep_model's")
+        if not (isinstance(rank, int) and 0 <= rank < ep):
+            raise ConfigError(f"decode_step_graph: rank={rank} is not a rank of ep={ep} (0 .. {ep - 1})")
+        return ep_step_graphs(cfg, dep, ep, context=context, batch=batch, seq=seq)[rank]
     cfg, dep = _resolve(cfg, dep)
     context = min(4096, dep.max_context // 2) if context is None else context
     return _step("decode", cfg, dep, batch or dep.decode_batch, seq or dep.decode_seq, context, staged)
