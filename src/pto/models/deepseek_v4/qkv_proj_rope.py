@@ -410,10 +410,12 @@ def qkv_proj_rope(
             y = pl.reshape(pl.row_expand_mul(dq, inv), [TT, QH, hd])
             out = pl.cast(y, pl.BF16, mode="rint")
             cos, sin, swap = _rope_tiles(q_rope_cos_il, q_rope_sin_signed, q_rope_swap_idx, t0, TT, rows, r)
-            for h in pl.range(QH):
-                yr = pl.reshape(pl.slice(y, [TT, 1, r], [0, h, n]), [TT, r])
-                rot = pl.cast(rotate_interleaved(yr, cos, sin, swap), pl.BF16, mode="rint")
-                out = pl.assemble(out, pl.reshape(rot, [TT, 1, r]), [0, h, n])
+            # every head's rope channels at once: rows (token, head) of [TT*QH, r], the token's
+            # cos / sin / swap rows repeated per head (each element sees the same ops as per head)
+            per_head = [pl.reshape(pl.concat([tab] * QH), [TT * QH, r]) for tab in (cos, sin, swap)]
+            yr = pl.reshape(pl.slice(y, [TT, QH, r], [0, 0, n]), [TT * QH, r])
+            rot = pl.cast(rotate_interleaved(yr, *per_head), pl.BF16, mode="rint")
+            out = pl.assemble(out, pl.reshape(rot, [TT, QH, r]), [0, 0, n])
             for i in pl.range(rows):  # one token row per store: its QH heads are contiguous in q
                 pl.assemble(q, pl.slice(out, [1, QH, hd], [i, 0, 0]), [t0 + i, h0, 0])
 
