@@ -17,7 +17,6 @@ demo: $(STAMP)
 	@set -e; d=$$(mktemp -d); trap 'rm -rf "$$d"' EXIT; \
 	$(VENV)/bin/pto checkpoint tiny "$$d/tiny" --seed 0 --mtp; \
 	$(VENV)/bin/pto generate "$$d/tiny" --input-ids "5 17 300 42 7 99" --max-new-tokens 8 --weights int8 --mtp
-	$(VENV)/bin/pto graph --model flash --stage moe
 	$(VENV)/bin/pto graph --model flash --stage decode
 
 test: $(TSTAMP)
