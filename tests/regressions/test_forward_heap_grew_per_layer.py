@@ -3,6 +3,8 @@ heap peak grew by one layer's scratch per layer (FLASH decode step 609.3 MiB, 12
 prefill 9.4 GiB). Every layer and block now runs in its own heap scope: the peak is one
 layer's scratch plus a few residual streams, with the same tasks and edges."""
 
+import pytest
+
 from pto.models.deepseek_v4.graph_only import decode_step_graph, prefill_graph
 
 
@@ -22,3 +24,10 @@ def test_prefill_heap_peak_is_one_layer_not_the_sum():
     g = prefill_graph("tiny", tokens=64)
     assert (g.stats.tasks, g.stats.edges) == (458, 819)
     assert g.stats.heap_peak_bytes == 5513216  # top scope: 28,379,648 B
+
+
+@pytest.mark.slow
+def test_flash_decode_step_heap_peak():
+    g = decode_step_graph("flash")
+    assert (g.stats.tasks, g.stats.edges) == (3087, 4417)
+    assert g.stats.heap_peak_bytes == 20987904  # 20.0 MiB (top scope: 638,937,600 B, 609.3 MiB)

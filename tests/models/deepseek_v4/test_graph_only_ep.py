@@ -85,3 +85,11 @@ def test_cli_model_graph_ep(capsys):
     assert doc["stats"]["tasks"] == sum(s["tasks"] for s in doc["stages"]) == 386
     assert cli.main(["graph", "--model", "tiny", "--stage", "prefill", "--ep", "2"]) == 2
     assert "only with --stage decode" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_flash_ep2_rank_step():
+    g = decode_step_graph("flash", ep=2, rank=1)
+    by = {k.name: k for k in g.by_kind()}
+    assert g.stats.tasks == 3351 and by["moe"].tasks == 43 * 21 and by["lm_head"].tasks + by["hc_head"].tasks == 11
+    assert sum(k.tasks for n, k in by.items() if n.startswith("attention")) == 2436
