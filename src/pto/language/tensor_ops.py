@@ -646,6 +646,18 @@ def slice(t, shape, offsets, valid_shape=None, pad_value=None, drop_dims=None, v
         DslError: a window out of bounds, or ranks that do not match.
     """
     valid_shape = valid_shape if valid_shape is not None else valid_shapes
+    if (type(t) is GMTensor and pad_value is None and not drop_dims and len(shape) == 2 and len(offsets) == 2
+            and t.buf.program.cur_block is not None):
+        # fast path: a 2-D window in a block whose valid shape (if any) is the whole window is
+        # x[a:b, c:d] (its own fast path; the same tile, footprint and counters as _load)
+        a0, a1 = offsets
+        s0, s1 = shape
+        if (type(a0) is int and type(a1) is int and type(s0) is int and type(s1) is int
+                and (valid_shape is None or (len(valid_shape) == 2 and type(valid_shape[0]) is int
+                                             and type(valid_shape[1]) is int and valid_shape[0] == s0
+                                             and valid_shape[1] == s1))):
+            out = t[a0:a0 + s0, a1:a1 + s1]
+            return out if valid_shape is None else Tile(out.data, out.mask, (s0, s1))
     if isinstance(t, Tile):
         out = tile_slice(t, shape, offsets)
     else:
