@@ -25,16 +25,19 @@ def _per_row(x: pl.Tensor[[8, 16], pl.FP32], y: pl.Out[pl.Tensor[[4, 6], pl.FP32
     return y
 
 
-@pl.jit
-def _produce_then_gather(x: pl.Tensor[[8, 16], pl.FP32], y: pl.Out[pl.Tensor[[2, 16], pl.FP32]]):
-    s = pl.create_tensor([8, 16], pl.FP32, name="s")
-    with pl.at(level=pl.Level.CORE_GROUP, name_hint="w_row2"):
-        s[2:3, 0:16] = x[2:3, 0:16]
-    with pl.at(level=pl.Level.CORE_GROUP, name_hint="w_row6"):
-        s[6:7, 0:16] = x[6:7, 0:16]
-    with pl.at(level=pl.Level.CORE_GROUP, name_hint="gather"):
-        y[0:2, 0:16] = pl.gather_rows(s, [6, 2])
-    return y
+def _gather_after_writes(rows):
+    """A kernel writing rows 2 and 6 of a scratch tensor (one task each), then gathering ``rows``."""
+    @pl.jit
+    def kernel(x: pl.Tensor[[8, 16], pl.FP32], y: pl.Out[pl.Tensor[[2, 16], pl.FP32]]):
+        s = pl.create_tensor([8, 16], pl.FP32, name="s")
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="w_row2"):
+            s[2:3, 0:16] = x[2:3, 0:16]
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="w_row6"):
+            s[6:7, 0:16] = x[6:7, 0:16]
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="gather"):
+            y[0:2, 0:16] = pl.gather_rows(s, rows)
+        return y
+    return kernel
 
 
 def test_values_and_footprints_equal_per_row_loads():
@@ -51,24 +54,14 @@ def test_values_and_footprints_equal_per_row_loads():
 def test_edges_follow_the_gathered_rows():
     x = torch.randn(8, 16)
     y = torch.empty(2, 16)
-    prog = _produce_then_gather.run(x, y, config=pto.RunConfig(check=True))
+    prog = _gather_after_writes([6, 2]).run(x, y, config=pto.RunConfig(check=True))
     assert torch.equal(y, x[[6, 2]])
     assert prog.graph.named_edges() == {("w_row2", "gather"), ("w_row6", "gather")}
 
 
-@pl.jit
-def _gather_unwritten(x: pl.Tensor[[8, 16], pl.FP32], y: pl.Out[pl.Tensor[[2, 16], pl.FP32]]):
-    s = pl.create_tensor([8, 16], pl.FP32, name="s")
-    with pl.at(level=pl.Level.CORE_GROUP, name_hint="w_row2"):
-        s[2:3, 0:16] = x[2:3, 0:16]
-    with pl.at(level=pl.Level.CORE_GROUP, name_hint="gather"):
-        y[0:2, 0:16] = pl.gather_rows(s, [2, 3])  # row 3 never written
-    return y
-
-
 def test_check_mode_sees_an_unwritten_row():
     with pytest.raises(PtoError, match="undefined|never written|uninitiali"):
-        _gather_unwritten.run(torch.randn(8, 16), torch.empty(2, 16), config=pto.RunConfig(check=True))
+        _gather_after_writes([2, 3]).run(torch.randn(8, 16), torch.empty(2, 16), config=pto.RunConfig(check=True))
 
 
 @pl.jit
