@@ -690,7 +690,8 @@ def _need_rank2(op: str, x) -> Tile:
 
 
 def _reduce(op: str, x, dim: int, fn) -> Tile:
-    x = _need_rank2(op, x)
+    if type(x) is not Tile or x.data.dim() != 2:
+        x = _need_rank2(op, x)
     if x.data.is_meta:  # graph-only mode
         shape = list(x.data.shape)
         shape[dim] = 1
@@ -734,6 +735,21 @@ def col_max(x, tmp_tile=None) -> Tile:
 
 
 def _expand(op: str, lhs, rhs, axis: str, fn) -> Tile:
+    if type(lhs) is Tile and type(rhs) is Tile:  # fast path: rank-2 tiles of one dtype, rhs [M, 1] / [1, N]
+        ld, rd = lhs.data, rhs.data
+        if ld.dim() == 2 and rd.dim() == 2 and ld.dtype is rd.dtype and not (ld.is_meta or rd.is_meta):
+            m, n = ld.shape
+            r0, r1 = rd.shape
+            if (r0 == m and r1 == 1) if axis == "row" else (r0 == 1 and r1 == n):
+                out = fn(ld, rd)
+                mask = lhs.mask
+                if rhs.mask is not None:
+                    mask = _and(mask, rhs.mask.expand(m, n).contiguous())
+                blk = _ctx.state.block
+                if blk is not None:
+                    blk.ops += 1
+                    blk.flops += out.numel()
+                return Tile(out if out.dtype is ld.dtype else out.to(ld.dtype), mask, lhs.valid)
     lhs = _need_rank2(op, lhs)
     rhs = _need_rank2(op, rhs)
     m, n = lhs.shape
