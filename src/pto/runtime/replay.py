@@ -8,7 +8,8 @@ torch operations. With the cache on (the default), calls of one kernel are keyed
   storage, the values of small index tensors (INT16/INT32/INT64/BOOL, at most 4096 elements:
   positions, block tables, lengths, which steer control flow and footprints), every scalar
   argument's value, every other argument's value (int, float, str, bool, None, tuples of them)
-  or identity (any other object: a config), and ``RunConfig.heap_bytes``;
+  or identity (any other object: a config), ``RunConfig.heap_bytes`` and whether the pypto
+  compatibility mode is on;
 
 and go through three stages per key:
 
@@ -58,6 +59,7 @@ from torch.overrides import TorchFunctionMode
 
 from pto.errors import DslError
 from pto.language import _ctx
+from pto.language import compat_ops as _compat
 from pto.language.jit import bind_arguments
 from pto.language.tensor_ops import GMTensor
 from pto.language.typing import INOUT, OUT, ScalarType, TensorType
@@ -153,7 +155,7 @@ def _key(jf, params, cfg):
         else:
             parts.append(("id", id(v)))
             keep.append(v)
-    return (id(jf), tuple(parts), cfg.heap_bytes), keep
+    return (id(jf), tuple(parts), cfg.heap_bytes, _compat.mode.pypto), keep
 
 
 def _cacheable_config(config):
@@ -749,6 +751,7 @@ def _copy_task(t: Task, bmap: dict, prog) -> Task:
         nb = Block(nt, blk.idx, blk.phase)
         nb.ops, nb.flops, nb.bytes, nb.cube, nb.fp = blk.ops, blk.flops, blk.bytes, blk.cube, None
         nb.ld, nb.st, nb.mm = blk.ld, blk.st, blk.mm  # the simulator's per-op latency counters
+        nb.vk = None if blk.vk is None else dict(blk.vk)
         nt.blocks.append(nb)
     g = t.grouped
     if type(g) is list:
