@@ -38,6 +38,9 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {
 HC_POST_TOKEN_TILE = 16
 # Rows per block of the prefill tail zero-fill ("hc_post_inactive_pad", pypto-lib `hc_post.py`).
 HC_POST_PAD_TILE = 16
+# Elements (rows * hc_mult * hidden) up to which a block computes all output streams in one
+# pass over hc_mult-fold repeated tiles (few tile ops; per-op overhead dominates small tiles).
+HC_POST_VEC_ELEMS = 32768
 
 T_DYN = pl.dynamic("T")
 
@@ -50,16 +53,29 @@ def _hc_post_block(x2, res2, post, comb, y2, t0: int, rows: int, N: int, D: int)
     ``post [T, N]``, ``comb [T, N*N]``. Op order is the golden's: ``post*x`` first, then the
     input streams ``i = 0..N-1`` added in order (bit-identical to :func:`golden_hc_post`).
 
-    All output streams at once on ``[rows*N, D]`` tiles whose row ``t*N + j`` is (token ``t``,
-    output stream ``j``): ``x`` and each input stream ``i`` are repeated ``N`` times along the
-    columns and viewed as ``[rows*N, D]``, and ``post`` / ``comb[:, i*N:(i+1)*N]`` as
-    ``[rows*N, 1]`` columns, so every step is one row-broadcast multiply or add (the values
-    are elementwise: each element sees the same ops in the same order as stream by stream).
+    Small tiles (at most :data:`HC_POST_VEC_ELEMS` elements per stream set, e.g. a tiny
+    decode step): all output streams at once on ``[rows*N, D]`` tiles whose row ``t*N + j`` is
+    (token ``t``, output stream ``j``): ``x`` and each input stream ``i`` are repeated ``N``
+    times along the columns and viewed as ``[rows*N, D]``, and ``post`` /
+    ``comb[:, i*N:(i+1)*N]`` as ``[rows*N, 1]`` columns, so every step is one row-broadcast
+    multiply or add (1 + 2N tile ops instead of N*(2N+1)). Larger tiles go stream by stream,
+    where the N-fold copies would cost more than the ops save. Both are elementwise with the
+    same ops in the same order per element: bit-identical.
     """
     xf = pl.cast(pl.slice(x2, [rows, D], [t0, 0]), pl.FP32)
     post_t = pl.slice(post, [rows, N], [t0, 0])
     comb_t = pl.slice(comb, [rows, N * N], [t0, 0])
     res_t = pl.slice(res2, [rows, N * D], [t0, 0])
+    if rows * N * D > HC_POST_VEC_ELEMS:  # large tiles: stream by stream (no N-fold copies)
+        res = [res_t[:, i * D:(i + 1) * D] for i in range(N)]
+        streams = []
+        for j in range(N):
+            acc = pl.row_expand_mul(xf, post_t[:, j:j + 1])
+            for i in range(N):
+                acc = pl.add(acc, pl.row_expand_mul(res[i], comb_t[:, i * N + j:i * N + j + 1]))
+            streams.append(acc)
+        pl.assemble(y2, pl.concat(streams), [t0, 0])
+        return
     acc = pl.row_expand_mul(pl.reshape(pl.concat([xf] * N), [rows * N, D]), pl.reshape(post_t, [rows * N, 1]))
     for i in range(N):
         res_i = pl.reshape(pl.concat([res_t[:, i * D:(i + 1) * D]] * N), [rows * N, D])
