@@ -23,7 +23,7 @@ def test_graph_only_block_counters_equal_a_real_run():
     go = cr.fn.run(*[_shape_only(v) for v in vals], config=pto.RunConfig(execute=False))
 
     def counts(p):
-        return [(t.name, b.idx, b.ops, b.ld, b.st, b.mm, b.cube) for t in p.graph.tasks for b in t.blocks]
+        return [(t.name, b.idx, b.ops, b.ld, b.st, b.mm, b.vk, b.cube) for t in p.graph.tasks for b in t.blocks]
 
     assert counts(go) == counts(real)
     assert sum(b.mm for t in go.graph.tasks for b in t.blocks) > 0

@@ -2,7 +2,7 @@
 each block's ops, flops and bytes but not its GM load, GM store and matmul counters, so the
 simulator charged a replay no per-load / per-store / per-matmul latency: the same kernel
 simulated to 4.14 us on its first two calls and 1.86 us from the third on. The copy now
-keeps ld, st and mm; every call gives the same counters and the same simulated time."""
+keeps ld, st and mm (and the vector ops by kind, vk); every call gives the same counters and the same simulated time."""
 
 import torch
 
@@ -27,6 +27,6 @@ def test_replayed_blocks_keep_their_load_store_and_matmul_counts():
         args = (torch.randn(16, 64).bfloat16(), torch.randn(64, 32).bfloat16(), torch.ones(4), torch.zeros(16, 32))
         prog = _chain.run(*args, config=pto.RunConfig(check=False))
         b = prog.graph.tasks[0].blocks[0]
-        seen.append(((b.ops, b.ld, b.st, b.mm, b.cube), simulate(prog, "a2a3").effective_us))
-    assert [s[0] for s in seen] == [(3, 3, 1, 1, True)] * 4
+        seen.append(((b.ops, b.ld, b.st, b.mm, b.cube, b.vk), simulate(prog, "a2a3").effective_us))
+    assert [s[0] for s in seen] == [(3, 3, 1, 1, True, {"mul_s": 1, "exp": 1})] * 4
     assert len({s[1] for s in seen}) == 1

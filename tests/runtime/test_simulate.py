@@ -390,7 +390,7 @@ def test_recorded_block_counters_and_a2a3_block_time():
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="mm_scale"):
             c = pl.matmul(x[0:16, 0:64], w[0:64, 0:32])     # 2 loads, 1 matmul
             k = pl.read(s, [1])                               # 1 scalar load
-            y[0:16, 0:32] = pl.exp(c * k)                     # 2 vector ops, 1 store
+            y[0:16, 0:32] = pl.exp(c * k)                     # 2 vector ops (MULS, EXP), 1 store
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="vec"):
             pl.write(y, [0, 0], 1.0)                          # 1 scalar store
         return y
@@ -399,13 +399,14 @@ def test_recorded_block_counters_and_a2a3_block_time():
     b0, b1 = p.graph.tasks[0].blocks[0], p.graph.tasks[1].blocks[0]
     assert (b0.ops, b0.ld, b0.st, b0.mm, b0.cube) == (3, 3, 1, 1, True)
     assert (b1.ops, b1.ld, b1.st, b1.mm, b1.cube) == (0, 0, 1, 0, False)
+    assert (b0.vk, b1.vk) == ({"mul_s": 1, "exp": 1}, None)
     a2 = get_machine("a2a3")
     r = simulate(p, a2)
     run0 = next(x for x in r.runs if x.name == "mm_scale")
     nbytes = 16 * 64 * 2 + 64 * 32 * 2 + 4 + 16 * 32 * 4
     flops = 2 * 16 * 32 * 64 + 2 * 16 * 32
     expect = (flops / (a2.cube_flops / 1e6) + nbytes / (a2.aic_gm_bw / 1e6)
-              + (2 * 0.0188 + 1 * 0.0377 + 3 * (0.7 + 0.00240884) + 1 * (0.15 + 0.00195)))
+              + (0.015 + 0.02597 + 1 * 0.0377 + 3 * (0.7 + 0.00240884) + 1 * (0.15 + 0.00195)))  # MULS + EXP
     assert run0.end_us - run0.start_us == pytest.approx(expect, rel=1e-12)
     run1 = next(x for x in r.runs if x.name == "vec")
     assert run1.end_us - run1.start_us == pytest.approx(4 / (a2.aiv_gm_bw / 1e6) + 0.15 + 0.00195, rel=1e-12)
@@ -476,3 +477,21 @@ def test_ep_moe_program_is_one_rank_of_the_world():
     assert gather.bytes >= 8 * K * D
     r = simulate(prog, "a2a3")
     assert r.tasks == 21 and r.effective_us >= r.critical_path_us - 1e-9 > 0  # a schedule is no shorter
+
+
+def test_vector_ops_take_their_kind_latency():
+    # toy table: EXP 5 us, ROWSUMLINE 7 us; other vector ops 1 us (TOY_LAT's vec_op_s)
+    m = Machine(**{**TOY_LAT.__dict__, "name": "toy_kinds", "vec_kind_s": (("EXP", 5e-6), ("ROWSUMLINE", 7e-6))})
+    # 6 vector ops: 2 exp x 5 + 1 row_sum x 7 + 1 col_sum x 7 + (6 - 4) unnamed or unlisted x 1 = 26 us
+    assert m.vec_latency_s(6, {"exp": 2, "row_sum": 1, "col_sum": 1, "add": 1}) * 1e6 == pytest.approx(26.0)
+    assert m.block_us(0, 0, False, ops=6, kinds={"exp": 2, "row_sum": 1, "col_sum": 1}) == pytest.approx(26.0)
+    assert TOY_LAT.block_us(0, 0, False, ops=6, kinds={"exp": 2}) == 6.0  # no table: every op at vec_op_s
+    a2 = get_machine("a2a3")  # the A2A3 fixed terms: ROWSUMLINE 0.07288, ROWMAX_SINGLE 0.00888, EXPAND 0.014 us
+    assert a2.vec_latency_s(4, {"row_sum": 1, "row_max": 1, "row_expand": 1}) * 1e6 == pytest.approx(
+        0.07288 + 0.00888 + 0.014 + 0.0188)
+    # records of one block merge their kinds; a replayed program keeps them
+    g = TaskGraph()
+    t = _task(g, "v", [(0, 0, False, 0, 0), (0, 0, False, 0, 0)], counts=[(2, 0, 0, 0), (1, 0, 0, 0)])
+    t.blocks[0].vk, t.blocks[1].vk = {"exp": 2}, {"exp": 1}
+    r = simulate(_program(g), m)
+    assert [(x.start_us, x.end_us) for x in r.runs] == [(1.0, pytest.approx(16.0))]  # 3 exp x 5 us

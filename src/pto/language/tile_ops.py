@@ -68,11 +68,19 @@ class PadValue:
     max = "max"
 
 
-def _count(flops: int = 0) -> None:
+def _count(flops: int = 0, kind: str | None = None) -> None:
+    """Count one tile op of ``flops`` in the current block; ``kind`` (the op's name, ``"add_s"``
+    for a tile-number form) is also counted in ``Block.vk`` (the simulator's per-kind latency)."""
     blk = _ctx.state.block
     if blk is not None:
         blk.ops += 1
         blk.flops += flops
+        if kind is not None:
+            vk = blk.vk
+            if vk is None:
+                blk.vk = {kind: 1}
+            else:
+                vk[kind] = vk.get(kind, 0) + 1
 
 
 class Tile:
@@ -301,6 +309,11 @@ def _binary(op: str, a, b, fn):
             if blk is not None:
                 blk.ops += 1
                 blk.flops += out.numel()
+                vk = blk.vk
+                if vk is None:
+                    blk.vk = {op: 1}
+                else:
+                    vk[op] = vk.get(op, 0) + 1
             am, bm = a.mask, b.mask
             return Tile(out, bm if am is None else am if bm is None else torch.maximum(am, bm), a.valid)
     if not isinstance(a, Tile):
@@ -330,7 +343,7 @@ def _binary(op: str, a, b, fn):
         mask = a.mask if not oid else _and(a.mask, torch.full(a.data.shape, oid, dtype=torch.int32))
     if out.dtype != a.data.dtype:
         out = out.to(a.data.dtype)
-    _count(out.numel())
+    _count(out.numel(), op if isinstance(b, Tile) else op + "_s")
     return Tile(out, mask, a.valid)
 
 
@@ -395,7 +408,7 @@ def _unary(op: str, x, fn, float_only: bool = True) -> Tile:
     x = _as_tile(x, f"pl.{op}")
     if float_only and not x.data.dtype.is_floating_point:
         raise DslError(f"pl.{op}: needs a float tile, got {x.dtype}")
-    _count(x.data.numel())
+    _count(x.data.numel(), op)
     if x.data.is_meta:  # graph-only mode
         return Tile(_meta(x.data.shape, x.data.dtype), x.mask, x.valid)
     return Tile(fn(x.data), x.mask, x.valid)
@@ -653,7 +666,7 @@ def cast(x, target_type, mode="round") -> Tile:
     if mode not in CAST_MODES or mode == "odd":
         raise DslError(f"pl.cast: unsupported mode {mode!r}; use one of none, rint, round, floor, ceil, trunc")
     src = x.data
-    _count(src.numel())
+    _count(src.numel(), "cast")
     if src.is_meta:  # graph-only mode
         return Tile(_meta(src.shape, dst.torch), x.mask, x.valid)
     if src.dtype == dst.torch:
@@ -695,11 +708,11 @@ def _reduce(op: str, x, dim: int, fn) -> Tile:
     if x.data.is_meta:  # graph-only mode
         shape = list(x.data.shape)
         shape[dim] = 1
-        _count(x.data.numel())
+        _count(x.data.numel(), op)
         return Tile(_meta(shape, x.data.dtype))
     out = fn(x.data, dim)
     mask = None if x.mask is None else x.mask.amax(dim=dim, keepdim=True)
-    _count(x.data.numel())
+    _count(x.data.numel(), op)
     return Tile(out, mask)
 
 
@@ -749,6 +762,11 @@ def _expand(op: str, lhs, rhs, axis: str, fn) -> Tile:
                 if blk is not None:
                     blk.ops += 1
                     blk.flops += out.numel()
+                    vk = blk.vk
+                    if vk is None:
+                        blk.vk = {op: 1}
+                    else:
+                        vk[op] = vk.get(op, 0) + 1
                 return Tile(out if out.dtype is ld.dtype else out.to(ld.dtype), mask, lhs.valid)
     lhs = _need_rank2(op, lhs)
     rhs = _need_rank2(op, rhs)
@@ -759,13 +777,13 @@ def _expand(op: str, lhs, rhs, axis: str, fn) -> Tile:
     if lhs.data.dtype != rhs.data.dtype:
         raise DslError(f"pl.{op}: dtype mismatch {lhs.dtype} vs {rhs.dtype}")
     if lhs.data.is_meta or rhs.data.is_meta:  # graph-only mode
-        _count(lhs.data.numel())
+        _count(lhs.data.numel(), op)
         return Tile(_meta(lhs.data.shape, lhs.data.dtype), None, lhs.valid)
     out = fn(lhs.data, rhs.data)
     mask = lhs.mask
     if rhs.mask is not None:
         mask = _and(mask, rhs.mask.expand(m, n).contiguous())  # broadcast the [M,1] / [1,N] mask
-    _count(out.numel())
+    _count(out.numel(), op)
     dt = lhs.data.dtype
     return Tile(out if out.dtype is dt else out.to(dt), mask, lhs.valid)
 
@@ -902,7 +920,7 @@ def transpose(x, axis1: int = 0, axis2: int = 1) -> Tile:
         v = list(x.valid)
         v[axis1], v[axis2] = v[axis2], v[axis1]
         valid = tuple(v)
-    _count(out.numel())
+    _count(out.numel(), "transpose")
     return Tile(out, mask, valid)
 
 

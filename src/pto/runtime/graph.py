@@ -42,11 +42,14 @@ class Block:
         ops, flops, bytes: tile ops (matmuls included), floating/integer ops, GM bytes moved.
         ld, st, mm: GM loads (tile loads and scalar reads), GM stores (tile stores, atomic
             assembles and scalar writes) and matmuls issued (per-op latency of the simulator).
+        vk: vector tile ops by kind, ``{op name: count}`` (``"add_s"`` for a tile-number
+            form; None when none was named), a subset of ``ops`` (the simulator's per-kind
+            latency; the rest take the median).
         cube: True when the block issued a matmul (placed on a cube core).
         fp: list of ``(buffer, box, kind)`` (kind 0 read, 1 write, 2 atomic).
     """
 
-    __slots__ = ("task", "idx", "phase", "ops", "flops", "bytes", "ld", "st", "mm", "cube", "fp")
+    __slots__ = ("task", "idx", "phase", "ops", "flops", "bytes", "ld", "st", "mm", "vk", "cube", "fp")
 
     def __init__(self, task, idx, phase=0):
         self.task = task
@@ -58,6 +61,7 @@ class Block:
         self.ld = 0
         self.st = 0
         self.mm = 0
+        self.vk = None
         self.cube = False
         self.fp = []
 

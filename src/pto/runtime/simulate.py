@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 
 from pto.errors import ConfigError, PtoError
 
-__all__ = ["Machine", "MACHINES", "SimResult", "BlockRun", "FillRun", "AicpuRun", "FillVsSeed", "simulate",
+__all__ = ["Machine", "MACHINES", "VEC_OP_OPCODES", "SimResult", "BlockRun", "FillRun", "AicpuRun", "FillVsSeed", "simulate",
            "get_machine", "fill_vs_seed", "HCA_DECODE_FILL_CALIBRATION"]
 
 
@@ -91,9 +91,12 @@ class Machine:
             the MTE2 pipe (seconds): GM read latency plus the copy's issue.
         store_s: fixed latency of one GM store (tile store, atomic assemble
             or scalar write) on the MTE3 pipe (seconds).
+        vec_kind_s: per-kind vector latencies, ``((cost-model opcode, seconds), ...)``; a
+            vector op whose kind (``Block.vk``, mapped by :data:`VEC_OP_OPCODES`) has an
+            entry takes it, any other vector op ``vec_op_s``.
         sources: where each constant comes from (for reports).
 
-    The four latency terms default to 0 (a machine without per-op latency).
+    The latency terms default to 0 and no per-kind table (a machine without per-op latency).
     """
 
     name: str
@@ -110,10 +113,26 @@ class Machine:
     cube_op_s: float = 0.0
     load_s: float = 0.0
     store_s: float = 0.0
+    vec_kind_s: tuple = ()
     sources: dict = field(default_factory=dict, compare=False, hash=False)
 
+    def vec_latency_s(self, ops: int, kinds: dict | None = None) -> float:
+        """Fixed latency (seconds) of ``ops`` vector ops of which ``kinds`` (``{op name:
+        count}``, ``Block.vk``) are named: each named kind with a ``vec_kind_s`` entry at that
+        entry, every other op at ``vec_op_s``."""
+        if not kinds or not self.vec_kind_s:
+            return ops * self.vec_op_s
+        table = dict(self.vec_kind_s)
+        lat, rest = 0.0, ops
+        for kind, n in kinds.items():
+            sec = table.get(VEC_OP_OPCODES.get(kind))
+            if sec is not None:
+                lat += n * sec
+                rest -= n
+        return lat + rest * self.vec_op_s
+
     def block_us(self, flops: float, nbytes: float, cube: bool, ops: int = 0, loads: int = 0, stores: int = 0,
-                 matmuls: int = 0) -> float:
+                 matmuls: int = 0, kinds: dict | None = None) -> float:
         """Duration in µs of one block on a cube core (``cube``) or a vector core.
 
         Args:
@@ -121,11 +140,12 @@ class Machine:
             cube: the block issued a matmul (a cube core, all flops at the cube rate).
             ops: tile ops issued, matmuls included; loads, stores: GM accesses;
                 matmuls: matmuls issued (``ops - matmuls`` are vector ops).
+            kinds: the named vector ops by kind (``Block.vk``), a subset of the vector ops.
 
         The block is an in-order chain: throughput terms ``flops / peak + bytes
-        / bandwidth`` plus one fixed latency per op (``vec_op_s``, ``cube_op_s``,
-        ``load_s``, ``store_s``), none overlapping the next."""
-        lat = ((ops - matmuls) * self.vec_op_s + matmuls * self.cube_op_s + loads * self.load_s
+        / bandwidth`` plus one fixed latency per op (:meth:`vec_latency_s` for the vector
+        ops, ``cube_op_s``, ``load_s``, ``store_s``), none overlapping the next."""
+        lat = (self.vec_latency_s(ops - matmuls, kinds) + matmuls * self.cube_op_s + loads * self.load_s
                + stores * self.store_s) * 1e6
         if cube:
             return flops / (self.cube_flops / 1e6) + nbytes / (self.aic_gm_bw / 1e6) + lat
@@ -181,6 +201,30 @@ class Machine:
 #       matmul 0.0377 us: L1_TO_L0A 0.015 + L1_TO_L0B 0.012 + A_MUL_B 0.0107;
 #       GM load 0.7024 us: 1400 cycles / 2000 per us + COPY_IN 0.00241;
 #       GM store 0.15195 us: 300 cycles / 2000 per us + COPY_OUT 0.00195.
+# DSL tile ops -> CANN PyPTO cost-model opcodes (the op names of PostSimulatorA2A3.h / A5.h); a
+# tile-number form ("add_s") maps to the scalar opcode (ADDS, MULS, ...); the expand-and-combine
+# ops to their combining op; col_expand_expdif (exp(x - col)) to EXP. Ops not here (abs, rsqrt,
+# gather, select, cmp, fillpad, full, arange, sorts, ...) take the median.
+VEC_OP_OPCODES = {
+    "add": "ADD", "sub": "SUB", "mul": "MUL", "div": "DIV", "add_s": "ADDS", "sub_s": "SUBS", "mul_s": "MULS",
+    "div_s": "DIVS", "maximum": "MAXIMUM", "minimum": "MAXIMUM", "maximum_s": "MAXIMUM", "minimum_s": "MAXIMUM",
+    "neg": "NEG", "exp": "EXP", "log": "LN", "sqrt": "SQRT", "recip": "RECIPROCAL",
+    "row_sum": "ROWSUMLINE", "col_sum": "ROWSUMLINE", "row_max": "ROWMAX_SINGLE", "row_min": "ROWMIN_SINGLE",
+    "col_max": "ROWMAX_SINGLE", "row_expand": "EXPAND", "col_expand": "EXPAND",
+    "row_expand_mul": "MUL", "col_expand_mul": "MUL", "row_expand_div": "DIV", "col_expand_div": "DIV",
+    "row_expand_sub": "SUB", "col_expand_sub": "SUB", "row_expand_add": "ADD", "col_expand_add": "ADD",
+    "col_expand_expdif": "EXP", "cast": "CAST", "transpose": "TRANSPOSE_MOVEOUT",
+}
+# Fixed terms (us) of the vector opcodes of the A2A3 table (PostSimulatorA2A3.h) and the A5 table
+# (PostSimulatorA5.h, six vector ops).
+_A2A3_VEC_KINDS = (("ADD", 0.0188), ("SUB", 0.02152), ("MUL", 0.01419), ("DIV", 0.02462), ("ADDS", 0.0221),
+                   ("SUBS", 0.0221), ("MULS", 0.015), ("DIVS", 0.015), ("SQRT", 0.02197), ("EXP", 0.02597),
+                   ("NEG", 0.015), ("LN", 0.02597), ("RECIPROCAL", 0.00989), ("ROWSUMLINE", 0.07288),
+                   ("ROWMAX_SINGLE", 0.00888), ("ROWMIN_SINGLE", 0.00888), ("EXPAND", 0.014), ("CAST", 0.015687),
+                   ("TRANSPOSE_MOVEOUT", 0.0335), ("MAXIMUM", 0.0))
+_A5_VEC_KINDS = (("ADD", 0.01992), ("SUB", 0.0312), ("DIV", 0.02462), ("ADDS", 0.0221), ("EXPAND", 0.014),
+                 ("CAST", 0.015687))
+
 _A2A3_CUBE = 376e12
 _A2A3_CLOCK = _A2A3_CUBE / (24 * 4096 * 2)
 _A2A3_HBM = 1.6e12
@@ -263,6 +307,7 @@ MACHINES: dict[str, Machine] = {
         aic_gm_bw=_A2A3_HBM / 24, aiv_gm_bw=_A2A3_HBM / 48,
         submit_s=_A2A3_SUBMIT, dispatch_s=_A2A3_DISPATCH, fill_bw=_A2A3_FILL,
         vec_op_s=_A2A3_VEC_OP, cube_op_s=_CUBE_OP, load_s=_GM_LOAD, store_s=_GM_STORE,
+        vec_kind_s=tuple((k, v * 1e-6) for k, v in _A2A3_VEC_KINDS),
         sources={
             "cores": "24 AIC + 48 AIV: hw-native-sys/pypto `docs/en/user/`; PTO runtime platform_config.h",
             "cube": "376 TFLOPS BF16 per die: CloudMatrix384 paper (arXiv:2506.12708)",
@@ -277,6 +322,7 @@ MACHINES: dict[str, Machine] = {
         aic_gm_bw=_A5_HBM / 36, aiv_gm_bw=_A5_HBM / 72,
         submit_s=_A2A3_SUBMIT, dispatch_s=_A2A3_DISPATCH, fill_bw=_A2A3_FILL,
         vec_op_s=_A5_VEC_OP, cube_op_s=_CUBE_OP, load_s=_GM_LOAD, store_s=_GM_STORE,
+        vec_kind_s=tuple((k, v * 1e-6) for k, v in _A5_VEC_KINDS),
         sources={
             "cores": "36 AIC + 72 AIV: CANN runtime base_david.hpp (950-series device properties)",
             "cube": "500 TFLOPS BF16 = half of the 1 PFLOPS FP8 of Huawei Connect 2025 (estimate)",
@@ -415,13 +461,14 @@ class SimResult:
 def _phases(task) -> list:
     """Blocks of ``task`` merged per (phase, block index), grouped by phase:
     a list of phases, each a list of (idx, flops, bytes, cube, ops, loads,
-    stores, matmuls)."""
+    stores, matmuls, vector ops by kind or None)."""
     merged: dict = {}
     for b in task.blocks:
         key = (b.phase, b.idx)
         m = merged.get(key)
+        vk = getattr(b, "vk", None)
         if m is None:
-            merged[key] = [b.flops, b.bytes, b.cube, b.ops, b.ld, b.st, b.mm]
+            merged[key] = [b.flops, b.bytes, b.cube, b.ops, b.ld, b.st, b.mm, dict(vk) if vk else None]
         else:
             m[0] += b.flops
             m[1] += b.bytes
@@ -430,6 +477,11 @@ def _phases(task) -> list:
             m[4] += b.ld
             m[5] += b.st
             m[6] += b.mm
+            if vk:
+                if m[7] is None:
+                    m[7] = {}
+                for k, n in vk.items():
+                    m[7][k] = m[7].get(k, 0) + n
     out: dict = {}
     for (ph, idx) in sorted(merged):
         out.setdefault(ph, []).append((idx, *merged[(ph, idx)]))
@@ -438,8 +490,8 @@ def _phases(task) -> list:
 
 def _block_us(m: Machine, rec: tuple) -> float:
     """Duration in µs of one merged block record of :func:`_phases` on ``m``."""
-    _, f, nb, cube, ops, ld, st, mm = rec
-    return m.block_us(f, nb, cube, ops, ld, st, mm)
+    _, f, nb, cube, ops, ld, st, mm, vk = rec
+    return m.block_us(f, nb, cube, ops, ld, st, mm, vk)
 
 
 def _scratch_nodes(program, graph, free_fills):
