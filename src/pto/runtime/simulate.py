@@ -33,9 +33,11 @@ Cores, per block (one SPMD instance of one barrier phase):
   cube rate; any other block runs on a vector core for
   ``flops / vec_flops + bytes / aiv_gm_bw``;
 * plus, as an in-order chain with no overlap, a fixed latency per operation
-  the block issued (``Block.ops``, ``ld``, ``st``, ``mm``): ``vec_op_s`` per
-  vector tile op, ``cube_op_s`` per matmul, ``load_s`` per GM load and
-  ``store_s`` per GM store (issue, pipeline drain and the GM round trip);
+  the block issued (``Block.ops``, ``vk``, ``ld``, ``st``, ``mm``): per vector
+  tile op its kind's fixed latency (``vec_kind_s``, via :data:`VEC_OP_OPCODES`;
+  ``vec_op_s`` for a kind without an entry), ``cube_op_s`` per matmul,
+  ``load_s`` per GM load and ``store_s`` per GM store (issue, pipeline drain
+  and the GM round trip);
 * the phases of a task split by ``syncall`` are barriers: phase k+1 of any
   block starts after phase k of every block ended;
 * a scratch buffer (with or without ``init_value``) whose heap bytes overlap
@@ -196,8 +198,10 @@ class Machine:
 #     at 2000 cycles per us and adds 1400 cycles of GM read latency to every COPY_IN and 300
 #     cycles of GM write latency to every COPY_OUT; each pipe runs one tile op at a time).
 #     Only the fixed terms are taken (the byte and flop terms stay the rates above):
-#       vector op 0.0188 us: the median fixed term of the table's 18 vector ops (ADD and the
-#         WHERE family; the others 0.0089 (ROWMAX) to 0.0729 (ROWSUMLINE) us);
+#       vector ops: each kind its own fixed term (_A2A3_VEC_KINDS below: ADD 0.0188, MUL 0.01419,
+#         EXP 0.02597, ROWSUMLINE 0.07288, ROWMAX_SINGLE 0.00888, ...); a kind the table does not
+#         have (abs, rsqrt, gather, select, ...) 0.0188 us, the median fixed term of its 18 vector
+#         ops (ADD and the WHERE family);
 #       matmul 0.0377 us: L1_TO_L0A 0.015 + L1_TO_L0B 0.012 + A_MUL_B 0.0107;
 #       GM load 0.7024 us: 1400 cycles / 2000 per us + COPY_IN 0.00241;
 #       GM store 0.15195 us: 300 cycles / 2000 per us + COPY_OUT 0.00195.
