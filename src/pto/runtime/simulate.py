@@ -286,8 +286,8 @@ _A5_VEC_OP = (0.01992 + 0.0221) / 2 * 1e-6
 
 _COST_MODEL = "CANN PyPTO cost model (hicann/pypto, cost_model/simulation/arch/{}, PipeSimulatorFast.cpp)"
 _LATENCY_SOURCES = {
-    "vector op": "0.0188 us fixed term per vector tile op: median of the 18 vector ops of " + _COST_MODEL.format(
-        "A2A3/PostSimulatorA2A3.h"),
+    "vector op": ("per kind, the fixed term of its opcode (VEC_OP_OPCODES); 0.0188 us, the median of the 18 "
+                  "vector ops, for a kind without one: " + _COST_MODEL.format("A2A3/PostSimulatorA2A3.h")),
     "matmul op": "0.0377 us per matmul: L1_TO_L0A + L1_TO_L0B + A_MUL_B fixed terms, " + _COST_MODEL.format(
         "A2A3/PostSimulatorA2A3.h"),
     "GM load": "0.7024 us per load: 1400 cycles GM read latency at 2000 cycles/us + COPY_IN, " + _COST_MODEL.format(
@@ -332,8 +332,8 @@ MACHINES: dict[str, Machine] = {
             "cube": "500 TFLOPS BF16 = half of the 1 PFLOPS FP8 of Huawei Connect 2025 (estimate)",
             "vector": "a2a3 per-core rate kept (estimate)",
             "hbm": "4.0 TB/s HiZQ 2.0 (Ascend 950DT, Huawei Connect 2025)",
-            "vector op": "0.02101 us: median fixed term of the 6 vector ops of " + _COST_MODEL.format(
-                "A5/PostSimulatorA5.h"),
+            "vector op": ("per kind, the fixed term of its opcode among the 6 vector ops; 0.02101 us, their "
+                          "median, for any other kind: " + _COST_MODEL.format("A5/PostSimulatorA5.h")),
             **{k: v.replace("A2A3/PostSimulatorA2A3.h", "A5/PostSimulatorA5.h")
                for k, v in _LATENCY_SOURCES.items() if k != "vector op"},
             **{k: f"a2a3 value kept (estimate; no a5 figure): {v}" for k, v in _AICPU_SOURCES.items()},
