@@ -70,7 +70,7 @@ def graph_record(prog):
     tasks = []
     for t in prog.graph.tasks:
         fps = sorted((buf.name, buf.id, kind, box) for buf, kind, box in t.footprints)
-        blocks = [(b.idx, b.phase, b.ops, b.flops, b.bytes, b.cube) for b in t.blocks]
+        blocks = [tuple(getattr(b, a) for a in type(b).__slots__ if a not in ("task", "fp")) for b in t.blocks]
         tasks.append((t.id, t.name, t.kind, t.site, t.n_blocks, sorted(t.preds), list(t.explicit), t.manual,
                       fps, sorted(t.buffers), blocks))
     bufs = [(b.id, b.name, b.kind, b.shape, b.dtype, b.nbytes, b.offset, b.init_value) for b in prog.buffers]

@@ -743,15 +743,19 @@ class _Template:
         self.dyn_dims = getattr(prog, "dyn_dims", {})
 
 
+_BLOCK_COUNTERS = tuple(a for a in Block.__slots__ if a not in ("task", "idx", "phase", "fp"))
+
+
 def _copy_task(t: Task, bmap: dict, prog) -> Task:
     nt = Task(t.id, t.name, t.kind, t.site, t.n_blocks, list(t.explicit), t.manual)
     nt.preds = set(t.preds)
     nt.wall_ns = t.wall_ns
     for blk in t.blocks:
         nb = Block(nt, blk.idx, blk.phase)
-        nb.ops, nb.flops, nb.bytes, nb.cube, nb.fp = blk.ops, blk.flops, blk.bytes, blk.cube, None
-        nb.ld, nb.st, nb.mm = blk.ld, blk.st, blk.mm  # the simulator's per-op latency counters
-        nb.vk = None if blk.vk is None else dict(blk.vk)
+        for a in _BLOCK_COUNTERS:  # every counter (ops, flops, bytes, the simulator's ld/st/mm/vk, ...)
+            v = getattr(blk, a)
+            setattr(nb, a, dict(v) if type(v) is dict else v)
+        nb.fp = None
         nt.blocks.append(nb)
     g = t.grouped
     if type(g) is list:
