@@ -305,15 +305,7 @@ def _binary(op: str, a, b, fn):
             out = _meta(ad.shape, dt) if ad.is_meta or bd.is_meta else fn(ad, bd)  # meta: graph-only mode
             if out.dtype is not dt:
                 out = out.to(dt)
-            blk = _ctx.state.block
-            if blk is not None:
-                blk.ops += 1
-                blk.flops += out.numel()
-                vk = blk.vk
-                if vk is None:
-                    blk.vk = {op: 1}
-                else:
-                    vk[op] = vk.get(op, 0) + 1
+            _count(out.numel(), op)
             am, bm = a.mask, b.mask
             return Tile(out, bm if am is None else am if bm is None else torch.maximum(am, bm), a.valid)
     if not isinstance(a, Tile):
@@ -758,15 +750,7 @@ def _expand(op: str, lhs, rhs, axis: str, fn) -> Tile:
                 mask = lhs.mask
                 if rhs.mask is not None:
                     mask = _and(mask, rhs.mask.expand(m, n).contiguous())
-                blk = _ctx.state.block
-                if blk is not None:
-                    blk.ops += 1
-                    blk.flops += out.numel()
-                    vk = blk.vk
-                    if vk is None:
-                        blk.vk = {op: 1}
-                    else:
-                        vk[op] = vk.get(op, 0) + 1
+                _count(out.numel(), op)
                 return Tile(out if out.dtype is ld.dtype else out.to(ld.dtype), mask, lhs.valid)
     lhs = _need_rank2(op, lhs)
     rhs = _need_rank2(op, rhs)
