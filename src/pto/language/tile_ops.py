@@ -156,8 +156,20 @@ class Tile:
                 a strided slice, more indices than dims, or an unsupported index kind.
         """
         key = tile_key(self.data.shape, key, "tile subscript")
+        self._own_before_view()
         data = self.data[key]
         return Tile(data, None if self.mask is None else self.mask[key])
+
+    def _own_before_view(self) -> None:
+        """Before a sub-tile or reshape shares this tile's storage: a tile that is a no-copy
+        view of an In parameter takes a private copy first, so a later write through any of
+        the views is seen by all of them (tile views alias, as UB views do) and never by the
+        caller's input."""
+        d = self.data
+        if d._base is not None and not d.is_meta:
+            from pto.language.tensor_ops import aliases_readonly  # tensor_ops imports this module
+            if aliases_readonly(d):
+                self.data = d.clone()
 
     def __setitem__(self, key, value):
         key = tile_key(self.data.shape, key, "tile subscript assign")
@@ -914,6 +926,7 @@ def tile_reshape(x, shape) -> Tile:
     shape = [as_int(s, "a reshape dim") for s in shape]
     if math.prod(shape) != x.data.numel():
         raise DslError(f"pl.reshape: cannot reshape tile {list(x.shape)} to {shape}")
+    x._own_before_view()
     return Tile(x.data.reshape(shape), None if x.mask is None else x.mask.reshape(shape))
 
 
