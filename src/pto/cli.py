@@ -48,6 +48,7 @@ from pto.golden.registry import import_file
 from pto.language.jit import JitFunction
 from pto.language.typing import OUT, DynVar, ScalarType, TensorType
 from pto.runtime import Program, RunConfig
+from pto.runtime.program import freeze_imports
 
 __all__ = ["main", "command", "COMMANDS", "Command", "Target", "resolve_target", "parse_options",
            "add_target_args", "console", "DEFAULT_PRESET"]
@@ -116,6 +117,7 @@ def load_kernels() -> None:
     never imports the model layer; the CLI does it here."""
     importlib.import_module("pto.models.deepseek_v4")
     load_examples()
+    freeze_imports()  # before any input exists, so that no input is frozen by the first program
 
 
 def _check_preset(preset: str) -> None:

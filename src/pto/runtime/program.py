@@ -799,6 +799,21 @@ FREEZE_IMPORTS = True
 _FROZEN = [False]
 
 
+def freeze_imports() -> None:
+    """Freeze the objects that exist now (``gc.freeze``) instead of at the first program.
+
+    The first program of the process freezes every object alive at its start, its own
+    arguments included: an argument that sits in a reference cycle is then never collected
+    after it dies. A caller that has imported everything it needs and not yet built its
+    inputs (the CLI does this after loading the kernel modules) calls this first; later
+    programs freeze nothing. No effect when ``FREEZE_IMPORTS`` is False or after a freeze."""
+    with _GC_LOCK:
+        if not _FROZEN[0]:
+            _FROZEN[0] = True
+            if FREEZE_IMPORTS:
+                gc.freeze()
+
+
 def _gc_pause() -> None:
     """Pause the cyclic GC while at least one program runs (in any thread); the first program
     of the process freezes the objects made before it (see ``FREEZE_IMPORTS``)."""
