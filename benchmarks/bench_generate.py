@@ -3,7 +3,9 @@
 One tiny checkpoint written by ``pto checkpoint tiny`` (seed 0), one prompt of ``--prompt``
 random tokens (default 509), ``--new`` greedy tokens (default 8). Each engine runs in its own
 spawned process (so peak RSS is its own), one warm-up generate then ``--repeat`` timed ones;
-the best run is reported (the machine is shared):
+the best run is reported (the machine is shared). pto's program cache is cleared before every
+run, as for a new prompt (its keys hold the token ids and positions), so no timed run replays
+programs recorded on the same prompt:
 
 * ``transformers``: ``DeepseekV4ForCausalLM.from_pretrained(dtype=float32, eager attention and
   experts)``, ``generate(do_sample=False)``; prefill = the first forward over the prompt,
@@ -89,8 +91,13 @@ def _pto(ckpt: str, ids: list[int], new: int, repeat: int, engine: str, chunk: i
             mtp.update(drafts="accept", reference=plain.tokens)
         elif engine.endswith("-none"):  # no drafts: plain greedy through the MTP path's S = 2 steps
             mtp.update(drafts="none")
+    from pto.runtime import clear_program_cache
+
     best = None
     for k in range(repeat + 1):
+        # every run as a new prompt's: the program cache keys on the token ids and positions, so
+        # a repeated identical prompt would replay programs no real request can replay
+        clear_program_cache()
         if kernels and k == 1:
             model.stats.__init__()  # count the timed runs only
         res = generate(model, [ids], max_new_tokens=new, chunk=chunk, eos_token_id=None, **mtp)
