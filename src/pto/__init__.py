@@ -15,3 +15,7 @@ __all__ = ["PtoError", "BindError", "CapacityError", "CheckpointError", "HeapExh
            "Program",
            "RunConfig", "run"]
 __version__ = "0.1.0"
+
+from pto.runtime.program import freeze_imports as _freeze_imports  # noqa: E402
+
+_freeze_imports()  # the imported modules leave the cyclic collector's scans (runtime/program.py)

@@ -2,7 +2,8 @@
 from rescanning the imported modules, which also froze that program's own arguments: an input
 in a reference cycle was never collected after it died (``pto demo`` kept its first row's
 inputs, about 0.36 GiB). The CLI now freezes after loading the kernel modules, before any input
-exists (``pto.runtime.program.freeze_imports``).
+exists (``pto.runtime.program.freeze_imports``), and ``import pto`` freezes once instead of the
+first program, so a library caller's first program freezes nothing either.
 """
 
 import subprocess
@@ -45,4 +46,8 @@ def _run(freeze_first: bool) -> str:
 
 def test_an_input_created_after_the_cli_loaded_its_kernels_is_collected():
     assert _run(True) == "collected"
+
+
+def test_the_first_program_of_a_library_caller_freezes_nothing():
+    assert _run(False) == "collected"
 

@@ -791,40 +791,31 @@ _GC_STATE = [0, False]
 _GC_LOCK = threading.Lock()
 
 
-# the first program of the process moves the objects that exist then (the imported modules: torch's
-# alone are about 200k) to the collector's permanent generation (gc.freeze), so that no later
-# collection rescans them: the first full collection after the imports took about 9 µs per task of
-# a 10k-task first call. Set False before the first program to keep them collectable.
-FREEZE_IMPORTS = True
-_FROZEN = [False]
+# ``import pto`` moves the objects that exist then (the imported modules: torch's alone are about
+# 200k) to the collector's permanent generation (gc.freeze), so that no later collection rescans
+# them: the first full collection after the imports took about 9 µs per task of a 10k-task first
+# call. Freezing at the first program instead would freeze that program's arguments too (an
+# argument in a reference cycle would never be collected). PTO_GC_FREEZE=0 turns it off.
+FREEZE_IMPORTS = os.environ.get("PTO_GC_FREEZE", "1").strip() != "0"
 
 
 def freeze_imports() -> None:
-    """Freeze the objects that exist now (``gc.freeze``) instead of at the first program.
-
-    The first program of the process freezes every object alive at its start, its own
-    arguments included: an argument that sits in a reference cycle is then never collected
-    after it dies. A caller that has imported everything it needs and not yet built its
-    inputs (the CLI does this after loading the kernel modules) calls this first; later
-    programs freeze nothing. No effect when ``FREEZE_IMPORTS`` is False or after a freeze."""
-    with _GC_LOCK:
-        if not _FROZEN[0]:
-            _FROZEN[0] = True
-            if FREEZE_IMPORTS:
-                gc.freeze()
+    """Freeze the objects that exist now (``gc.freeze``): call it after importing what a run
+    needs and before building its inputs (the CLI does, after loading the kernel modules),
+    so that later collections do not rescan the imported modules. ``import pto`` does it
+    once. Objects frozen are never collected if they die in a reference cycle: never call it
+    while large inputs are alive. No effect with ``PTO_GC_FREEZE=0``."""
+    if FREEZE_IMPORTS:
+        with _GC_LOCK:
+            gc.freeze()
 
 
 def _gc_pause() -> None:
-    """Pause the cyclic GC while at least one program runs (in any thread); the first program
-    of the process freezes the objects made before it (see ``FREEZE_IMPORTS``)."""
+    """Pause the cyclic GC while at least one program runs (in any thread)."""
     with _GC_LOCK:
         if _GC_STATE[0] == 0:
             _GC_STATE[1] = gc.isenabled()
             gc.disable()
-            if not _FROZEN[0]:
-                _FROZEN[0] = True
-                if FREEZE_IMPORTS:
-                    gc.freeze()
         _GC_STATE[0] += 1
 
 
