@@ -7,9 +7,16 @@ torch operations. With the cache on (the default), calls of one kernel are keyed
 * the kernel, every tensor argument's shape, dtype, storage offset and which arguments share
   storage, the values of small index tensors (INT16/INT32/INT64/BOOL, at most 4096 elements:
   positions, block tables, lengths, which steer control flow and footprints), every scalar
-  argument's value, every other argument's value (int, float, str, bool, None, tuples of them)
-  or identity (any other object: a config), ``RunConfig.heap_bytes`` and whether the pypto
-  compatibility mode is on;
+  argument's value (a float by its bit pattern: ``-0.0`` is not ``0.0``, a NaN is its own
+  NaN), every pass-through (unannotated) argument's value when it is immutable (None, bool,
+  int, float, complex, str, bytes, tuples, named tuples and frozensets of such values, frozen
+  dataclasses whose fields are such values, enums, DSL and torch dtypes, and functions,
+  modules and classes by identity), ``RunConfig.heap_bytes`` and whether the pypto
+  compatibility mode is on. A call with any other pass-through value (a list, a dict, a
+  mutable object, a tensor not bound as ``pl.Tensor``) could change between calls without
+  changing the key: it always runs plain (``cache_info()["unkeyable"]``). The cache keeps the
+  ``set_program_cache_size()`` most recently used keys (256 by default) and forgets the least
+  recently used one beyond that (``cache_info()["evicted"]``);
 
 and go through three stages per key:
 
@@ -48,11 +55,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import math
 import os
+import struct
 import threading
 import time
+import types
 import weakref
+from collections import OrderedDict
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -60,6 +71,7 @@ from torch.overrides import TorchFunctionMode
 from pto.errors import DslError
 from pto.language import _ctx
 from pto.language import compat_ops as _compat
+from pto.language.dtypes import DType
 from pto.language.jit import bind_arguments
 from pto.language.tensor_ops import GMTensor
 from pto.language.typing import INOUT, OUT, ScalarType, TensorType
@@ -67,14 +79,16 @@ from pto.runtime.graph import Block, Task, TaskGraph
 from pto.runtime.heap import RingHeap
 from pto.runtime.program import Program, ProgramStats, RunConfig, _gc_pause, _gc_resume
 
-__all__ = ["run", "set_program_cache", "program_cache_enabled", "clear_program_cache", "cache_info"]
+__all__ = ["run", "set_program_cache", "set_program_cache_size", "program_cache_enabled", "clear_program_cache",
+           "cache_info"]
 
 _ENABLED = [os.environ.get("PTO_PROGRAM_CACHE", "1") not in ("0", "false", "off", "no")]
-_MAX_ENTRIES = 512
+_MAX_ENTRIES = [256]  # keys kept, least recently used forgotten first (set_program_cache_size)
 _MAX_DIVERGED = 3
-_CACHE: dict = {}
+_CACHE: OrderedDict = OrderedDict()
 _LOCK = threading.Lock()
-_INFO = {"plain": 0, "recorded": 0, "replayed": 0, "diverged": 0, "uncacheable": 0, "errors": 0}
+_INFO = {"plain": 0, "recorded": 0, "replayed": 0, "diverged": 0, "uncacheable": 0, "errors": 0, "unkeyable": 0,
+         "evicted": 0}
 
 
 def set_program_cache(enabled: bool) -> None:
@@ -89,6 +103,31 @@ def set_program_cache(enabled: bool) -> None:
     _ENABLED[0] = enabled
     if not enabled:
         clear_program_cache()
+
+
+def set_program_cache_size(max_entries: int) -> None:
+    """Keep at most ``max_entries`` keys (256 by default): a new key beyond that forgets the least
+    recently used one and its recording, so a long run with ever new keys (decode positions)
+    keeps a bounded cache. Lowering the bound forgets the oldest keys at once.
+
+    Raises:
+        TypeError: ``max_entries`` is not an int.
+        ValueError: ``max_entries`` is smaller than 1.
+    """
+    if type(max_entries) is not int:
+        raise TypeError(f"set_program_cache_size(max_entries): expected an int, got {max_entries!r}")
+    if max_entries < 1:
+        raise ValueError(f"set_program_cache_size(max_entries): expected at least 1, got {max_entries}")
+    with _LOCK:
+        _MAX_ENTRIES[0] = max_entries
+        _evict()
+
+
+def _evict() -> None:
+    """Forget the least recently used keys beyond the bound (the caller holds _LOCK)."""
+    while len(_CACHE) > _MAX_ENTRIES[0]:
+        _CACHE.popitem(last=False)
+        _INFO["evicted"] += 1
 
 
 def program_cache_enabled() -> bool:
@@ -108,7 +147,9 @@ def cache_info() -> dict:
     """Counters since the last clear: ``plain`` (calls run as plain programs, recordings not
     counted), ``recorded``, ``replayed``, ``diverged`` (replays stopped by a guard or an error,
     then run plain), ``errors`` (of those, replays stopped by an exception), ``uncacheable``
-    (recordings that could not be replayed), and ``entries``."""
+    (recordings that could not be replayed), ``unkeyable`` (calls run plain because a pass-through
+    argument is not an immutable value), ``evicted`` (keys forgotten by the size bound) and
+    ``entries`` (keys held now)."""
     with _LOCK:
         return dict(_INFO, entries=len(_CACHE))
 
@@ -130,11 +171,48 @@ def _plain_value(v) -> bool:
 
 _INDEX_DTYPES = (torch.int32, torch.int64, torch.int16, torch.bool)
 _INDEX_NUMEL = 4096
+_ATOMS = (int, str, bool, bytes, type(None))
+_BY_IDENTITY = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type, enum.Enum, DType, torch.dtype)
+
+
+class _Unkeyable(Exception):
+    """A pass-through argument that may change without changing its key (internal)."""
+
+
+def _value_key(v, keep: list, depth: int = 0):
+    """The key part of an immutable value (see the module docstring): floats by their bits, tuples,
+    frozensets and frozen dataclasses by their items, functions, modules, classes, enums and dtypes
+    by identity (kept alive in ``keep``). Raises _Unkeyable for anything else."""
+    t = type(v)
+    if t is float:
+        return (float, struct.pack("<d", v))
+    if t in _ATOMS:
+        return (t, v)
+    if t is complex:
+        return (complex, struct.pack("<dd", v.real, v.imag))
+    if depth > 32:
+        raise _Unkeyable("nested too deep")
+    if t is tuple:
+        return (tuple, tuple(_value_key(x, keep, depth + 1) for x in v))
+    if t is frozenset:
+        return (frozenset, frozenset(_value_key(x, keep, depth + 1) for x in v))
+    if isinstance(v, _BY_IDENTITY):
+        keep.append(v)
+        return ("id", id(v))
+    if isinstance(v, tuple) and hasattr(t, "_fields") and not hasattr(v, "__dict__"):  # a named tuple
+        keep.append(t)
+        return (("id", id(t)), tuple(_value_key(x, keep, depth + 1) for x in v))
+    params = getattr(t, "__dataclass_params__", None)
+    if params is not None and params.frozen:
+        keep.append(t)
+        return (("id", id(t)), tuple(_value_key(getattr(v, f.name), keep, depth + 1) for f in dataclasses.fields(v)))
+    raise _Unkeyable(t.__name__)
 
 
 def _key(jf, params, cfg):
     """The cache key of a call, with the objects kept alive so that their ids stay theirs;
-    None when the call cannot be keyed (a non-contiguous tensor: the plain run reports it)."""
+    (None, None) when the call cannot be keyed (a non-contiguous tensor: the plain run reports
+    it) and ``(None, "unkeyable")`` when a pass-through argument is not an immutable value."""
     parts = []
     keep = [jf]
     storages: dict = {}
@@ -150,11 +228,11 @@ def _key(jf, params, cfg):
                 # its values are part of the key, so a call with other positions is not even tried
                 part += (tuple(v.reshape(-1).tolist()),)
             parts.append(part)
-        elif isinstance(p.ann, ScalarType) or _plain_value(v):
-            parts.append((type(v), v))
         else:
-            parts.append(("id", id(v)))
-            keep.append(v)
+            try:
+                parts.append(_value_key(v, keep))
+            except _Unkeyable:
+                return None, "unkeyable"
     return (id(jf), tuple(parts), cfg.heap_bytes, _compat.mode.pypto), keep
 
 
@@ -210,13 +288,16 @@ def run(jf, args, kwargs, config) -> Program:
         return Program(jf, config).execute(args, kwargs)
     key, keep = _key(jf, params, cfg)
     if key is None:
+        if keep == "unkeyable":
+            _count("unkeyable")
         return Program(jf, config).execute(args, kwargs)
     with _LOCK:
         ent = _CACHE.get(key)
         if ent is None:
-            if len(_CACHE) >= _MAX_ENTRIES:
-                _CACHE.pop(next(iter(_CACHE)))
             _CACHE[key] = _Entry(keep)
+            _evict()
+        else:
+            _CACHE.move_to_end(key)
     if ent is None or ent.state == "off":
         _count("plain")
         return Program(jf, config).execute(args, kwargs)
