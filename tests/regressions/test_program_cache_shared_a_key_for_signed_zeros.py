@@ -2,7 +2,11 @@
 ``x / a`` with ``a = 0.0`` replayed the ``a = -0.0`` recording (``-inf`` for ``+inf``); and
 every NaN call was a new key (``nan != nan``), one entry per call.
 
-Now floats are keyed by their bit pattern: the two zeros are two keys, a NaN is one key.
+The replay guard on a value read from data (``pl.read``) compared with ``==`` too: a read
+``0.0`` passed the guard of a ``-0.0`` recording and replayed its division.
+
+Now floats are keyed by their bit pattern (the two zeros are two keys, a NaN is one key) and a
+guard on a recorded zero checks its sign.
 """
 
 import pytest
@@ -43,3 +47,21 @@ def test_nan_calls_share_one_key():
         div_by.run(x, float("nan"), y)
         assert y.isnan().all()
     assert cache_info()["entries"] == 1 and cache_info()["replayed"] == 4
+
+
+@pl.jit
+def div_by_read(x: pl.Tensor[[16, 64], pl.FP32], s: pl.Tensor[[1, 1], pl.FP32],
+                y: pl.Out[pl.Tensor[[16, 64], pl.FP32]]):
+    a = pl.read(s, [0, 0])
+    for b in pl.spmd(1, name_hint="div"):
+        y[0:16, 0:64] = x[0:16, 0:64] / a
+
+
+def test_a_guard_on_a_read_zero_sees_its_sign():
+    # the replay's guard on pl.read compared with ==: a read 0.0 passed the -0.0 recording's guard
+    x = torch.rand(16, 64) + 0.5
+    for a in (-0.0, -0.0, -0.0, 0.0):
+        y = torch.empty(16, 64)
+        prog = div_by_read.run(x, torch.tensor([[a]]), y)
+    assert torch.equal(y, torch.full((16, 64), float("inf")))
+    assert not prog.replayed and cache_info()["diverged"] == 1

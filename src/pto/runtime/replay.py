@@ -611,6 +611,18 @@ def _same(a, b) -> bool:
     return False
 
 
+def _same_signed(a, b) -> bool:
+    """:func:`_same` that also tells ``-0.0`` from ``0.0`` (a zero read from data may feed a division)."""
+    ta, tb = type(a), type(b)
+    if ta is float and tb is float:
+        if a != a or b != b:
+            return a != a and b != b
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+    if ta in (list, tuple, _TList) and tb in (list, tuple, _TList):
+        return len(a) == len(b) and all(_same_signed(x, y) for x, y in zip(a, b))
+    return a == b
+
+
 def _uses(x, out):
     t = type(x)
     if t is _V:
@@ -691,7 +703,7 @@ class _Trace:
             if fn is None:
                 if len(_TEMPLATES) > 50_000:
                     _TEMPLATES.clear()
-                ns = {"D": _Diverged, "S": _same}
+                ns = {"D": _Diverged, "S": _same, "Z": _same_signed}
                 exec(compile(f"def t(r, p):\n    {body}\n", "<pto replay>", "exec"), ns)  # noqa: S102 - generated
                 fn = _TEMPLATES[body] = ns["t"]
             out = (fn, tuple(P))
@@ -726,12 +738,12 @@ class _Trace:
                     elif _literal(g):
                         lines.append(f"if {call} != {expr(g)}: raise D({par(i)})")
                     else:
-                        lines.append(f"if not S({call}, {const(g)}): raise D({par(i)})")
+                        lines.append(f"if not {_cmp(g)}({call}, {const(g)}): raise D({par(i)})")
                     continue
                 if gk == 4:  # a tolist whose read elements are guarded
                     lines.append(f"_ = {call}")
                     if g.whole:
-                        lines.append(f"if not S(_, {const(g.value)}): raise D({par(i)})")
+                        lines.append(f"if not {_cmp(g.value)}(_, {const(g.value)}): raise D({par(i)})")
                     else:
                         conds = []
                         for path, v in g.seen.items():
@@ -741,7 +753,7 @@ class _Trace:
                             elif _literal(v):
                                 conds.append(f"{el} != {expr(v)}")
                             else:
-                                conds.append(f"not S({el}, {const(v)})")
+                                conds.append(f"not {_cmp(v)}({el}, {const(v)})")
                         if conds:
                             lines.append(f"if {' or '.join(conds)}: raise D({par(i)})")
                     continue
@@ -801,7 +813,22 @@ def _literal(v) -> bool:
     t = type(v)
     if t is int or t is bool or v is None or t is str:
         return True
-    return t is float and math.isfinite(v)
+    return t is float and math.isfinite(v) and v != 0.0  # a zero's guard must see its sign: not ``==``
+
+
+def _has_zero(v) -> bool:
+    """True when the guard value ``v`` holds a float zero (its sign needs :func:`_same_signed`)."""
+    t = type(v)
+    if t is float:
+        return v == 0.0
+    if t in (list, tuple, _TList):
+        return any(_has_zero(x) for x in v)
+    return False
+
+
+def _cmp(v) -> str:
+    """The comparison a guard on the recorded value ``v`` uses: ``Z`` when the sign of a zero counts."""
+    return "Z" if _has_zero(v) else "S"
 
 
 # ---- the recorded graph -------------------------------------------------------------------------
