@@ -8,16 +8,10 @@ import pytest
 import torch
 
 import pto.language as pl
-from pto.runtime import cache_info, clear_program_cache, set_program_cache, set_program_cache_size
+from pto.runtime import cache_info, set_program_cache_size
 
 
-@pytest.fixture(autouse=True)
-def _fresh_cache():
-    set_program_cache(True)
-    clear_program_cache()
-    yield
-    set_program_cache_size(256)
-    clear_program_cache()
+pytestmark = pytest.mark.usefixtures("fresh_program_cache")
 
 
 @pl.jit

@@ -13,15 +13,10 @@ import pytest
 import torch
 
 import pto.language as pl
-from pto.runtime import cache_info, clear_program_cache, set_program_cache
+from pto.runtime import cache_info
 
 
-@pytest.fixture(autouse=True)
-def _fresh_cache():
-    set_program_cache(True)
-    clear_program_cache()
-    yield
-    clear_program_cache()
+pytestmark = pytest.mark.usefixtures("fresh_program_cache")
 
 
 @pl.jit

@@ -21,13 +21,7 @@ from pto.runtime import RunConfig, cache_info, clear_program_cache, set_program_
 N = pl.dynamic("N")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_cache():
-    set_program_cache(True)
-    clear_program_cache()
-    yield
-    set_program_cache(True)
-    clear_program_cache()
+pytestmark = pytest.mark.usefixtures("fresh_program_cache")
 
 
 @pl.jit
