@@ -97,7 +97,7 @@ def test_module_function_targets(capsys):
     (["check", "example_add", "--preset", "huge"], "unknown preset 'huge'"),
     (["graph", "example_add", "--mode", "sideways"], "has no mode 'sideways'"),
     (["run", "example_add", "--opt", "T"], "option 'T' is not KEY=VALUE"),
-    (["run", "example_add", "--opt", "nonsense=1"], "bad options"),
+    (["run", "example_add", "--opt", "nonsense=1"], "example_add: unknown options ['nonsense'] (its options: T)"),
     (["run", "example_add", "--opt", "seed_scopes=True"], "has no seed variant"),
     (["run", "no.such.module:fn"], "cannot import module 'no.such.module'"),
     (["run", "pto.cli:nothing_here"], "has no attribute 'nothing_here'"),

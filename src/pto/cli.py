@@ -29,6 +29,7 @@ import ast
 import gc
 import copy
 import importlib
+import inspect
 import math
 import os
 import sys
@@ -38,13 +39,15 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from torch.overrides import TorchFunctionMode
 from rich.console import Console
 from rich.table import Table
 
 import pto
-from pto.errors import CapacityError, ConfigError, PtoError
-from pto.golden import CaseRun, KernelCase, all_cases, get_case, load_examples, run_jit
+from pto.errors import BindError, CapacityError, CheckpointError, ConfigError, PtoError
+from pto.golden import CaseRun, KernelCase, ScalarSpec, all_cases, get_case, load_examples, run_jit
 from pto.golden.registry import import_file
+from pto.language.graph_only import is_index_dtype
 from pto.language.jit import JitFunction
 from pto.language.typing import OUT, DynVar, ScalarType, TensorType
 from pto.runtime import Program, RunConfig
@@ -186,6 +189,10 @@ def _synth_args(jf: JitFunction, dims: dict, scalars: dict) -> list:
         elif isinstance(ann, ScalarType):
             if name not in scalars:
                 raise ConfigError(f"kernel {jf.__name__}: scalar parameter {name!r}; pass --scalar {name}=<value>")
+            try:  # the kernel's own check, before anything runs: a bad --scalar is bad input (exit 2)
+                ScalarSpec(name, ann.dtype.torch, scalars[name])
+            except BindError as e:
+                raise ConfigError(f"--scalar {name}={scalars[name]!r}: {e}") from None
             args.append(scalars[name])
         elif param.default is param.empty:
             raise ConfigError(f"kernel {jf.__name__}: parameter {name!r} has no annotation and no default; "
@@ -225,13 +232,15 @@ class Target:
         if self.case_run is not None:
             cr = self.case_run
             torch.manual_seed(0)
-            vals = [s.to_python() if hasattr(s, "to_python") else s.create_tensor() for s in cr.specs]
+            vals = [s.to_python() if hasattr(s, "to_python") else
+                    s.create_tensor() if execute or is_index_dtype(s.dtype) else
+                    torch.empty(s.shape, dtype=s.dtype, device="meta") for s in cr.specs]
             return cr.fn.run(*vals, config=cfg)
         return self.fn.run(*self.args, config=cfg)
 
 
 def resolve_target(spec: str, preset: str | None, mode: str | None, options: dict, dims=None,
-                   scalars=None) -> Target:
+                   scalars=None, shape_only: bool = False) -> Target:
     """Turn ``KERNEL`` or ``MODULE:FUNCTION`` into a :class:`Target`.
 
     ``MODULE`` is a dotted module name or a ``.py`` path; ``FUNCTION`` is a
@@ -242,7 +251,9 @@ def resolve_target(spec: str, preset: str | None, mode: str | None, options: dic
     ``preset`` / ``mode`` None and empty ``options`` / ``dims`` / ``scalars`` mean "not
     given"; a kernel case takes preset (default :data:`DEFAULT_PRESET`), mode and options,
     a ``@pl.jit`` function takes dims and scalars, a zero-argument callable takes none.
-    Anything given that the target would ignore is rejected.
+    Anything given that the target would ignore is rejected. ``shape_only`` (graph-only runs):
+    a kernel case is built under :class:`_ShapeOnlyFactories` (its float and INT8 inputs
+    shape-only, so a FLASH-size case never holds its weights).
 
     Raises:
         ConfigError: unknown kernel, preset or mode; bad module or attribute;
@@ -256,14 +267,17 @@ def resolve_target(spec: str, preset: str | None, mode: str | None, options: dic
     if ":" not in spec:
         load_kernels()
         _reject_ignored(spec, "a registered kernel case", dim=dims, scalar=scalars)
-        return _case_target(get_case(spec), preset or DEFAULT_PRESET, mode, options)
+        return _case_target(get_case(spec), preset or DEFAULT_PRESET, mode, options, shape_only)
     obj = _load_attr(spec)
     if isinstance(obj, KernelCase):
         _reject_ignored(spec, "a KernelCase", dim=dims, scalar=scalars)
-        return _case_target(obj, preset or DEFAULT_PRESET, mode, options)
+        return _case_target(obj, preset or DEFAULT_PRESET, mode, options, shape_only)
     if isinstance(obj, JitFunction):
         _reject_ignored(spec, "a @pl.jit function", preset=preset, mode=mode, opt=options)
         _check_jit_names(obj, dims, scalars)
+        if shape_only:  # graph-only: the float arguments shape-only, as a case's
+            with _ShapeOnlyFactories():
+                return Target(spec, fn=obj, args=_synth_args(obj, dims, scalars))
         return Target(spec, fn=obj, args=_synth_args(obj, dims, scalars))
     if callable(obj):
         _reject_ignored(spec, "a callable returning a CaseRun or Program", preset=preset, mode=mode, opt=options,
@@ -320,15 +334,89 @@ def _user_named(case: KernelCase, cr: CaseRun) -> CaseRun:
     return replace(cr, fn=named)
 
 
-def _case_target(case: KernelCase, preset: str, mode: str | None, options: dict) -> Target:
+class _ShapeOnlyFactories(TorchFunctionMode):
+    """While active, a torch factory call (``randn``, ``zeros``, ``empty``, ``randint``, ...,
+    their ``*_like`` forms; not ``arange``, whose small tables builders mix with real ones) whose result would be a float, INT8 or UINT8 tensor returns a
+    shape-only (``meta``) tensor instead (no storage, the generator not drawn from); integer
+    (16 bits and more) and BOOL results are made for real, as graph-only mode reads those.
+    An index computed by a sort of shape-only values (``argsort``, ``sort``, ``topk``) is real,
+    the values taken as ties (the indices in input order: a seeded hash table's rows become
+    experts ``0 .. K-1``), as graph-only mode's own sort-ties assumption (docs/graph_only.md).
+    Used to build a kernel case's inputs for a graph-only run (``--graph-only``)."""
+
+    _SORTS = {torch.argsort: 0, torch.Tensor.argsort: 0, torch.sort: 1, torch.Tensor.sort: 1,
+              torch.topk: 2, torch.Tensor.topk: 2}
+
+    _FACTORIES = frozenset((torch.randn, torch.rand, torch.randint, torch.empty, torch.zeros, torch.ones, torch.full,
+                            torch.normal, torch.randn_like, torch.rand_like, torch.randint_like, torch.empty_like,
+                            torch.zeros_like, torch.ones_like, torch.full_like))
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self._FACTORIES and "out" not in kwargs:
+            kw = {k: v for k, v in kwargs.items() if k not in ("generator", "device", "pin_memory")}
+            try:
+                m = func(*args, **kw, device="meta")
+            except (TypeError, RuntimeError):
+                m = None
+            if m is not None and not is_index_dtype(m.dtype):
+                return m
+        kind = self._SORTS.get(func)
+        if kind is not None and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+            res = func(*args, **kwargs)  # shape-only values and indices of the right shapes
+            dim = kwargs.get("dim", args[2 if kind == 2 else 1] if len(args) > (2 if kind == 2 else 1) else -1)
+            ix = res if kind == 0 else res[1]
+            d = dim % ix.dim()
+            ties = torch.arange(ix.shape[d]).view([-1 if i == d else 1 for i in range(ix.dim())]).expand(ix.shape)
+            return ties if kind == 0 else type(res)((res[0], ties))
+        return func(*args, **kwargs)
+
+
+def _build_case(case: KernelCase, preset: str, mode: str, options: dict, shape_only: bool) -> CaseRun:
+    """``case.build(preset, mode, **options)``; with ``shape_only`` under
+    :class:`_ShapeOnlyFactories` first, again for real if the builder cannot run on shape-only
+    tensors (it used a value computed from one) or an index input came out shape-only (computed
+    from float data, e.g. routes from scores: graph-only mode needs index inputs real)."""
+    if shape_only:
+        try:
+            with _ShapeOnlyFactories():
+                cr = case.build(preset, mode, **options)
+            if not any(isinstance(getattr(s, "init_value", None), torch.Tensor) and s.init_value.is_meta
+                       and is_index_dtype(s.dtype) for s in cr.specs):
+                return cr
+        except (RuntimeError, NotImplementedError, ValueError, IndexError):
+            pass
+    return case.build(preset, mode, **options)
+
+
+def _check_build_options(case: KernelCase, options: dict) -> None:
+    """ConfigError naming the ``--opt`` keys that ``case.build`` has no parameter for (as the
+    builders that take ``**options`` report theirs), instead of Python's "unexpected keyword
+    argument" TypeError; a builder taking ``**options`` checks its own."""
+    try:
+        params = inspect.signature(case.build).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    names = [n for n, p in params.items() if n not in ("preset", "mode")
+             and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    unknown = sorted(k for k in options if k not in names)
+    if unknown:
+        raise ConfigError(f"{case.name}: unknown options {unknown} (its options: {', '.join(names) or 'none'})")
+
+
+def _case_target(case: KernelCase, preset: str, mode: str | None, options: dict,
+                 shape_only: bool = False) -> Target:
     _check_preset(preset)
     mode = mode or case.modes[0]
     if mode not in case.modes:
         raise ConfigError(f"kernel {case.name!r} has no mode {mode!r}; modes: {', '.join(case.modes)}")
     if options.get("seed_scopes") and not case.seed_variant:
         raise ConfigError(f"kernel {case.name!r} has no seed variant (seed_scopes)")
+    _check_build_options(case, options)
     try:
-        cr = _user_named(case, case.build(preset, mode, **options))
+        cr = _user_named(case, _build_case(case, preset, mode, options, shape_only))
     except TypeError as e:
         raise ConfigError(f"kernel {case.name!r}: bad options {options}: {e}") from None
     except (ConfigError, CapacityError):
@@ -357,7 +445,7 @@ def _target_from_args(args) -> Target:
         if not isinstance(v, int) or v < 0:
             raise ConfigError(f"--dim {k}={v!r}: extent must be a non-negative int")
     return resolve_target(args.target, args.preset, args.mode, parse_options(args.opt), dims,
-                          parse_options(args.scalar))
+                          parse_options(args.scalar), shape_only=getattr(args, "graph_only", False))
 
 
 # ---- formatting ------------------------------------------------------------------------
@@ -836,10 +924,12 @@ def _graph_args(p):
     p.add_argument("--model", default=None, metavar="PRESET",
                    help="instead of a kernel: the whole DeepSeek-V4 step of this preset (flash, tiny, ...) in "
                         "graph-only mode, per-stage tasks, edges and heap (docs/graph_only.md)")
-    p.add_argument("--stage", choices=("decode", "prefill", "moe"), default="decode",
+    p.add_argument("--stage", choices=("decode", "prefill", "moe"), default=None,
                    help="with --model: one decode step of the deployment's batch (default), a prefill chunk, or "
                         "one MoE block of the decode step's rows")
-    p.add_argument("--tokens", type=int, default=128, help="with --model --stage prefill: chunk tokens (default 128)")
+    p.add_argument("--tokens", type=int, default=None,
+                   help="with --model --stage prefill: chunk tokens (default 128); --stage moe: rows (default the "
+                        "decode step's)")
     p.add_argument("--context", type=int, default=None,
                    help="with --model: tokens each request held before the step (decode default "
                         "min(4096, max_context / 2), prefill 0)")
@@ -861,14 +951,27 @@ def _model_graph(args) -> int:
         raise ConfigError("pto graph --model builds the whole model step: it takes no kernel, --preset, --mode, "
                           "--footprints, --buffer, --task or --dot")
     _check_preset(args.model)
+    args.stage = args.stage or "decode"
     if (args.ep != 1 or args.rank) and args.stage != "decode":
         raise ConfigError(f"pto graph --model --ep / --rank: only with --stage decode (not {args.stage})")
+    if args.tokens is not None and args.stage == "decode":
+        raise ConfigError("pto graph --model --tokens: only with --stage prefill or moe (a decode step's tokens are "
+                          "the deployment's batch x seq): it would be ignored")
+    if args.context is not None and args.stage == "moe":
+        raise ConfigError("pto graph --model --context: not with --stage moe (one MoE block reads no cache): "
+                          "it would be ignored")
+    for opt, v, lo in (("--tokens", args.tokens, 1), ("--context", args.context, 0), ("--ep", args.ep, 1)):
+        if v is not None and v < lo:
+            raise ConfigError(f"pto graph --model {opt} must be an integer >= {lo}, got {v}")
+    if not 0 <= args.rank < args.ep:
+        raise ConfigError(f"pto graph --model --rank must be a rank of --ep {args.ep} (0 .. {args.ep - 1}), "
+                          f"got {args.rank}")
     if args.stage == "decode":
         g = decode_step_graph(args.model, ep=args.ep, rank=args.rank, context=args.context)
     elif args.stage == "moe":
-        g = moe_graph(args.model)
+        g = moe_graph(args.model, tokens=args.tokens)
     else:
-        g = prefill_graph(args.model, tokens=args.tokens, context=args.context or 0)
+        g = prefill_graph(args.model, tokens=128 if args.tokens is None else args.tokens, context=args.context or 0)
     stages = g.stages if args.layers else g.by_kind()
     if args.json:
         doc = {"model": args.model, "stage": args.stage, "tokens": g.tokens, "requests": g.requests,
@@ -907,6 +1010,12 @@ def cmd_graph(args) -> int:
         return _model_graph(args)
     if not args.target:
         raise ConfigError("pto graph: name a kernel (or MODULE:FUNCTION), or --model PRESET for the whole model step")
+    for opt, given in (("--stage", args.stage is not None), ("--tokens", args.tokens is not None),
+                       ("--context", args.context is not None), ("--layers", args.layers), ("--ep", args.ep != 1),
+                       ("--rank", args.rank != 0)):
+        if given:
+            raise ConfigError(f"pto graph {opt}: only with --model PRESET (the whole model step): it would be "
+                              f"ignored for a kernel")
     target = _target_from_args(args)
     prog = target.run_program(check=False, execute=not args.graph_only)
     title = _graph_only_title(target.title, args)
@@ -1316,14 +1425,17 @@ def cmd_generate(args) -> int:
     t0 = time.perf_counter()
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} tokens"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True,
-                  disable=args.json) as bar:
+                  disable=args.json or not sys.stderr.isatty()) as bar:  # a bar only on a terminal (no blank line in logs)
         task = bar.add_task("generate", total=1)
 
         def progress(done, total, phase):
             bar.update(task, completed=done, total=total, description=phase)
 
-        res = generate(model, prompts, max_new_tokens=args.max_new_tokens, chunk=args.chunk,
-                       progress=progress, mtp=args.mtp)
+        try:
+            res = generate(model, prompts, max_new_tokens=args.max_new_tokens, chunk=args.chunk,
+                           progress=progress, mtp=args.mtp)
+        except CheckpointError as e:  # a tensor checked when first loaded (lazily): still bad input, exit 2
+            raise ConfigError(f"CheckpointError: {e}") from None
     wall = time.perf_counter() - t0
     out = {"tokens": res.tokens, "stop_reasons": res.stop_reasons,
            "prompt_tokens": [len(p) for p in prompts], "weights": args.weights,

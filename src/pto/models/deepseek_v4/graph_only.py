@@ -441,6 +441,10 @@ def ep_step_graphs(cfg="flash", dep=None, ep: int = 2, *, context: int | None = 
     :func:`decode_step_graph`."""
     from pto.models.deepseek_v4.moe_ep import check_ep
     from pto.runtime import distributed as dist
+    _check_count("ep_step_graphs", "ep", ep, 1)
+    _check_count("ep_step_graphs", "context", context, 0, optional=True)
+    _check_count("ep_step_graphs", "batch", batch, 1, optional=True)
+    _check_count("ep_step_graphs", "seq", seq, 1, optional=True)
     cfg, dep = _resolve(cfg, dep)
     context = min(4096, dep.max_context // 2) if context is None else context
     B, S = batch or dep.decode_batch, seq or dep.decode_seq
@@ -522,6 +526,17 @@ def _step(phase: str, cfg, dep: DeploymentConfig, B: int, S: int, context: int, 
     return StepGraph(phase, kcfg, T, B, context, prog, stages, time.perf_counter() - t0)
 
 
+def _check_count(fn: str, name: str, value, lo: int, hi: int | None = None, optional: bool = False) -> None:
+    """ConfigError unless ``value`` is an int (not a bool) in ``[lo, hi]`` (``hi`` None: no upper
+    bound), or None when ``optional``; the message names ``fn``, the argument and the range."""
+    if value is None and optional:
+        return
+    if isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi):
+        return
+    rng = f"an int from {lo} to {hi}" if hi is not None else f"an int >= {lo}"
+    raise ConfigError(f"{fn}: {name} must be {rng}{' or None' if optional else ''}, got {value!r}")
+
+
 def _resolve(cfg, dep):
     cfg = get_config(cfg) if isinstance(cfg, str) else cfg
     if dep is None:
@@ -557,12 +572,17 @@ def decode_step_graph(cfg="flash", dep=None, ep: int = 1, *, rank: int = 0, cont
 
     Raises:
         ConfigError: an ``ep`` the config does not allow (``moe_ep.check_ep``), a ``rank``
-            outside it, a context the deployment cannot hold, an unknown preset.
+            outside it, a context the deployment cannot hold, an unknown preset; an argument
+            that is not an int in its range (``ep >= 1``, ``rank`` in ``[0, ep)``, ``context >= 0``,
+            ``batch`` / ``seq >= 1``; None for the defaults).
         CapacityError: the deployment's page pools cannot hold ``batch`` requests of that context.
     """
+    _check_count("decode_step_graph", "ep", ep, 1)
+    _check_count("decode_step_graph", "rank", rank, 0, ep - 1)
+    _check_count("decode_step_graph", "context", context, 0, optional=True)
+    _check_count("decode_step_graph", "batch", batch, 1, optional=True)
+    _check_count("decode_step_graph", "seq", seq, 1, optional=True)
     if ep != 1:
-        if not (isinstance(rank, int) and 0 <= rank < ep):
-            raise ConfigError(f"decode_step_graph: rank={rank} is not a rank of ep={ep} (0 .. {ep - 1})")
         return ep_step_graphs(cfg, dep, ep, context=context, batch=batch, seq=seq)[rank]
     cfg, dep = _resolve(cfg, dep)
     context = min(4096, dep.max_context // 2) if context is None else context
@@ -576,9 +596,12 @@ def moe_graph(cfg="flash", dep=None, *, tokens: int | None = None, layer_id: int
     MoE with its 256 experts' 6 GiB of INT8 weights shape-only.
 
     Raises:
-        ConfigError: an unknown preset; BindError: a ``layer_id`` outside the layers.
+        ConfigError: an unknown preset, ``tokens`` not a positive int (or None), a ``layer_id``
+            outside ``[0, num_hidden_layers)`` (or None).
     """
+    _check_count("moe_graph", "tokens", tokens, 1, optional=True)
     cfg, dep = _resolve(cfg, dep)
+    _check_count("moe_graph", "layer_id", layer_id, 0, cfg.num_hidden_layers - 1, optional=True)
     t0 = time.perf_counter()
     kcfg = kernel_config(cfg, dep)
     T = tokens or dep.decode_tokens
@@ -598,6 +621,9 @@ def moe_graph(cfg="flash", dep=None, *, tokens: int | None = None, layer_id: int
 
 def prefill_graph(cfg="flash", dep=None, *, tokens: int = 128, context: int = 0, staged: bool = True) -> StepGraph:
     """Graph-only build of one prefill chunk of ``tokens`` tokens of one request (positions
-    ``context ..``) through all layers; arguments and errors as :func:`decode_step_graph`."""
+    ``context ..``) through all layers; arguments and errors as :func:`decode_step_graph`
+    (ConfigError: ``tokens`` not a positive int, ``context`` not a non-negative int)."""
+    _check_count("prefill_graph", "tokens", tokens, 1)
+    _check_count("prefill_graph", "context", context, 0)
     cfg, dep = _resolve(cfg, dep)
     return _step("prefill", cfg, dep, 1, tokens, context, staged)
