@@ -384,7 +384,7 @@ def _build_case(case: KernelCase, preset: str, mode: str, options: dict, shape_o
             if not any(isinstance(getattr(s, "init_value", None), torch.Tensor) and s.init_value.is_meta
                        and is_index_dtype(s.dtype) for s in cr.specs):
                 return cr
-        except (RuntimeError, NotImplementedError, ValueError, IndexError):
+        except Exception:  # noqa: BLE001 - whatever failed on shape-only tensors, the real build raises its own
             pass
     return case.build(preset, mode, **options)
 
