@@ -5,6 +5,7 @@ decode step of the kernel model (seeded tiny checkpoint)."""
 import pytest
 import torch
 
+from pto.errors import ConfigError
 from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
 from pto.models.deepseek_v4.config import get_deployment
 from pto.models.deepseek_v4.graph_only import balanced_routes, decode_step_graph, spread_hash_table
@@ -69,7 +70,7 @@ def test_ep_routes_spread_over_every_rank():
 
 
 def test_ep_rank_errors():
-    with pytest.raises(Exception, match="rank=2"):
+    with pytest.raises(ConfigError, match=r"rank must be an int from 0 to 1, got 2"):
         decode_step_graph("tiny", ep=2, rank=2)
     with pytest.raises(Exception, match="ep"):
         decode_step_graph("tiny", ep=3)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pto import cli
+from pto.errors import ConfigError
 from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
 from pto.models.deepseek_v4.config import get_config, get_deployment, kernel_config
 from pto.models.deepseek_v4.graph_only import (REFERENCE_DECODE_TASKS, attention_weight_shapes, balanced_routes,
@@ -115,7 +116,7 @@ def test_tiny_prefill_graph():
 
 
 def test_decode_step_graph_errors():
-    with pytest.raises(Exception, match="rank=5"):
+    with pytest.raises(ConfigError, match=r"rank must be an int from 0 to 1, got 5"):
         decode_step_graph("tiny", ep=2, rank=5)
     with pytest.raises(Exception, match="max_context"):
         decode_step_graph("tiny", context=5000)
