@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -351,10 +352,13 @@ def write_tiny_checkpoint(directory, seed: int = 0, *, cfg: DeepSeekV4Config | N
             n = len(names)
             files = {f"model-{k + 1:05d}-of-{shards:05d}.safetensors": names[k * n // shards:(k + 1) * n // shards]
                      for k in range(shards)}
+        umask = os.umask(0)
+        os.umask(umask)
         for fname, keys in files.items():
             tmp = root / (fname + ".tmp")
             save_file({k: stored[k] for k in keys}, str(tmp), metadata={"format": "pt"})
             written.append(tmp)
+            tmp.chmod(0o666 & ~umask)  # safetensors writes 0600; the files get the usual mode, as config.json
         if shards > 1:
             index = {"metadata": {"total_size": sum(t.numel() * t.element_size()
                                                     for t in stored.values())},
