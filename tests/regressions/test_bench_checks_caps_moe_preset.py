@@ -19,4 +19,4 @@ def test_bench_checks_runs_expert_routed_at_its_capped_preset():
     case = next(c for c in all_cases(group="model") if c.name == "expert_routed")
     assert case.max_preset == "demo"
     row = bench.bench_case(case, "flash", "prefill", repeat=1, min_seconds=0.0)
-    assert row["preset"] == "demo" and row["runs"] == 1 and row["tasks"] == 3
+    assert row["preset"] == "demo" and row["runs"] == 1 and row["tasks"] == 6  # dispatch, 2 x (gate/up, down), combine

@@ -467,16 +467,17 @@ def test_ep_moe_program_is_one_rank_of_the_world():
     D, F, K = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok
     prog = bench.ep_moe_program("tiny", ep=2, experts_per_rank=4)
     tasks = {t.name: t for t in prog.graph.tasks}
-    assert len(prog.graph.tasks) == 21 and sum(len(t.preds) for t in prog.graph.tasks) == 27
-    ffn = tasks["expert_ffn"]
-    assert len(ffn.blocks) == 4                              # one block per local expert
-    assert sum(b.mm for b in ffn.blocks) == 4 * 3            # gate, up and w2 of each
-    assert sum(b.bytes for b in ffn.blocks) >= 4 * 3 * F * D  # the 4 experts' INT8 weights: 98,304 B
+    # 21 tasks / 27 edges before expert_routed's expert_ffn task became 2 groups x (expert_gate_up, expert_down): 3 more tasks per MoE block
+    assert len(prog.graph.tasks) == 24 and sum(len(t.preds) for t in prog.graph.tasks) == 33
+    ffn = [b for t in prog.graph.tasks if t.name in ("expert_gate_up", "expert_down") for b in t.blocks]
+    assert len(ffn) == 4 * 2                           # per local expert a gate/up and a down block
+    assert sum(b.mm for b in ffn) == 4 * 3             # gate, up and w2 of each
+    assert sum(b.bytes for b in ffn) >= 4 * 3 * F * D  # the 4 experts' INT8 weights: 98,304 B
     # balanced routes: rank 0 receives its own T*K = 32 routes' rows, D INT8 bytes each, from the window
     gather = tasks["moe_ep_gather"].blocks[0]
     assert gather.bytes >= 8 * K * D
     r = simulate(prog, "a2a3")
-    assert r.tasks == 21 and r.effective_us >= r.critical_path_us - 1e-9 > 0  # a schedule is no shorter
+    assert r.tasks == 24 and r.effective_us >= r.critical_path_us - 1e-9 > 0  # a schedule is no shorter
 
 
 def test_vector_ops_take_their_kind_latency():

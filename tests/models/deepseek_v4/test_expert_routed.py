@@ -37,6 +37,15 @@ def _expected_blocks(indices):
     return counts, int(sum(-(-int(c) // mod.ROUTED_M_TILE) for c in counts))
 
 
+def _ffn_tasks(n_tiles, n_f=1, n_d=1):
+    """The row tiles in min(ROUTED_GROUPS, n_tiles) groups, per group an expert_gate_up task
+    (n_f blocks per tile: intermediate column tiles) and an expert_down task (n_d per tile:
+    hidden column tiles); at tiny n_f = n_d = 1."""
+    n_g = min(mod.ROUTED_GROUPS, n_tiles)
+    sizes = [(g + 1) * n_tiles // n_g - g * n_tiles // n_g for g in range(n_g)]
+    return [task for s in sizes for task in (("expert_gate_up", s * n_f), ("expert_down", s * n_d))]
+
+
 @pytest.mark.parametrize("mode,T,routing,num_tokens", [
     ("decode", None, "random", None), ("prefill", None, "random", None), ("prefill", 9, "random", None),
     ("prefill", None, "one_expert", None), ("prefill", 20, "skip_last", 13), ("prefill", 16, "random", 0)])
@@ -45,8 +54,8 @@ def test_expert_routed_matches_golden(mode, T, routing, num_tokens):
     v = _inputs(cr)
     counts, n_blocks = _expected_blocks(v["indices"])
     tasks = [(t.name, t.n_blocks) for t in res.program.graph.tasks]
-    ffn = [("expert_ffn", n_blocks)] if n_blocks else []
-    assert tasks == [("moe_dispatch", 1)] + ffn + [("moe_combine", 1)]
+    # expert_ffn became gate/up + down tasks per group of row tiles (column split, 2 groups)
+    assert tasks == [("moe_dispatch", 1)] + _ffn_tasks(n_blocks) + [("moe_combine", 1)]
     n = v["indices"].shape[0] if num_tokens is None else num_tokens
     assert bool((res.actual["routed_y"][n:] == 0).all())
     if routing == "one_expert":
@@ -62,9 +71,33 @@ def test_expert_routed_splits_a_crowded_expert_into_row_tiles(monkeypatch):
     assert res.passed, res.error
     counts, n_blocks = _expected_blocks(_inputs(cr)["indices"])
     assert int(counts[0]) == 40 and n_blocks > 16
-    assert dict((t.name, t.n_blocks) for t in res.program.graph.tasks)["expert_ffn"] == n_blocks
+    down = [t.n_blocks for t in res.program.graph.tasks if t.name == "expert_down"]
+    assert len(down) == mod.ROUTED_GROUPS and sum(down) == n_blocks  # one block per row tile
     _, whole = _run("prefill", 40, "one_expert")
     assert torch.equal(res.actual["routed_y"], whole.actual["routed_y"])  # row tiles are value-neutral
+
+
+@pytest.mark.parametrize("weight_format", ["int8", "bf16"])
+def test_expert_routed_column_tiles_are_bit_identical(monkeypatch, weight_format):
+    # F = 64 in 2 gate/up tiles of 32, D = 128 in 2 down tiles of 64: only output columns are
+    # split (each element's reduction unchanged), so routed_y equals the one-tile run exactly
+    def run():
+        mod.expert_routed_kernels.cache_clear()  # the column tiles are read when the kernel is built
+        cr = build_expert_routed("tiny", "decode", weight_format=weight_format)
+        res = run_jit(cr.fn, cr.specs, cr.golden, cr.compare, rtol=cr.rtol, atol=cr.atol)
+        assert res.passed, res.error
+        return cr, res
+    _, whole = run()
+    monkeypatch.setattr(mod, "ROUTED_F_TILE", 32)
+    monkeypatch.setattr(mod, "ROUTED_D_TILE", 64)
+    try:
+        cr, split = run()
+    finally:
+        mod.expert_routed_kernels.cache_clear()
+    _, n_tiles = _expected_blocks(_inputs(cr)["indices"])
+    tasks = [(t.name, t.n_blocks) for t in split.program.graph.tasks]
+    assert tasks == [("moe_dispatch", 1)] + _ffn_tasks(n_tiles, 2, 2) + [("moe_combine", 1)]
+    assert torch.equal(split.actual["routed_y"], whole.actual["routed_y"])
 
 
 def test_expert_routed_unquantised_golden_equals_transformers_experts_with_clamp():

@@ -53,8 +53,9 @@ def test_ep2_rank_graphs_match_a_real_ep2_decode_step(tmp_path):
         assert (g.ep, g.rank, g.tokens, g.program) == (2, r, 2, None)
         assert _per_program(g) == real[r]
         assert g.stats.tasks == sum(t for t, _e in real[r].values())
-        # every layer's moe_ep with the exchange (every rank's experts receive routes): 21 tasks
-        assert [s.tasks for s in g.stages if s.name.endswith(" moe")] == [21] * cfg.num_hidden_layers
+        # every layer's moe_ep with the exchange (every rank's experts receive routes): 24 tasks
+        # (expert_routed's expert_ffn task became 2 groups x (expert_gate_up, expert_down): 3 more tasks per MoE block)
+        assert [s.tasks for s in g.stages if s.name.endswith(" moe")] == [24] * cfg.num_hidden_layers
 
 
 def test_ep_routes_spread_over_every_rank():
@@ -83,7 +84,8 @@ def test_cli_model_graph_ep(capsys):
     assert cli.main(["graph", "--model", "tiny", "--ep", "2", "--rank", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert (doc["ep"], doc["rank"], doc["tokens"]) == (2, 1, 8)
-    assert doc["stats"]["tasks"] == sum(s["tasks"] for s in doc["stages"]) == 386
+    # 386 before expert_routed's expert_ffn task became 2 groups x (expert_gate_up, expert_down): 3 more tasks per MoE block
+    assert doc["stats"]["tasks"] == sum(s["tasks"] for s in doc["stages"]) == 404
     assert cli.main(["graph", "--model", "tiny", "--stage", "prefill", "--ep", "2"]) == 2
     assert "only with --stage decode" in capsys.readouterr().err
 
@@ -92,5 +94,6 @@ def test_cli_model_graph_ep(capsys):
 def test_flash_ep2_rank_step():
     g = decode_step_graph("flash", ep=2, rank=1)
     by = {k.name: k for k in g.by_kind()}
-    assert g.stats.tasks == 3351 and by["moe"].tasks == 43 * 21 and by["lm_head"].tasks + by["hc_head"].tasks == 11
+    # 3351 / 43 * 21 before expert_routed's expert_ffn task became 2 groups x (expert_gate_up, expert_down): 3 more tasks per MoE block
+    assert g.stats.tasks == 3351 + 43 * 3 and by["moe"].tasks == 43 * 24 and by["lm_head"].tasks + by["hc_head"].tasks == 11
     assert sum(k.tasks for n, k in by.items() if n.startswith("attention")) == 2436

@@ -85,10 +85,11 @@ def test_decode_step_graph_has_the_tasks_and_edges_of_a_real_decode_step(tmp_pat
 
 def test_moe_graph():
     g = moe_graph("tiny")
-    assert g.stats.tasks == 15 and [s.name for s in g.stages] == ["L3 moe"]
-    assert g.stages[0].kernels["expert_routed"] == 3
-    ffn = [t for t in g.program.graph.tasks if t.name == "expert_ffn"]
-    assert len(ffn) == 1 and len(ffn[0].blocks) == 16  # 8 rows x 4 routes on all 16 experts, 2 rows each
+    # 15 and 3 before expert_routed's expert_ffn task became 2 groups x (expert_gate_up, expert_down): 3 more tasks per MoE block
+    assert g.stats.tasks == 18 and [s.name for s in g.stages] == ["L3 moe"]
+    assert g.stages[0].kernels["expert_routed"] == 6
+    ffn = [t for t in g.program.graph.tasks if t.name == "expert_down"]
+    assert len(ffn) == 2 and sum(len(t.blocks) for t in ffn) == 16  # 8 rows x 4 routes on all 16 experts, 2 rows each
     assert g.stats.assumed_reads > 0
 
 
@@ -157,9 +158,9 @@ def test_flash_decode_step_builds():
     for fam in ("swa", "csa", "hca"):
         assert len({s.tasks for s in g.stages if s.name.endswith(f"attention {fam}")}) == 1
     assert len({s.tasks for s in g.stages if s.name.endswith(" moe")}) == 1
-    # balanced routing: 48 routes on 48 distinct experts, one expert_ffn block each
-    ffn = [t for t in g.program.graph.tasks if t.name == "expert_ffn"]
-    assert len(ffn) == 43 and all(len(t.blocks) == 48 for t in ffn)
+    # balanced routing: 48 routes on 48 distinct experts, per layer 4 expert_down blocks each (2 tasks)
+    ffn = [t for t in g.program.graph.tasks if t.name == "expert_down"]
+    assert len(ffn) == 2 * 43 and sum(len(t.blocks) for t in ffn) == 43 * 48 * 4
     assert by_name["L2 attention csa"].tasks > by_name["L3 attention hca"].tasks > 0
     assert g.stats.tasks < REFERENCE_DECODE_TASKS
     assert g.stats.assumed_sorts == 21 * 8 + 43 - cfg.num_hash_layers  # CSA top-k rows, learned gates
@@ -168,8 +169,8 @@ def test_flash_decode_step_builds():
 @pytest.mark.slow
 def test_flash_moe_block_builds():
     g = moe_graph("flash")
-    ffn = [t for t in g.program.graph.tasks if t.name == "expert_ffn"]
-    assert g.stats.tasks == 15 and len(ffn[0].blocks) == 48
+    ffn = [t for t in g.program.graph.tasks if t.name == "expert_down"]
+    assert g.stats.tasks == 18 and sum(len(t.blocks) for t in ffn) == 48 * 4  # 15 before the column split
 
 
 @pytest.mark.slow
@@ -177,5 +178,5 @@ def test_flash_prefill_builds():
     g = prefill_graph("flash")
     assert (g.tokens, g.requests) == (128, 1)
     _check_stages(g)
-    ffn = [t for t in g.program.graph.tasks if t.name == "expert_ffn"]
-    assert len(ffn) == 43 and all(len(t.blocks) == 256 for t in ffn)  # 768 routes: 3 rows per expert
+    ffn = [t for t in g.program.graph.tasks if t.name == "expert_down"]
+    assert len(ffn) == 2 * 43 and sum(len(t.blocks) for t in ffn) == 43 * 256 * 4  # 768 routes: 3 rows per expert

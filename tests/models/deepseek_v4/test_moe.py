@@ -34,13 +34,17 @@ def _run(mode="prefill", T=None, layer_id=None, num_tokens=None, seed_scopes=Fal
 
 @pytest.mark.parametrize("mode,layer_id", [("decode", 0), ("prefill", 3)])
 def test_moe_matches_golden_and_seed_variant_is_bit_identical(mode, layer_id):
-    _, res = _run(mode, layer_id=layer_id)
+    cr, res = _run(mode, layer_id=layer_id)
     _, seeded = _run(mode, layer_id=layer_id, seed_scopes=True)
     assert torch.equal(res.actual["x_next"], seeded.actual["x_next"])
     route = "route_hash" if layer_id < TINY.num_hash_layers else "route_topk"
     names = [t.name for t in res.program.graph.tasks]
-    assert names == HC_PRE + GATE_TASKS + [route, "sh_gate_up_act_q", "sh_w2", "moe_dispatch", "expert_ffn",
-                                           "moe_combine", "moe_shared_routed", "hc_post_prefill"]
+    # expert_routed: a gate/up and a down task per group of row tiles (2 groups; one tile per expert with rows)
+    idx = golden_moe(_values(cr), TINY, return_intermediates=True)[1]["indices"]
+    down = [t.n_blocks for t in res.program.graph.tasks if t.name == "expert_down"]
+    assert sum(down) == int(torch.unique(idx[idx >= 0]).numel()) and len(down) == 2
+    assert names == HC_PRE + GATE_TASKS + [route, "sh_gate_up_act_q", "sh_w2", "moe_dispatch"] + [
+        "expert_gate_up", "expert_down"] * 2 + ["moe_combine", "moe_shared_routed", "hc_post_prefill"]
     seeded_names = [t.name for t in seeded.program.graph.tasks]
     assert set(seeded_names) - set(names) == {"hc_pre_seed", "sh_h_seed"} and len(seeded_names) == len(names) + 2
 
@@ -56,7 +60,7 @@ def test_moe_padded_rows_are_exactly_zero_with_8_row_tiles(monkeypatch):
     assert bool((x_next[9:] == 0).all()) and bool((x_next[:9] != 0).any(dim=-1).all())
     blocks = {t.name: t.n_blocks for t in res.program.graph.tasks}
     assert blocks["ffn_norm"] == 2 and blocks["moe_shared_routed"] == 2 and "gate_inactive_pad" in blocks
-    # padded tokens have no route: every expert_ffn row belongs to an active token
+    # padded tokens have no route: every expert_gate_up / expert_down row belongs to an active token
     v = _values(cr)
     _, mids = golden_moe(v, TINY, return_intermediates=True)
     assert bool((mids["indices"][9:] == -1).all())
@@ -69,7 +73,7 @@ def test_moe_all_inactive_writes_zeros_and_runs_no_expert():
     assert res.passed, res.error
     assert bool((res.actual["x_next"] == 0).all())
     names = [t.name for t in res.program.graph.tasks]
-    assert "expert_ffn" not in names and "moe_shared_routed" not in names
+    assert "expert_gate_up" not in names and "expert_down" not in names and "moe_shared_routed" not in names
 
 
 def test_moe_golden_is_the_chain_of_its_pieces():

@@ -37,7 +37,12 @@ def test_moe_ep4_as_threads_bit_identical_to_ep1():
     ins = make_moe_inputs(cfg, T, seed=5)
     args = [ins[k] for k in MOE_INPUTS]
     ref = torch.empty(T, cfg.hc_mult, cfg.hidden_size)
-    one_rank_tasks = moe_kernels(cfg).moe_test.run(*args, ref, layer, T).stats.tasks
+    # expert_routed has 2 tasks per (expert with rows, row tile), which differs per rank: compare the others
+    routed = ("expert_gate_up", "expert_down")
+
+    def other_tasks(graph):
+        return sum(t.name not in routed for t in graph.tasks)
+    one_rank_tasks = other_tasks(moe_kernels(cfg).moe_test.run(*args, ref, layer, T).graph)
     kernel = moe_ep_kernels(cfg, N).moe_ep_test
 
     def rank(r):
@@ -48,7 +53,9 @@ def test_moe_ep4_as_threads_bit_identical_to_ep1():
         x = args[0][rows].contiguous()
         out = torch.empty_like(x)
         prog = dist.run(kernel, x, *w, *win.moe_args(), out, layer, 2, win.moe_epoch, config=pto.RunConfig(check=True))
-        return out, prog.stats.tasks
+        names = [t.name for t in prog.graph.tasks]
+        assert names.count("expert_gate_up") == names.count("expert_down") >= 1
+        return out, other_tasks(prog.graph)
 
     res = dist.run_threads(rank, N, timeout_s=60)
     assert torch.equal(torch.cat([o for o, _ in res]), ref)

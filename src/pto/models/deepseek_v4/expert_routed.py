@@ -9,24 +9,34 @@ indices[t, k] >= 0`` and weight ``w = weights[t, k]``:
     y[t, k]      = bf16_rne((h_i8 @ w2_e^T in INT32) * (h_s * w) * w2_scale_e)
     routed_y[t]  = sum_k y[t, k]   (FP32, in k order; a route with e = -1 adds nothing)
 
-Kernel (:func:`expert_routed`), three tasks:
+Kernel (:func:`expert_routed`), tasks in order:
 
 * ``moe_dispatch`` (one block): reads every route, groups them by expert (counting sort,
   stable in ``(t, k)`` order), writes the per-expert row counts ``expert_count [1, E]``,
   the compact rows ``recv_x [n, D]`` INT8, ``recv_scale`` / ``recv_w [n, 1]`` (gathered in
   one go through a transpose and ``pl.gather``) and ``route_slot [1, T*K]`` (the compact row
   of route ``t*K + k``, ``n`` for no route);
-* ``expert_ffn``: one block per (expert with rows, up to ``ROUTED_M_TILE`` of its rows): the
-  whole FFN of those rows into ``recv_y [n, D]`` BF16; the orchestration reads the counts,
-  so **an expert that receives no token has no block and costs no work**;
+* the row tiles (an expert with rows, up to ``ROUTED_M_TILE`` of them) in ``min(ROUTED_GROUPS,
+  tiles)`` contiguous groups, two tasks per group: ``expert_gate_up`` (per tile ``F /
+  ROUTED_F_TILE`` blocks, one per intermediate column tile: gate/up matmuls and SwiGLU into
+  the FP32 scratch ``h_f32 [n, F]``) and ``expert_down`` (per tile ``D / ROUTED_D_TILE``
+  blocks, one per hidden column tile: the per-row INT8 quantisation of the whole ``h`` row,
+  then w2 into ``recv_y [n, D]`` BF16). Only output columns are split, so every element sums
+  the same products in the same order as one whole-expert block (bit-identical results); the
+  groups let the first group's ``expert_down`` overlap the second group's ``expert_gate_up``
+  with a task count that does not depend on the routing (given 2 or more tiles). The
+  orchestration reads the counts, so **an expert that receives no token has no block and
+  costs no work**;
 * ``moe_combine`` (hidden column tiles): ``recv_y`` gathered back into route order (the
   zero row ``n`` for empty routes) and summed over ``k`` into ``routed_y [T, D]`` FP32.
 
 GM scratch (uninitialised; capacity ``token_capacity * K`` routes): ``recv_x``,
-``recv_scale``, ``recv_w``, ``recv_y``, ``route_slot``, ``expert_count``. Deviations from the
-reference (which runs the EP dispatch / combine across ranks and 6 tasks per (expert, 16-row
-tile)): one rank; one ``expert_ffn`` block does gate/up, SwiGLU, the INT8 re-quantisation
-and w2 for its rows; gathers by transpose + ``pl.gather`` instead of per-row puts.
+``recv_scale``, ``recv_w``, ``recv_y``, ``h_f32``, ``route_slot``, ``expert_count``. Deviations
+from the reference (which runs the EP dispatch / combine across ranks and 6 tasks per (expert,
+16-row tile): gate 2 + up 2 blocks of 1024 columns, act, h quantisation, w2, w2 dequant): one
+rank; 2 tasks per group of tiles (gate and up share a block per 1024 columns; each
+``expert_down`` block re-quantises the rows it needs); gathers by transpose + ``pl.gather``
+instead of per-row puts.
 """
 
 import functools
@@ -53,8 +63,19 @@ TOLERANCES: dict[str, tuple[float, float]] = {"routed_y": (2e-3, 0.01)}
 
 # ---- kernel ----
 T_DYN = pl.dynamic("T")
-ROUTED_M_TILE = 128  # rows of one expert per expert_ffn block [16]
+ROUTED_M_TILE = 128  # rows of one expert per row tile (expert_gate_up / expert_down blocks) [16]
+ROUTED_F_TILE = 1024  # intermediate columns per expert_gate_up block (the reference: gate and up blocks of 1024 each)
+ROUTED_D_TILE = 1024  # hidden columns per expert_down block
+ROUTED_GROUPS = 2  # row-tile groups, an expert_gate_up and an expert_down task each (2: the tasks of the 1st group overlap the 2nd)
 COMBINE_D_TILE = 1024  # hidden columns per moe_combine block
+
+
+def _col_tile(size: int, tile: int) -> int:
+    """The largest of ``tile``, ``tile / 2``, ... that divides ``size`` (a multiple of 32)."""
+    t = min(tile, size)
+    while size % t:
+        t //= 2
+    return t
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,9 +105,9 @@ def expert_routed_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
     E, K = cfg.n_routed_experts, cfg.num_experts_per_tok
     need(E >= 1 and 1 <= K <= E, "expert_routed", cfg, f"need 1 <= num_experts_per_tok={K} <= n_routed_experts={E}")
     cap = token_capacity(cfg) * K
-    CT = min(COMBINE_D_TILE, D)
-    while D % CT:
-        CT //= 2
+    CT, FT, DT = (_col_tile(size, tile) for size, tile in ((D, COMBINE_D_TILE), (Fd, ROUTED_F_TILE),
+                                                           (D, ROUTED_D_TILE)))
+    n_f, n_d = Fd // FT, D // DT
     WD, AD, bf16 = weight_dtype(cfg), act_dtype(cfg), is_bf16(cfg)
 
     @pl.jit.inline
@@ -148,30 +169,44 @@ def expert_routed_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                 w_flat = pl.reshape(weights[0:t, 0:K], [1, tk])
                 recv_w[0:n, 0:1] = pl.transpose(pl.gather(w_flat, index=rid))
 
-        # 2. one block per (expert with rows, row tile); empty experts get none
-        blocks, off = [], 0
+        # 2. per group of (expert with rows, row tile): gate/up + SwiGLU over F column tiles into h_f32,
+        #    then the down projection over D column tiles; empty experts get no block. Only output columns are
+        #    split (every element's reduction is the one of a whole-expert block, so bit-identical).
+        tiles, off = [], 0
         for e in range(E):
             cnt = pl.read(expert_count, [0, e])
             for m0 in range(0, cnt, ROUTED_M_TILE):
-                blocks.append((e, off + m0, min(ROUTED_M_TILE, cnt - m0)))
+                tiles.append((e, off + m0, min(ROUTED_M_TILE, cnt - m0)))
             off += cnt
-        if blocks:
-            for b in pl.spmd(len(blocks), name_hint="expert_ffn"):
-                e, r0, rows = blocks[b]
-                m = min(ROUTED_M_TILE, round_up(rows, MATMUL_M_TILE))
-                a = pl.slice(recv_x, [m, D], [r0, 0], valid_shape=[rows, D])
-                rw = pl.slice(recv_w, [m, 1], [r0, 0], valid_shape=[rows, 1])
-                if bf16:
-                    h = swiglu_bf16_rows(a, w1f[e * Fd:(e + 1) * Fd, 0:D], w3f[e * Fd:(e + 1) * Fd, 0:D], L)
-                    y = down_bf16_rows(pl.cast(h, pl.BF16, mode="rint"), w2f[e * D:(e + 1) * D, 0:Fd], rw)
-                    pl.assemble(recv_y, pl.set_validshape(pl.cast(y, pl.BF16, mode="rint"), rows, D), [r0, 0])
-                    continue
-                sc = pl.slice(recv_scale, [m, 1], [r0, 0], valid_shape=[rows, 1])
-                h = swiglu_int8_rows(a, sc, w1f[e * Fd:(e + 1) * Fd, 0:D], w1_scale[e:e + 1, 0:Fd],
-                                     w3f[e * Fd:(e + 1) * Fd, 0:D], w3_scale[e:e + 1, 0:Fd], L)
-                codes, hs = quantize_h_rows(h)
-                y = down_int8_rows(codes, hs * rw, w2f[e * D:(e + 1) * D, 0:Fd], w2_scale[e:e + 1, 0:D])
-                pl.assemble(recv_y, pl.set_validshape(pl.cast(y, pl.BF16, mode="rint"), rows, D), [r0, 0])
+        if tiles:
+            h_f32 = pl.create_tensor([tk, Fd], pl.FP32, capacity=cap, name="h_f32")
+            n_g = min(ROUTED_GROUPS, len(tiles))  # a fixed task count whatever the routing (>= n_g tiles)
+            for g in range(n_g):  # one group's expert_down overlaps the next group's expert_gate_up
+                group = tiles[g * len(tiles) // n_g:(g + 1) * len(tiles) // n_g]
+                for b in pl.spmd(len(group) * n_f, name_hint="expert_gate_up"):
+                    (e, r0, rows), f0 = group[b // n_f], (b % n_f) * FT
+                    m = min(ROUTED_M_TILE, round_up(rows, MATMUL_M_TILE))
+                    a = pl.slice(recv_x, [m, D], [r0, 0], valid_shape=[rows, D])
+                    w1t, w3t = w1f[e * Fd + f0:e * Fd + f0 + FT, 0:D], w3f[e * Fd + f0:e * Fd + f0 + FT, 0:D]
+                    if bf16:
+                        h = swiglu_bf16_rows(a, w1t, w3t, L)
+                    else:
+                        sc = pl.slice(recv_scale, [m, 1], [r0, 0], valid_shape=[rows, 1])
+                        h = swiglu_int8_rows(a, sc, w1t, w1_scale[e:e + 1, f0:f0 + FT], w3t,
+                                             w3_scale[e:e + 1, f0:f0 + FT], L)
+                    pl.assemble(h_f32, pl.set_validshape(h, rows, FT), [r0, f0])
+                for b in pl.spmd(len(group) * n_d, name_hint="expert_down"):
+                    (e, r0, rows), d0 = group[b // n_d], (b % n_d) * DT
+                    m = min(ROUTED_M_TILE, round_up(rows, MATMUL_M_TILE))
+                    h = pl.slice(h_f32, [m, Fd], [r0, 0], valid_shape=[rows, Fd])  # pad rows zero, as a's
+                    rw = pl.slice(recv_w, [m, 1], [r0, 0], valid_shape=[rows, 1])
+                    w2t = w2f[e * D + d0:e * D + d0 + DT, 0:Fd]
+                    if bf16:
+                        y = down_bf16_rows(pl.cast(h, pl.BF16, mode="rint"), w2t, rw)
+                    else:
+                        codes, hs = quantize_h_rows(h)  # whole rows (the amax spans F), again per D tile
+                        y = down_int8_rows(codes, hs * rw, w2t, w2_scale[e:e + 1, d0:d0 + DT])
+                    pl.assemble(recv_y, pl.set_validshape(pl.cast(y, pl.BF16, mode="rint"), rows, DT), [r0, d0])
 
         # 3. back to route order (row n = zero for empty routes), summed over k
         for b in pl.spmd(D // CT, name_hint="moe_combine"):
