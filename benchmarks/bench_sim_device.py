@@ -125,11 +125,11 @@ FIGURES: list = [
            note=("the measured program is one rank's chip program of pypto-lib models/deepseek/v4-flash/moe.py: "
                  "8 tokens, 32 local experts (it rewrites n_routed_experts to 32*EP; --ep 2 by default); ours: "
                  "rank 0 of moe_ep at EP2 with 64 experts, graph-only, balanced hash routes (48 per rank). Its "
-                 "GM traffic, 854 MB, takes 534 us at 1.6 TB/s; ours is longer because pto's routed-expert grid is "
-                 "one block per expert (expert_ffn: 32 blocks of 25.2 MB on 24 AIC, two waves at the fair-share "
-                 "67 GB/s per core, 437 us each) and the shared expert's gate/up/act one block (16.8 MB, 275 us), "
-                 "where the reference splits each expert's gate, up and w2 matmuls over 2 + 2 + 1 blocks and the "
-                 "shared expert's over 8 + 8 + 16 (pypto-lib expert_routed.py, expert_shared.py)")),
+                 "GM traffic, 854 MB, takes 534 us at 1.6 TB/s; ours is longer: the shared expert's gate/up/act "
+                 "is one block (16.8 MB, 275 us) where the reference splits it over 8 + 8 + 16, and the routed "
+                 "experts are split over output columns in 2 row groups (expert_gate_up: 64 blocks of 8.4 MB, "
+                 "expert_down: 128 blocks of 2.1 MB, on 24 AIC) where the reference splits each expert's gate, up "
+                 "and w2 matmuls over 2 + 2 + 1 blocks (pypto-lib expert_routed.py, expert_shared.py)")),
     Figure("HCA decode qk_pv exec (gather hoisted into its own grid)", 11.5, _PR775 + ", range 9-14 us",
            ("decode_attention_hca",), "span:decode_qk_pv", SEED, note="task span; midpoint of the published range"),
     Figure("CSA decode qk_pv exec, gather inside (24 AIC + 48 AIV blocks)", 46.1, _PR775 + ", range 44.5-47.7 us",
