@@ -21,7 +21,6 @@ import torch
 
 from pto.errors import DslError
 from pto.language import _ctx
-from pto.language import compat_ops as _compat
 from pto.language import graph_only as _go
 from pto.language.dtypes import as_dtype
 from pto.language.tile_ops import PadValue, Tile, _pad_scalar, tile_assemble, tile_key, tile_reshape, tile_slice
@@ -277,9 +276,7 @@ class GMTensor:
                     blk.ld += 1
                     if src.is_meta:
                         return Tile(_go.meta(src.shape, src.dtype))
-                    # an In parameter's contiguous window without a copy, as _load
-                    view = buf.readonly and buf.kind == "arg" and not _compat.mode.pypto and src.is_contiguous()
-                    return Tile(src if view else src.clone())
+                    return Tile(src if buf.no_copy and src.is_contiguous() else src.clone())  # as _load
         starts, stops, drop = self._parse(key)
         if len(drop) == len(self._shape):
             return _read_elem(self, starts)
@@ -384,8 +381,7 @@ def aliases_readonly(d: torch.Tensor) -> bool:
     prog = _ctx.state.program
     if prog is None:
         return False
-    ptr = d.untyped_storage().data_ptr()
-    return any(b.readonly and b.kind == "arg" and b.data.untyped_storage().data_ptr() == ptr for b in prog.buffers)
+    return d.untyped_storage().data_ptr() in prog.no_copy_storages
 
 
 def _prog_block(what: str):
@@ -442,10 +438,10 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
             mask = buf.program.consume_undefined(m.clone(), blk, "load")
     if src.is_meta:  # graph-only mode: an unknown tile (a meta clone is slower than a new one)
         return Tile(_go.meta([b - a for a, b in zip(starts, stops)], src.dtype), None, valid)
-    # an In parameter is never written during the run (a store into it is a DslError), so a
-    # contiguous window of it is handed out without a copy; tile writes copy such a tile first
+    # an In argument nobody writes during the run (Buffer.no_copy: a store into it is a DslError)
+    # hands out a contiguous window without a copy; tile writes copy such a tile first
     # (Tile.__setitem__, pl.write: aliases_readonly)
-    view = buf.readonly and buf.kind == "arg" and not _compat.mode.pypto and src.is_contiguous()
+    view = buf.no_copy and src.is_contiguous()
     if valid is None:
         return Tile(src if view else src.clone(), mask)
     if vstops == stops:

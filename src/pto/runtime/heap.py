@@ -56,7 +56,7 @@ class Buffer:
 
     __slots__ = ("id", "name", "site", "kind", "direction", "shape", "dtype", "nbytes", "offset", "base_off",
                  "C", "shadow", "untracked", "freed", "program", "init_value", "init_dropped", "written",
-                 "readonly", "data", "scope", "partial", "tasks_before", "slow", "pending", "go")
+                 "readonly", "no_copy", "data", "scope", "partial", "tasks_before", "slow", "pending", "go")
 
     def __init__(self, bid, name, site, kind, data: torch.Tensor, program, direction="in", offset=None,
                  init_value=None, untracked=False):
@@ -79,6 +79,10 @@ class Buffer:
         self.init_dropped = False  # init_value ignored by the mutation hook (sanitizer.drop_init_values)
         self.written = False
         self.readonly = False
+        # tile loads of it may hand out views instead of copies: an In argument nobody writes during
+        # the run (not a pld window, which peers and remote_store write; not under pypto
+        # compatibility, where a written In argument becomes InOut); set by Program binding
+        self.no_copy = False
         self.data = data
         self.scope = 0
         self.partial = False  # a pl.PartialOut argument: unwritten elements are allowed

@@ -24,6 +24,8 @@ import torch
 
 from pto.errors import BindError, CapacityError, ConfigError, DslError, PtoError
 from pto.language import _ctx
+from pto.language import compat_ops as _compat
+from pto.language.distributed import WindowType
 from pto.language.jit import bind_arguments
 from pto.language.tensor_ops import GMTensor
 from pto.language.typing import INOUT, OUT, DynVar, TensorType
@@ -251,6 +253,7 @@ class Program:
         self.deps = DepTracker()
         self.lazy = LazyDerivation(self.deps)  # edges of a plain run are derived on first read
         self.buffers: list[Buffer] = []
+        self.no_copy_storages: set = set()  # storages of the no-copy (Buffer.no_copy) arguments
         self.args: list = []  # (Param, caller tensor, GMTensor)
         self.manual = False
         self.scopes: list[list[Buffer]] = [[]]
@@ -399,6 +402,10 @@ class Program:
         buf = Buffer(len(self.buffers) + 1, p.name, f"parameter {p.name!r} of {self.name}", "arg", data, self,
                      direction=direction)
         buf.readonly = direction not in (OUT, INOUT)
+        buf.no_copy = (buf.readonly and not isinstance(p.ann, WindowType) and not _compat.mode.pypto
+                       and not data.is_meta)
+        if buf.no_copy:
+            self.no_copy_storages.add(data.untyped_storage().data_ptr())
         buf.partial = partial
         if self.go is not None:
             self.go.attach(buf)
