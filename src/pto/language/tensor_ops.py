@@ -489,26 +489,22 @@ def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
     key = tuple(map(_pyslice, starts, stops))
     src = tile.data if tile.valid is None else tile.data[tuple(_pyslice(0, e) for e in ext)]
     dst = _window(t, starts, stops)
+    if atomic is not None:
+        if atomic != AtomicType.Add:
+            raise DslError(f"{t.name}: unknown atomic type {atomic!r}")
+        if not (dst.dtype.is_floating_point or dst.dtype in (torch.int32, torch.int16, torch.int8)):
+            raise DslError(f"{t.name}: atomic add on dtype {t.dtype} is not supported")
     box = None
     if buf.go is not None or dst.is_meta:  # graph-only mode: no float storage, unknown masks
-        if atomic is not None and (atomic != AtomicType.Add or not (
-                dst.dtype.is_floating_point or dst.dtype in (torch.int32, torch.int16, torch.int8))):
-            raise DslError(f"{t.name}: atomic add on dtype {t.dtype} is not supported" if atomic == AtomicType.Add
-                           else f"{t.name}: unknown atomic type {atomic!r}")
         if buf.go is not None:
             box = t.box(starts, stops)
             buf.go.store(dst, src, box, atomic is not None, blk)
     elif atomic is None:
         dst.copy_(src)
-    elif atomic == AtomicType.Add:
-        if not (dst.dtype.is_floating_point or dst.dtype in (torch.int32, torch.int16, torch.int8)):
-            raise DslError(f"{t.name}: atomic add on dtype {t.dtype} is not supported")
-        if buf.program.defer_atomics:  # schedule-sensitivity run: applied later, in another order
-            buf.program.defer_atomic(buf, blk, dst, src, t.box(starts, stops))
-        else:
-            dst.add_(src)
+    elif buf.program.defer_atomics:  # schedule-sensitivity run: the add is applied later, in another order
+        buf.program.defer_atomic(buf, blk, dst, src, t.box(starts, stops))
     else:
-        raise DslError(f"{t.name}: unknown atomic type {atomic!r}")
+        dst.add_(src)
     if box is None:
         box = t.box(starts, stops)
     if box is not None:
