@@ -845,6 +845,67 @@ def read(src, idx):
     return _read_elem(src, idx)
 
 
+def read_values(src, idx, n: int) -> list:
+    """``n`` consecutive elements along the last dim of a GM tensor or tile, as a Python list.
+
+    ``pl.read_values(x, [i, j], n)`` is ``[pl.read(x, [i, j + k]) for k in range(n)]`` in one
+    call: the same numbers, the same effects in the same order (inside a task: one element
+    footprint, one GM load and its bytes per element; in orchestration: ``n`` orchestration
+    reads), and in check mode an undefined element is an undefined :class:`ScalarValue` at its
+    place in the list (the others are plain numbers). An index row read this way is as visible
+    to the sanitizer as read element by element.
+
+    Args:
+        src: GM tensor or tile of rank >= 1.
+        idx: the first element's index, one int per dim.
+        n: how many elements (``idx[-1] .. idx[-1] + n - 1``); 0 gives ``[]``.
+
+    Raises:
+        DslError: ``n`` negative or not an int, an index out of bounds (the first element past
+            the last dim names it, as ``pl.read`` would), or ``src`` not a tensor or tile.
+    """
+    n = _idx(n, "a read_values count")
+    if n < 0:
+        raise DslError(f"pl.read_values: negative count {n}{_where()}")
+    if not isinstance(idx, (list, tuple)):
+        idx = [idx]
+    if n == 0:
+        return []
+    head, j0 = list(idx[:-1]), idx[-1]
+    if type(src) is Tile and src.mask is None and not src.data.is_meta:
+        d = src.data
+        if (len(idx) == d.dim() and type(j0) is int and 0 <= j0 and j0 + n <= d.shape[-1]
+                and all(type(i) is int and 0 <= i < s for i, s in zip(head, d.shape))):
+            return d[(*head, _pyslice(j0, j0 + n))].tolist()  # the numbers item() gives, one conversion
+    elif isinstance(src, GMTensor):
+        buf = src.buf
+        blk = _ctx.state.block
+        d = src.data
+        if (blk is not None and not buf.slow and buf.go is None and buf.shadow is None and not d.is_meta
+                and len(idx) == d.dim() and type(j0) is int and 0 <= j0 and j0 + n <= d.shape[-1]
+                and all(type(i) is int and 0 <= i < s for i, s in zip(head, d.shape))):
+            off = buf.base_off + src._off
+            for i, st in zip(idx, src._strides):
+                off += i * st
+            st_last = src._strides[-1]
+            first = src.box(idx, [i + 1 for i in idx])
+            last_idx = [*head, j0 + n - 1]
+            last = src.box(last_idx, [i + 1 for i in last_idx])
+            if (st_last == 1 and type(first) is tuple and type(last) is tuple and first[3] - first[2] == 1
+                    and last[:2] == first[:2] and last[2] - first[2] == n - 1):
+                # every element in one root row, consecutive columns: its box is (r0, r1, c, c + 1)
+                r0, r1, c0 = first[0], first[1], first[2]
+                boxes = [(buf, (r0, r1, c, c + 1), R) for c in range(c0, c0 + n)]
+            else:
+                boxes = [(buf, src.box(e, [i + 1 for i in e]), R) for e in ([*head, j0 + k] for k in range(n))]
+            values = d.as_strided((n,), (st_last,), off).tolist()
+            blk.fp.extend(boxes)
+            blk.bytes += n * d.element_size()
+            blk.ld += n
+            return values
+    return [read(src, [*head, j0 + k]) for k in range(n)]  # the general path: element by element
+
+
 _VALS_MAX = 1 << 16  # largest tile (elements) whose values pl.read caches as a Python list
 
 
