@@ -99,11 +99,13 @@ def stable_sqrt_softplus(z):
     ``softplus(z) = relu(z) + log1p(y)`` with ``y = exp(-|z|)``; ``log1p(y)`` is
     ``log(u) * y / (u - 1)`` with ``u = 1 + y`` (Goldberg's correction, a few ulp) where
     ``|z| < -SOFTPLUS_FLOOR_X`` (15), and ``y`` itself beyond (relative error below ``y / 2``)."""
-    y = pl.exp(pl.neg(pl.abs(z)))
+    nz = pl.neg(pl.abs(z))  # -|z|, once: the exp and the range switch both read it
+    y = pl.exp(nz)
     u = y + 1.0
-    near = positive_step(pl.neg(pl.abs(z)) - SOFTPLUS_FLOOR_X)  # 1 where |z| < 15
-    # u - 1 >= 3e-7 where near; the (1 - near) term keeps the unused quotient finite elsewhere
-    l1p = pl.log(u) * (y / (u - 1.0 + (1.0 - near))) * near + y * (1.0 - near)
+    near = positive_step(nz - SOFTPLUS_FLOOR_X)  # 1 where |z| < 15
+    far = 1.0 - near
+    # u - 1 >= 3e-7 where near; the far term keeps the unused quotient finite elsewhere
+    l1p = pl.log(u) * (y / (u - 1.0 + far)) * near + y * far
     return pl.sqrt(pl.maximum(z, 0.0) + l1p)
 
 
@@ -233,10 +235,9 @@ def gate_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                 for b in pl.spmd(n_tiles, name_hint="route_hash", allow_early_resolve=True):
                     t0 = b * TT
                     rows = min(TT, active - t0)
-                    idx = pl.full([TT, K], pl.INT32, 0)
-                    for i in pl.range(rows):
-                        tok = pl.read(input_ids, [t0 + i])
-                        idx = pl.assemble(idx, tid2eid[tok:tok + 1, 0:K], [i, 0])
+                    toks = [pl.read(input_ids, [t0 + i]) for i in pl.range(rows)]
+                    # the tokens' table rows in one row gather (the union of the one-row loads)
+                    idx = pl.assemble(pl.full([TT, K], pl.INT32, 0), pl.gather_rows(tid2eid, toks), [0, 0])
                     sc = pl.slice(route_scores, [TT, E], [t0, 0], valid_shape=[rows, E])
                     w = _normalise(pl.gather(sc, index=idx), rsf)
                     pl.assemble(indices, pl.set_validshape(idx, rows, K), [t0, 0])
