@@ -172,7 +172,7 @@ def grouped_o_proj_tasks(o_packed, wo_a, wo_b, wo_b_scale, attn_out, t: int, dep
             pa = pl.spmd(LO // NA, name_hint="proj_a_mm", deps=deps)
             for nf in pa:
                 a = pl.slice(o_packed, [mp, o_packed.shape[1]], [g * t, 0], valid_shape=[t, o_packed.shape[1]]) \
-                    if bf16 else o_packed[g * t:(g + 1) * t, :]
+                    if bf16 else o_packed[g * t:(g + 1) * t, 0:o_packed.shape[1]]
                 acc = pl.matmul(a, wo_a[g, nf * NA:(nf + 1) * NA, :], b_trans=True)
                 pl.assemble(o_r, pl.set_validshape(acc, t, NA) if bf16 else acc, [0, g * LO + nf * NA])
             with pl.at(level=pl.Level.CORE_GROUP, name_hint="quant", deps=[pa.tid]) as q_tid:
@@ -182,7 +182,7 @@ def grouped_o_proj_tasks(o_packed, wo_a, wo_b, wo_b_scale, attn_out, t: int, dep
             pb = pl.spmd(D // NB, name_hint="proj_b_mm", deps=[q_tid])
             for dc in pb:
                 a = pl.slice(o_r_i8, [mp, LO], [0, g * LO], valid_shape=[t, LO]) if bf16 \
-                    else o_r_i8[:, g * LO:(g + 1) * LO]
+                    else o_r_i8[0:t, g * LO:(g + 1) * LO]
                 acc = pl.matmul(a, wo_b[dc * NB:(dc + 1) * NB, g * LO:(g + 1) * LO], b_trans=True)
                 # exact INT32 (FP32 for bf16)
                 pl.assemble(partials, pl.set_validshape(acc, t, NB) if bf16 else acc, [0, g * D + dc * NB])
@@ -281,18 +281,19 @@ def decode_sparse_attn_kernels(cfg: DeepSeekV4Config, n_cmp: int) -> SimpleNames
             bias_block(b, t, swa_indices, cmp_indices, sparse_bias, window=W, n_cmp=NC, key_pad=PAD)
 
         # 3. (m, l, o) of every (token, key block), all heads at once
+        q_rows = pl.reshape(q, [t * H, HD])  # q[tok, :, :] as a 2-D window: the same load, its fast path
         for b in pl.spmd(t * NB, name_hint="decode_qk_pv", deps=[gather.tid]):
             tok, kb = divmod(b, NB)
-            key_block_stats(lambda: q[tok, :, :], tok, kb, sparse_kv, sparse_bias, blk_m, blk_l, blk_o, scale=scale,
-                            key_tile=KT, key_blocks=NB, heads=H, head_dim=HD)
+            key_block_stats(lambda: q_rows[tok * H:(tok + 1) * H, 0:HD], tok, kb, sparse_kv, sparse_bias, blk_m,
+                            blk_l, blk_o, scale=scale, key_tile=KT, key_blocks=NB, heads=H, head_dim=HD)
 
         # 4. merge the blocks, sink, inverse RoPE, pack group-major
         merge = pl.spmd(t, name_hint="decode_merge_norm")
         for tok in merge:
             o = merge_key_blocks(tok, blk_m, blk_l, blk_o, sink_col, key_blocks=NB, heads=H)
             pair, swap, sign = rope_index_rows(R)
-            cos_il = pl.gather(pl.cast(rope_cos[tok:tok + 1, :], pl.FP32), index=pair)  # [1, R]
-            sin_signed = pl.mul(pl.gather(pl.cast(rope_sin[tok:tok + 1, :], pl.FP32), index=pair), sign)
+            cos_il = pl.gather(pl.cast(rope_cos[tok:tok + 1, 0:R], pl.FP32), index=pair)  # [1, R]
+            sin_signed = pl.mul(pl.gather(pl.cast(rope_sin[tok:tok + 1, 0:R], pl.FP32), index=pair), sign)
             x = pl.slice(o, [H, R], [0, N])
             rot = pl.add(pl.col_expand_mul(x, cos_il), pl.col_expand_mul(pl.gather(x, index=swap), sin_signed))
             packed = pl.assemble(pl.cast(o, pl.BF16, mode="rint"), pl.cast(rot, pl.BF16, mode="rint"), [0, N])

@@ -219,12 +219,16 @@ def _gather_rows(src_flat, idx, n: int, lower, stage, head_dim: int, k0: int = 0
     """Copy the rows of index columns ``k0 .. n-1`` of ``idx [1, >= n]`` into ``stage [>= n - k0,
     head_dim]`` (column ``k`` to stage row ``k - k0``): every valid row in one ``pl.gather_rows``
     (read footprints per row), placed in the stage by runs of consecutive columns;
-    ``lower(col, value)`` maps an index to a flat row of ``src_flat`` (``-1`` skips)."""
-    rows = [lower(k, pl.read(idx, [0, k])) for k in range(k0, n)]
+    ``lower(col, value)`` maps an index to a flat row of ``src_flat`` (``-1`` skips; ``None``:
+    the index is the row). The index row is read by one ``pl.read_values``."""
+    vals = pl.read_values(idx, [0, k0], n - k0)
+    rows = vals if lower is None else [lower(k, v) for k, v in zip(range(k0, n), vals)]
     cols = [k for k, r in enumerate(rows) if r >= 0]
     if not cols:
         return stage
     got = pl.gather_rows(src_flat, [rows[k] for k in cols], cols=head_dim)  # [len(cols), head_dim]
+    if cols[-1] - cols[0] == len(cols) - 1:  # one run of consecutive columns
+        return pl.assemble(stage, got, [cols[0], 0])
     i = 0
     while i < len(cols):
         j = i + 1
@@ -268,7 +272,7 @@ def gather_key_block(kernel: str, tok: int, kb: int, swa_indices, cmp_indices, o
     r0, r1 = p * sub, min(n, (p + 1) * sub)  # this part's index columns (none past n: zero rows)
     stage = pl.full([sub, head_dim], pl.BF16, 0)
     if swa and r1 > r0:
-        stage = _gather_rows(ori_flat, idx, r1, lambda k, v: v, stage, head_dim, r0)
+        stage = _gather_rows(ori_flat, idx, r1, None, stage, head_dim, r0)
     elif r1 > r0:
         pages = {}
         entry = "cmp_block_table[" + "".join(f"{r}, " for r in table_row)
@@ -320,18 +324,18 @@ def key_block_stats(load_q, tok: int, kb: int, sparse_kv, sparse_bias, blk_m, bl
     hr = (tok * key_blocks + kb) * heads
     bias = sparse_bias[tok:tok + 1, kb * key_tile:(kb + 1) * key_tile]
     if pl.read(pl.row_max(bias), [0, 0]) < 0:
-        blk_m[hr:hr + heads, :] = pl.full([heads, 1], pl.FP32, -FP32_MAX)
-        blk_l[hr:hr + heads, :] = pl.full([heads, 1], pl.FP32, 0.0)
-        blk_o[hr:hr + heads, :] = pl.full([heads, head_dim], pl.FP32, 0.0)
+        blk_m[hr:hr + heads, 0:1] = pl.full([heads, 1], pl.FP32, -FP32_MAX)
+        blk_l[hr:hr + heads, 0:1] = pl.full([heads, 1], pl.FP32, 0.0)
+        blk_o[hr:hr + heads, 0:head_dim] = pl.full([heads, head_dim], pl.FP32, 0.0)
         return
     r0 = (tok * key_blocks + kb) * key_tile
-    kv = sparse_kv[r0:r0 + key_tile, :]
+    kv = sparse_kv[r0:r0 + key_tile, 0:head_dim]
     s = pl.col_expand_add(pl.mul(pl.matmul(load_q(), kv, b_trans=True), scale), bias)  # [H, KT] FP32
     m = pl.row_max(s)
     p = pl.exp(pl.row_expand_sub(s, m))
-    blk_m[hr:hr + heads, :] = m
-    blk_l[hr:hr + heads, :] = pl.row_sum(p)
-    blk_o[hr:hr + heads, :] = pl.matmul(pl.cast(p, pl.BF16, mode="rint"), kv)
+    blk_m[hr:hr + heads, 0:1] = m
+    blk_l[hr:hr + heads, 0:1] = pl.row_sum(p)
+    blk_o[hr:hr + heads, 0:head_dim] = pl.matmul(pl.cast(p, pl.BF16, mode="rint"), kv)
 
 
 def merge_key_blocks(tok: int, blk_m, blk_l, blk_o, sink_col, *, key_blocks: int, heads: int):
@@ -339,16 +343,17 @@ def merge_key_blocks(tok: int, blk_m, blk_l, blk_o, sink_col, *, key_blocks: int
     m_new)``) and normalise with the sink in the denominator: ``o / (l + exp(sink - m))``;
     returns the ``[H, head_dim]`` FP32 tile. ``sink_col [H, 1]`` FP32."""
     h0 = tok * key_blocks * heads
-    m, l, o = blk_m[h0:h0 + heads, :], blk_l[h0:h0 + heads, :], blk_o[h0:h0 + heads, :]
+    hd = blk_o.shape[1]  # explicit int bounds below: the subscripts' fast path (same loads as [a:b, :])
+    m, l, o = blk_m[h0:h0 + heads, 0:1], blk_l[h0:h0 + heads, 0:1], blk_o[h0:h0 + heads, 0:hd]
     for kb in pl.range(1, key_blocks):
         hr = h0 + kb * heads
-        m_b = blk_m[hr:hr + heads, :]
+        m_b = blk_m[hr:hr + heads, 0:1]
         m_new = pl.maximum(m, m_b)
         alpha, beta = pl.exp(pl.sub(m, m_new)), pl.exp(pl.sub(m_b, m_new))
-        l = pl.add(pl.mul(alpha, l), pl.mul(beta, blk_l[hr:hr + heads, :]))
-        o = pl.add(pl.row_expand_mul(o, alpha), pl.row_expand_mul(blk_o[hr:hr + heads, :], beta))
+        l = pl.add(pl.mul(alpha, l), pl.mul(beta, blk_l[hr:hr + heads, 0:1]))
+        o = pl.add(pl.row_expand_mul(o, alpha), pl.row_expand_mul(blk_o[hr:hr + heads, 0:hd], beta))
         m = m_new
-    return pl.row_expand_div(o, pl.add(l, pl.exp(pl.sub(sink_col[:, :], m))))
+    return pl.row_expand_div(o, pl.add(l, pl.exp(pl.sub(sink_col[0:heads, 0:1], m))))
 
 
 def quant_o_r_tile(o_r, o_r_i8, act_scale_dq, t: int, t0: int, g: int, *, o_lora: int, tok_tile: int,
@@ -509,9 +514,10 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
             bias_block(b, t, swa_indices, cmp_indices, sparse_bias, window=W, n_cmp=NCMP, key_pad=PAD)
 
         # 3. per active token and key block, every head at once: (m, l, o) of the block
+        q_rows = pl.reshape(q, [t * H, HD])  # q[tok, :, :] as a 2-D window: the same load, its fast path
         for tok in pl.spmd(t, name_hint="qk_pv"):
             if tok < active:
-                qt = q[tok, :, :]  # [H, HD]
+                qt = q_rows[tok * H:(tok + 1) * H, 0:HD]  # [H, HD]
                 for kb in pl.range(NB):
                     key_block_stats(lambda: qt, tok, kb, sparse_kv, sparse_bias, blk_m, blk_l, blk_o, scale=scale,
                                     key_tile=KT, key_blocks=NB, heads=H, head_dim=HD)
@@ -573,7 +579,7 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
                 for nf in pl.range(LO // NA):
                     with pl.at(level=pl.Level.CORE_GROUP, name_hint="proj_a_mm",
                                deps=[merge_tid, rope_tid]) as tid:
-                        acc = pl.matmul(o_packed[g * t:(g + 1) * t, :], wo_a[g, nf * NA:(nf + 1) * NA, :],
+                        acc = pl.matmul(o_packed[g * t:(g + 1) * t, 0:GIN], wo_a[g, nf * NA:(nf + 1) * NA, :],
                                         b_trans=True)  # [T, NA] FP32
                         pl.assemble(o_r, acc, [0, g * LO + nf * NA])
                     proj_a_tids[g].append(tid)
