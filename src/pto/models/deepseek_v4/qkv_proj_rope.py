@@ -416,8 +416,9 @@ def qkv_proj_rope(
             yr = pl.reshape(pl.slice(y, [TT, QH, r], [0, 0, n]), [TT * QH, r])
             rot = pl.cast(rotate_interleaved(yr, *per_head), pl.BF16, mode="rint")
             out = pl.assemble(out, pl.reshape(rot, [TT, QH, r]), [0, 0, n])
-            for i in pl.range(rows):  # one token row per store: its QH heads are contiguous in q
-                pl.assemble(q, pl.slice(out, [1, QH, hd], [i, 0, 0]), [t0 + i, h0, 0])
+            # the rows' QH heads in one strided store (one footprint box per token row, as the
+            # per-row stores recorded)
+            pl.assemble(q, out if rows == TT else pl.slice(out, [rows, QH, hd], [0, 0, 0]), [t0, h0, 0])
 
     # 6. kv_fp32 += x[:, K-quarter] @ wkv[K-quarter, N-group]  (split-K, atomic add), gated by late_dep
     if seed_scopes:
