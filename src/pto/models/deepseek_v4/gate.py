@@ -235,7 +235,7 @@ def gate_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                 for b in pl.spmd(n_tiles, name_hint="route_hash", allow_early_resolve=True):
                     t0 = b * TT
                     rows = min(TT, active - t0)
-                    toks = [pl.read(input_ids, [t0 + i]) for i in pl.range(rows)]
+                    toks = pl.read_values(input_ids, [t0], rows)
                     # the tokens' table rows in one row gather (the union of the one-row loads)
                     idx = pl.assemble(pl.full([TT, K], pl.INT32, 0), pl.gather_rows(tid2eid, toks), [0, 0])
                     sc = pl.slice(route_scores, [TT, E], [t0, 0], valid_shape=[rows, E])

@@ -47,8 +47,7 @@ def check_token_ids(kernel: str, input_ids, vocab_size: int, n: int | None = Non
         BindError: naming the kernel, the first bad position and its id.
     """
     t = pl.tensor.dim(input_ids, 0)
-    for i in range(t if n is None else n):
-        tok = pl.read(input_ids, [i])
+    for i, tok in enumerate(pl.read_values(input_ids, [0], t if n is None else n)):
         if not 0 <= tok < vocab_size:
             raise BindError(f"{kernel}: input_ids[{i}] = {int(tok)} outside [0, vocab_size={vocab_size})")
     return t
@@ -82,7 +81,7 @@ def lookup_embedding_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
             t0 = b * TT
             rows = min(TT, t - t0)
             ids = input_ids[t0:t0 + rows]
-            toks = [pl.read(ids, [i]) for i in pl.range(rows)]
+            toks = pl.read_values(ids, [0], rows)
             x = pl.reshape(pl.cast(pl.gather_rows(embed, toks), pl.FP32, mode="none"), [rows, 1, D])
             for h in pl.range(HC):
                 pl.assemble(x_hc, x, [t0, h, 0])
