@@ -881,7 +881,7 @@ def read_values(src, idx, n: int) -> list:
         buf = src.buf
         blk = _ctx.state.block
         d = src.data
-        if (blk is not None and not buf.slow and buf.go is None and buf.shadow is None and not d.is_meta
+        if (not buf.slow and buf.go is None and buf.shadow is None and not d.is_meta
                 and len(idx) == d.dim() and type(j0) is int and 0 <= j0 and j0 + n <= d.shape[-1]
                 and all(type(i) is int and 0 <= i < s for i, s in zip(head, d.shape))):
             off = buf.base_off + src._off
@@ -899,6 +899,10 @@ def read_values(src, idx, n: int) -> list:
             else:
                 boxes = [(buf, src.box(e, [i + 1 for i in e]), R) for e in ([*head, j0 + k] for k in range(n))]
             values = d.as_strided((n,), (st_last,), off).tolist()
+            if blk is None:  # orchestration: n orchestration reads
+                for _, box, _ in boxes:
+                    buf.program.orchestration_read(buf, box)
+                return values
             blk.fp.extend(boxes)
             blk.bytes += n * d.element_size()
             blk.ld += n
