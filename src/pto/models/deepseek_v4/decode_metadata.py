@@ -258,12 +258,12 @@ def window_row(kernel: str, tok: int, pos: int, block_table, table_row: tuple, *
                         f"{'rows have' if table_row else 'has'} {n_blocks} entries")
     row = pl.full([1, window], pl.INT32, -1)
     col = 0
-    while col < valid:
+    p0 = key // block_size  # one table entry per page segment (pages p0 .. pos // block_size), read in one call
+    for phys in pl.read_values(block_table, [*table_row, p0], pos // block_size - p0 + 1):
         off = key % block_size
         seg = min(block_size - off, valid - col)
-        entry = [*table_row, key // block_size]
-        phys = pl.read(block_table, entry)
         if phys >= n_pages:
+            entry = [*table_row, key // block_size]
             raise BindError(f"{kernel}: block_table[{', '.join(map(str, entry))}] = {phys} is not a page of the "
                             f"{n_pages}-page kv cache (position_ids[{tok}] = {pos})")
         if phys >= 0:

@@ -171,10 +171,11 @@ def prefill_attention_hca_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
                                     cmp_slot_mapping, state_slot_mapping, cfg, None, seed_scopes)
         swa.swa_window_indices(position_ids, block_table, num_tokens, swa_indices)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_hca_cmp_indices"):
+            positions = pl.read_values(position_ids, [0], active)  # the active tokens' positions, one call
             for tok in pl.range(t):
                 row = pl.full([1, TOPK], pl.INT32, -1)
                 if tok < active:
-                    n_vis = (pl.read(position_ids, [tok]) + 1) // HCA_RATIO
+                    n_vis = (positions[tok] + 1) // HCA_RATIO
                     if n_vis > NCC:
                         raise BindError(f"prefill_attention_hca: token {tok} sees {n_vis} compressed entries, the "
                                         f"sparse-attention core attends {NCC} (config {cfg.name!r})")

@@ -134,9 +134,10 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
         t = pl.tensor.dim(position_ids, 0)
         active = check_num_tokens("prefill_attention_swa", num_tokens, t)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_window_indices") as tid:
+            positions = pl.read_values(position_ids, [0], active)  # the active tokens' positions, one call
             for tok in pl.range(t):
                 if tok < active:
-                    pos = pl.read(position_ids, [tok])
+                    pos = positions[tok]
                     if pos < 0:
                         raise BindError(f"prefill_attention_swa: position_ids[{tok}] = {pos} is negative")
                     row = window_row("prefill_attention_swa", tok, pos, block_table, (), window=W, block_size=BS,
