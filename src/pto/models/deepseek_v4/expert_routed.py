@@ -138,8 +138,7 @@ def expert_routed_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
             idx = indices[0:t, 0:K]
             buckets = [[] for _ in range(E)]
             for ti in range(t):
-                for k in range(K):
-                    e = pl.read(idx, [ti, k])
+                for k, e in enumerate(pl.read_values(idx, [ti, 0], K)):
                     if e < -1 or e >= E:
                         raise BindError(f"expert_routed: indices[{ti}, {k}] = {int(e)} outside [-1, "
                                         f"n_routed_experts={E})")
@@ -173,8 +172,7 @@ def expert_routed_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
         #    then the down projection over D column tiles; empty experts get no block. Only output columns are
         #    split (every element's reduction is the one of a whole-expert block, so bit-identical).
         tiles, off = [], 0
-        for e in range(E):
-            cnt = pl.read(expert_count, [0, e])
+        for e, cnt in enumerate(pl.read_values(expert_count, [0, 0], E)):
             for m0 in range(0, cnt, ROUTED_M_TILE):
                 tiles.append((e, off + m0, min(ROUTED_M_TILE, cnt - m0)))
             off += cnt

@@ -98,8 +98,7 @@ def indexer_cache_write(normed_kv_pad, write_dst_map, n_writes: int, hadamard, i
         else:
             codes, s = int8_quantize_rows(pl.cast(k, pl.FP32))
             dq = pl.recip(s)
-        for i in pl.range(n_writes):
-            dst = pl.read(write_dst_map, [0, i])
+        for i, dst in enumerate(pl.read_values(write_dst_map, [0, 0], n_writes)):
             if dst >= 0:
                 cache_rows[dst:dst + 1, 0:width] = pl.slice(codes, [1, width], [i, 0])
                 # a [1, 1] store is below the DMA minimum
