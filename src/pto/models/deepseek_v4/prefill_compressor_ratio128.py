@@ -229,8 +229,9 @@ def _scan_chunk(tl, nt, pos_t, cmp_t, slot_t, state_block_table, n_state_rows, n
     M, page = HCA_RATIO, tl.page
     table_len = pl.tensor.dim(state_block_table, 0)
     seen, owner, tokens, closing = set(), {}, [], []
-    for t in range(nt):
-        p, dst, slot = int(pl.read(pos_t, [t])), int(pl.read(cmp_t, [t])), int(pl.read(slot_t, [t]))
+    rows = zip(pl.read_values(pos_t, [0], nt), pl.read_values(cmp_t, [0], nt), pl.read_values(slot_t, [0], nt))
+    for t, (p, dst, slot) in enumerate(rows):
+        p, dst, slot = int(p), int(dst), int(slot)
         if p < 0:
             raise _bind(f"token {t} has negative position {p}")
         if p in seen:
@@ -470,11 +471,12 @@ def prefill_compressor_ratio128(
         score_t = pl.slice(score_proj, [ST, d], [t0, 0], valid_shape=[active, d])
         slot_t = pl.slice(state_slot_mapping, [ST], [t0], valid_shape=[active])
         pos_t = pl.slice(position_ids, [ST], [t0], valid_shape=[active])
+        slots, positions = pl.read_values(slot_t, [0], active), pl.read_values(pos_t, [0], active)
         for i in pl.range(active):
-            slot = pl.read(slot_t, [i])
+            slot = slots[i]
             if slot < 0:
                 continue
-            a = pl.read(pos_t, [i]) % M
+            a = positions[i] % M
             state_rows[slot:slot + 1, 0:d] = pl.slice(kv_t, [1, d], [i, 0])
             state_rows[slot:slot + 1, d:2 * d] = pl.slice(score_t, [1, d], [i, 0]) + ape[a:a + 1, 0:d]
 
@@ -487,8 +489,9 @@ def prefill_compressor_ratio128(
         blk0 = (pl.read(write_pos_map, [0, i]) + 1 - M) // page
         kv_w = pl.full([M, PH], pl.FP32, 0.0)
         score_w = pl.full([M, PH], pl.FP32, 0.0)
+        pages_w = pl.read_values(state_block_table, [blk0], tl.pages_per_window)  # the window's pages, one call
         for g in pl.range(tl.pages_per_window):
-            phys = pl.read(state_block_table, [blk0 + g])
+            phys = pages_w[g]
             if phys >= 0:  # a missing page contributes kv 0, score 0 (as the golden)
                 row0 = phys * page
                 kv_w = pl.assemble(kv_w, state_rows[row0:row0 + page, h0:h0 + PH], [g * page, 0])
@@ -501,8 +504,9 @@ def prefill_compressor_ratio128(
     with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_hca_c128_rmsnorm_rope"):
         cos_w = pl.full([w_pad, r], pl.FP32, 0.0)
         sin_w = pl.full([w_pad, r], pl.FP32, 0.0)
+        dsts = pl.read_values(write_dst_map, [0, 0], n_writes)
         for i in pl.range(n_writes):
-            if pl.read(write_dst_map, [0, i]) >= 0:
+            if dsts[i] >= 0:
                 w0 = pl.read(write_pos_map, [0, i]) + 1 - M  # RoPE at the window start
                 cos_w = pl.assemble(cos_w, pl.cast(cos_table[w0:w0 + 1, 0:r], pl.FP32), [i, 0])
                 sin_w = pl.assemble(sin_w, pl.cast(sin_table[w0:w0 + 1, 0:r], pl.FP32), [i, 0])
@@ -510,8 +514,7 @@ def prefill_compressor_ratio128(
                                                           eps=cfg.rms_norm_eps, n_nope=n_nope)
 
     with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_hca_c128_kv_finalize"):
-        for i in pl.range(n_writes):
-            dst = pl.read(write_dst_map, [0, i])
+        for i, dst in enumerate(pl.read_values(write_dst_map, [0, 0], n_writes)):
             if dst >= 0:
                 cmp_rows[dst:dst + 1, 0:d] = pl.cast(normed_kv_pad[i:i + 1, 0:d], pl.BF16, mode="rint")
     return cmp_kv, compress_state

@@ -165,9 +165,10 @@ def _scan_tokens(kernel, nt, S, pos_t, cmp_t, slot_t, table, n_state_rows, n_cmp
     m = CSA_RATIO
     L = pl.tensor.dim(table, 1)
     seen, owner, chunk, closing, first = set(), {}, set(), [], {}
-    for t in range(nt):
+    rows = zip(pl.read_values(pos_t, [0], nt), pl.read_values(cmp_t, [0], nt), pl.read_values(slot_t, [0], nt))
+    for t, (p, dst, slot) in enumerate(rows):
         b = t // S
-        p, dst, slot = int(pl.read(pos_t, [t])), int(pl.read(cmp_t, [t])), int(pl.read(slot_t, [t]))
+        p, dst, slot = int(p), int(dst), int(slot)
         if p < 0 and dst < 0 and slot < 0:
             continue  # an inactive request's row (decode_metadata: position -1, no slots)
         if p < 0 or (b, p) in seen:
@@ -337,11 +338,12 @@ def ratio4_compress_tasks(x, compress_state, state_block_table, wkv, wgate, ape,
         score_t = pl.slice(score_proj, [ST, 2 * c], [t0, 0], valid_shape=[active, 2 * c])
         slot_t = pl.slice(state_slot_mapping, [ST], [t0], valid_shape=[active])
         pos_t = pl.slice(position_ids, [ST], [t0], valid_shape=[active])
+        slots, positions = pl.read_values(slot_t, [0], active), pl.read_values(pos_t, [0], active)
         for i in pl.range(active):
-            slot = pl.read(slot_t, [i])
+            slot = slots[i]
             if slot < 0:
                 continue
-            a = pl.read(pos_t, [i]) % m
+            a = positions[i] % m
             state_rows[slot:slot + 1, 0:2 * c] = pl.slice(kv_t, [1, 2 * c], [i, 0])
             state_rows[slot:slot + 1, 2 * c:4 * c] = pl.slice(score_t, [1, 2 * c], [i, 0]) + ape[a:a + 1, 0:2 * c]
 
@@ -371,8 +373,9 @@ def ratio4_compress_tasks(x, compress_state, state_block_table, wkv, wgate, ape,
         y = pl.col_expand_mul(pl.row_expand_mul(pooled, inv), pl.cast(norm_w_row[0:1, 0:c], pl.FP32))
         cos_w = pl.full([w_pad, r], pl.FP32, 0.0)
         sin_w = pl.full([w_pad, r], pl.FP32, 0.0)
+        dsts = pl.read_values(write_dst_map, [0, 0], n_writes)
         for i in pl.range(n_writes):
-            if pl.read(write_dst_map, [0, i]) >= 0:
+            if dsts[i] >= 0:
                 w0 = pl.read(write_pos_map, [0, i]) + 1 - m  # RoPE at the window start 4w
                 cos_w = pl.assemble(cos_w, pl.cast(cos_table[w0:w0 + 1, 0:r], pl.FP32), [i, 0])
                 sin_w = pl.assemble(sin_w, pl.cast(sin_table[w0:w0 + 1, 0:r], pl.FP32), [i, 0])
@@ -385,8 +388,7 @@ def ratio4_cache_write(normed_kv_pad, write_dst_map, n_writes: int, cmp_kv, widt
     row ``i`` for every write slot with a destination (one ``at`` task ``<prefix>_cache_write``)."""
     cmp_rows = pl.reshape(cmp_kv, [cmp_kv.shape[0] * cmp_kv.shape[1], width])
     with pl.at(level=pl.Level.CORE_GROUP, name_hint=f"{prefix}_cache_write"):
-        for i in pl.range(n_writes):
-            dst = pl.read(write_dst_map, [0, i])
+        for i, dst in enumerate(pl.read_values(write_dst_map, [0, 0], n_writes)):
             if dst >= 0:
                 cmp_rows[dst:dst + 1, 0:width] = pl.cast(normed_kv_pad[i:i + 1, 0:width], pl.BF16, mode="rint")
 

@@ -152,7 +152,7 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
     if not 0 <= nt <= T:
         raise _bind(kernel, f"num_tokens={nt} outside [0, T={T}]")
     # orchestration-level read of the positions (as the reference's visible-length scalars)
-    n_vis = [max(0, (int(pl.read(position_ids, [t])) + 1) // CSA_RATIO) for t in range(nt)]
+    n_vis = [max(0, (int(p) + 1) // CSA_RATIO) for p in pl.read_values(position_ids, [0], nt)]
     n_vis_max = max(n_vis, default=0)
     cap = indexer_score_capacity(cfg)
     L = indexer_sort_width(n_vis_max, bs)
@@ -204,8 +204,9 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
         q = pl.slice(q_rows, [R, c], [t0 * HI, 0], valid_shape=[act * HI, c])
         cos_r = pl.full([R, r], pl.FP32, 0.0)
         sin_r = pl.full([R, r], pl.FP32, 0.0)
+        positions = pl.read_values(position_ids, [t0], act)  # the block's positions, one call
         for i in pl.range(act):
-            p = max(0, pl.read(position_ids, [t0 + i]))
+            p = max(0, positions[i])
             cos_r = pl.assemble(cos_r, pl.col_expand(pl.full([HI, r], pl.FP32, 0.0),
                                                      pl.cast(cos_table[p:p + 1, 0:r], pl.FP32)), [i * HI, 0])
             sin_r = pl.assemble(sin_r, pl.col_expand(pl.full([HI, r], pl.FP32, 0.0),
@@ -247,8 +248,10 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
         q8 = q_i8[t * HI:(t + 1) * HI, 0:c]  # [HI, c]
         sq = None if bf16 else q_dq_rows[t:t + 1, 0:HI]  # [1, HI]
         w = weights[t:t + 1, 0:HI]
-        for pg in pl.range(-(-n_vis[t] // bs)):
-            phys = pl.read(idx_block_table, [b, pg]) if pg < n_tab else -1
+        n_pg = -(-n_vis[t] // bs)
+        pages_t = pl.read_values(idx_block_table, [b, 0], min(n_pg, n_tab))  # the token's pages, one call
+        for pg in pl.range(n_pg):
+            phys = pages_t[pg] if pg < n_tab else -1
             if phys < 0:
                 raise _bind(kernel, f"token {t} (request {b}) sees index key page {pg}, which its idx_block_table "
                                     "row does not map")
