@@ -25,12 +25,53 @@ def _views(rng):
         yield GMTensor(v, buf, "x")
 
 
+def _views_rank1_rank3(rng):
+    """Rank-1 and rank-3 views (windows of a root, split dims, the rank-3 fast paths' kinds)."""
+    for _ in range(600):
+        rows, cols = rng.randrange(1, 7), rng.randrange(1, 13)
+        root = torch.zeros(rows, cols) if rng.random() < 0.8 else torch.zeros(rows * cols)
+        buf = Buffer(1, "x", "test", "arg", root, None)
+        flat = root.reshape(-1)
+        pick = rng.random()
+        if pick < 0.25:  # a rank-1 window
+            a = rng.randrange(flat.numel())
+            v = flat[a:rng.randrange(a + 1, flat.numel() + 1)]
+        elif pick < 0.6 and root.dim() == 2:  # [rows, cols] split into [rows, k, cols / k]: row, column, column
+            ks = [k for k in range(1, cols + 1) if cols % k == 0]
+            k = rng.choice(ks)
+            v = root.reshape(rows, k, cols // k)
+            v = v[rng.randrange(rows):, rng.randrange(k):, rng.randrange(cols // k):]
+        else:  # rows split into [a, b, cols]: row, row, column (sometimes the two row dims swapped)
+            ks = [k for k in range(1, rows + 1) if rows % k == 0]
+            k = rng.choice(ks)
+            v = flat.reshape(k, rows // k, cols)
+            if rng.random() < 0.3:
+                v = v.transpose(0, 1)
+            v = v[rng.randrange(v.shape[0]):, rng.randrange(v.shape[1]):, rng.randrange(cols):]
+        if v.numel():
+            yield GMTensor(v, buf, "x")
+
+
+def test_box_fast_path_rank1_rank3_matches_general_path():
+    rng = random.Random(7)
+    checked = 0
+    for g in _views_rank1_rank3(rng):
+        ref = GMTensor(g.data, g.buf, "x")
+        ref._rows = ref._fast = None  # force the general loop
+        for _ in range(30):
+            starts = [rng.randrange(n) for n in g.shape]  # mostly non-empty windows
+            stops = [rng.randrange(a + (rng.random() < 0.95), n + 1) for a, n in zip(starts, g.shape)]
+            assert g.box(starts, stops) == ref.box(starts, stops), (g.data.shape, g.data.stride(), starts, stops)
+            checked += g._fast is not None
+    assert checked > 10000
+
+
 def test_box_fast_path_matches_general_path():
     rng = random.Random(3)
     checked = 0
     for g in _views(rng):
         ref = GMTensor(g.data, g.buf, "x")
-        ref._rows = None  # force the general loop
+        ref._rows = ref._fast = None  # force the general loop
         for _ in range(20):
             starts = [rng.randrange(n + 1) for n in g.shape]
             stops = [rng.randrange(a, n + 1) for a, n in zip(starts, g.shape)]

@@ -75,7 +75,7 @@ class GMTensor:
         name: the parameter or allocation name, for messages.
     """
 
-    __slots__ = ("data", "buf", "name", "_off", "_strides", "_smask", "_shape", "_rows", "_itemsize")
+    __slots__ = ("data", "buf", "name", "_off", "_strides", "_smask", "_shape", "_rows", "_itemsize", "_fast")
 
     def __init__(self, data: torch.Tensor, buf, name: str):
         self.data = data
@@ -90,7 +90,20 @@ class GMTensor:
         C = buf.C
         st = self._strides
         self._rows = ((self._off // C, self._off % C, st[0] // C)
-                      if len(st) == 2 and st[1] == 1 and C > 1 and st[0] % C == 0 else None)
+                      if len(st) == 2 and st[1] == 1 and st[0] % C == 0 else None)
+        # the box fast paths of other views (see box): a rank-1 view with unit stride,
+        # (base row, base column); a rank-3 view with a unit last stride whose other dims are
+        # both root-row dims (kind 0, rows per step q0, q1) or a root-row dim and a column dim
+        # narrower than a root row (kind 1, q0 and the column stride)
+        self._fast = None
+        if len(st) == 1:
+            if st[0] == 1:
+                self._fast = (self._off // C, self._off % C)
+        elif len(st) == 3 and st[2] == 1 and C > 1 and st[0] > 0 and st[1] > 0 and st[0] % C == 0:
+            if st[1] % C == 0:
+                self._fast = (0, self._off // C, self._off % C, st[0] // C, st[1] // C)
+            elif st[1] < C:
+                self._fast = (1, self._off // C, self._off % C, st[0] // C, st[1])
 
     # ---- metadata --------------------------------------------------------
     @property
@@ -164,6 +177,38 @@ class GMTensor:
                 return None
             if bc + b1 <= C and (q == 1 or b0 - a0 == 1):
                 return (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1)
+        elif self._fast is not None:  # rank-1 and rank-3 fast paths, same results as the general loop
+            f = self._fast
+            if len(f) == 2:
+                a, = starts
+                b, = stops
+                if b <= a:
+                    return None
+                br, bc = f
+                if bc + b <= C:
+                    return (br, br + 1, bc + a, bc + b)
+            else:
+                a0, a1, a2 = starts
+                b0, b1, b2 = stops
+                if b0 <= a0 or b1 <= a1 or b2 <= a2:
+                    return None
+                kind, br, bc, q0, q1 = f
+                n0, n1 = b0 - a0, b1 - a1
+                if kind == 0:  # rows, rows, columns
+                    # the rows form one interval: a single row, one dim of unit row step, or two
+                    # nested dims whose inner one has unit row step and spans the outer's step
+                    if n0 == 1:
+                        one = n1 == 1 or q1 == 1
+                    elif n1 == 1:
+                        one = q0 == 1
+                    else:
+                        one = (q1 == 1 and q0 == n1) or (q0 == 1 and q1 == n0)
+                    if one and bc + b2 <= C:
+                        return (br + a0 * q0 + a1 * q1, br + (b0 - 1) * q0 + (b1 - 1) * q1 + 1, bc + a2, bc + b2)
+                else:  # rows, columns (q1: the column stride), columns
+                    c1 = bc + (b1 - 1) * q1 + b2
+                    if c1 <= C and (n0 == 1 or q0 == 1):
+                        return (br + a0 * q0, br + (b0 - 1) * q0 + 1, bc + a1 * q1 + a2, c1)
         off = self._off
         c_lo = c_hi = 0
         f_lo = f_hi = off
@@ -256,12 +301,21 @@ class GMTensor:
         blk = self.buf.program.cur_block  # the running block (state.block), without the thread-local lookup
         rows = self._rows
         if blk is not None and rows is not None and type(key) is tuple and len(key) == 2:
-            # fast path for x[a:b, c:d] in a block (plain tensor, outside check mode); the same
-            # effects as _parse + _load: bounds check, footprint, byte count, a cloned tile
+            # fast path for x[a:b, c:d] in a block (plain tensor, outside check mode; omitted bounds
+            # are the dim's); the same effects as _parse + _load: bounds check, footprint, byte
+            # count, a cloned tile
             k0, k1 = key
             if type(k0) is _pyslice and type(k1) is _pyslice and k0.step is None and k1.step is None:
                 a0, b0, a1, b1 = k0.start, k0.stop, k1.start, k1.stop
                 shape = self._shape
+                if a0 is None:
+                    a0 = 0
+                if b0 is None:
+                    b0 = shape[0]
+                if a1 is None:
+                    a1 = 0
+                if b1 is None:
+                    b1 = shape[1]
                 buf = self.buf
                 if (type(a0) is int and type(b0) is int and type(a1) is int and type(b1) is int
                         and 0 <= a0 < b0 <= shape[0] and 0 <= a1 < b1 <= shape[1]
@@ -293,12 +347,21 @@ class GMTensor:
         rows = self._rows
         if (blk is not None and rows is not None and type(value) is Tile and value.valid is None
                 and type(key) is tuple and len(key) == 2):
-            # fast path for y[a:b, c:d] = tile in a block (plain tensor, outside check mode); the
-            # same effects as _parse + _store: checks, copy, footprint, byte count
+            # fast path for y[a:b, c:d] = tile in a block (plain tensor, outside check mode; omitted
+            # bounds are the dim's); the same effects as _parse + _store: checks, copy, footprint,
+            # byte count
             k0, k1 = key
             if type(k0) is _pyslice and type(k1) is _pyslice and k0.step is None and k1.step is None:
                 a0, b0, a1, b1 = k0.start, k0.stop, k1.start, k1.stop
                 shape = self._shape
+                if a0 is None:
+                    a0 = 0
+                if b0 is None:
+                    b0 = shape[0]
+                if a1 is None:
+                    a1 = 0
+                if b1 is None:
+                    b1 = shape[1]
                 buf = self.buf
                 src = value.data
                 vs = src.shape
@@ -419,7 +482,6 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
                 raise DslError(f"{t.name}: window [{a}, {b}) out of bounds of dim {d} "
                                f"(extent {n}){_where()}")
         vstops = stops
-    key = tuple(map(_pyslice, starts, vstops))
     src = _window(t, starts, vstops)
     box = t.box(starts, vstops)
     if buf.go is not None:  # graph-only mode: an unknown window loads an unknown (meta) tile
@@ -433,7 +495,7 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
     blk.ld += 1
     mask = None
     if buf.shadow is not None:
-        m = t.smask()[key]
+        m = t.smask()[tuple(map(_pyslice, starts, vstops))]
         if box is not None and bool(m.any()):
             mask = buf.program.consume_undefined(m.clone(), blk, "load")
     if src.is_meta:  # graph-only mode: an unknown tile (a meta clone is slower than a new one)
@@ -457,6 +519,53 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
         full_mask[vkey] = mask
         mask = full_mask
     return Tile(data, mask, valid)
+
+
+_ATOMIC_INT = (torch.int32, torch.int16, torch.int8)  # integer dtypes an atomic add accepts
+
+
+def _store_rows(t: GMTensor, a0: int, a1: int, tile: Tile, atomic) -> bool:
+    """The fast path of :func:`_store` for a rank-2 tile (its valid region) at the int offsets
+    ``(a0, a1)`` of a 2-D view with a row-box fast path (``t._rows``), inside a block of a plain
+    run (no shadow, no held-back atomic adds, not graph-only). Does what ``_store`` does (bounds,
+    copy or add, footprint, byte and store counts) and returns True; returns False, having done
+    nothing, whenever any condition fails (``_store`` then runs and raises what it raises)."""
+    buf = t.buf
+    blk = buf.program.cur_block
+    src = tile.data
+    d = t.data
+    if (blk is None or buf.slow or buf.readonly or buf.shadow is not None or src.dtype != d.dtype
+            or src.dim() != 2 or d.is_meta):
+        return False
+    v = tile.valid
+    if v is None:
+        n0, n1 = src.shape
+    else:  # the valid region: the top-left view data[:v0, :v1], as _store takes it
+        if len(v) != 2:
+            return False
+        n0, n1 = v
+        if type(n0) is not int or type(n1) is not int or n0 > src.shape[0] or n1 > src.shape[1]:
+            return False
+        src = src[:n0, :n1]
+    b0, b1 = a0 + n0, a1 + n1
+    shape = t._shape
+    br, bc, q = t._rows
+    if not (0 <= a0 < b0 <= shape[0] and 0 <= a1 < b1 <= shape[1] and bc + b1 <= buf.C and (q == 1 or n0 == 1)):
+        return False
+    st0, st1 = t._strides
+    if atomic is None:
+        d.as_strided((n0, n1), t._strides, buf.base_off + t._off + a0 * st0 + a1 * st1).copy_(src)
+        kind = W
+    else:
+        if (atomic != AtomicType.Add or buf.program.defer_atomics
+                or not (d.dtype.is_floating_point or d.dtype in _ATOMIC_INT)):
+            return False
+        d.as_strided((n0, n1), t._strides, buf.base_off + t._off + a0 * st0 + a1 * st1).add_(src)
+        kind = A
+    blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), kind))
+    blk.bytes += n0 * n1 * t._itemsize
+    blk.st += 1
+    return True
 
 
 def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
@@ -486,7 +595,6 @@ def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
             if a < 0 or b > n:
                 raise DslError(f"{t.name}: store window [{a}, {b}) out of bounds of dim {d} "
                                f"(extent {n}){_where()}")
-    key = tuple(map(_pyslice, starts, stops))
     src = tile.data if tile.valid is None else tile.data[tuple(_pyslice(0, e) for e in ext)]
     dst = _window(t, starts, stops)
     if atomic is not None:
@@ -516,7 +624,7 @@ def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
     blk.bytes += src.numel() * src.element_size()
     blk.st += 1
     if buf.shadow is not None:
-        sm = t.smask()[key]
+        sm = t.smask()[tuple(map(_pyslice, starts, stops))]
         m = None if tile.mask is None else (tile.mask if tile.valid is None else
                                              tile.mask[tuple(_pyslice(0, e) for e in ext)])
         if atomic is None:
@@ -785,6 +893,10 @@ def assemble(dst, src, offsets, atomic=None):
     Raises:
         DslError: as :func:`store`.
     """
+    if type(dst) is GMTensor and type(src) is Tile and dst._rows is not None and len(offsets) == 2:
+        o0, o1 = offsets  # fast path: a 2-D tile at int offsets of a plain 2-D GM view
+        if type(o0) is int and type(o1) is int and _store_rows(dst, o0, o1, src, atomic):
+            return dst
     if isinstance(dst, Tile):
         if atomic is not None:
             raise DslError("pl.assemble: atomic add needs a GM target")
@@ -814,6 +926,19 @@ def read(src, idx):
         # fast path: in-bounds int indices into an all-defined tile (the general path below
         # reads the same element and raises the errors)
         d = src.data
+        vals = getattr(src, "_vals", None)
+        if vals is not None and vals[0] is d and vals[2] is not None and type(idx) in (list, tuple):
+            # the tile's values as a Python list (_tile_value), still current: one list lookup
+            lst = vals[2]
+            if len(idx) == 2 and type(lst[0]) is list:
+                i, j = idx
+                if (type(i) is int and type(j) is int and 0 <= i < len(lst) and 0 <= j < len(lst[0])
+                        and vals[1] == d._version):
+                    return lst[i][j]
+            elif len(idx) == 1 and type(lst[0]) is not list:
+                i, = idx
+                if type(i) is int and 0 <= i < len(lst) and vals[1] == d._version:
+                    return lst[i]
         key = (idx,) if type(idx) is int else tuple(idx) if type(idx) in (list, tuple) else ()
         shape = d.shape
         if len(key) == len(shape) and key:

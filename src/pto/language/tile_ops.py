@@ -932,6 +932,17 @@ def tile_reshape(x, shape) -> Tile:
 
 def tile_slice(x, shape, offsets) -> Tile:
     """A sub-tile of ``shape`` at ``offsets`` (a copy)."""
+    if type(x) is Tile and x.mask is None and len(shape) == 2 and len(offsets) == 2:
+        # fast path: an in-bounds window of a rank-2 all-defined tile at int offsets; one
+        # as_strided view (the same sizes, strides and offset as slicing) cloned, as below
+        d = x.data
+        o0, o1 = offsets
+        s0, s1 = shape
+        if type(o0) is int and type(o1) is int and type(s0) is int and type(s1) is int and d.dim() == 2:
+            n0, n1 = d.shape
+            if 0 <= o0 and 0 <= s0 and o0 + s0 <= n0 and 0 <= o1 and 0 <= s1 and o1 + s1 <= n1 and not d.is_meta:
+                st0, st1 = st = d.stride()
+                return Tile(d.as_strided((s0, s1), st, d.storage_offset() + o0 * st0 + o1 * st1).clone())
     x = _as_tile(x, "pl.slice")
     if len(shape) != x.data.dim() or len(offsets) != x.data.dim():
         raise DslError(f"pl.slice: tile {list(x.shape)} has rank {x.data.dim()}, got shape {list(shape)} "
@@ -954,6 +965,19 @@ def tile_assemble(dst, src, offsets) -> Tile:
     Raises:
         DslError: ranks that differ, a non-int offset, or ``src`` reaching outside ``dst``.
     """
+    if type(dst) is Tile and type(src) is Tile and dst.mask is None and src.mask is None and len(offsets) == 2:
+        # fast path: rank-2 all-defined tiles of one dtype, the source inside the target at int
+        # offsets: the target's copy with the window overwritten, as below
+        dd, sd = dst.data, src.data
+        o0, o1 = offsets
+        if (type(o0) is int and type(o1) is int and dd.dim() == 2 and sd.dim() == 2 and dd.dtype is sd.dtype
+                and not dd.is_meta and not sd.is_meta):
+            s0, s1 = sd.shape
+            if 0 <= o0 and o0 + s0 <= dd.shape[0] and 0 <= o1 and o1 + s1 <= dd.shape[1]:
+                out = dd.clone()
+                st0, st1 = st = out.stride()
+                out.as_strided((s0, s1), st, o0 * st0 + o1 * st1).copy_(sd)
+                return Tile(out, None, dst.valid)
     dst = _as_tile(dst, "pl.assemble")
     src = _as_tile(src, "pl.assemble")
     if len(offsets) != dst.data.dim() or src.data.dim() != dst.data.dim():
