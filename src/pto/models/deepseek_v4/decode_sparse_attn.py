@@ -257,7 +257,7 @@ def decode_sparse_attn_kernels(cfg: DeepSeekV4Config, n_cmp: int) -> SimpleNames
             s_req = t // n_req
             cmp_flat = pl.reshape(cmp_kv, [CP * BS, HD])
         ori_flat = pl.reshape(ori_kv, [P * BS, HD])
-        sink_col = pl.reshape(attn_sink, [H, 1])
+        sink_row = pl.reshape(attn_sink, [1, H])
 
         sparse_kv = pl.create_tensor([t * PAD, HD], pl.BF16, capacity=cap * PAD)
         sparse_bias = pl.create_tensor([t, PAD], pl.FP32, capacity=cap)
@@ -265,7 +265,7 @@ def decode_sparse_attn_kernels(cfg: DeepSeekV4Config, n_cmp: int) -> SimpleNames
         blk_l = pl.create_tensor([t * NB * H, 1], pl.FP32, capacity=cap * NB * H)
         blk_o = pl.create_tensor([t * NB * H, HD], pl.FP32, capacity=cap * NB * H)
         o_packed = pl.create_tensor([G * t, GIN], pl.BF16, capacity=G * cap)
-        o_packed3 = pl.reshape(o_packed, [G * t, HPG, HD])
+        o_head_rows = pl.reshape(o_packed, [G * t * HPG, HD])
 
         # 1. gather the valid key rows, one (token, key block) per block
         geo = dict(key_tile=KT, key_blocks=NB, swa_blocks=NBS, n_cmp=NC, head_dim=HD, cmp_pages=CP, block_size=BS)
@@ -290,16 +290,15 @@ def decode_sparse_attn_kernels(cfg: DeepSeekV4Config, n_cmp: int) -> SimpleNames
         # 4. merge the blocks, sink, inverse RoPE, pack group-major
         merge = pl.spmd(t, name_hint="decode_merge_norm")
         for tok in merge:
-            o = merge_key_blocks(tok, blk_m, blk_l, blk_o, sink_col, key_blocks=NB, heads=H)
+            o = merge_key_blocks(tok, blk_m, blk_l, blk_o, sink_row, key_blocks=NB, heads=H)
             pair, swap, sign = rope_index_rows(R)
             cos_il = pl.gather(pl.cast(rope_cos[tok:tok + 1, 0:R], pl.FP32), index=pair)  # [1, R]
             sin_signed = pl.mul(pl.gather(pl.cast(rope_sin[tok:tok + 1, 0:R], pl.FP32), index=pair), sign)
             x = pl.slice(o, [H, R], [0, N])
             rot = pl.add(pl.col_expand_mul(x, cos_il), pl.col_expand_mul(pl.gather(x, index=swap), sin_signed))
             packed = pl.assemble(pl.cast(o, pl.BF16, mode="rint"), pl.cast(rot, pl.BF16, mode="rint"), [0, N])
-            packed3 = pl.reshape(packed, [G, HPG, HD])
-            for g in pl.range(G):
-                pl.assemble(o_packed3, pl.slice(packed3, [1, HPG, HD], [g, 0, 0]), [g * t + tok, 0, 0])
+            for g in pl.range(G):  # group g's heads into rows (g*T + tok)*HPG .. of the [G*T*HPG, HD] view
+                pl.assemble(o_head_rows, pl.slice(packed, [HPG, HD], [g * HPG, 0]), [(g * t + tok) * HPG, 0])
 
         # 5. grouped o-projection
         grouped_o_proj_tasks(o_packed, wo_a, wo_b, wo_b_scale, attn_out, t, [merge.tid], cfg, tl)

@@ -239,14 +239,14 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
     # 5. scores over the visible key pages
     cache_rows = pl.reshape(idx_kv_cache, [pages * bs, c])
     scale_rows = pl.reshape(idx_kv_scale, [pages * bs, 1])
-    q_dq_rows = None if bf16 else pl.reshape(q_dq, [t_pad, HI])
     col = pl.arange(0, [1, bs], pl.INT32)
     for t in pl.spmd(T, name_hint=f"{prefix}_score"):
         if t >= nt or n_vis[t] == 0:
             continue
         b = t // S
         q8 = q_i8[t * HI:(t + 1) * HI, 0:c]  # [HI, c]
-        sq = None if bf16 else q_dq_rows[t:t + 1, 0:HI]  # [1, HI]
+        # [1, HI]: q_dq rows t*HI .. as a column tile (the same load), reshaped
+        sq = None if bf16 else pl.reshape(q_dq[t * HI:(t + 1) * HI, 0:1], [1, HI])
         w = weights[t:t + 1, 0:HI]
         n_pg = -(-n_vis[t] // bs)
         pages_t = pl.read_values(idx_block_table, [b, 0], min(n_pg, n_tab))  # the token's pages, one call

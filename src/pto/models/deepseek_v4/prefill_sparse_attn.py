@@ -338,10 +338,11 @@ def key_block_stats(load_q, tok: int, kb: int, sparse_kv, sparse_bias, blk_m, bl
     blk_o[hr:hr + heads, 0:head_dim] = pl.matmul(pl.cast(p, pl.BF16, mode="rint"), kv)
 
 
-def merge_key_blocks(tok: int, blk_m, blk_l, blk_o, sink_col, *, key_blocks: int, heads: int):
+def merge_key_blocks(tok: int, blk_m, blk_l, blk_o, sink_row, *, key_blocks: int, heads: int):
     """Merge token ``tok``'s key blocks in order (``alpha = exp(m - m_new)``, ``beta = exp(m_b -
     m_new)``) and normalise with the sink in the denominator: ``o / (l + exp(sink - m))``;
-    returns the ``[H, head_dim]`` FP32 tile. ``sink_col [H, 1]`` FP32."""
+    returns the ``[H, head_dim]`` FP32 tile. ``sink_row [1, H]`` FP32 (a view of ``attn_sink``: its
+    ``[1, H]`` load is the footprint and bytes of the ``[H, 1]`` column, reshaped as a tile)."""
     h0 = tok * key_blocks * heads
     hd = blk_o.shape[1]  # explicit int bounds below: the subscripts' fast path (same loads as [a:b, :])
     m, l, o = blk_m[h0:h0 + heads, 0:1], blk_l[h0:h0 + heads, 0:1], blk_o[h0:h0 + heads, 0:hd]
@@ -353,7 +354,8 @@ def merge_key_blocks(tok: int, blk_m, blk_l, blk_o, sink_col, *, key_blocks: int
         l = pl.add(pl.mul(alpha, l), pl.mul(beta, blk_l[hr:hr + heads, 0:1]))
         o = pl.add(pl.row_expand_mul(o, alpha), pl.row_expand_mul(blk_o[hr:hr + heads, 0:hd], beta))
         m = m_new
-    return pl.row_expand_div(o, pl.add(l, pl.exp(pl.sub(sink_col[0:heads, 0:1], m))))
+    sink = pl.reshape(sink_row[0:1, 0:heads], [heads, 1])
+    return pl.row_expand_div(o, pl.add(l, pl.exp(pl.sub(sink, m))))
 
 
 def quant_o_r_tile(o_r, o_r_i8, act_scale_dq, t: int, t0: int, g: int, *, o_lora: int, tok_tile: int,
@@ -481,7 +483,7 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
         active = check_num_tokens("prefill_sparse_attn", num_tokens, t)
         ori_flat = pl.reshape(ori_kv, [P * BS, HD])
         cmp_flat = pl.reshape(cmp_kv, [CP * BS, HD])
-        sink_col = pl.reshape(attn_sink, [H, 1])
+        sink_row = pl.reshape(attn_sink, [1, H])
         wo_b_scale_row = pl.reshape(wo_b_scale, [1, D])
 
         sparse_kv = pl.create_tensor([t * PAD, HD], pl.BF16, capacity=cap * PAD)
@@ -498,7 +500,7 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
         act_scale_dq = None if bf16 else pl.create_tensor([t, G], pl.FP32, capacity=cap)
         partials = pl.create_tensor([t, G * D], pl.FP32 if bf16 else pl.INT32, capacity=cap)
         stage3 = pl.reshape(attn_rope_stage, [t, H, R])
-        o_packed3 = pl.reshape(o_packed, [G * t, HPG, HD])
+        o_head_rows = pl.reshape(o_packed, [G * t * HPG, HD])
 
         # 1. gather the key rows of every active token, one key block per block; a block whose
         #    every index is -1 is left unwritten (qk_pv skips it by its bias row)
@@ -526,15 +528,14 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
         merge = pl.spmd(t, name_hint="merge_norm")
         for tok in merge:
             if tok < active:
-                o = merge_key_blocks(tok, blk_m, blk_l, blk_o, sink_col, key_blocks=NB, heads=H)
+                o = merge_key_blocks(tok, blk_m, blk_l, blk_o, sink_row, key_blocks=NB, heads=H)
                 nope = pl.cast(pl.slice(o, [H, N], [0, 0]), pl.BF16, mode="rint")
                 rope = pl.slice(o, [H, R], [0, N])
             else:
                 nope = pl.full([H, N], pl.BF16, 0)
                 rope = pl.full([H, R], pl.FP32, 0.0)
-            nope3 = pl.reshape(nope, [G, HPG, N])
-            for g in pl.range(G):
-                pl.assemble(o_packed3, pl.slice(nope3, [1, HPG, N], [g, 0, 0]), [g * t + tok, 0, 0])
+            for g in pl.range(G):  # group g's heads into rows (g*T + tok)*HPG .. of the [G*T*HPG, HD] view
+                pl.assemble(o_head_rows, pl.slice(nope, [HPG, N], [g * HPG, 0]), [(g * t + tok) * HPG, 0])
             pl.assemble(attn_rope_stage, rope, [tok * H, 0])
         merge_tid = merge.tid
 
