@@ -143,6 +143,7 @@ class ScalarValue:
     """
 
     __slots__ = ("value", "defined", "origin", "oid")
+    symbolic = False  # True for the program cache's symbols (pto.runtime.symbolic.Sym)
 
     def __init__(self, value, defined: bool, origin: str = "", oid: int = 0):
         self.value = value
@@ -250,6 +251,8 @@ def as_int(v, use: str) -> int:
     if type(v) is int:
         return v
     if isinstance(v, ScalarValue):
+        if v.symbolic and type(v.v) is int:
+            return v  # a symbolic int of a program-cache recording (runtime/symbolic.py) stays symbolic
         v = v._need(use)
     if isinstance(v, DynVar):
         from pto.language import _ctx

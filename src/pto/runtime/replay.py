@@ -59,6 +59,7 @@ import enum
 import math
 import os
 import struct
+import sys
 import threading
 import time
 import types
@@ -75,14 +76,18 @@ from pto.language.dtypes import DType
 from pto.language.jit import bind_arguments
 from pto.language.tensor_ops import GMTensor
 from pto.language.typing import INOUT, OUT, ScalarType, TensorType
+from pto.runtime.deps import LazyDerivation, coalesce
 from pto.runtime.graph import Block, Task, TaskGraph
 from pto.runtime.heap import RingHeap
-from pto.runtime.program import Program, ProgramStats, RunConfig, _gc_pause, _gc_resume
+from pto.runtime.program import _COUNTED, Program, ProgramStats, RunConfig, _gc_pause, _gc_resume
+from pto.runtime.symbolic import NAMESPACE as _SYM_NS
+from pto.runtime.symbolic import Sym, concrete_of, evaluate, has_sym, source
 
 __all__ = ["run", "set_program_cache", "set_program_cache_size", "program_cache_enabled", "clear_program_cache",
-           "cache_info"]
+           "cache_info", "set_parametric_replay"]
 
 _ENABLED = [os.environ.get("PTO_PROGRAM_CACHE", "1") not in ("0", "false", "off", "no")]
+_PARAMETRIC = [os.environ.get("PTO_PARAMETRIC_REPLAY", "1") not in ("0", "false", "off", "no")]
 _MAX_ENTRIES = [256]  # keys kept, least recently used forgotten first (set_program_cache_size)
 _MAX_DIVERGED = 3
 _CACHE: OrderedDict = OrderedDict()
@@ -103,6 +108,21 @@ def set_program_cache(enabled: bool) -> None:
     _ENABLED[0] = enabled
     if not enabled:
         clear_program_cache()
+
+
+def set_parametric_replay(enabled: bool) -> None:
+    """Turn parametric recordings on (the default; off also with ``PTO_PARAMETRIC_REPLAY=0``) or
+    off: off, the values of small index tensors are part of the key again and every number a
+    program reads from data is guarded by its exact value (module docstring). Forgets every
+    recording.
+
+    Raises:
+        TypeError: ``enabled`` is not a bool.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_parametric_replay(enabled): expected True or False, got {enabled!r}")
+    _PARAMETRIC[0] = enabled
+    clear_program_cache()
 
 
 def set_program_cache_size(max_entries: int) -> None:
@@ -152,6 +172,16 @@ def cache_info() -> dict:
     ``entries`` (keys held now)."""
     with _LOCK:
         return dict(_INFO, entries=len(_CACHE))
+
+
+_DEBUG = os.environ.get("PTO_REPLAY_DEBUG", "0") not in ("0", "")
+_DIVERGED_AT: list = []  # (kernel, guard site) of the latest divergences (PTO_REPLAY_DEBUG=1)
+
+
+def _stack() -> str:
+    import traceback
+    fr = [f for f in traceback.extract_stack()[:-3] if "/pto/runtime/" not in f.filename]
+    return " < ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in fr[-4:][::-1])
 
 
 class _Diverged(Exception):
@@ -209,7 +239,7 @@ def _value_key(v, keep: list, depth: int = 0):
     raise _Unkeyable(t.__name__)
 
 
-def _key(jf, params, cfg):
+def _key(jf, params, cfg, exact: bool = True):
     """The cache key of a call, with the objects kept alive so that their ids stay theirs;
     (None, None) when the call cannot be keyed (a non-contiguous tensor: the plain run reports
     it) and ``(None, "unkeyable")`` when a pass-through argument is not an immutable value."""
@@ -223,7 +253,7 @@ def _key(jf, params, cfg):
                 return None, None
             sp = v.untyped_storage().data_ptr()
             part = (tuple(v.shape), v.dtype, v.storage_offset(), v.requires_grad, storages.setdefault(sp, len(storages)))
-            if v.dtype in _INDEX_DTYPES and v.numel() <= _INDEX_NUMEL:
+            if exact and v.dtype in _INDEX_DTYPES and v.numel() <= _INDEX_NUMEL:
                 # small index data (positions, block tables, lengths) steers control and footprints:
                 # its values are part of the key, so a call with other positions is not even tried
                 part += (tuple(v.reshape(-1).tolist()),)
@@ -233,7 +263,7 @@ def _key(jf, params, cfg):
                 parts.append(_value_key(v, keep))
             except _Unkeyable:
                 return None, "unkeyable"
-    return (id(jf), tuple(parts), cfg.heap_bytes, _compat.mode.pypto), keep
+    return (id(jf), tuple(parts), cfg.heap_bytes, _compat.mode.pypto, exact), keep
 
 
 def _cacheable_config(config):
@@ -264,13 +294,28 @@ def _world_size() -> int:
 
 # ---- the cache entry ----------------------------------------------------------------------------
 class _Entry:
-    __slots__ = ("state", "trace", "keep", "diverged")
+    __slots__ = ("state", "trace", "keep", "diverged", "param")
 
-    def __init__(self, keep):
-        self.state = "seen"  # seen once -> "trace" (replayable) or "off" (plain runs only)
+    def __init__(self, keep, param: bool):
+        # seen once -> "trace" (replayable) or "off" (plain runs only); a parametric key whose
+        # recording failed or whose replays diverge goes "exact": its calls use the exact keys
+        self.state = "seen"
         self.trace = None
         self.keep = keep
         self.diverged = 0
+        self.param = param
+
+
+def _lookup(key, keep, param: bool):
+    """The entry of ``key`` (None when it was not there: it is made now)."""
+    with _LOCK:
+        ent = _CACHE.get(key)
+        if ent is None:
+            _CACHE[key] = _Entry(keep, param)
+            _evict()
+        else:
+            _CACHE.move_to_end(key)
+    return ent
 
 
 def run(jf, args, kwargs, config) -> Program:
@@ -286,18 +331,16 @@ def run(jf, args, kwargs, config) -> Program:
         params = bind_arguments(jf, args, kwargs, gm=False)
     except Exception:  # noqa: BLE001 - the plain run raises it with its context
         return Program(jf, config).execute(args, kwargs)
-    key, keep = _key(jf, params, cfg)
+    param = _PARAMETRIC[0]
+    key, keep = _key(jf, params, cfg, exact=not param)
     if key is None:
         if keep == "unkeyable":
             _count("unkeyable")
         return Program(jf, config).execute(args, kwargs)
-    with _LOCK:
-        ent = _CACHE.get(key)
-        if ent is None:
-            _CACHE[key] = _Entry(keep)
-            _evict()
-        else:
-            _CACHE.move_to_end(key)
+    ent = _lookup(key, keep, param)
+    if ent is not None and ent.state == "exact":  # parametric replay failed for this key: keyed by values
+        key, keep = _key(jf, params, cfg, exact=True)
+        ent = _lookup(key, keep, False)
     if ent is None or ent.state == "off":
         _count("plain")
         return Program(jf, config).execute(args, kwargs)
@@ -310,7 +353,7 @@ def run(jf, args, kwargs, config) -> Program:
         return prog
     ent.diverged += 1
     if ent.diverged >= _MAX_DIVERGED:
-        ent.state, ent.trace = "off", None
+        ent.state, ent.trace = ("exact" if ent.param else "off"), None
     _count("diverged")
     return Program(jf, config).execute(args, kwargs)
 
@@ -322,14 +365,42 @@ def _count(what: str) -> None:
 
 def _record(ent: _Entry, jf, args, kwargs, config) -> Program:
     """The second call of a key: a plain run under the recorder; keeps the trace if it can be replayed."""
-    rec = _Recorder()
+    rec = _Recorder(ent.param)
     proxy = copy.copy(jf)
     proxy.fn = rec.wrap(jf.fn)
-    prog = Program(proxy, config)
-    try:
-        prog.execute(args, kwargs)
-    finally:
-        prog.jf = jf
+    if not ent.param:
+        prog = Program(proxy, config)
+        try:
+            prog.execute(args, kwargs)
+        finally:
+            prog.jf = jf
+    else:
+        # the blocks keep their raw footprints (a replay groups its own evaluated boxes from them);
+        # the runtime's task bookkeeping decides on the recording's numbers without guards
+        prog = Program(proxy, dataclasses.replace(config or _DEFAULT_CONFIG, keep_footprints=True))
+        end_task = prog.end_task
+
+        def quiet_end_task(task, ok):
+            rec.quiet += 1
+            try:
+                end_task(task, ok)
+            finally:
+                rec.quiet -= 1
+        prog.end_task = quiet_end_task
+        try:
+            prog.execute(args, kwargs)
+        except Exception as e:  # noqa: BLE001 - a plain run (the caller's tensors are untouched) raises it
+            if _DEBUG:
+                import traceback
+                _DIVERGED_AT.append((jf.__name__, "recording raised: " + "".join(
+                    traceback.format_exception(type(e), e, e.__traceback__)[-6:])))
+            ent.state = "exact"
+            _count("uncacheable")
+            return Program(jf, config).execute(args, kwargs)
+        finally:
+            prog.jf = jf
+            del prog.end_task
+            prog.config = config or _DEFAULT_CONFIG
     _gc_pause()  # building the trace makes many small objects next to a large graph: no collections meanwhile
     try:
         trace = rec.finish(prog)
@@ -337,8 +408,12 @@ def _record(ent: _Entry, jf, args, kwargs, config) -> Program:
         trace, rec.bad = None, str(e)
     finally:
         _gc_resume()
+    if ent.param and (trace is None or not trace.template.symbolic):
+        _concretize_program(prog)
     if trace is None:
-        ent.state = "off"
+        if _DEBUG:
+            _DIVERGED_AT.append((jf.__name__, f"unreplayable: {rec.bad}"))
+        ent.state = "exact" if ent.param else "off"
         _count("uncacheable")
     else:
         ent.trace, ent.state = trace, "trace"
@@ -364,6 +439,24 @@ class _Seq:
     def __init__(self, kind, items):
         self.kind = kind
         self.items = items
+
+
+class _X:
+    """An argument computed from scalar reads: its expression (runtime/symbolic.py)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n):
+        self.n = n
+
+
+class _Sl:
+    """A slice argument whose bounds are templates."""
+
+    __slots__ = ("start", "stop", "step")
+
+    def __init__(self, start, stop, step):
+        self.start, self.stop, self.step = start, stop, step
 
 
 class _Unreplayable(Exception):
@@ -412,7 +505,7 @@ def _plain_result(v) -> bool:
 class _Recorder(TorchFunctionMode):
     """Records the torch operations of one program run (see the module docstring)."""
 
-    def __init__(self):
+    def __init__(self, param: bool = False):
         super().__init__()
         self.ids: dict = {}  # id(tensor) -> (weakref, value number)
         self.nvals = 0
@@ -422,6 +515,61 @@ class _Recorder(TorchFunctionMode):
         self.ops: list = []  # (func, args template, kwargs template, outputs, guard kind, guard value, big outputs)
         self.bad = None
         self.ret = None
+        self.param = param  # scalar reads come back as Sym (a parametric recording)
+        self.active = False  # guards are recorded only while the kernel body runs
+        self.quiet = 0  # > 0: inside the runtime's task bookkeeping (its decisions are redone at replay)
+        self.saw = False  # the current operation's arguments hold a Sym
+        self.reads: list = []  # value numbers of the scalar reads (item / tolist results)
+        self.sites: dict = {}  # op index -> where the program took that guard (PTO_REPLAY_DEBUG=1)
+        self.pending = None  # an __index__ guard waiting for the next event (pending_index)
+        self.otaint: set = set()  # value numbers of views whose storage offset may follow from reads
+
+    def pending_index(self, node, v, frame, lasti) -> None:
+        """``__index__`` of a symbol called from bytecode ``lasti`` of ``frame``: an exact guard,
+        unless the next event is a torch call made by that same instruction (torch's argument
+        parser; the call records the expression instead)."""
+        self.flush()
+        self.pending = (node, v, frame, lasti)
+
+    def flush(self) -> None:
+        """Turn a pending ``__index__`` into its exact guard."""
+        p = self.pending
+        if p is not None:
+            self.pending = None
+            self.guard_exact(p[0], p[1])
+
+    def materialize(self, node):
+        """A register computing expression ``node`` at replay; returns its leaf."""
+        self.flush()
+        v = self.nvals
+        self.nvals += 1
+        self.reads.append(v)
+        self.ops.append((None, (), {}, v, 9, node, ()))
+        return ("R", v)
+
+    def guard_outcome(self, node, out: bool) -> None:
+        """A guard: expression ``node`` (a comparison) had the outcome ``out``."""
+        self.flush()
+        if _DEBUG:
+            self.sites[len(self.ops)] = _stack()
+        self.ops.append((None, (), {}, None, 6, (node, out), ()))
+
+    def guard_exact(self, node, v) -> None:
+        """A guard: expression ``node`` had the value ``v`` (the program used it as a Python number)."""
+        if self.pending is not None:
+            self.flush()
+        if _DEBUG:
+            self.sites[len(self.ops)] = _stack()
+        self.ops.append((None, (), {}, None, 7, (node, v), ()))
+
+    def _symbolic(self, res, v: int, path: tuple):
+        """The read result ``res`` (a number or nested lists of numbers) as Syms of read ``v``."""
+        t = type(res)
+        if t is list:
+            return [self._symbolic(x, v, path + (k,)) for k, x in enumerate(res)]
+        if t is int or t is float:
+            return Sym(res, ("L", v, path) if path else ("R", v), self)
+        return res
 
     def wrap(self, fn):
         """``fn`` (the kernel body) run under this recorder, its GM arguments and the heap as inputs."""
@@ -435,8 +583,13 @@ class _Recorder(TorchFunctionMode):
                     if v.buf.readonly:
                         rec.protected.add(v.data.untyped_storage().data_ptr())
             rec.inputs.append(rec._new(prog.heap.storage))
-            with rec:
-                ret = fn(*values)
+            rec.active = True
+            try:
+                with rec:
+                    ret = fn(*values)
+                rec.flush()
+            finally:
+                rec.active = False
             rec.ret = ret
             return ret
         return recorded
@@ -460,20 +613,46 @@ class _Recorder(TorchFunctionMode):
         if isinstance(x, torch.Tensor):
             return self._val(x)
         t = type(x)
+        if t is Sym:
+            self.saw = True
+            return _X(x.n) if x.rec is self else x.v  # another recording's symbol is a constant here
         if t is tuple or t is list:
             items = [self._enc(y) for y in x]
-            if any(type(y) is _V or type(y) is _Seq for y in items):
+            if any(a is not b for a, b in zip(items, x)):
                 return _Seq(t, items)
             return x
+        if t is slice and (type(x.start) is Sym or type(x.stop) is Sym or type(x.step) is Sym):
+            return _Sl(self._enc(x.start), self._enc(x.stop), self._enc(x.step))
+        if t is dict and has_sym(x):
+            self.bad = "a dict argument holding a value read from data"
         if t is dict or (t is slice and any(isinstance(y, torch.Tensor) for y in (x.start, x.stop, x.step))):
             self.bad = f"a {t.__name__} argument holding tensors"
         return x
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        p = self.pending
+        if p is not None:
+            self.pending = None
+            f = sys._getframe(1)
+            if not (f is p[2] and f.f_lasti == p[3]):  # not the parser of this very call
+                self.guard_exact(p[0], p[1])
+                p = None
         name, kind = _func_kind(func)
         if kind == 0 or self.bad is not None:
-            return func(*args, **kwargs)
+            if p is not None:
+                self.guard_exact(p[0], p[1])
+            res = func(*args, **kwargs)
+            if self.otaint and (name == "storage_offset" or name == "data_ptr") and args and self.bad is None:
+                t = args[0]
+                e = self.ids.get(id(t))
+                if e is not None and e[0]() is t and e[1] in self.otaint:
+                    # where a view at an offset computed from reads starts: a guard on it
+                    if name == "data_ptr":
+                        self.ops.append((_rel_ptr, [_V(e[1])], {}, None, 1, _rel_ptr(t), ()))
+                    else:
+                        self.ops.append((func, [_V(e[1])], {}, None, 1, res, ()))
+            return res
         if "generator" in kwargs:
             self.bad = f"{name} with a generator= (its state is not replayed)"
             return func(*args, **kwargs)
@@ -481,8 +660,13 @@ class _Recorder(TorchFunctionMode):
             dst = kwargs.get("out", args[0] if args else None)
             if isinstance(dst, torch.Tensor) and dst.untyped_storage().data_ptr() in self.protected:
                 self.bad = f"{name} writes into a tensor the program did not create"
+        self.saw = False
         a = [self._enc(x) for x in args]
         kw = {k: self._enc(v) for k, v in kwargs.items()}
+        if self.saw:  # the call itself takes the numbers the symbols stand for
+            args, kwargs = concrete_of(args), concrete_of(kwargs)
+        elif p is not None:  # the parser's __index__ was not about this call's symbols
+            self.guard_exact(p[0], p[1])
         if kind == 1 and name == "__getitem__" and len(args) > 1:
             idx = args[1] if type(args[1]) is tuple else (args[1],)
             if any(isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in idx):
@@ -492,6 +676,17 @@ class _Recorder(TorchFunctionMode):
         except BaseException:
             self.bad = f"{name} raised"
             raise
+        if _DEBUG:
+            self.sites[len(self.ops)] = f"{name}: " + _stack()
+        if self.param and (name == "item" or name == "tolist") and (type(res) in (int, float, list)):
+            src = args[0] if args else None
+            if isinstance(src, torch.Tensor) and src.dtype is not torch.bool:
+                # a scalar read: its value is a register of the replay, the program gets symbols
+                v = self.nvals
+                self.nvals += 1
+                self.reads.append(v)
+                self.ops.append((func, a, kw, v, 5, None, ()))
+                return self._symbolic(res, v, ())
         if isinstance(res, torch.Tensor):
             e = self.ids.get(id(res))
             if e is not None and e[0]() is res:
@@ -502,15 +697,25 @@ class _Recorder(TorchFunctionMode):
                 fresh = outs
             guard = tuple(res.shape) if kind == 3 else None
             big = (fresh,) if fresh is not None and res.numel() * res.element_size() > 65536 else ()
-            self.ops.append((func, a, kw, outs, 2 if kind == 3 else 0, guard, big))
+            gk = 2 if kind == 3 else 0
+            if fresh is not None and self.param:
+                if self.saw and kind != 3:
+                    # a result whose shape or strides may follow from values read from data: the
+                    # key no longer fixes them, so a guard does (metadata queries stay unrecorded)
+                    gk, guard = 8, (tuple(res.shape), res.stride())
+                if (self.saw or self.otaint and _any_use(a, kw, self.otaint)) and res._is_view():
+                    self.otaint.add(fresh)  # a view whose storage offset may follow from reads
+            self.ops.append((func, a, kw, outs, gk, guard, big))
         elif type(res) in (tuple, list) or isinstance(res, tuple) and all(isinstance(y, torch.Tensor) for y in res):
             if all(isinstance(y, torch.Tensor) for y in res):
                 outs = []
                 for y in res:
                     e = self.ids.get(id(y))
                     outs.append(e[1] if e is not None and e[0]() is y else self._new(y))
-                guard = tuple(tuple(y.shape) for y in res) if kind == 3 else None
-                self.ops.append((func, a, kw, tuple(outs), 2 if kind == 3 else 0, guard, ()))
+                guard = tuple(tuple(y.shape) for y in res) if kind == 3 or self.saw else None
+                if self.param and (self.saw or self.otaint and _any_use(a, kw, self.otaint)):
+                    self.otaint.update(v for v, y in zip(outs, res) if y._is_view())
+                self.ops.append((func, a, kw, tuple(outs), 2 if guard is not None else 0, guard, ()))
             elif name == "tolist" and type(res) is list:
                 # pl.read keeps a tile's values as a list: guard only the elements the program reads
                 acc = _Access()
@@ -538,6 +743,8 @@ class _Recorder(TorchFunctionMode):
             return ("clone", e[1])
         if type(ret) in (tuple, list):
             return (type(ret), [self._ret_spec(prog, r) for r in ret])
+        if type(ret) is Sym:
+            return ("expr", ret.n) if ret.rec is self else ("value", ret.v)
         if _plain_value(ret):
             return ("value", ret)
         raise _Unreplayable(f"the kernel returned a {type(ret).__name__}")
@@ -623,12 +830,30 @@ def _same_signed(a, b) -> bool:
     return a == b
 
 
+def _rel_ptr(t: torch.Tensor) -> int:
+    """Where ``t`` starts in its storage, in bytes (what its ``data_ptr`` says beyond the storage)."""
+    return t.data_ptr() - t.untyped_storage().data_ptr()
+
+
+def _any_use(a, kw, vals: set) -> bool:
+    """True when the argument templates ``a`` / ``kw`` use a value of ``vals``."""
+    used: list = []
+    for x in a:
+        _uses(x, used)
+    for x in kw.values():
+        _uses(x, used)
+    return any(v in vals for v in used)
+
+
 def _uses(x, out):
     t = type(x)
     if t is _V:
         out.append(x.i)
     elif t is _Seq:
         for y in x.items:
+            _uses(y, out)
+    elif t is _Sl:
+        for y in (x.start, x.stop, x.step):
             _uses(y, out)
 
 
@@ -669,6 +894,8 @@ class _Trace:
             last[v] = end
         for v in inputs:
             last[v] = end
+        for v in rec.reads:  # scalar reads: expressions and the graph of the replay use them to the end
+            last[v] = end
         # registers: the inputs first, then every value in a free register from its definition to its last use
         reg = {v: k for k, v in enumerate(inputs)}
         free: list = []
@@ -681,6 +908,15 @@ class _Trace:
 
         const = par
 
+        def leaf(node) -> str:
+            out = f"r[{par(reg[node[1]])}]"
+            if node[0] == "L":
+                out += "".join(f"[{par(k)}]" for k in node[2])
+            return out
+
+        def sym(node) -> str:
+            return source(node, leaf, par)
+
         def expr(x) -> str:
             t = type(x)
             if t is _V:
@@ -689,6 +925,10 @@ class _Trace:
             if t is _Seq:
                 inner = ", ".join(expr(y) for y in x.items)
                 return f"({inner},)" if x.kind is tuple else f"[{inner}]"
+            if t is _X:
+                return sym(x.n)
+            if t is _Sl:
+                return f"slice({expr(x.start)}, {expr(x.stop)}, {expr(x.step)})"
             if t is bool or x is None:
                 return repr(x)
             return par(x)
@@ -703,7 +943,7 @@ class _Trace:
             if fn is None:
                 if len(_TEMPLATES) > 50_000:
                     _TEMPLATES.clear()
-                ns = {"D": _Diverged, "S": _same, "Z": _same_signed}
+                ns = {"D": _Diverged, "S": _same, "Z": _same_signed, **_SYM_NS}
                 exec(compile(f"def t(r, p):\n    {body}\n", "<pto replay>", "exec"), ns)  # noqa: S102 - generated
                 fn = _TEMPLATES[body] = ns["t"]
             out = (fn, tuple(P))
@@ -718,6 +958,26 @@ class _Trace:
                 if len(lines) >= _WINDOW:  # a window ends between the lines of two operations
                     yield emit(lines)
                     lines = []
+                if gk == 9:  # a long expression of reads computed into a register of its own
+                    if free:
+                        reg[outs] = free.pop()
+                    else:
+                        reg[outs] = nregs
+                        nregs += 1
+                    lines.append(f"r[{par(reg[outs])}] = {sym(g)}")
+                    continue
+                if gk == 6:  # a comparison of values read from data: its outcome
+                    node, out = g
+                    lines.append(f"if {'not ' if out else ''}{sym(node)}: raise D({par(i)})")
+                    continue
+                if gk == 7:  # a value read from data used as a Python number: its exact value and type
+                    node, v = g
+                    lines.append(f"_ = {sym(node)}")
+                    if type(v) is float:
+                        lines.append(f"if type(_) is not float or not Z(_, {par(v)}): raise D({par(i)})")
+                    else:
+                        lines.append(f"if _ != {par(v)} or type(_) is not {par(type(v))}: raise D({par(i)})")
+                    continue
                 call = const(f) + "(" + ", ".join([expr(x) for x in a] + [f"{k}={expr(v)}" for k, v in kw.items()]) + ")"
                 used: list = []
                 for x in a:
@@ -769,9 +1029,13 @@ class _Trace:
                         nregs += 1
                     targets.append(f"r[{par(reg[v])}]")
                 if type(outs) is int:
-                    if gk == 2:
+                    if gk == 2 or gk == 8:
                         lines.append(f"_ = {call}")
-                        lines.append(f"if tuple(_.shape) != {const(g)}: raise D({par(i)})")
+                        if gk == 2:
+                            lines.append(f"if tuple(_.shape) != {const(g)}: raise D({par(i)})")
+                        else:
+                            lines.append(f"if tuple(_.shape) != {const(g[0])} or _.stride() != {const(g[1])}: "
+                                         f"raise D({par(i)})")
                         if targets[0] != "_":
                             lines.append(f"{targets[0]} = _")
                     elif targets[0] == "_":
@@ -793,15 +1057,17 @@ class _Trace:
                     lines.append(f"r[{par(k)}] = None")
             state["nregs"] = nregs
             self.out_regs = {v: reg[v] for v in keep}
+            self.read_regs = {v: reg[v] for v in rec.reads}
             yield emit(lines)
 
         # the replay: windows of a few operations, each a shared template and its parameters
-        self.out_regs = None
+        self.out_regs = self.read_regs = None
         self.windows = list(chunks())
         self.nregs = state["nregs"]
         self.ret_spec = ret_spec
         self.n_ops = n_ops
-        self.template = _Template(prog)
+        self.sites = rec.sites
+        self.template = _Template(prog, rec)
 
     def run(self, regs) -> None:
         """Run the replay code on the registers ``regs`` (inputs set); raises _Diverged."""
@@ -833,12 +1099,13 @@ def _cmp(v) -> str:
 
 # ---- the recorded graph -------------------------------------------------------------------------
 class _Template:
-    """The recorded run's graph, buffers and statistics, without its tensors."""
+    """The recorded run's graph, buffers and statistics, without its tensors. A parametric
+    recording's figures may be Syms (footprint boxes, byte counts, heap offsets computed from
+    values read from data): ``symbolic`` is then True and a replay evaluates them with its reads
+    (:meth:`ReplayedProgram._materialize`); the recorded program itself gets the plain numbers."""
 
-    def __init__(self, prog: Program):
+    def __init__(self, prog: Program, rec=None):
         s = prog.stats
-        self.stats = {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if not f.name.startswith("_")}
-        self.edges = s.edges
         self.buffers = []
         for b in prog.buffers:
             nb = copy.copy(b)
@@ -846,9 +1113,118 @@ class _Template:
             nb.pending = None
             self.buffers.append(nb)
         bmap = {id(b): nb for b, nb in zip(prog.buffers, self.buffers)}
+        self.symbolic = self.count_graph = False
+        self.raw = {}  # task index -> its blocks' raw footprints (a task whose grouped boxes hold Syms)
+        parametric = rec is not None and bool(rec.reads)
+        if parametric:
+            # the figures as the recording computed them (Syms where they follow from reads), taken
+            # before the recorded program gets plain numbers and its edges are derived
+            self.stats = {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if not f.name.startswith("_")}
+            snap = []
+            for k, t in enumerate(prog.graph.tasks):
+                g = t.grouped
+                counters = [{a: getattr(blk, a) for a in _BLOCK_COUNTERS if has_sym(getattr(blk, a))}
+                            for blk in t.blocks]
+                if type(g) is dict and any(has_sym(x) for kinds in g.values() for x in kinds if x):
+                    self.raw[k] = [[(bmap[id(buf)], box, kind) for buf, box, kind in blk.fp or ()] for blk in t.blocks]
+                snap.append((g if has_sym(g) else None, counters))
+            orch = prog.orch_reads
+            self.symbolic = bool(self.raw or has_sym(orch) or any(has_sym(v) for v in self.stats.values()) or any(
+                has_sym(getattr(b, a, None)) for b in self.buffers for a in _BUFFER_FIELDS) or any(
+                g is not None or any(c) for g, c in snap))
+            # the graph figures (sums over blocks) are counted from each replay's own graph when they
+            # hold symbols (a sum over many blocks is a deep expression)
+            self.count_graph = any(has_sym(self.stats.get(k)) for k in _COUNTED)
+            if self.count_graph:
+                self.stats.update({k: 0 for k in _COUNTED if k in self.stats})
+            _concretize_program(prog)
+        else:
+            self.stats = {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if not f.name.startswith("_")}
+        self.edges = s.edges
         self.tasks = [_copy_task(t, bmap, None) for t in prog.graph.tasks]
         self.orch_reads = prog.orch_reads
         self.dyn_dims = getattr(prog, "dyn_dims", {})
+        if self.symbolic:
+            self.edges = None  # counted from each replay's graph
+            self.orch_reads = orch
+            for t, (g, counters) in zip(self.tasks, snap):
+                if g is not None:
+                    if type(g) is list:
+                        t.grouped = [(bmap[id(buf)], box, kind) for buf, box, kind in g]
+                    else:
+                        t.grouped = {bmap[id(buf)]: [None if x is None else list(x) for x in kinds]
+                                     for buf, kinds in g.items()}
+                for blk, c in zip(t.blocks, counters):
+                    for a, v in c.items():
+                        setattr(blk, a, v)
+        elif parametric:
+            self.stats = {k: concrete_of(v) for k, v in self.stats.items()}
+
+
+_BUFFER_FIELDS = ("shape", "nbytes", "offset", "base_off", "init_value")
+
+
+def _concretize_program(prog: Program) -> None:
+    """Replace the Syms of a finished recording's graph, buffers and statistics by their values."""
+    for t in prog.graph.tasks:
+        t.grouped = concrete_of(t.grouped)
+        for blk in t.blocks:
+            for a in _BLOCK_COUNTERS:
+                v = getattr(blk, a)
+                if has_sym(v):
+                    setattr(blk, a, concrete_of(v))
+            blk.fp = None
+        t._fps = None
+    for b in prog.buffers:
+        for a in _BUFFER_FIELDS:
+            v = getattr(b, a, None)
+            if has_sym(v):
+                setattr(b, a, concrete_of(v))
+    s = prog.stats
+    for f in dataclasses.fields(s):
+        v = getattr(s, f.name)
+        if has_sym(v):
+            setattr(s, f.name, concrete_of(v))
+    prog.orch_reads = concrete_of(prog.orch_reads)
+    prog.heap.peak = concrete_of(prog.heap.peak)
+    prog.result = concrete_of(prog.result)
+
+
+def _evaluated(x, reads: dict):
+    """``x`` (a value, tuple, list or dict) with every Sym evaluated for the reads ``reads``."""
+    t = type(x)
+    if t is Sym:
+        return evaluate(x.n, reads)
+    if t is tuple or t is list:
+        out = [_evaluated(y, reads) for y in x]
+        return out if t is list else tuple(out)
+    if t is dict:
+        return {k: _evaluated(v, reads) for k, v in x.items()}
+    return x
+
+
+def _group(blocks_fps: list) -> dict:
+    """The grouped footprints of a task from its blocks' raw records, as ``Program.end_task``
+    groups them: {buffer: [reads, writes, atomics]}, boxes coalesced where a kind has several."""
+    grouped: dict = {}
+    several = False
+    for fp in blocks_fps:
+        for buf, box, kind in fp:
+            g = grouped.get(buf)
+            if g is None:
+                g = grouped[buf] = [None, None, None]
+                g[kind] = [box]
+            elif g[kind] is None:
+                g[kind] = [box]
+            else:
+                g[kind].append(box)
+                several = True
+    if several:
+        for g in grouped.values():
+            for boxes in g:
+                if boxes and len(boxes) > 1:
+                    boxes[:] = coalesce(boxes)
+    return grouped
 
 
 _BLOCK_COUNTERS = tuple(a for a in Block.__slots__ if a not in ("task", "idx", "phase", "fp"))
@@ -887,11 +1263,17 @@ class ReplayedProgram(Program):
 
     def _materialize(self) -> None:
         tpl = self._template
+        reads = self._reads
         bufs = []
         arg_data = iter(self._gm)
         for b in tpl.buffers:
             nb = copy.copy(b)
             nb.program = self
+            if reads is not None:
+                for a in _BUFFER_FIELDS:
+                    v = getattr(nb, a, None)
+                    if has_sym(v):
+                        setattr(nb, a, _evaluated(v, reads))
             if b.kind == "arg":
                 nb.data = next(arg_data)
             else:
@@ -900,6 +1282,24 @@ class ReplayedProgram(Program):
         bmap = {id(b): nb for b, nb in zip(tpl.buffers, bufs)}
         graph = TaskGraph()
         graph.tasks = [_copy_task(t, bmap, self) for t in tpl.tasks]
+        if reads is not None:
+            # this call's footprints and counters, and its edges derived from them afresh (as a plain run)
+            from pto.runtime.deps import DepTracker
+            lazy = LazyDerivation(DepTracker())
+            for k, (t, nt) in enumerate(zip(tpl.tasks, graph.tasks)):
+                raw = tpl.raw.get(k)
+                if raw is not None:
+                    nt.grouped = _group([[(bmap[id(buf)], _evaluated(box, reads), kind) for buf, box, kind in fp]
+                                         for fp in raw])
+                else:
+                    nt.grouped = _evaluated(nt.grouped, reads)
+                for blk in nt.blocks:
+                    for a in _BLOCK_COUNTERS:
+                        v = getattr(blk, a)
+                        if has_sym(v):
+                            setattr(blk, a, _evaluated(v, reads))
+                if t.kind != "dummy":
+                    lazy.add(nt)
         self.graph = graph
         self.buffers = bufs
         self.args = [(p, caller, GMTensor(d, nb, p.name)) for (p, caller), d, nb
@@ -930,9 +1330,16 @@ def _replay(trace: _Trace, jf, params, cfg) -> Program | None:
     _gc_pause()  # as a plain run: no collection rescans the caller's objects meanwhile
     try:
         trace.run(regs)
-    except _Diverged:
+    except _Diverged as e:
+        if _DEBUG:
+            _DIVERGED_AT.append((jf.__name__, trace.sites.get(e.args[0], f"op {e.args[0]}")))
+            del _DIVERGED_AT[:-200]
         return None
-    except Exception:  # noqa: BLE001 - whatever failed, the plain run reproduces it with its context
+    except Exception as e:  # noqa: BLE001 - whatever failed, the plain run reproduces it with its context
+        if _DEBUG:
+            import traceback
+            _DIVERGED_AT.append((jf.__name__, "replay raised: " + "".join(
+                traceback.format_exception(type(e), e, e.__traceback__)[-4:])))
         _count("errors")
         return None
     finally:
@@ -944,20 +1351,45 @@ def _replay(trace: _Trace, jf, params, cfg) -> Program | None:
     prog = ReplayedProgram.__new__(ReplayedProgram)
     prog.jf, prog.name, prog.config, prog.check = jf, jf.__name__, cfg, False
     prog.heap = heap
-    heap.peak = trace.template.stats["heap_peak_bytes"]
-    prog._template, prog._gm, prog._params = trace.template, gm, tparams
+    tpl = trace.template
+    prog._template, prog._gm, prog._params = tpl, gm, tparams
+    prog._reads = None
     prog.result = _ret_value(trace, trace.ret_spec, regs, tparams)
-    s = ProgramStats(**trace.template.stats)
-    s.edges = trace.template.edges
+    if tpl.symbolic:  # figures computed from values read from data: this call's
+        reads = prog._reads = {v: regs[k] for v, k in trace.read_regs.items()}
+        s = ProgramStats(**_evaluated(tpl.stats, reads))
+        if tpl.count_graph:
+            s.edges_of(_LazyGraph(prog))  # edges and graph figures of this call's graph, on first read
+        else:
+            s._edges_graph = _LazyGraph(prog)  # the edges of this call's graph, counted on first read
+        prog.orch_reads = _evaluated(tpl.orch_reads, reads)
+    else:
+        s = ProgramStats(**tpl.stats)
+        s.edges = tpl.edges
+        prog.orch_reads = tpl.orch_reads
+    heap.peak = s.heap_peak_bytes
     prog.stats = s
-    prog.dyn_dims = trace.template.dyn_dims
-    prog.orch_reads = trace.template.orch_reads
+    prog.dyn_dims = tpl.dyn_dims
     prog.dropped_init, prog.atomic_reordered = [], {}
     prog.races = prog.sanitizer = prog.cur_task = prog.cur_block = prog.left_early = None
     prog.manual = False
     prog._t0 = t0
     s.wall_us = (time.perf_counter_ns() - t0) / 1e3
     return prog
+
+
+class _LazyGraph:
+    """The graph of a replayed program, built when its ``tasks`` are first read."""
+
+    __slots__ = ("prog",)
+
+    def __init__(self, prog):
+        self.prog = prog
+
+    @property
+    def tasks(self):
+        """The replayed program's tasks (the graph is built now)."""
+        return self.prog.graph.tasks
 
 
 def _ret_value(trace, spec, regs, tparams):
@@ -968,4 +1400,6 @@ def _ret_value(trace, spec, regs, tparams):
         return regs[trace.out_regs[spec[1]]].clone()
     if kind == "value":
         return spec[1]
+    if kind == "expr":
+        return evaluate(spec[1], {v: regs[k] for v, k in trace.read_regs.items()})
     return kind(_ret_value(trace, s, regs, tparams) for s in spec[1])
