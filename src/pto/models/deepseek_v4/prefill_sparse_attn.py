@@ -215,27 +215,23 @@ def rope_index_rows(r: int):
 
 
 # ---- block bodies shared with decode_sparse_attn (same ops in the same order) ----
-def _gather_rows(src_flat, idx, n: int, lower, stage, head_dim: int, k0: int = 0):
-    """Copy the rows of index columns ``k0 .. n-1`` of ``idx [1, >= n]`` into ``stage [>= n - k0,
-    head_dim]`` (column ``k`` to stage row ``k - k0``): every valid row in one ``pl.gather_rows``
-    (read footprints per row), placed in the stage by runs of consecutive columns;
-    ``lower(col, value)`` maps an index to a flat row of ``src_flat`` (``-1`` skips; ``None``:
-    the index is the row). The index row is read by one ``pl.read_values``."""
-    vals = pl.read_values(idx, [0, k0], n - k0)
-    rows = vals if lower is None else [lower(k, v) for k, v in zip(range(k0, n), vals)]
+def _gather_rows(src_flat, rows: list, stage, head_dim: int):
+    """Copy flat rows ``rows[i]`` of ``src_flat`` into stage row ``i`` (``-1`` skips: the row
+    keeps the stage's zeros): every valid row in one ``pl.gather_rows`` (read footprints per
+    run), placed in the stage by runs of consecutive stage rows. A single run covering the whole
+    stage is the gathered tile itself (the assemble would overwrite every element)."""
     cols = [k for k, r in enumerate(rows) if r >= 0]
     if not cols:
         return stage
     got = pl.gather_rows(src_flat, [rows[k] for k in cols], cols=head_dim)  # [len(cols), head_dim]
     if cols[-1] - cols[0] == len(cols) - 1:  # one run of consecutive columns
-        return pl.assemble(stage, got, [cols[0], 0])
+        return got if len(cols) == stage.shape[0] else pl.assemble(stage, got, [cols[0], 0])
     i = 0
     while i < len(cols):
         j = i + 1
         while j < len(cols) and cols[j] == cols[i] + (j - i):
             j += 1
-        part = got if j - i == len(cols) else pl.slice(got, [j - i, head_dim], [i, 0])
-        stage = pl.assemble(stage, part, [cols[i], 0])
+        stage = pl.assemble(stage, pl.slice(got, [j - i, head_dim], [i, 0]), [cols[i], 0])
         i = j
     return stage
 
@@ -271,27 +267,29 @@ def gather_key_block(kernel: str, tok: int, kb: int, swa_indices, cmp_indices, o
     sub = key_tile // parts
     r0, r1 = p * sub, min(n, (p + 1) * sub)  # this part's index columns (none past n: zero rows)
     stage = pl.full([sub, head_dim], pl.BF16, 0)
-    if swa and r1 > r0:
-        stage = _gather_rows(ori_flat, idx, r1, None, stage, head_dim, r0)
-    elif r1 > r0:
-        pages = {}
-        entry = "cmp_block_table[" + "".join(f"{r}, " for r in table_row)
-
-        def lower(k, slot):
-            if slot < 0:
-                return -1
-            page = slot // block_size
-            if page >= cmp_pages:
-                raise BindError(f"{kernel}: cmp_indices[{tok}, {c0 + k}] = {slot} is past the compressed block "
-                                f"table ({cmp_pages} pages of {block_size})")
-            if page not in pages:
-                pages[page] = pl.read(cmp_block_table, [*table_row, page])
-            phys = pages[page]
-            if not 0 <= phys < cmp_pages:
-                raise BindError(f"{kernel}: cmp_indices[{tok}, {c0 + k}] = {slot} maps to {entry}{page}] = {phys}, "
-                                "not a page of cmp_kv")
-            return phys * block_size + slot % block_size
-        stage = _gather_rows(cmp_flat, idx, r1, lower, stage, head_dim, r0)
+    if r1 > r0:
+        vals = pl.read_values(idx, [0, r0], r1 - r0)  # this part's index columns, one read
+        if swa:
+            stage = _gather_rows(ori_flat, vals, stage, head_dim)
+        else:  # logical slots lowered through the block table (each page's entry read once)
+            rows, pages = [], {}
+            for k, slot in enumerate(vals, r0):
+                if slot < 0:
+                    rows.append(-1)
+                    continue
+                page = slot // block_size
+                if page >= cmp_pages:
+                    raise BindError(f"{kernel}: cmp_indices[{tok}, {c0 + k}] = {slot} is past the compressed "
+                                    f"block table ({cmp_pages} pages of {block_size})")
+                if page not in pages:
+                    pages[page] = pl.read(cmp_block_table, [*table_row, page])
+                phys = pages[page]
+                if not 0 <= phys < cmp_pages:
+                    entry = "cmp_block_table[" + "".join(f"{r}, " for r in table_row)
+                    raise BindError(f"{kernel}: cmp_indices[{tok}, {c0 + k}] = {slot} maps to {entry}{page}] = "
+                                    f"{phys}, not a page of cmp_kv")
+                rows.append(phys * block_size + slot % block_size)
+            stage = _gather_rows(cmp_flat, rows, stage, head_dim)
     pl.assemble(sparse_kv, stage, [(tok * key_blocks + kb) * key_tile + r0, 0])
 
 
