@@ -568,6 +568,37 @@ def _store_rows(t: GMTensor, a0: int, a1: int, tile: Tile, atomic) -> bool:
     return True
 
 
+def _load_padded_rows(t: GMTensor, a0: int, a1: int, s0: int, s1: int, v0, v1):
+    """The fast path of :func:`_load` for a ``[s0, s1]`` window at ``(a0, a1)`` of a 2-D view with
+    a row-box fast path (``t._rows``) whose int valid extents ``(v0, v1)`` are non-zero and at
+    most the window's, inside a block of a plain run (no shadow, not graph-only, zero padding):
+    the valid window's footprint, bytes and load count, and the zero-padded tile. Returns None,
+    having done nothing, whenever any condition fails (``_load`` then runs and raises what it
+    raises)."""
+    rows = t._rows
+    buf = t.buf
+    blk = buf.program.cur_block
+    if (rows is None or blk is None or type(v0) is not int or type(v1) is not int or buf.slow
+            or buf.shadow is not None):
+        return None
+    shape = t._shape
+    b0, b1 = a0 + v0, a1 + v1
+    br, bc, q = rows
+    if not (0 <= a0 and 0 < v0 <= s0 and b0 <= shape[0] and 0 <= a1 and 0 < v1 <= s1 and b1 <= shape[1]
+            and bc + b1 <= buf.C and (q == 1 or v0 == 1)):
+        return None
+    st0, st1 = t._strides
+    src = t.data.as_strided((v0, v1), t._strides, buf.base_off + t._off + a0 * st0 + a1 * st1)
+    if src.is_meta:
+        return None
+    blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))
+    blk.bytes += v0 * v1 * t._itemsize
+    blk.ld += 1
+    if v0 == s0 and v1 == s1:
+        return Tile(src if buf.no_copy and src.is_contiguous() else src.clone(), None, (v0, v1))
+    return Tile(torch.constant_pad_nd(src, [0, s1 - v1, 0, s0 - v0], 0), None, (v0, v1))
+
+
 def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
     """Write ``tile`` (its valid region) at ``starts``; ``stops``: the window,
     already known to be in bounds and to match the tile."""
@@ -758,6 +789,12 @@ def slice(t, shape, offsets, valid_shape=None, pad_value=None, drop_dims=None, v
                                              and valid_shape[1] == s1))):
             out = t[a0:a0 + s0, a1:a1 + s1]
             return out if valid_shape is None else Tile(out.data, out.mask, (s0, s1))
+        if (valid_shape is not None and type(a0) is int and type(a1) is int and type(s0) is int
+                and type(s1) is int and len(valid_shape) == 2):
+            # fast path: a padded 2-D window (valid extents smaller than the window)
+            out = _load_padded_rows(t, a0, a1, s0, s1, valid_shape[0], valid_shape[1])
+            if out is not None:
+                return out
     if isinstance(t, Tile):
         out = tile_slice(t, shape, offsets)
     else:

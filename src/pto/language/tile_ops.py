@@ -476,6 +476,17 @@ def full(shape, dtype, value) -> Tile:
             value out of the dtype's range.
     """
     dt = as_dtype(dtype)
+    tv = type(value)
+    if (tv is float or tv is int) and type(shape) is list and len(shape) == 2:
+        s0, s1 = shape  # fast path: a plain number into a [rows, cols] tile (the checks below, in short)
+        if type(s0) is int and type(s1) is int and s0 >= 0 and s1 >= 0:
+            if dt.is_int:
+                if tv is float and not value.is_integer():
+                    raise DslError(f"pl.full: float value {value} for integer dtype {dt}")
+                if not dt.min <= value <= dt.max:
+                    raise DslError(f"pl.full: value {value} out of range of {dt} [{dt.min}, {dt.max}]")
+            _count()
+            return Tile(torch.full(shape, value, dtype=dt.torch))
     tag = 0
     meta_value = isinstance(value, _MetaScalar)
     if isinstance(value, ScalarValue):  # an undefined value fills an undefined tile (no error yet)
@@ -517,9 +528,22 @@ def arange(start, shape, dtype=INT32, descending: bool = False) -> Tile:
         raise DslError(f"pl.arange: integer dtype required, got {dt}")
     n = shape[-1]
     start = as_int(start, "an arange start")
-    v = torch.arange(start, start - n, -1) if descending else torch.arange(start, start + n)
+    key = (start, tuple(shape), bool(descending), dt.torch)
+    v = _ARANGE.get(key)
+    if v is None:  # the first tile of this kind: made as always, then kept as a template
+        v = torch.arange(start, start - n, -1) if descending else torch.arange(start, start + n)
+        v = v.reshape(shape).to(dt.torch)
+        if len(_ARANGE) >= _ARANGE_MAX:
+            _ARANGE.clear()
+        _ARANGE[key] = v.clone()
+    else:
+        v = v.clone()  # the same values, one torch call instead of three
     _count()
-    return Tile(v.reshape(shape).to(dt.torch))
+    return Tile(v)
+
+
+_ARANGE: dict = {}  # (start, shape, descending, torch dtype) -> template tile data (never handed out)
+_ARANGE_MAX = 1024
 
 
 # ---- cast --------------------------------------------------------------------
