@@ -320,6 +320,14 @@ def _binary(op: str, a, b, fn):
             _count(out.numel(), op)
             am, bm = a.mask, b.mask
             return Tile(out, bm if am is None else am if bm is None else torch.maximum(am, bm), a.valid)
+    elif type(a) is Tile and (type(b) is int or (type(b) is float and a.data.dtype.is_floating_point)):
+        ad = a.data  # fast path: a tile and a plain int (or a float with a float tile)
+        if not ad.is_meta:
+            out = fn(ad, b)
+            if out.dtype is not ad.dtype:
+                out = out.to(ad.dtype)
+            _count(out.numel(), op + "_s")
+            return Tile(out, a.mask, a.valid)
     if not isinstance(a, Tile):
         if isinstance(b, Tile):
             a, b = b, a

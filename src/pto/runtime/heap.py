@@ -139,6 +139,7 @@ class RingHeap:
             if st is None:
                 st = torch.empty(self.size, dtype=torch.uint8)
         self.storage = st
+        self._typed: dict = {}  # torch dtype -> the backing buffer viewed as that dtype (see view)
         self.live: deque = deque()  # [offset, size, freed]
         self.head = 0
         self.in_use = 0
@@ -214,8 +215,16 @@ class RingHeap:
 
     def view(self, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
         """The typed tensor of ``shape`` at byte ``offset``."""
-        n = 1
-        for s in shape:
-            n *= s
-        nbytes = n * dtype.itemsize
-        return self.storage[offset:offset + nbytes].view(dtype).view(list(shape))
+        typed = self._typed.get(dtype)
+        if typed is None:  # the whole backing buffer as ``dtype`` elements (one view per dtype)
+            isz = dtype.itemsize
+            typed = self._typed[dtype] = self.storage[:self.size // isz * isz].view(dtype)
+        # one as_strided view: the same sizes, contiguous strides and storage offset (in elements)
+        # as slicing the bytes, reinterpreting them and reshaping (offsets are 512-byte aligned)
+        strides = []
+        st = 1
+        for s in reversed(shape):
+            strides.append(st)
+            st *= s if s > 1 else 1
+        strides.reverse()
+        return typed.as_strided(list(shape), strides, offset // dtype.itemsize)

@@ -193,9 +193,18 @@ _LHS = re.compile(r"^\s*([A-Za-z_][A-Za-z_0-9]*)\s*(?::[^=]*)?=(?!=)")
 def _lhs_name(frame) -> str | None:
     if frame is None:
         return None
-    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-    m = _LHS.match(line)
-    return m.group(1) if m else None
+    code = frame.f_code
+    key = (id(code), frame.f_lasti)
+    hit = _LHS_NAMES.get(key)
+    if hit is None or hit[0] is not code:  # once per call site (as _site): the line is read and matched
+        if len(_LHS_NAMES) > 100_000:
+            _LHS_NAMES.clear()
+        m = _LHS.match(linecache.getline(code.co_filename, frame.f_lineno))
+        hit = _LHS_NAMES[key] = (code, m.group(1) if m else None)
+    return hit[1]
+
+
+_LHS_NAMES: dict = {}  # (id(code), bytecode offset) -> (code, assignment target or None)
 
 
 # (id(code), bytecode offset) -> (code, "file:line"): frame.f_lineno decodes the line table, and
