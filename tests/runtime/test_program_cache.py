@@ -16,7 +16,8 @@ import pto
 import pto.language as pl
 from pto.golden import TensorSpec, all_cases, get_case
 from pto.golden.harness import resolve_outputs
-from pto.runtime import RunConfig, cache_info, clear_program_cache, set_parametric_replay, set_program_cache
+from pto.runtime import (RunConfig, cache_info, clear_program_cache, parametric_replay, parametric_replay_enabled,
+                         set_program_cache)
 
 N = pl.dynamic("N")
 
@@ -114,18 +115,15 @@ def _flag(v: int, rows: int = 64) -> torch.Tensor:
     return t
 
 
-def test_without_parametric_replay_small_index_tensors_are_part_of_the_key():
-    set_parametric_replay(False)
-    try:
-        x = torch.randn(8, 16)
-        for flag in (0, 0, 0, 1):
-            y = torch.zeros(8, 16)
-            prog = steered.run(_flag(flag, rows=1), x, y)
-            assert torch.equal(y, _steered_ref(flag, x))
-        assert not prog.replayed and cache_info()["diverged"] == 0  # another key: a first call, no replay tried
-        assert steered.run(_flag(0, rows=1), x, torch.zeros(8, 16)).replayed
-    finally:
-        set_parametric_replay(True)
+def test_small_index_tensors_are_part_of_the_key():
+    assert not parametric_replay_enabled()  # the default
+    x = torch.randn(8, 16)
+    for flag in (0, 0, 0, 1):
+        y = torch.zeros(8, 16)
+        prog = steered.run(_flag(flag, rows=1), x, y)
+        assert torch.equal(y, _steered_ref(flag, x))
+    assert not prog.replayed and cache_info()["diverged"] == 0  # another key: a first call, no replay tried
+    assert steered.run(_flag(0, rows=1), x, torch.zeros(8, 16)).replayed
 
 
 def test_values_read_from_data_replay_parametrically_with_a_fresh_graph():
@@ -136,16 +134,18 @@ def test_values_read_from_data_replay_parametrically_with_a_fresh_graph():
     set_program_cache(False)
     plain = {f: graph_record(steered.run(_flag(f, rows=1), x, torch.zeros(8, 16))) for f in flags}
     set_program_cache(True)
-    for _ in range(2):
-        steered.run(_flag(3, rows=1), x, torch.zeros(8, 16))
-    assert cache_info()["recorded"] == 1
-    for flag in flags:
-        y = torch.zeros(8, 16)
-        prog = steered.run(_flag(flag, rows=1), x, y)
-        assert torch.equal(y, _steered_ref(flag, x)), flag
-        assert prog.replayed == (flag != 0), flag  # 0 takes the other branch: a guard on ``f == 0`` diverges
-        assert graph_record(prog) == plain[flag], flag
+    with parametric_replay():
+        for _ in range(2):
+            steered.run(_flag(3, rows=1), x, torch.zeros(8, 16))
+        assert cache_info()["recorded"] == 1
+        for flag in flags:
+            y = torch.zeros(8, 16)
+            prog = steered.run(_flag(flag, rows=1), x, y)
+            assert torch.equal(y, _steered_ref(flag, x)), flag
+            assert prog.replayed == (flag != 0), flag  # 0 takes the other branch: a guard on ``f == 0`` diverges
+            assert graph_record(prog) == plain[flag], flag
     assert cache_info()["replayed"] == 4 and cache_info()["diverged"] == 1 and cache_info()["recorded"] == 1
+    assert not parametric_replay_enabled()
 
 
 def _steered_ref(flag: int, x: torch.Tensor) -> torch.Tensor:

@@ -7,15 +7,16 @@ from pto.runtime.graph import Block, Footprint, Task, TaskGraph
 from pto.runtime.heap import Buffer, RingHeap
 from pto.runtime.program import Program, ProgramStats, RunConfig, _record_block_error
 from pto.runtime import replay as _replay
-from pto.runtime.replay import (cache_info, clear_program_cache, program_cache_enabled, set_parametric_replay,
-                                set_program_cache, set_program_cache_size)
+from pto.runtime.replay import (cache_info, clear_program_cache, parametric_replay, parametric_replay_enabled,
+                                program_cache_enabled, set_parametric_replay, set_program_cache,
+                                set_program_cache_size)
 from pto.runtime.sanitizer import drop_init_values
 from pto.runtime.simulate import Machine, SimResult, simulate  # pto.runtime.simulate is the function
 
 __all__ = ["Program", "ProgramStats", "RunConfig", "Task", "Block", "Footprint", "TaskGraph", "RingHeap",
            "Buffer", "run", "simulate", "Machine", "SimResult", "drop_init_values", "set_program_cache",
            "program_cache_enabled", "clear_program_cache", "cache_info", "set_program_cache_size",
-           "set_parametric_replay"]
+           "set_parametric_replay", "parametric_replay", "parametric_replay_enabled"]
 
 
 def run(jf, *args, config: RunConfig | None = None, **kwargs) -> Program:

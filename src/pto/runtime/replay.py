@@ -84,12 +84,14 @@ from pto.runtime.symbolic import NAMESPACE as _SYM_NS
 from pto.runtime.symbolic import Sym, concrete_of, evaluate, has_sym, source
 
 __all__ = ["run", "set_program_cache", "set_program_cache_size", "program_cache_enabled", "clear_program_cache",
-           "cache_info", "set_parametric_replay"]
+           "cache_info", "set_parametric_replay", "parametric_replay", "parametric_replay_enabled"]
 
 _ENABLED = [os.environ.get("PTO_PROGRAM_CACHE", "1") not in ("0", "false", "off", "no")]
-_PARAMETRIC = [os.environ.get("PTO_PARAMETRIC_REPLAY", "1") not in ("0", "false", "off", "no")]
+_PARAMETRIC = [os.environ.get("PTO_PARAMETRIC_REPLAY", "0") not in ("0", "false", "off", "no", "")]
 _MAX_ENTRIES = [256]  # keys kept, least recently used forgotten first (set_program_cache_size)
 _MAX_DIVERGED = 3
+_GUARD_BUDGET = 20_000  # guards on values read from data a parametric recording may take (else it gives up)
+_EXACT_BUDGET = 64  # of those, guards on an exact value
 _CACHE: OrderedDict = OrderedDict()
 _LOCK = threading.Lock()
 _INFO = {"plain": 0, "recorded": 0, "replayed": 0, "diverged": 0, "uncacheable": 0, "errors": 0, "unkeyable": 0,
@@ -111,10 +113,11 @@ def set_program_cache(enabled: bool) -> None:
 
 
 def set_parametric_replay(enabled: bool) -> None:
-    """Turn parametric recordings on (the default; off also with ``PTO_PARAMETRIC_REPLAY=0``) or
-    off: off, the values of small index tensors are part of the key again and every number a
-    program reads from data is guarded by its exact value (module docstring). Forgets every
-    recording.
+    """Turn parametric recordings on or off (off by default; on from the start with
+    ``PTO_PARAMETRIC_REPLAY=1`` in the environment). On, the values of small index tensors leave
+    the key and the numbers a program reads from data are symbols with guards (module
+    docstring); off, they are part of the key and every read is guarded by its exact value.
+    Recordings of either kind are kept (their keys differ).
 
     Raises:
         TypeError: ``enabled`` is not a bool.
@@ -122,7 +125,35 @@ def set_parametric_replay(enabled: bool) -> None:
     if not isinstance(enabled, bool):
         raise TypeError(f"set_parametric_replay(enabled): expected True or False, got {enabled!r}")
     _PARAMETRIC[0] = enabled
-    clear_program_cache()
+
+
+def parametric_replay_enabled() -> bool:
+    """True when new calls are keyed and recorded parametrically (see :func:`set_parametric_replay`)."""
+    return _PARAMETRIC[0]
+
+
+class parametric_replay:  # noqa: N801 - used like a function: ``with parametric_replay():``
+    """``with pto.runtime.parametric_replay():`` turns parametric recordings on (``enabled=False``:
+    off) for the calls inside the block and restores the previous setting after it.
+
+    Raises:
+        TypeError: ``enabled`` is not a bool.
+    """
+
+    def __init__(self, enabled: bool = True):
+        if not isinstance(enabled, bool):
+            raise TypeError(f"parametric_replay(enabled): expected True or False, got {enabled!r}")
+        self.enabled = enabled
+        self.saved = None
+
+    def __enter__(self):
+        self.saved = _PARAMETRIC[0]
+        _PARAMETRIC[0] = self.enabled
+        return self
+
+    def __exit__(self, *exc):
+        _PARAMETRIC[0] = self.saved
+        return False
 
 
 def set_program_cache_size(max_entries: int) -> None:
@@ -294,7 +325,7 @@ def _world_size() -> int:
 
 # ---- the cache entry ----------------------------------------------------------------------------
 class _Entry:
-    __slots__ = ("state", "trace", "keep", "diverged", "param")
+    __slots__ = ("state", "trace", "keep", "diverged", "param", "replays")
 
     def __init__(self, keep, param: bool):
         # seen once -> "trace" (replayable) or "off" (plain runs only); a parametric key whose
@@ -303,6 +334,7 @@ class _Entry:
         self.trace = None
         self.keep = keep
         self.diverged = 0
+        self.replays = 0
         self.param = param
 
 
@@ -349,10 +381,12 @@ def run(jf, args, kwargs, config) -> Program:
     prog = _replay(ent.trace, jf, params, cfg)
     if prog is not None:
         ent.diverged = 0
+        ent.replays += 1
         _count("replayed")
         return prog
     ent.diverged += 1
-    if ent.diverged >= _MAX_DIVERGED:
+    if ent.diverged >= _MAX_DIVERGED or ent.param and ent.replays == 0:
+        # a parametric recording that never replayed goes to the exact keys at its first divergence
         ent.state, ent.trace = ("exact" if ent.param else "off"), None
     _count("diverged")
     return Program(jf, config).execute(args, kwargs)
@@ -523,6 +557,7 @@ class _Recorder(TorchFunctionMode):
         self.sites: dict = {}  # op index -> where the program took that guard (PTO_REPLAY_DEBUG=1)
         self.pending = None  # an __index__ guard waiting for the next event (pending_index)
         self.otaint: set = set()  # value numbers of views whose storage offset may follow from reads
+        self.nguards = self.nexact = 0
 
     def pending_index(self, node, v, frame, lasti) -> None:
         """``__index__`` of a symbol called from bytecode ``lasti`` of ``frame``: an exact guard,
@@ -547,9 +582,23 @@ class _Recorder(TorchFunctionMode):
         self.ops.append((None, (), {}, v, 9, node, ()))
         return ("R", v)
 
+    def _budget(self, exact: bool) -> None:
+        """Count a guard; past a budget the recording gives up: the rest of the run goes on with
+        plain numbers and the key goes back to exact keys. Many guards replay slowly; many exact
+        ones (a program steering by the values it reads: routing, per-value Python lists) mean
+        the next call's reads most likely take another path."""
+        self.nguards += 1
+        if exact:
+            self.nexact += 1
+        if self.nguards > _GUARD_BUDGET or self.nexact > _EXACT_BUDGET:
+            self.bad = (f"more than {_GUARD_BUDGET} guards" if self.nguards > _GUARD_BUDGET else
+                        f"more than {_EXACT_BUDGET} exact guards") + " on values read from data"
+            self.active = False
+
     def guard_outcome(self, node, out: bool) -> None:
         """A guard: expression ``node`` (a comparison) had the outcome ``out``."""
         self.flush()
+        self._budget(False)
         if _DEBUG:
             self.sites[len(self.ops)] = _stack()
         self.ops.append((None, (), {}, None, 6, (node, out), ()))
@@ -558,6 +607,7 @@ class _Recorder(TorchFunctionMode):
         """A guard: expression ``node`` had the value ``v`` (the program used it as a Python number)."""
         if self.pending is not None:
             self.flush()
+        self._budget(True)
         if _DEBUG:
             self.sites[len(self.ops)] = _stack()
         self.ops.append((None, (), {}, None, 7, (node, v), ()))
@@ -751,6 +801,15 @@ class _Recorder(TorchFunctionMode):
 
     def finish(self, prog) -> "_Trace | None":
         """The replayable trace of the finished program ``prog``, or None."""
+        if _DEBUG:
+            kinds: dict = {}
+            for op in self.ops:
+                kinds[op[4]] = kinds.get(op[4], 0) + 1
+            _DIVERGED_AT.append((prog.name, f"recorded: {len(self.ops)} ops, reads {len(self.reads)}, by kind {kinds}"))
+            import collections
+            c = collections.Counter(self.sites.get(i, "?").split(" < ")[0] + " < " + self.sites.get(i, "?").split(" < ")[-1]
+                                    for i, op in enumerate(self.ops) if op[4] == 7)
+            _DIVERGED_AT.append((prog.name, f"exact guards: {c.most_common(12)}"))
         if self.bad is not None:
             return None
         ret = self._ret_spec(prog, self.ret)
