@@ -536,6 +536,12 @@ def arange(start, shape, dtype=INT32, descending: bool = False) -> Tile:
         raise DslError(f"pl.arange: integer dtype required, got {dt}")
     n = shape[-1]
     start = as_int(start, "an arange start")
+    if type(start) is not int or type(n) is not int:
+        # a start or length read from data under a parametric recording (runtime/symbolic.py): no
+        # template (a dict key would pin the value); the same torch calls as a first tile
+        v = torch.arange(start, start - n, -1) if descending else torch.arange(start, start + n)
+        _count()
+        return Tile(v.reshape(shape).to(dt.torch))
     key = (start, tuple(shape), bool(descending), dt.torch)
     v = _ARANGE.get(key)
     if v is None:  # the first tile of this kind: made as always, then kept as a template
