@@ -1,0 +1,232 @@
+"""Parametric recordings of the program cache (runtime/replay.py, runtime/symbolic.py).
+
+* a value read from data that only feeds offsets, footprints and torch arguments replays with
+  another value: bit-identical outputs, the graph of a plain run (re-derived from the replay's
+  own footprints);
+* every way a read value steers Python is a guard that diverges to a plain run: a comparison
+  (its outcome), a Python list index, a loop count, a float scalar operand (its exact value,
+  ``-0.0`` not ``0.0``);
+* the registered decode sparse-attention cores replay decode steps at successive positions;
+  two prefill chunks of a prefill kernel give the plain results either way;
+* ``generate`` with parametric recordings on gives the tokens, logits and caches of a run with
+  the program cache off (20 decode steps; a chunked prefill).
+"""
+
+import re
+
+import pytest
+import torch
+
+import pto.language as pl
+from pto.golden import get_case
+from pto.golden.harness import resolve_outputs
+from pto.golden import TensorSpec
+from pto.runtime import cache_info, parametric_replay, parametric_replay_enabled, set_program_cache
+from pto.runtime.symbolic import Sym, evaluate
+
+from test_program_cache import graph_record
+
+pytestmark = pytest.mark.usefixtures("fresh_program_cache")
+
+
+@pl.jit
+def picked(sel: pl.Tensor[[1, 4], pl.INT32], x: pl.Tensor[[16, 16], pl.FP32], y: pl.Out[pl.Tensor[[16, 16], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="pick"):
+        s = pl.read(sel, [0, 0])  # a row offset: symbolic (footprint, view offset)
+        k = pl.read(sel, [0, 1])  # an index into a Python list: guarded by its value
+        n = pl.read(sel, [0, 2])  # a loop count: guarded by its value
+        rows = [0, 4, 8, 12][k]
+        t = x[s:s + 1, 0:16]
+        for _ in range(n):
+            t = t + t
+        y[rows:rows + 1, 0:16] = t
+        if s > 8:  # a comparison: guarded by its outcome
+            y[15:16, 0:16] = x[0:1, 0:16]
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="after"):
+        y[s + 1:s + 2, 0:16] = x[s + 1:s + 2, 0:16] * 2.0  # reads the row the first task may have written
+    return y
+
+
+def _picked_ref(sel, x):
+    s, k, n = sel
+    y = torch.zeros(16, 16)
+    t = x[s].clone()
+    for _ in range(n):
+        t = t + t
+    y[[0, 4, 8, 12][k]] = t
+    if s > 8:
+        y[15] = x[0]
+    y[s + 1] = x[s + 1] * 2.0
+    return y
+
+
+def _sel(s, k, n):
+    return torch.tensor([[s, k, n, 0]], dtype=torch.int32)
+
+
+def test_reads_that_feed_offsets_replay_and_reads_that_steer_python_diverge():
+    x = torch.randn(16, 16)
+    calls = [((3, 1, 2), True), ((5, 1, 2), True), ((0, 1, 2), True),  # other offsets: replays
+             ((9, 1, 2), False), ((7, 1, 2), True),  # ``s > 8`` flips
+             ((5, 2, 2), False), ((6, 1, 2), True),  # another list index
+             ((5, 1, 3), False), ((2, 1, 2), True)]  # another loop count
+    set_program_cache(False)
+    plain = [graph_record(picked.run(_sel(*sel), x, torch.zeros(16, 16))) for sel, _ in calls]
+    set_program_cache(True)
+    with parametric_replay():
+        for _ in range(2):  # a first call, then the recording
+            picked.run(_sel(3, 1, 2), x, torch.zeros(16, 16))
+        for (sel, replays), rec in zip(calls, plain):
+            y = torch.zeros(16, 16)
+            prog = picked.run(_sel(*sel), x, y)
+            assert torch.equal(y, _picked_ref(sel, x)), sel
+            assert prog.replayed == replays, sel
+            assert graph_record(prog) == rec, sel  # edges re-derived from this call's footprints
+    info = cache_info()
+    assert (info["recorded"], info["replayed"], info["diverged"], info["errors"]) == (1, 6, 3, 0)
+
+
+@pl.jit
+def scaled_by_read(v: pl.Tensor[[1, 8], pl.FP32], x: pl.Tensor[[8, 16], pl.FP32],
+                   y: pl.Out[pl.Tensor[[8, 16], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale"):
+        a = pl.read(v, [0, 0])
+        y[0:8, 0:16] = x[0:8, 0:16] * a  # a float scalar operand: guarded by its exact value
+    return y
+
+
+def test_a_float_read_is_guarded_by_its_exact_value_and_sign():
+    x = torch.rand(8, 16) + 0.5
+    with parametric_replay():
+        for v, replays in ((0.0, False), (0.0, False), (0.0, True), (-0.0, False), (2.5, False)):
+            y = torch.zeros(8, 16)
+            prog = scaled_by_read.run(torch.full((1, 8), v), x, y)
+            assert torch.equal(y.view(torch.int32), (x * v).view(torch.int32)), v  # -0.0 * x is -0.0
+            assert prog.replayed == replays, v
+
+
+def test_symbols_stay_symbolic_in_arithmetic_and_guard_where_they_leave():
+    class Rec:
+        active, quiet = True, 0
+
+        def __init__(self):
+            self.guards = []
+
+        def guard_outcome(self, node, out):
+            self.guards.append(("outcome", node, out))
+
+        def guard_exact(self, node, v):
+            self.guards.append(("exact", node, v))
+
+        def pending_index(self, node, v, frame, lasti):
+            self.guards.append(("exact", node, v))
+
+    rec = Rec()
+    p = Sym(37, ("R", 0), rec)
+    q = Sym(5, ("R", 1), rec)
+    w = (p + 4) * 2 - q // 3
+    assert type(w) is Sym and w.v == 81 and evaluate(w.n, {0: 100, 1: 9}) == 205 and rec.guards == []
+    assert (p + 4) - p == 4 and type((p + 4) - p) is int  # a window extent is a plain number
+    assert (p < q) is False and rec.guards[-1] == ("outcome", ("<", ("R", 0), ("R", 1)), False)
+    assert [10, 20, 30, 40, 50, 60][q] == 60 and rec.guards[-1] == ("exact", ("R", 1), 5)
+    assert len(range(q)) == 5 and int(p) == 37 and hash(p) == hash(37) and f"{p}" == "37"
+    assert [g[0] for g in rec.guards[-5:]] == ["exact"] * 5
+    rec.active = False
+    n = len(rec.guards)
+    assert p > 3 and int(p) == 37 and rec.guards[n:] == []  # a finished recording's symbols are numbers
+
+
+def _decode_runs(name: str, base: tuple, steps: int):
+    runs = []
+    for k in range(steps):
+        sp = tuple(p + k if p >= 0 else p for p in base)
+        cr = get_case(name).build("tiny", "decode", start_pos=sp)
+        torch.manual_seed(0)
+        specs = resolve_outputs(cr.fn, cr.specs)
+        vals = [s.create_tensor() if isinstance(s, TensorSpec) else s.to_python() for s in specs]
+        outs = [i for i, s in enumerate(specs) if isinstance(s, TensorSpec) and s.is_output]
+        runs.append((cr, vals, outs))
+    return runs
+
+
+def _same(a, b) -> bool:
+    return torch.equal(a, b) or (a.dtype.is_floating_point and torch.equal(a.isnan(), b.isnan())
+                                 and torch.equal(a.nan_to_num(), b.nan_to_num()))
+
+
+@pytest.mark.parametrize("name,base", [("decode_sparse_attn_swa", (300, 200, 150, 140)),
+                                       ("decode_sparse_attn_csa", (122, 110, 100, 90))])
+def test_decode_steps_at_successive_positions_replay_with_the_plain_graph(name, base):
+    runs = _decode_runs(name, base, 5)
+    set_program_cache(False)
+    ref = []
+    for cr, vals, outs in runs:
+        args = [v.clone() if isinstance(v, torch.Tensor) else v for v in vals]
+        prog = cr.fn.run(*args)
+        ref.append(([args[i] for i in outs], graph_record(prog)))
+    set_program_cache(True)
+    with parametric_replay():
+        for step, ((cr, vals, outs), (ref_out, ref_graph)) in enumerate(zip(runs, ref)):
+            args = [v.clone() if isinstance(v, torch.Tensor) else v for v in vals]
+            prog = cr.fn.run(*args)
+            assert all(_same(args[i], r) for i, r in zip(outs, ref_out)), f"{name} step {step}"
+            assert prog.replayed == (step >= 2), f"{name} step {step}: {cache_info()}"
+            assert graph_record(prog) == ref_graph, f"{name} step {step}"
+    assert cache_info()["recorded"] == 1 and cache_info()["replayed"] == 3
+
+
+def test_two_prefill_chunks_give_the_plain_results():
+    # the chunks' positions steer the kernel's Python (page dicts, int() of positions): the
+    # recording gives up and the chunks run plain, with the plain results and graphs
+    runs = []
+    for sp in (128, 256, 384):
+        cr = get_case("prefill_compressor_ratio128").build("tiny", "prefill", start_pos=sp)
+        torch.manual_seed(0)
+        specs = resolve_outputs(cr.fn, cr.specs)
+        vals = [s.create_tensor() if isinstance(s, TensorSpec) else s.to_python() for s in specs]
+        outs = [i for i, s in enumerate(specs) if isinstance(s, TensorSpec) and s.is_output]
+        runs.append((cr, vals, outs))
+    set_program_cache(False)
+    ref = []
+    for cr, vals, outs in runs:
+        args = [v.clone() if isinstance(v, torch.Tensor) else v for v in vals]
+        prog = cr.fn.run(*args)
+        ref.append(([args[i] for i in outs], graph_record(prog)))
+    set_program_cache(True)
+    with parametric_replay():
+        for (cr, vals, outs), (ref_out, ref_graph) in zip(runs, ref):
+            args = [v.clone() if isinstance(v, torch.Tensor) else v for v in vals]
+            prog = cr.fn.run(*args)
+            assert all(_same(args[i], r) for i, r in zip(outs, ref_out))
+            assert graph_record(prog) == ref_graph
+    assert cache_info()["uncacheable"] == 1 and cache_info()["errors"] == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
+    from pto.models.deepseek_v4.config import get_deployment
+    from pto.models.deepseek_v4.layer import KernelModel
+    from pto.models.deepseek_v4.weights import open_checkpoint
+    ckpt = write_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny") / "ckpt"), seed=0)
+    return KernelModel(open_checkpoint(str(ckpt), "int8"), get_deployment("tiny"))
+
+
+def _generate(model, prompt, new, chunk):
+    from pto.models.deepseek_v4.generate import generate
+    res = generate(model, [prompt], max_new_tokens=new, chunk=chunk, eos_token_id=None, keep_logits=True)
+    return res.tokens[0], torch.cat(res.prompt_logits), torch.stack(res.step_logits[0])
+
+
+@pytest.mark.parametrize("prompt_len,new,chunk", [(6, 21, 128), (40, 2, 16)])
+def test_generate_with_parametric_recordings_equals_the_cache_off(tiny_model, prompt_len, new, chunk):
+    prompt = torch.randint(0, 512, (prompt_len,), generator=torch.Generator().manual_seed(1)).tolist()
+    set_program_cache(False)
+    ref = _generate(tiny_model, prompt, new, chunk)
+    set_program_cache(True)
+    with parametric_replay():
+        got = _generate(tiny_model, prompt, new, chunk)
+    assert not parametric_replay_enabled()
+    assert got[0] == ref[0]
+    assert torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2])
+    assert cache_info()["errors"] == 0
