@@ -959,7 +959,38 @@ def read(src, idx):
     which raises UndefinedValueError when used as an index, loop bound or
     branch condition and propagates through arithmetic and tile ops.
     """
-    if type(src) is Tile and src.mask is None:
+    if type(src) is GMTensor and type(idx) in (list, tuple):
+        # fast path: in-bounds int indices of a plain rank-1 / rank-2 view with a box fast path
+        # (the general path below reads the same element, with the same footprint and counters)
+        buf = src.buf
+        if not buf.slow and buf.shadow is None:
+            shape = src._shape
+            rows = src._rows
+            box = None
+            if rows is not None and len(idx) == 2:
+                i, j = idx
+                br, bc, q = rows
+                if type(i) is int and type(j) is int and 0 <= i < shape[0] and 0 <= j < shape[1] and bc + j < buf.C:
+                    st0, st1 = src._strides
+                    off = buf.base_off + src._off + i * st0 + j * st1
+                    box = (br + i * q, br + i * q + 1, bc + j, bc + j + 1)
+            elif len(idx) == 1 and len(shape) == 1 and src._fast is not None:
+                i, = idx
+                br, bc = src._fast
+                if type(i) is int and 0 <= i < shape[0] and bc + i < buf.C:
+                    off = buf.base_off + src._off + i
+                    box = (br, br + 1, bc + i, bc + i + 1)
+            if box is not None and not src.data.is_meta:
+                value = src.data.as_strided((), (), off).item()
+                blk = buf.program.cur_block
+                if blk is not None:
+                    blk.fp.append((buf, box, R))
+                    blk.bytes += src._itemsize
+                    blk.ld += 1
+                else:
+                    buf.program.orchestration_read(buf, box)
+                return value
+    elif type(src) is Tile and src.mask is None:
         # fast path: in-bounds int indices into an all-defined tile (the general path below
         # reads the same element and raises the errors)
         d = src.data
@@ -1126,6 +1157,20 @@ def write(dst, idx, value):
     Raises:
         DslError: a GM write outside a task, or an index out of bounds.
     """
+    if type(dst) is Tile and dst.mask is None and type(idx) in (list, tuple) and (type(value) is int or (
+            type(value) is float and (dst.data.dtype.is_floating_point or value.is_integer()))):
+        # fast path: a plain number at in-bounds int indices of an all-defined tile (as below)
+        d = dst.data
+        shape = d.shape
+        if len(idx) == len(shape) and not d.is_meta:
+            for i, n in zip(idx, shape):
+                if type(i) is not int or not 0 <= i < n:
+                    break
+            else:
+                if d._base is not None and aliases_readonly(d):
+                    d = dst.data = d.clone()
+                d[tuple(idx)] = value
+                return dst
     if not isinstance(idx, (list, tuple)):
         idx = [idx]
     idx = [_idx(i, "an index") for i in idx]

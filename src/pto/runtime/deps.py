@@ -33,19 +33,19 @@ def coalesce(boxes: list) -> list:
     touching columns)."""
     if len(boxes) <= 1:
         return list(boxes)
-    bs = sorted(set(boxes), key=lambda b: (b[2], b[3], b[0], b[1]))
+    # sorted by (c0, c1, r0, r1): the boxes as column-first tuples, sorted as tuples (no key calls)
     out = []
-    for b in bs:
+    for c0, c1, r0, r1 in sorted([(b[2], b[3], b[0], b[1]) for b in set(boxes)]):
         if out:
             p = out[-1]
-            if p[2] == b[2] and p[3] == b[3] and b[0] <= p[1]:
-                if b[1] > p[1]:
-                    out[-1] = (p[0], b[1], p[2], p[3])
+            if p[2] == c0 and p[3] == c1 and r0 <= p[1]:
+                if r1 > p[1]:
+                    out[-1] = (p[0], r1, c0, c1)
                 continue
-        out.append(b)
+        out.append((r0, r1, c0, c1))
     if len(out) <= 1:
         return out
-    out.sort(key=lambda b: (b[0], b[1], b[2], b[3]))
+    out.sort()  # by (r0, r1, c0, c1)
     res = []
     for b in out:
         if res:
