@@ -49,6 +49,37 @@ the key and of the values it reads from tensors (what a kernel is anyway); a ker
 Python reads other mutable state (a global flag, the clock) must run with the cache off:
 ``pto.runtime.set_program_cache(False)`` or ``PTO_PROGRAM_CACHE=0`` in the environment.
 ``pto.runtime.clear_program_cache()`` forgets every recording.
+
+Parametric recordings (opt-in: ``with parametric_replay():``, :func:`set_parametric_replay` or
+``PTO_PARAMETRIC_REPLAY=1``; runtime/symbolic.py) serve calls whose index data differ:
+
+* the key leaves out the values of small index tensors (an entry under such a key is
+  *parametric*); the recording returns every ``int`` / ``float`` a program reads from a tensor
+  (``item``, ``tolist``; not BOOL data) as a :class:`~pto.runtime.symbolic.Sym` holding the value
+  and an expression over the recording's reads. Arithmetic stays symbolic (integer sums of reads
+  simplify: ``(p + 4) - p`` is the int 4); a torch call handed a symbol (directly, in a list, a
+  tuple or a slice) records the expression, which the replay evaluates from its own reads;
+* guards, checked in program order by the replay: a comparison and ``bool`` by the outcome,
+  ``__index__`` (list indexing, ``range``), ``int``, ``float``, ``hash``, ``str`` and a
+  ScalarValue's ``value`` (the DSL's scalar tile operands, ``pl.full``) by the exact value and
+  type (a float with its sign); the shape and strides of a torch result made with symbolic
+  arguments; where a view at a symbolic offset starts, when the program asks
+  (``storage_offset``, ``data_ptr``). A long expression (a running sum) is computed into a
+  register of its own;
+* footprints, block counters, buffer offsets and statistics computed from reads stay symbolic
+  in the recorded template: a replay's ``graph`` evaluates them with its reads, groups and
+  coalesces each task's boxes as ``Program.end_task`` does and derives its edges afresh, so it
+  equals a plain run's graph; the recorded program itself gets plain numbers;
+* the runtime's own task bookkeeping (grouping, coalescing, derivation) runs without guards: a
+  replay redoes it from its footprints;
+* a recording that raises (a DSL path that does not take a symbol) is dropped and the call runs
+  plain (the caller's tensors are untouched until a run succeeds); a recording that takes more
+  than ``_GUARD_BUDGET`` guards or ``_EXACT_BUDGET`` exact ones gives up early; in both cases
+  and at the first divergence of a recording that never replayed the key goes back to exact
+  keys (the non-parametric behaviour above); three divergences in a row, too.
+
+``PTO_REPLAY_DEBUG=1`` keeps where each guard was taken; the latest divergences are in
+``_DIVERGED_AT`` (kernel, guard site).
 """
 
 from __future__ import annotations
