@@ -22,7 +22,7 @@ allocation, not a task, so it adds no edge.
 from __future__ import annotations
 
 __all__ = ["DepTracker", "KindTracker", "LazyDerivation", "RowIndex", "coalesce", "EDGE_KINDS", "derive_kinds",
-           "derive_task"]
+           "derive_task", "group_footprints"]
 
 EDGE_KINDS = ("RAW", "WAW", "atomic", "explicit", "join")  # see TaskGraph.edge_kinds
 
@@ -56,6 +56,33 @@ def coalesce(boxes: list) -> list:
                 continue
         res.append(b)
     return res
+
+
+def group_footprints(block_fps: list) -> dict:
+    """A task's footprints grouped from its blocks' raw records ``block_fps`` (one list of
+    ``(buffer, box, kind)`` per block): ``{buffer: [reads, writes, atomics]}``, each None or a
+    list of boxes in record order, coalesced (:func:`coalesce`) where a kind has several."""
+    grouped: dict = {}
+    several = False  # some (buffer, kind) has more than one box: coalesce
+    for fp in block_fps:
+        for buf, box, kind in fp:
+            g = grouped.get(buf)
+            if g is None:
+                g = grouped[buf] = [None, None, None]
+                g[kind] = [box]
+                continue
+            boxes = g[kind]
+            if boxes is None:
+                g[kind] = [box]
+            else:
+                boxes.append(box)
+                several = True
+    if several:
+        for g in grouped.values():
+            for boxes in g:
+                if boxes and len(boxes) > 1:
+                    boxes[:] = coalesce(boxes)
+    return grouped
 
 
 def _overlap(a, b) -> bool:

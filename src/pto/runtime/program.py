@@ -29,7 +29,7 @@ from pto.language.distributed import WindowType
 from pto.language.jit import bind_arguments
 from pto.language.tensor_ops import GMTensor
 from pto.language.typing import INOUT, OUT, DynVar, TensorType
-from pto.runtime.deps import DepTracker, LazyDerivation, coalesce, derive_task
+from pto.runtime.deps import DepTracker, LazyDerivation, derive_task, group_footprints
 from pto.runtime.graph import KIND_NAMES, Block, Footprint, Task, TaskGraph
 from pto.runtime.graph_only import GraphOnlyState
 from pto.runtime.heap import POISON_BYTE, Buffer, RingHeap, validate_init_value
@@ -612,27 +612,8 @@ class Program:
                     return
                 self._close_task(task)
                 return
-        grouped = {}  # buffer -> [reads, writes, atomics], each None or a list of boxes
-        several = False  # some (buffer, kind) has more than one box: coalesce
-        for blk in task.blocks:
-            for buf, box, kind in blk.fp:
-                g = grouped.get(buf)
-                if g is None:
-                    g = grouped[buf] = [None, None, None]
-                    g[kind] = [box]
-                    continue
-                boxes = g[kind]
-                if boxes is None:
-                    g[kind] = [box]
-                else:
-                    boxes.append(box)
-                    several = True
-        if several:
-            for g in grouped.values():
-                for boxes in g:
-                    if boxes and len(boxes) > 1:
-                        boxes[:] = coalesce(boxes)
-        task.grouped = grouped  # footprints and buffer ids are built from it on first access
+        # footprints and buffer ids are built from it on first access
+        task.grouped = group_footprints([blk.fp for blk in task.blocks])
         self._close_task(task)
 
     def _end_task_early(self, task: Task) -> None:

@@ -107,7 +107,7 @@ from pto.language.dtypes import DType
 from pto.language.jit import bind_arguments
 from pto.language.tensor_ops import GMTensor
 from pto.language.typing import INOUT, OUT, ScalarType, TensorType
-from pto.runtime.deps import LazyDerivation, coalesce
+from pto.runtime.deps import LazyDerivation, group_footprints
 from pto.runtime.graph import Block, Task, TaskGraph
 from pto.runtime.heap import RingHeap
 from pto.runtime.program import _COUNTED, Program, ProgramStats, RunConfig, _gc_pause, _gc_resume
@@ -1049,11 +1049,8 @@ class _Trace:
                     yield emit(lines)
                     lines = []
                 if gk == 9:  # a long expression of reads computed into a register of its own
-                    if free:
-                        reg[outs] = free.pop()
-                    else:
-                        reg[outs] = nregs
-                        nregs += 1
+                    reg[outs] = free.pop() if free else nregs
+                    nregs += reg[outs] == nregs
                     lines.append(f"r[{par(reg[outs])}] = {sym(g)}")
                     continue
                 if gk == 6:  # a comparison of values read from data: its outcome
@@ -1293,30 +1290,6 @@ def _evaluated(x, reads: dict):
     return x
 
 
-def _group(blocks_fps: list) -> dict:
-    """The grouped footprints of a task from its blocks' raw records, as ``Program.end_task``
-    groups them: {buffer: [reads, writes, atomics]}, boxes coalesced where a kind has several."""
-    grouped: dict = {}
-    several = False
-    for fp in blocks_fps:
-        for buf, box, kind in fp:
-            g = grouped.get(buf)
-            if g is None:
-                g = grouped[buf] = [None, None, None]
-                g[kind] = [box]
-            elif g[kind] is None:
-                g[kind] = [box]
-            else:
-                g[kind].append(box)
-                several = True
-    if several:
-        for g in grouped.values():
-            for boxes in g:
-                if boxes and len(boxes) > 1:
-                    boxes[:] = coalesce(boxes)
-    return grouped
-
-
 _BLOCK_COUNTERS = tuple(a for a in Block.__slots__ if a not in ("task", "idx", "phase", "fp"))
 
 
@@ -1379,8 +1352,8 @@ class ReplayedProgram(Program):
             for k, (t, nt) in enumerate(zip(tpl.tasks, graph.tasks)):
                 raw = tpl.raw.get(k)
                 if raw is not None:
-                    nt.grouped = _group([[(bmap[id(buf)], _evaluated(box, reads), kind) for buf, box, kind in fp]
-                                         for fp in raw])
+                    nt.grouped = group_footprints([[(bmap[id(buf)], _evaluated(box, reads), kind)
+                                                    for buf, box, kind in fp] for fp in raw])
                 else:
                     nt.grouped = _evaluated(nt.grouped, reads)
                 for blk in nt.blocks:
