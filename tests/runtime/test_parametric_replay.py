@@ -12,8 +12,6 @@
   the program cache off (20 decode steps; a chunked prefill).
 """
 
-import re
-
 import pytest
 import torch
 
@@ -136,17 +134,38 @@ def test_symbols_stay_symbolic_in_arithmetic_and_guard_where_they_leave():
     assert p > 3 and int(p) == 37 and rec.guards[n:] == []  # a finished recording's symbols are numbers
 
 
-def _decode_runs(name: str, base: tuple, steps: int):
+def _case_runs(name: str, mode: str, starts: list) -> list:
+    """``(case run, argument values, output indices)`` of kernel ``name`` at each start_pos."""
     runs = []
-    for k in range(steps):
-        sp = tuple(p + k if p >= 0 else p for p in base)
-        cr = get_case(name).build("tiny", "decode", start_pos=sp)
+    for sp in starts:
+        cr = get_case(name).build("tiny", mode, start_pos=sp)
         torch.manual_seed(0)
         specs = resolve_outputs(cr.fn, cr.specs)
         vals = [s.create_tensor() if isinstance(s, TensorSpec) else s.to_python() for s in specs]
         outs = [i for i, s in enumerate(specs) if isinstance(s, TensorSpec) and s.is_output]
         runs.append((cr, vals, outs))
     return runs
+
+
+def _plain_then_parametric(runs: list) -> list:
+    """Run ``runs`` with the cache off, then in order with parametric recordings on; asserts
+    the outputs and graphs agree and returns which calls replayed."""
+    set_program_cache(False)
+    ref = []
+    for cr, vals, outs in runs:
+        args = [v.clone() if isinstance(v, torch.Tensor) else v for v in vals]
+        prog = cr.fn.run(*args)
+        ref.append(([args[i] for i in outs], graph_record(prog)))
+    set_program_cache(True)
+    replayed = []
+    with parametric_replay():
+        for step, ((cr, vals, outs), (ref_out, ref_graph)) in enumerate(zip(runs, ref)):
+            args = [v.clone() if isinstance(v, torch.Tensor) else v for v in vals]
+            prog = cr.fn.run(*args)
+            assert all(_same(args[i], r) for i, r in zip(outs, ref_out)), f"{cr.label} call {step}"
+            assert graph_record(prog) == ref_graph, f"{cr.label} call {step}"  # re-derived from its footprints
+            replayed.append(prog.replayed)
+    return replayed
 
 
 def _same(a, b) -> bool:
@@ -157,48 +176,17 @@ def _same(a, b) -> bool:
 @pytest.mark.parametrize("name,base", [("decode_sparse_attn_swa", (300, 200, 150, 140)),
                                        ("decode_sparse_attn_csa", (122, 110, 100, 90))])
 def test_decode_steps_at_successive_positions_replay_with_the_plain_graph(name, base):
-    runs = _decode_runs(name, base, 5)
-    set_program_cache(False)
-    ref = []
-    for cr, vals, outs in runs:
-        args = [v.clone() if isinstance(v, torch.Tensor) else v for v in vals]
-        prog = cr.fn.run(*args)
-        ref.append(([args[i] for i in outs], graph_record(prog)))
-    set_program_cache(True)
-    with parametric_replay():
-        for step, ((cr, vals, outs), (ref_out, ref_graph)) in enumerate(zip(runs, ref)):
-            args = [v.clone() if isinstance(v, torch.Tensor) else v for v in vals]
-            prog = cr.fn.run(*args)
-            assert all(_same(args[i], r) for i, r in zip(outs, ref_out)), f"{name} step {step}"
-            assert prog.replayed == (step >= 2), f"{name} step {step}: {cache_info()}"
-            assert graph_record(prog) == ref_graph, f"{name} step {step}"
+    starts = [tuple(p + k if p >= 0 else p for p in base) for k in range(5)]
+    replayed = _plain_then_parametric(_case_runs(name, "decode", starts))
+    assert replayed == [False, False, True, True, True], cache_info()  # a first call, the recording, replays
     assert cache_info()["recorded"] == 1 and cache_info()["replayed"] == 3
 
 
 def test_two_prefill_chunks_give_the_plain_results():
     # the chunks' positions steer the kernel's Python (page dicts, int() of positions): the
     # recording gives up and the chunks run plain, with the plain results and graphs
-    runs = []
-    for sp in (128, 256, 384):
-        cr = get_case("prefill_compressor_ratio128").build("tiny", "prefill", start_pos=sp)
-        torch.manual_seed(0)
-        specs = resolve_outputs(cr.fn, cr.specs)
-        vals = [s.create_tensor() if isinstance(s, TensorSpec) else s.to_python() for s in specs]
-        outs = [i for i, s in enumerate(specs) if isinstance(s, TensorSpec) and s.is_output]
-        runs.append((cr, vals, outs))
-    set_program_cache(False)
-    ref = []
-    for cr, vals, outs in runs:
-        args = [v.clone() if isinstance(v, torch.Tensor) else v for v in vals]
-        prog = cr.fn.run(*args)
-        ref.append(([args[i] for i in outs], graph_record(prog)))
-    set_program_cache(True)
-    with parametric_replay():
-        for (cr, vals, outs), (ref_out, ref_graph) in zip(runs, ref):
-            args = [v.clone() if isinstance(v, torch.Tensor) else v for v in vals]
-            prog = cr.fn.run(*args)
-            assert all(_same(args[i], r) for i, r in zip(outs, ref_out))
-            assert graph_record(prog) == ref_graph
+    replayed = _plain_then_parametric(_case_runs("prefill_compressor_ratio128", "prefill", [128, 256, 384]))
+    assert replayed == [False, False, False]
     assert cache_info()["uncacheable"] == 1 and cache_info()["errors"] == 0
 
 
