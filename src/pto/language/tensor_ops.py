@@ -321,12 +321,20 @@ class GMTensor:
                         and 0 <= a0 < b0 <= shape[0] and 0 <= a1 < b1 <= shape[1]
                         and rows[1] + b1 <= buf.C and (rows[2] == 1 or b0 - a0 == 1)
                         and not buf.slow and buf.shadow is None):
-                    st0, st1 = self._strides  # one as_strided view: the same view as data[key], cheaper
-                    src = self.data.as_strided((b0 - a0, b1 - a1), self._strides,
-                                               buf.base_off + self._off + a0 * st0 + a1 * st1)
                     br, bc, q = rows
+                    st0, st1 = self._strides
+                    n0, n1 = b0 - a0, b1 - a1
+                    if n1 == shape[1] and st0 == n1 and not buf.no_copy and not self.data.is_meta:
+                        # whole rows of a view whose rows are contiguous: one copying call (the clone
+                        # below of the same contiguous window gives the same contiguous tile)
+                        blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc, bc + b1), R))
+                        blk.bytes += n0 * n1 * self._itemsize
+                        blk.ld += 1
+                        return Tile(self.data.narrow_copy(0, a0, n0))
+                    # one as_strided view: the same view as data[key], cheaper
+                    src = self.data.as_strided((n0, n1), self._strides, buf.base_off + self._off + a0 * st0 + a1 * st1)
                     blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))
-                    blk.bytes += (b0 - a0) * (b1 - a1) * self._itemsize
+                    blk.bytes += n0 * n1 * self._itemsize
                     blk.ld += 1
                     if src.is_meta:
                         return Tile(_go.meta(src.shape, src.dtype))
@@ -371,8 +379,11 @@ class GMTensor:
                         and rows[1] + b1 <= buf.C and (rows[2] == 1 or b0 - a0 == 1)
                         and not buf.slow and not buf.readonly
                         and buf.shadow is None and src.dtype == self.data.dtype):
-                    st0, st1 = self._strides  # one as_strided view: the same view as data[key], cheaper
-                    self.data.as_strided(vs, self._strides, buf.base_off + self._off + a0 * st0 + a1 * st1).copy_(src)
+                    if b1 - a1 == shape[1]:  # whole rows: a row-slice assignment (the same copy, cheaper)
+                        self.data[a0:b0] = src
+                    else:  # one as_strided view: the same view as data[key], cheaper
+                        st0, st1 = self._strides
+                        self.data.as_strided(vs, self._strides, buf.base_off + self._off + a0 * st0 + a1 * st1).copy_(src)
                     br, bc, q = rows
                     blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), W))
                     blk.bytes += (b0 - a0) * (b1 - a1) * self._itemsize
@@ -554,7 +565,10 @@ def _store_rows(t: GMTensor, a0: int, a1: int, tile: Tile, atomic) -> bool:
         return False
     st0, st1 = t._strides
     if atomic is None:
-        d.as_strided((n0, n1), t._strides, buf.base_off + t._off + a0 * st0 + a1 * st1).copy_(src)
+        if n1 == shape[1]:  # whole rows: a row-slice assignment (the same copy, cheaper)
+            d[a0:b0] = src
+        else:
+            d.as_strided((n0, n1), t._strides, buf.base_off + t._off + a0 * st0 + a1 * st1).copy_(src)
         kind = W
     else:
         if (atomic != AtomicType.Add or buf.program.defer_atomics
