@@ -212,7 +212,7 @@ def gate_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                     pl.assemble(x_norm_i8, pl.set_validshape(xn, rows, D), [t0, 0])
                     pl.assemble(x_norm_scale, pl.full([rows, 1], pl.FP32, 1.0), [t0, 0])
                 else:
-                    s = pl.div(pl.full([TT, 1], pl.FP32, INT8_SCALE_MAX), int8_row_amax(xg))
+                    s = pl.div(INT8_SCALE_MAX, int8_row_amax(xg))  # number / tile: one IEEE division
                     pl.assemble(x_norm_i8, pl.set_validshape(int8_codes(xg, s), rows, D), [t0, 0])
                     pl.assemble(x_norm_scale, pl.set_validshape(pl.recip(s) * inv, rows, 1), [t0, 0])
                 pl.assemble(xg_buf, pl.set_validshape(xg, rows, D), [t0, 0])
