@@ -27,8 +27,8 @@ the reference, all value-preserving except the K association of the linear: tile
 CPU-sized (token tiles of up to 32 rows for rms / mix_x and up to 128 for split and
 Sinkhorn, whose 20 rounds then run as ~8 tile ops on the whole token tile; the linear
 takes 128 rows and its whole 4096-wide K-slice per matmul); the comb logits are loaded as one ``[tt, 16]`` tile and
-re-laid out as ``[tt*4 (token, i), 8 (j, 4 valid)]`` rows before ``fillpad(min)`` and the
-row softmax (the reference loads four ``[8, 8]`` tiles, valid 4); Sinkhorn's column pass is
+re-laid out as ``[tt*4 (token, i), 8 (j, 4 valid)]`` rows of a tile whose pad columns hold the
+FP32 minimum (``fillpad(min)``'s value, filled with the tile) before the row softmax (the reference loads four ``[8, 8]`` tiles, valid 4); Sinkhorn's column pass is
 a row pass on the transposed ``[tt*8 (token, j), 4 (i)]`` layout.
 """
 
@@ -79,6 +79,9 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {
 }
 
 # ---- kernel ----
+FP32_LOWEST = float(torch.finfo(torch.float32).min)  # the value pl.fillpad(..., PadValue.min) writes
+
+
 def inv_rms_rows(x_flat, inv_rms, t: int, t0: int, tile: int, eps: float) -> None:
     """Rows ``t0 .. t0 + tile`` (clipped to ``t``) of ``inv_rms [T, 1]`` FP32 from ``x_flat [T, n]``
     FP32 inside a block: ``rsqrt(mean(x^2) + eps)`` over the whole row (``high_precision``
@@ -180,7 +183,7 @@ def hc_pre(
     Tasks (ordered only by the derived graph): ``hc_pre_rms`` (inv_rms rows),
     ``hc_pre_linear`` (split-K ``x_flat @ hc_fn^T``, ``HC_OK`` K-slices atomically added
     into ``mixes_raw``), ``split_pre_post`` (pre weights, post), ``comb_sinkhorn`` (softmax
-    with ``fillpad(min)`` pads, one column pass, ``iters - 1`` row/column rounds), ``mix_x``
+    with FP32-minimum pads, one column pass, ``iters - 1`` row/column rounds), ``mix_x``
     (weighted stream sum, BF16 ``rint``). GM scratch: ``mixes_raw [t_linear, mix_pad] FP32``
     zero-initialised at allocation, ``inv_rms [t_linear, 1]`` and ``pre_val_store
     [t_linear, hc_pad]`` uninitialised (rows >= T never read), ``t_linear = round_up(T, 16)``
@@ -284,8 +287,8 @@ def hc_pre(
         z = pl.row_expand_mul(pl.slice(mixes_raw, [CT, hc * hc], [t0, 2 * hc], valid_shape=[rows, hc * hc]), inv)
         z = pl.col_expand_add(z * s_comb, pl.slice(base_row, [1, hc * hc], [0, 2 * hc]))
         # rows = (token, input stream i), columns = output stream j padded to hc_pad
-        zp = pl.assemble(pl.full([CT * hc, hc_pad], pl.FP32, 0.0), pl.reshape(z, [CT * hc, hc]), [0, 0])
-        zp = pl.fillpad(pl.set_validshape(zp, CT * hc, hc), pl.PadValue.min)  # exp(pad - max) = 0
+        # pad columns hold fillpad(min)'s value from the start: exp(pad - max) = 0
+        zp = pl.assemble(pl.full([CT * hc, hc_pad], pl.FP32, FP32_LOWEST), pl.reshape(z, [CT * hc, hc]), [0, 0])
         e = pl.exp(pl.row_expand_sub(zp, pl.row_max(zp)))
         c = pl.row_expand_div(e, pl.row_sum(e)) + hc_eps
         c = pl.fillpad(pl.set_validshape(c, CT * hc, hc), pl.PadValue.zero)
