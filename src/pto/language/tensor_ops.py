@@ -555,9 +555,9 @@ def _store_rows(t: GMTensor, a0: int, a1: int, tile: Tile, atomic) -> bool:
         if len(v) != 2:
             return False
         n0, n1 = v
-        if type(n0) is not int or type(n1) is not int or n0 > src.shape[0] or n1 > src.shape[1]:
+        if type(n0) is not int or type(n1) is not int or not (0 < n0 <= src.shape[0] and 0 < n1 <= src.shape[1]):
             return False
-        src = src[:n0, :n1]
+        src = src.as_strided((n0, n1), src.stride(), src.storage_offset())  # the view src[:n0, :n1]
     b0, b1 = a0 + n0, a1 + n1
     shape = t._shape
     br, bc, q = t._rows
@@ -1190,8 +1190,11 @@ def write(dst, idx, value):
     idx = [_idx(i, "an index") for i in idx]
     undefined = isinstance(value, ScalarValue) and not value.defined
     oid = value.oid if undefined else 0
-    v = value.value if isinstance(value, ScalarValue) else value
-    if isinstance(v, float) and not dst.data.dtype.is_floating_point and not v.is_integer():
+    # a program-cache symbol (parametric recording, runtime/symbolic.py) is stored as itself: the
+    # torch store records its expression; its fractional check is guarded by the outcome
+    v = value.value if isinstance(value, ScalarValue) and not value.symbolic else value
+    if ((isinstance(v, float) or isinstance(v, ScalarValue) and type(v.v) is float)
+            and not dst.data.dtype.is_floating_point and not v.is_integer()):
         what = f"integer tile ({dst.dtype})" if isinstance(dst, Tile) else f"integer tensor {dst.name} ({dst.dtype})"
         raise DslError(f"pl.write: fractional value {v} into {what}; cast it first{_where()}")
     if isinstance(dst, Tile):
