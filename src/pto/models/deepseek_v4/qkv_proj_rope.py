@@ -486,11 +486,10 @@ def materialize_rope_rows(
         t0 = b * RT
         rows = min(RT, active - t0)
         if rows > 0:
-            pos = pl.slice(position_ids, [RT], [t0], valid_shape=[rows])
-            for i in pl.range(rows):
-                p = pl.read(pos, [i])
-                rope_cos_t[t0 + i:t0 + i + 1, 0:r] = freqs_cos[p:p + 1, 0:r]
-                rope_sin_t[t0 + i:t0 + i + 1, 0:r] = freqs_sin[p:p + 1, 0:r]
+            pos = pl.read_values(pl.slice(position_ids, [RT], [t0], valid_shape=[rows]), [0], rows)
+            # the rows' table rows in one row gather each (the union of the one-row loads), one store each
+            rope_cos_t[t0:t0 + rows, 0:r] = pl.gather_rows(freqs_cos, pos)
+            rope_sin_t[t0:t0 + rows, 0:r] = pl.gather_rows(freqs_sin, pos)
     return task.tid
 
 
