@@ -85,6 +85,29 @@ def test_reads_that_feed_offsets_replay_and_reads_that_steer_python_diverge():
 
 
 @pl.jit
+def filled_by_read(pos: pl.Tensor[[1, 4], pl.INT32], out: pl.Out[pl.Tensor[[2, 8], pl.INT32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="fill"):
+        p = pl.read(pos, [0, 0])
+        t = pl.full([2, 8], pl.INT32, p + 1)  # a fill value read from data
+        pl.write(t, [1, 3], p * 2)  # an element written from a read value
+        out[0:2, 0:8] = t
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="write"):
+        pl.write(out, [0, 7], p - 1)
+    return out
+
+
+def test_fill_values_and_written_elements_read_from_data_replay():
+    with parametric_replay():
+        for p in (5, 5, 9, 100, -3):
+            out = torch.zeros(2, 8, dtype=torch.int32)
+            prog = filled_by_read.run(torch.tensor([[p, 0, 0, 0]], dtype=torch.int32), out)
+            ref = torch.full((2, 8), p + 1, dtype=torch.int32)
+            ref[1, 3], ref[0, 7] = p * 2, p - 1
+            assert torch.equal(out, ref), p
+        assert prog.replayed and cache_info()["replayed"] == 3 and cache_info()["diverged"] == 0
+
+
+@pl.jit
 def scaled_by_read(v: pl.Tensor[[1, 8], pl.FP32], x: pl.Tensor[[8, 16], pl.FP32],
                    y: pl.Out[pl.Tensor[[8, 16], pl.FP32]]):
     with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale"):

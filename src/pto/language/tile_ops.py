@@ -497,6 +497,17 @@ def full(shape, dtype, value) -> Tile:
             return Tile(torch.full(shape, value, dtype=dt.torch))
     tag = 0
     meta_value = isinstance(value, _MetaScalar)
+    if isinstance(value, ScalarValue) and value.symbolic:
+        # a value read from data under a parametric recording (runtime/symbolic.py): the same
+        # checks (guarded by their outcomes), and the fill takes its expression
+        shape = _tile_shape("pl.full", shape, "a tile dim")
+        if dt.is_int:
+            if type(value.v) is float and not value.is_integer():
+                raise DslError(f"pl.full: float value {value} for integer dtype {dt}")
+            if not dt.min <= value <= dt.max:
+                raise DslError(f"pl.full: value {value} out of range of {dt} [{dt.min}, {dt.max}]")
+        _count()
+        return Tile(torch.full(shape, value, dtype=dt.torch))
     if isinstance(value, ScalarValue):  # an undefined value fills an undefined tile (no error yet)
         tag = 0 if value.defined else value.oid
         value = value.value
