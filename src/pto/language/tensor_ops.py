@@ -555,9 +555,9 @@ def _store_rows(t: GMTensor, a0: int, a1: int, tile: Tile, atomic) -> bool:
         if len(v) != 2:
             return False
         n0, n1 = v
-        if type(n0) is not int or type(n1) is not int or n0 > src.shape[0] or n1 > src.shape[1]:
+        if type(n0) is not int or type(n1) is not int or not (0 < n0 <= src.shape[0] and 0 < n1 <= src.shape[1]):
             return False
-        src = src[:n0, :n1]
+        src = src.as_strided((n0, n1), src.stride(), src.storage_offset())  # the view src[:n0, :n1]
     b0, b1 = a0 + n0, a1 + n1
     shape = t._shape
     br, bc, q = t._rows
