@@ -12,6 +12,10 @@
   the program cache off (20 decode steps; a chunked prefill).
 """
 
+import math
+import struct
+
+import numpy
 import pytest
 import torch
 
@@ -152,6 +156,11 @@ def test_symbols_stay_symbolic_in_arithmetic_and_guard_where_they_leave():
     assert [10, 20, 30, 40, 50, 60][q] == 60 and rec.guards[-1] == ("exact", ("R", 1), 5)
     assert len(range(q)) == 5 and int(p) == 37 and hash(p) == hash(37) and f"{p}" == "37"
     assert [g[0] for g in rec.guards[-5:]] == ["exact"] * 5
+    for use in (lambda: struct.pack("i", q), lambda: [0] * q, lambda: "abcdef"[q], lambda: math.log2(q),
+                lambda: numpy.array([q]).dtype == numpy.array([5]).dtype, lambda: "%d" % q, lambda: {5: 1}[q]):
+        n = len(rec.guards)
+        assert use()  # C code and libraries get the number, and the recording a guard on it
+        assert rec.guards[n:] and set(rec.guards[n:]) == {("exact", ("R", 1), 5)}
     rec.active = False
     n = len(rec.guards)
     assert p > 3 and int(p) == 37 and rec.guards[n:] == []  # a finished recording's symbols are numbers

@@ -263,6 +263,11 @@ class Sym(ScalarValue):
         q, r = other // self, other % self
         return q, r
 
+    def __array__(self, dtype=None, copy=None):
+        """NumPy takes the exact value (a guard), as for a plain number."""
+        import numpy
+        return numpy.asarray(self._exact(), dtype=dtype)
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         """A torch call handed a symbol directly (torch's argument parser then defers to this
