@@ -176,7 +176,7 @@ def bind_arguments(jf: JitFunction, args, kwargs, gm: bool) -> list[Param]:
                 if not isinstance(value, torch.Tensor):
                     raise BindError(f"kernel {jf.__name__}: parameter {name!r} expects a torch tensor, "
                                     f"got {type(value).__name__}")
-                if value.device.type != "cpu" and value.device.type != "meta":  # meta: graph-only mode
+                if not (value.is_cpu or value.is_meta):  # meta: graph-only mode
                     raise BindError(f"kernel {jf.__name__}: parameter {name!r} is on device {value.device}; "
                                     "the CPU runtime needs CPU tensors (.cpu())")
                 if value.requires_grad and ann.direction != IN:

@@ -304,13 +304,29 @@ class Program:
                  f"{s.wall_us / 1e3:.1f} ms")
         return f"<pto Program {self.name}{' (check mode)' if self.check else ''}: {state}>"
 
+    @property
+    def dyn_dims(self) -> dict:
+        """The runtime extents of this call's ``pl.dynamic`` dims by name (``{"T": 129}``), for
+        capacity errors on the sizes derived from them; ``{}`` before the arguments are bound."""
+        d = self.__dict__.get("_dyn_dims")
+        if d is None:
+            params = self.__dict__.get("_params") or ()
+            d = {dv.name: p.value.shape[i] for p in params if isinstance(p.ann, TensorType) and p.ann.dims
+                 for i, dv in enumerate(p.ann.dims) if isinstance(dv, DynVar)}
+            if params:
+                self._dyn_dims = d
+        return d
+
+    @dyn_dims.setter
+    def dyn_dims(self, value: dict) -> None:
+        """Set the dynamic dims (a replay takes its recording's)."""
+        self._dyn_dims = value
+
     # ---- run -----------------------------------------------------------------
     def execute(self, args, kwargs) -> "Program":
         """Bind, run and finish; returns self. Raises the program's errors."""
         params = bind_arguments(self.jf, args, kwargs, gm=False)
-        # the runtime counts of this call (T=129), for capacity errors on the sizes derived from them
-        self.dyn_dims = {d.name: p.value.shape[i] for p in params if isinstance(p.ann, TensorType) and p.ann.dims
-                         for i, d in enumerate(p.ann.dims) if isinstance(d, DynVar)}
+        self._params = params  # dyn_dims is built from them when first read
         values = []
         for p in params:
             if isinstance(p.ann, TensorType):
