@@ -33,6 +33,9 @@ def coalesce(boxes: list) -> list:
     touching columns)."""
     if len(boxes) <= 1:
         return list(boxes)
+    fast = _coalesce_sorted(boxes)
+    if fast is not None:
+        return fast
     # sorted by (c0, c1, r0, r1): the boxes as column-first tuples, sorted as tuples (no key calls)
     out = []
     for c0, c1, r0, r1 in sorted([(b[2], b[3], b[0], b[1]) for b in set(boxes)]):
@@ -83,6 +86,47 @@ def group_footprints(block_fps: list) -> dict:
                 if boxes and len(boxes) > 1:
                     boxes[:] = coalesce(boxes)
     return grouped
+
+
+def _coalesce_sorted(boxes: list):
+    """:func:`coalesce` of boxes that all share one column range, or all share one row range
+    (rows of a window, gathered rows, column tiles of one row block): one tuple sort and one
+    merging pass; None for any other list. Such boxes sort by their other range alone (the
+    order the general path's two sorts give them), duplicates are absorbed by merging, and the
+    merged boxes are disjoint in that range, so the general second pass leaves them alone."""
+    r0, r1, c0, c1 = boxes[0]
+    b = boxes[1]
+    if b[2] == c0 and b[3] == c1:  # one column range: merge the row ranges
+        bs = sorted(boxes)
+        r0, r1 = bs[0][0], bs[0][1]
+        out = []
+        for b0, b1, b2, b3 in bs:
+            if b2 != c0 or b3 != c1:
+                return None
+            if b0 <= r1:
+                if b1 > r1:
+                    r1 = b1
+            else:
+                out.append((r0, r1, c0, c1))
+                r0, r1 = b0, b1
+        out.append((r0, r1, c0, c1))
+        return out
+    if b[0] == r0 and b[1] == r1:  # one row range: merge the column ranges
+        bs = sorted(boxes)
+        c0, c1 = bs[0][2], bs[0][3]
+        out = []
+        for b0, b1, b2, b3 in bs:
+            if b0 != r0 or b1 != r1:
+                return None
+            if b2 <= c1:
+                if b3 > c1:
+                    c1 = b3
+            else:
+                out.append((r0, r1, c0, c1))
+                c0, c1 = b2, b3
+        out.append((r0, r1, c0, c1))
+        return out
+    return None
 
 
 def _overlap(a, b) -> bool:
