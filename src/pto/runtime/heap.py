@@ -141,6 +141,7 @@ class RingHeap:
         self.storage = st
         self._typed: dict = {}  # torch dtype -> the backing buffer viewed as that dtype (see view)
         self.live: deque = deque()  # [offset, size, freed]
+        self._unfreed: dict = {}  # offset -> its live entry not freed yet (offsets of those are distinct)
         self.head = 0
         self.in_use = 0
         self.peak = 0
@@ -179,7 +180,9 @@ class RingHeap:
                 f"heap exhausted: request {what} of {nbytes} bytes does not fit; heap {self.size} bytes, "
                 f"{self.in_use} in use by {sum(1 for e in self.live if not e[2])} live tensors, "
                 f"high-water mark {self.peak} bytes (raise RunConfig(heap_bytes=...))")
-        self.live.append([off, size, False])
+        e = [off, size, False]
+        self.live.append(e)
+        self._unfreed[off] = e
         self.head = off + size
         self.in_use += size
         self.peak = max(self.peak, self.in_use)
@@ -193,11 +196,10 @@ class RingHeap:
         soon as they are freed (an inner scope's tensors, so that a loop whose
         iterations allocate and free reuses the same bytes while an outer
         tensor stays live). A tensor freed in the middle waits for an end."""
-        for e in self.live:
-            if e[0] == offset and not e[2]:
-                e[2] = True
-                self.in_use -= e[1]
-                break
+        e = self._unfreed.pop(offset, None)  # the entry a scan of ``live`` would find first
+        if e is not None:
+            e[2] = True
+            self.in_use -= e[1]
         while self.live and self.live[0][2]:
             self.live.popleft()
         while self.live and self.live[-1][2]:
