@@ -112,6 +112,34 @@ def test_fill_values_and_written_elements_read_from_data_replay():
 
 
 @pl.jit
+def counted_positive(v: pl.Tensor[[1, 32], pl.INT32], out: pl.Out[pl.Tensor[[1, 8], pl.INT32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="count"):
+        row = v[0:1, 0:32]
+        n = 0
+        for j in range(32):
+            if pl.read(row, [0, j]) > 0:  # one outcome guard per element
+                n += 1
+        out[0:1, 0:8] = pl.full([1, 8], pl.INT32, n)
+    return out
+
+
+def test_a_recording_past_its_guard_budget_gives_up_and_the_call_runs_plain(monkeypatch):
+    import pto.runtime.replay as replay
+    monkeypatch.setattr(replay, "_GUARD_BUDGET", 10)
+    torch.manual_seed(0)
+    with parametric_replay():
+        for k in range(4):
+            v = torch.randint(-5, 5, (1, 32), dtype=torch.int32)
+            out = torch.zeros(1, 8, dtype=torch.int32)
+            prog = counted_positive.run(v, out)
+            assert torch.equal(out, torch.full((1, 8), int((v > 0).sum()), dtype=torch.int32)), k
+            assert not prog.replayed
+    # call 2 gave up (uncacheable): the key went back to exact keys, where every call is a first one
+    info = cache_info()
+    assert (info["uncacheable"], info["recorded"], info["replayed"], info["plain"]) == (1, 0, 0, 3)
+
+
+@pl.jit
 def scaled_by_read(v: pl.Tensor[[1, 8], pl.FP32], x: pl.Tensor[[8, 16], pl.FP32],
                    y: pl.Out[pl.Tensor[[8, 16], pl.FP32]]):
     with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale"):

@@ -74,7 +74,8 @@ Parametric recordings (opt-in: ``with parametric_replay():``, :func:`set_paramet
   replay redoes it from its footprints;
 * a recording that raises (a DSL path that does not take a symbol) is dropped and the call runs
   plain (the caller's tensors are untouched until a run succeeds); a recording that takes more
-  than ``_GUARD_BUDGET`` guards or ``_EXACT_BUDGET`` exact ones gives up early; in both cases
+  than ``_GUARD_BUDGET`` guards or ``_EXACT_BUDGET`` exact ones stops there and the call runs
+  plain (going on under the recorder would cost more than a plain run); in both cases
   and at the first divergence of a recording that never replayed the key goes back to exact
   keys (the non-parametric behaviour above); three divergences in a row, too.
 
@@ -244,6 +245,11 @@ def _stack() -> str:
     import traceback
     fr = [f for f in traceback.extract_stack()[:-3] if "/pto/runtime/" not in f.filename]
     return " < ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in fr[-4:][::-1])
+
+
+class _GiveUp(BaseException):
+    """A parametric recording past its guard budget stops the run (internal; a BaseException so
+    that a kernel's ``except Exception`` does not swallow it)."""
 
 
 class _Diverged(Exception):
@@ -454,6 +460,10 @@ def _record(ent: _Entry, jf, args, kwargs, config) -> Program:
         prog.end_task = quiet_end_task
         try:
             prog.execute(args, kwargs)
+        except _GiveUp:  # past the guard budget: a plain run (the caller's tensors are untouched)
+            ent.state = "exact"
+            _count("uncacheable")
+            return Program(jf, config).execute(args, kwargs)
         except Exception as e:  # noqa: BLE001 - a plain run (the caller's tensors are untouched) raises it
             if _DEBUG:
                 import traceback
@@ -614,8 +624,8 @@ class _Recorder(TorchFunctionMode):
         return ("R", v)
 
     def _budget(self, exact: bool) -> None:
-        """Count a guard; past a budget the recording gives up: the rest of the run goes on with
-        plain numbers and the key goes back to exact keys. Many guards replay slowly; many exact
+        """Count a guard; past a budget the recording gives up (raises _GiveUp: the call then runs
+        plain) and the key goes back to exact keys. Many guards replay slowly; many exact
         ones (a program steering by the values it reads: routing, per-value Python lists) mean
         the next call's reads most likely take another path."""
         self.nguards += 1
@@ -625,6 +635,7 @@ class _Recorder(TorchFunctionMode):
             self.bad = (f"more than {_GUARD_BUDGET} guards" if self.nguards > _GUARD_BUDGET else
                         f"more than {_EXACT_BUDGET} exact guards") + " on values read from data"
             self.active = False
+            raise _GiveUp(self.bad)  # the run stops here; the call runs plain (cheaper than going on recorded)
 
     def guard_outcome(self, node, out: bool) -> None:
         """A guard: expression ``node`` (a comparison) had the outcome ``out``."""
