@@ -26,7 +26,7 @@ def _views(rng):
 
 
 def _views_rank1_rank3(rng):
-    """Rank-1 and rank-3 views (windows of a root, split dims, the rank-3 fast paths' kinds)."""
+    """Rank-1, narrow-row rank-2 and rank-3 views (windows of a root, split dims, the fast paths' kinds)."""
     for _ in range(600):
         rows, cols = rng.randrange(1, 7), rng.randrange(1, 13)
         root = torch.zeros(rows, cols) if rng.random() < 0.8 else torch.zeros(rows * cols)
@@ -36,6 +36,11 @@ def _views_rank1_rank3(rng):
         if pick < 0.25:  # a rank-1 window
             a = rng.randrange(flat.numel())
             v = flat[a:rng.randrange(a + 1, flat.numel() + 1)]
+        elif pick < 0.4 and root.dim() == 2:  # rows narrower than a root row: [rows, cols] as [rows * k, cols / k]
+            k = rng.choice([k for k in range(1, cols + 1) if cols % k == 0])
+            v = root.reshape(rows * k, cols // k)
+            r0, c0 = rng.randrange(v.shape[0]), rng.randrange(v.shape[1])
+            v = v[r0:rng.randrange(r0 + 1, v.shape[0] + 1), c0:rng.randrange(c0 + 1, v.shape[1] + 1)]
         elif pick < 0.6 and root.dim() == 2:  # [rows, cols] split into [rows, k, cols / k]: row, column, column
             ks = [k for k in range(1, cols + 1) if cols % k == 0]
             k = rng.choice(ks)

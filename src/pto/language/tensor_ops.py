@@ -99,6 +99,11 @@ class GMTensor:
         if len(st) == 1:
             if st[0] == 1:
                 self._fast = (self._off // C, self._off % C)
+        elif len(st) == 2:
+            if self._rows is None and st[1] == 1 and 0 < st[0] < C:
+                # a view whose rows are narrower than a root row (a [T, 2, D] root seen as [2T, D]):
+                # (offset, row stride, None)
+                self._fast = (self._off, st[0], None)
         elif len(st) == 3 and st[2] == 1 and C > 1 and st[0] > 0 and st[1] > 0 and st[0] % C == 0:
             if st[1] % C == 0:
                 self._fast = (0, self._off // C, self._off % C, st[0] // C, st[1] // C)
@@ -177,8 +182,20 @@ class GMTensor:
                 return None
             if bc + b1 <= C and (q == 1 or b0 - a0 == 1):
                 return (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1)
-        elif self._fast is not None:  # rank-1 and rank-3 fast paths, same results as the general loop
+        elif self._fast is not None:  # rank-1, narrow-row rank-2 and rank-3 fast paths, same results as the general loop
             f = self._fast
+            if len(f) == 3:  # rows narrower than a root row: the flat span's root rows
+                a0, a1 = starts
+                b0, b1 = stops
+                if b0 <= a0 or b1 <= a1:
+                    return None
+                off, st0, _ = f
+                f_lo = off + a0 * st0 + a1
+                f_hi = off + (b0 - 1) * st0 + b1 - 1
+                r0, r1 = f_lo // C, f_hi // C
+                if r0 == r1:
+                    return (r0, r0 + 1, f_lo - r0 * C, f_hi - r0 * C + 1)
+                return (r0, r1 + 1, 0, C)
             if len(f) == 2:
                 a, = starts
                 b, = stops

@@ -929,12 +929,17 @@ def gather(x, dim: int = -1, index=None, mask_pattern=None, output_dtype=None) -
     ii = idx.data.to(torch.int64)
     if idx.mask is not None:  # undefined indices gather an undefined element, not an error
         ii = torch.where(idx.mask != 0, 0, ii)
-    if ii.shape[0] == 1 and x.shape[0] != 1:
-        ii = ii.expand(x.shape[0], ii.shape[1])
-    elif ii.shape[0] != x.shape[0]:
-        raise DslError(f"pl.gather: index rows {ii.shape[0]} != x rows {x.shape[0]}")
-    if ii.numel() and (int(ii.min()) < 0 or int(ii.max()) >= x.shape[1]):
-        raise DslError(f"pl.gather: index out of range [0, {x.shape[1]}): min {int(ii.min())}, max {int(ii.max())}")
+    xr, xc = x.data.shape
+    ir, ic = ii.shape
+    if ir == 1 and xr != 1:
+        ii = ii.expand(xr, ic)
+    elif ir != xr:
+        raise DslError(f"pl.gather: index rows {ir} != x rows {xr}")
+    if ii.numel():
+        lo, hi = torch.aminmax(ii)  # one reduction for both bounds
+        lo, hi = int(lo), int(hi)
+        if lo < 0 or hi >= xc:
+            raise DslError(f"pl.gather: index out of range [0, {xc}): min {lo}, max {hi}")
     out = torch.gather(x.data, 1, ii)
     mask = None
     if x.mask is not None:
