@@ -28,8 +28,9 @@ CPU-sized (token tiles of up to 32 rows for rms / mix_x and up to 128 for split 
 Sinkhorn, whose 20 rounds then run as ~8 tile ops on the whole token tile; the linear
 takes 128 rows and its whole 4096-wide K-slice per matmul); the comb logits are loaded as one ``[tt, 16]`` tile and
 re-laid out as ``[tt*4 (token, i), 8 (j, 4 valid)]`` rows of a tile whose pad columns hold the
-FP32 minimum (``fillpad(min)``'s value, filled with the tile) before the row softmax (the reference loads four ``[8, 8]`` tiles, valid 4); Sinkhorn's column pass is
-a row pass on the transposed ``[tt*8 (token, j), 4 (i)]`` layout.
+FP32 minimum (``fillpad(min)``'s value, filled with the tile) before the row softmax (the
+reference loads four ``[8, 8]`` tiles, valid 4); Sinkhorn's column pass is a row pass on the
+transposed ``[tt*8 (token, j), 4 (i)]`` layout.
 """
 
 import functools
