@@ -554,8 +554,9 @@ _ATOMIC_INT = (torch.int32, torch.int16, torch.int8)  # integer dtypes an atomic
 
 def _store_rows(t: GMTensor, a0: int, a1: int, tile: Tile, atomic) -> bool:
     """The fast path of :func:`_store` for a rank-2 tile (its valid region) at the int offsets
-    ``(a0, a1)`` of a 2-D view with a row-box fast path (``t._rows``), inside a block of a plain
-    run (no shadow, no held-back atomic adds, not graph-only). Does what ``_store`` does (bounds,
+    ``(a0, a1)`` of a 2-D view with a box fast path (``t._rows``, or ``t._fast``: rows narrower
+    than a root row), inside a block of a plain run (no shadow, no held-back atomic adds, not
+    graph-only). Does what ``_store`` does (bounds,
     copy or add, footprint, byte and store counts) and returns True; returns False, having done
     nothing, whenever any condition fails (``_store`` then runs and raises what it raises)."""
     buf = t.buf
@@ -577,9 +578,18 @@ def _store_rows(t: GMTensor, a0: int, a1: int, tile: Tile, atomic) -> bool:
         src = src.as_strided((n0, n1), src.stride(), src.storage_offset())  # the view src[:n0, :n1]
     b0, b1 = a0 + n0, a1 + n1
     shape = t._shape
-    br, bc, q = t._rows
-    if not (0 <= a0 < b0 <= shape[0] and 0 <= a1 < b1 <= shape[1] and bc + b1 <= buf.C and (q == 1 or n0 == 1)):
+    if not (0 <= a0 < b0 <= shape[0] and 0 <= a1 < b1 <= shape[1]):
         return False
+    rows = t._rows
+    if rows is not None:
+        br, bc, q = rows
+        if bc + b1 > buf.C or (q != 1 and n0 != 1):
+            return False
+        box = (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1)
+    else:  # another 2-D view with a box fast path (rows narrower than a root row)
+        box = t.box((a0, a1), (b0, b1))
+        if type(box) is not tuple:
+            return False
     st0, st1 = t._strides
     if atomic is None:
         if n1 == shape[1]:  # whole rows: a row-slice assignment (the same copy, cheaper)
@@ -593,7 +603,7 @@ def _store_rows(t: GMTensor, a0: int, a1: int, tile: Tile, atomic) -> bool:
             return False
         d.as_strided((n0, n1), t._strides, buf.base_off + t._off + a0 * st0 + a1 * st1).add_(src)
         kind = A
-    blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), kind))
+    blk.fp.append((buf, box, kind))
     blk.bytes += n0 * n1 * t._itemsize
     blk.st += 1
     return True
@@ -961,7 +971,8 @@ def assemble(dst, src, offsets, atomic=None):
     Raises:
         DslError: as :func:`store`.
     """
-    if type(dst) is GMTensor and type(src) is Tile and dst._rows is not None and len(offsets) == 2:
+    if (type(dst) is GMTensor and type(src) is Tile and len(offsets) == 2 and len(dst._shape) == 2
+            and (dst._rows is not None or dst._fast is not None)):
         o0, o1 = offsets  # fast path: a 2-D tile at int offsets of a plain 2-D GM view
         if type(o0) is int and type(o1) is int and _store_rows(dst, o0, o1, src, atomic):
             return dst
