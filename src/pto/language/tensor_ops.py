@@ -348,6 +348,14 @@ class GMTensor:
                         blk.bytes += n0 * n1 * self._itemsize
                         blk.ld += 1
                         return Tile(self.data.narrow_copy(0, a0, n0))
+                    if n0 > 1 and not buf.no_copy and not self.data.is_meta:
+                        # one copying call: the clone below of this view (unit column stride, more
+                        # than one row) is contiguous, as as_strided_copy's result
+                        blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))
+                        blk.bytes += n0 * n1 * self._itemsize
+                        blk.ld += 1
+                        return Tile(torch.as_strided_copy(self.data, (n0, n1), self._strides,
+                                                          buf.base_off + self._off + a0 * st0 + a1 * st1))
                     # one as_strided view: the same view as data[key], cheaper
                     src = self.data.as_strided((n0, n1), self._strides, buf.base_off + self._off + a0 * st0 + a1 * st1)
                     blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))

@@ -996,6 +996,8 @@ def tile_slice(x, shape, offsets) -> Tile:
             n0, n1 = d.shape
             if 0 <= o0 and 0 <= s0 and o0 + s0 <= n0 and 0 <= o1 and 0 <= s1 and o1 + s1 <= n1 and not d.is_meta:
                 st0, st1 = st = d.stride()
+                if s0 > 1 and st1 == 1:  # the clone of such a view is contiguous: one copying call
+                    return Tile(torch.as_strided_copy(d, (s0, s1), st, d.storage_offset() + o0 * st0 + o1 * st1))
                 return Tile(d.as_strided((s0, s1), st, d.storage_offset() + o0 * st0 + o1 * st1).clone())
     x = _as_tile(x, "pl.slice")
     if len(shape) != x.data.dim() or len(offsets) != x.data.dim():
