@@ -1030,6 +1030,10 @@ def tile_assemble(dst, src, offsets) -> Tile:
                 and not dd.is_meta and not sd.is_meta):
             s0, s1 = sd.shape
             if 0 <= o0 and o0 + s0 <= dd.shape[0] and 0 <= o1 and o1 + s1 <= dd.shape[1]:
+                st0, st1 = st = dd.stride()
+                if dd.storage_offset() == 0 and dd.is_contiguous():
+                    # one call: a copy of the target (contiguous, offset 0, as its clone) with the window set
+                    return Tile(torch.as_strided_scatter(dd, sd, (s0, s1), st, o0 * st0 + o1 * st1), None, dst.valid)
                 out = dd.clone()
                 st0, st1 = st = out.stride()
                 out.as_strided((s0, s1), st, o0 * st0 + o1 * st1).copy_(sd)
