@@ -1105,13 +1105,19 @@ def read_values(src, idx, n: int) -> list:
 
     Raises:
         DslError: ``n`` negative or not an int, an index out of bounds (the first element past
-            the last dim names it, as ``pl.read`` would), or ``src`` not a tensor or tile.
+            the last dim names it, as ``pl.read`` would), an empty ``idx``, or ``src`` not a
+            tensor or tile (also when ``n`` is 0).
     """
     n = _idx(n, "a read_values count")
     if n < 0:
         raise DslError(f"pl.read_values: negative count {n}{_where()}")
     if not isinstance(idx, (list, tuple)):
         idx = [idx]
+    if not isinstance(src, (Tile, GMTensor)):
+        raise DslError(f"pl.read_values: expected a tensor or tile, got {type(src).__name__}{_where()}")
+    if not idx:
+        raise DslError(f"pl.read_values: an empty index; give the first element's index, one int per dim"
+                       f"{_where()}")
     if n == 0:
         return []
     head, j0 = list(idx[:-1]), idx[-1]
