@@ -261,3 +261,27 @@ def test_int32_to_fp32_matches_numpy_neighbours(v, mode):
         dl, dh = v - float(lo), float(hi) - v
         want = (hi if v > 0 else lo) if dl == dh else r
     assert cast1(v, pl.INT32, pl.FP32, mode) == float(want), (v, mode)
+
+
+
+def _np_int_to_fp32(v: int, mode: str) -> float:
+    """The FP32 value of integer ``v`` under ``mode``, from numpy's nearest-even conversion and its
+    neighbours (independent of pl.cast)."""
+    r = np.float32(v)
+    lo = r if float(r) <= v else np.nextafter(r, np.float32(-np.inf))
+    hi = r if float(r) >= v else np.nextafter(r, np.float32(np.inf))
+    if mode == "round" and v - float(lo) == float(hi) - v and lo != hi:
+        return float(hi if v > 0 else lo)
+    return float({"floor": lo, "ceil": hi, "trunc": lo if v > 0 else hi}.get(mode, r))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("src", [torch.int32, torch.int64])
+def test_int_to_fp32_tile_near_2_pow_24_matches_numpy_neighbours(mode, src):
+    # a tile whose magnitudes stay within 2^24 converts in one step; one element past it sends the
+    # whole tile through the exact rounding path: both give numpy's neighbours in every mode
+    for edge in (1 << 24, (1 << 24) + 1, (1 << 24) + 3, -(1 << 24) - 3, (1 << 25) + 2):
+        vals = [0, 7, -9, 1 << 23, -(1 << 24), edge]
+        got = pl.cast(Tile(torch.tensor([vals], dtype=src)), pl.FP32, mode=mode).data[0].tolist()
+        want = [_np_int_to_fp32(v, mode) for v in vals]
+        assert got == want, (edge, mode, got, want)

@@ -728,6 +728,11 @@ def cast(x, target_type, mode="round") -> Tile:
         out = src != 0
     elif dst.is_float:
         exact = _exact_float_cast(src.dtype, dst.torch)
+        if not exact and dst.torch == torch.float32 and src.dtype in (torch.int32, torch.int64) and src.numel():
+            # an integer of magnitude <= 2^24 is exact in FP32: the common INT32 matmul accumulator
+            # takes one conversion (the general path below gives the same values, at 8x the cost)
+            lo, hi = torch.aminmax(src)
+            exact = -(1 << 24) <= lo.item() and hi.item() <= 1 << 24
         if exact or (src.dtype.is_floating_point and mode in ("none", "rint")):
             out = src.to(dst.torch)  # float -> narrower float: one correctly rounded (RNE) conversion
         else:
