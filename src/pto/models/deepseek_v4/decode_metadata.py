@@ -341,8 +341,9 @@ def decode_metadata_kernels(cfg: DeepSeekV4Config, n_cmp_cols: int | None = None
         """Task ``decode_window_indices``: per-token window rows (module docstring)."""
         t, s = geometry(position_ids, block_table)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="decode_window_indices") as tid:
+            positions = pl.read_values(position_ids, [0], t)  # every token's position, one call
             for tok in pl.range(t):
-                pos = pl.read(position_ids, [tok])
+                pos = positions[tok]
                 row = pl.full([1, W], pl.INT32, -1) if pos < 0 else window_row(
                     "decode_window_indices", tok, pos, block_table, (tok // s,), window=W, block_size=BS,
                     n_blocks=NBLK, n_pages=P)
@@ -355,8 +356,9 @@ def decode_metadata_kernels(cfg: DeepSeekV4Config, n_cmp_cols: int | None = None
         """Task ``decode_cmp_indices``: ``k`` for ``k < min(NC, (p + 1) // ratio)``, else -1."""
         t = pl.tensor.dim(position_ids, 0)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="decode_cmp_indices") as tid:
+            positions = pl.read_values(position_ids, [0], t)  # every token's position, one call
             for tok in pl.range(t):
-                pos = pl.read(position_ids, [tok])
+                pos = positions[tok]
                 n_vis = min(NC, (pos + 1) // ratio) if pos >= 0 else 0
                 row = pl.full([1, NC], pl.INT32, -1)
                 if n_vis > 0:
@@ -386,8 +388,9 @@ def decode_metadata_kernels(cfg: DeepSeekV4Config, n_cmp_cols: int | None = None
         copy), zeros for an inactive token (pypto-lib `decode_attention_swa.py` ``swa_rope_step``)."""
         t = pl.tensor.dim(position_ids, 0)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="decode_rope_rows") as tid:
+            positions = pl.read_values(position_ids, [0], t)  # every token's position, one call
             for tok in pl.range(t):
-                pos = pl.read(position_ids, [tok])
+                pos = positions[tok]
                 if pos >= MAXPOS:
                     raise BindError(f"decode_rope_rows: position_ids[{tok}] = {pos} is past the RoPE tables "
                                     f"({MAXPOS} rows)")
