@@ -325,14 +325,8 @@ class GMTensor:
             if type(k0) is _pyslice and type(k1) is _pyslice and k0.step is None and k1.step is None:
                 a0, b0, a1, b1 = k0.start, k0.stop, k1.start, k1.stop
                 shape = self._shape
-                if a0 is None:
-                    a0 = 0
-                if b0 is None:
-                    b0 = shape[0]
-                if a1 is None:
-                    a1 = 0
-                if b1 is None:
-                    b1 = shape[1]
+                if a0 is None or b0 is None or a1 is None or b1 is None:
+                    a0, b0, a1, b1 = _omitted_bounds(a0, b0, a1, b1, shape)
                 buf = self.buf
                 if (type(a0) is int and type(b0) is int and type(a1) is int and type(b1) is int
                         and 0 <= a0 < b0 <= shape[0] and 0 <= a1 < b1 <= shape[1]
@@ -341,28 +335,19 @@ class GMTensor:
                     br, bc, q = rows
                     st0, st1 = self._strides
                     n0, n1 = b0 - a0, b1 - a1
-                    if n1 == shape[1] and st0 == n1 and not buf.no_copy and not self.data.is_meta:
-                        # whole rows of a view whose rows are contiguous: one copying call (the clone
-                        # below of the same contiguous window gives the same contiguous tile)
-                        blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc, bc + b1), R))
-                        blk.bytes += n0 * n1 * self._itemsize
-                        blk.ld += 1
-                        return Tile(self.data.narrow_copy(0, a0, n0))
-                    if n0 > 1 and not buf.no_copy and not self.data.is_meta:
-                        # one copying call: the clone below of this view (unit column stride, more
-                        # than one row) is contiguous, as as_strided_copy's result
-                        blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))
-                        blk.bytes += n0 * n1 * self._itemsize
-                        blk.ld += 1
-                        return Tile(torch.as_strided_copy(self.data, (n0, n1), self._strides,
-                                                          buf.base_off + self._off + a0 * st0 + a1 * st1))
-                    # one as_strided view: the same view as data[key], cheaper
-                    src = self.data.as_strided((n0, n1), self._strides, buf.base_off + self._off + a0 * st0 + a1 * st1)
+                    d = self.data
+                    off = buf.base_off + self._off + a0 * st0 + a1 * st1
                     blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))
                     blk.bytes += n0 * n1 * self._itemsize
                     blk.ld += 1
-                    if src.is_meta:
-                        return Tile(_go.meta(src.shape, src.dtype))
+                    if d.is_meta:
+                        return Tile(_go.meta((n0, n1), d.dtype))
+                    if not buf.no_copy:  # a copy, in one torch call where that gives the same tile as below
+                        if n1 == shape[1] and st0 == n1:  # whole rows of a view with contiguous rows
+                            return Tile(d.narrow_copy(0, a0, n0))
+                        if n0 > 1:  # the clone below of such a view is contiguous, as as_strided_copy's result
+                            return Tile(torch.as_strided_copy(d, (n0, n1), self._strides, off))
+                    src = d.as_strided((n0, n1), self._strides, off)  # the view data[key], one call
                     return Tile(src if buf.no_copy and src.is_contiguous() else src.clone())  # as _load
         starts, stops, drop = self._parse(key)
         if len(drop) == len(self._shape):
@@ -387,14 +372,8 @@ class GMTensor:
             if type(k0) is _pyslice and type(k1) is _pyslice and k0.step is None and k1.step is None:
                 a0, b0, a1, b1 = k0.start, k0.stop, k1.start, k1.stop
                 shape = self._shape
-                if a0 is None:
-                    a0 = 0
-                if b0 is None:
-                    b0 = shape[0]
-                if a1 is None:
-                    a1 = 0
-                if b1 is None:
-                    b1 = shape[1]
+                if a0 is None or b0 is None or a1 is None or b1 is None:
+                    a0, b0, a1, b1 = _omitted_bounds(a0, b0, a1, b1, shape)
                 buf = self.buf
                 src = value.data
                 vs = src.shape
@@ -451,6 +430,13 @@ class GMTensor:
         if drop:
             v = v.reshape([s for d, s in enumerate(v.shape) if d not in drop])
         return GMTensor(v, self.buf, self.name)
+
+
+def _omitted_bounds(a0, b0, a1, b1, shape) -> tuple:
+    """The bounds of a 2-D subscript ``x[a0:b0, a1:b1]`` of ``shape`` with the omitted (None) ones
+    replaced by the dim's start or extent."""
+    return (0 if a0 is None else a0, shape[0] if b0 is None else b0,
+            0 if a1 is None else a1, shape[1] if b1 is None else b1)
 
 
 def _window(t: GMTensor, starts, stops) -> torch.Tensor:

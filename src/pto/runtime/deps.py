@@ -94,39 +94,30 @@ def _coalesce_sorted(boxes: list):
     merging pass; None for any other list. Such boxes sort by their other range alone (the
     order the general path's two sorts give them), duplicates are absorbed by merging, and the
     merged boxes are disjoint in that range, so the general second pass leaves them alone."""
-    r0, r1, c0, c1 = boxes[0]
-    b = boxes[1]
-    if b[2] == c0 and b[3] == c1:  # one column range: merge the row ranges
-        bs = sorted(boxes)
-        r0, r1 = bs[0][0], bs[0][1]
-        out = []
-        for b0, b1, b2, b3 in bs:
-            if b2 != c0 or b3 != c1:
-                return None
-            if b0 <= r1:
-                if b1 > r1:
-                    r1 = b1
-            else:
-                out.append((r0, r1, c0, c1))
-                r0, r1 = b0, b1
-        out.append((r0, r1, c0, c1))
-        return out
-    if b[0] == r0 and b[1] == r1:  # one row range: merge the column ranges
-        bs = sorted(boxes)
-        c0, c1 = bs[0][2], bs[0][3]
-        out = []
-        for b0, b1, b2, b3 in bs:
-            if b0 != r0 or b1 != r1:
-                return None
-            if b2 <= c1:
-                if b3 > c1:
-                    c1 = b3
-            else:
-                out.append((r0, r1, c0, c1))
-                c0, c1 = b2, b3
-        out.append((r0, r1, c0, c1))
-        return out
-    return None
+    first, second = boxes[0], boxes[1]
+    if second[2] == first[2] and second[3] == first[3]:
+        lo, hi, k0, k1 = 0, 1, 2, 3  # one column range: merge the row ranges
+    elif second[0] == first[0] and second[1] == first[1]:
+        lo, hi, k0, k1 = 2, 3, 0, 1  # one row range: merge the column ranges
+    else:
+        return None
+    f0, f1 = first[k0], first[k1]
+    bs = sorted(boxes)
+    spans = []
+    s0, s1 = bs[0][lo], bs[0][hi]
+    for b in bs:
+        if b[k0] != f0 or b[k1] != f1:
+            return None
+        if b[lo] <= s1:
+            if b[hi] > s1:
+                s1 = b[hi]
+        else:
+            spans.append((s0, s1))
+            s0, s1 = b[lo], b[hi]
+    spans.append((s0, s1))
+    if lo == 0:
+        return [(a, b, f0, f1) for a, b in spans]
+    return [(f0, f1, a, b) for a, b in spans]
 
 
 def _overlap(a, b) -> bool:
