@@ -123,7 +123,11 @@ class MetaScalar(ScalarValue):
 
 
 def read_origin(name: str, idx) -> str:
-    """``"name[i, j] (read at file:line)"`` for a :class:`MetaScalar`'s origin."""
+    """``"name[i, j] (read at file:line)"`` for a :class:`MetaScalar`'s origin: the kernel's line
+    (past the runtime's frames too: a buffer with real storage is read by runtime/graph_only.py)."""
     f = _ctx.user_frame()
+    while f is not None and any(p in f.f_code.co_filename.replace("\\", "/")
+                                for p in ("/pto/runtime/", "/pto/language/")):
+        f = f.f_back
     site = f" (read at {_ctx.frame_site(f)})" if f is not None else ""
     return f"{name}{list(idx)}{site}"
