@@ -1197,7 +1197,8 @@ def write(dst, idx, value):
     """Scalar element store into a GM tensor (inside a task) or a tile.
 
     Raises:
-        DslError: a GM write outside a task, or an index out of bounds.
+        DslError: a GM write outside a task, an index out of bounds, a fractional value into an
+            integer dtype, or a number outside an integer dtype's range.
     """
     if type(dst) is Tile and dst.mask is None and type(idx) in (list, tuple) and (type(value) is int or (
             type(value) is float and (dst.data.dtype.is_floating_point or value.is_integer()))):
@@ -1211,8 +1212,11 @@ def write(dst, idx, value):
             else:
                 if d._base is not None and aliases_readonly(d):
                     d = dst.data = d.clone()
-                d[tuple(idx)] = value
-                return dst
+                try:
+                    d[tuple(idx)] = value
+                    return dst
+                except RuntimeError:  # a value out of an integer dtype's range: the checks below raise
+                    pass
     if not isinstance(idx, (list, tuple)):
         idx = [idx]
     idx = [_idx(i, "an index") for i in idx]
@@ -1227,6 +1231,7 @@ def write(dst, idx, value):
         raise DslError(f"pl.write: fractional value {v} into {what}; cast it first{_where()}")
     if isinstance(dst, Tile):
         idx = _tile_element("write", dst, idx)
+        v = _int_in_range(dst, v, undefined)
         if isinstance(value, _go.MetaScalar) or dst.data.is_meta:  # graph-only mode: the tile becomes unknown
             dst.data = _go.meta(dst.data.shape, dst.data.dtype)
             return dst
@@ -1239,6 +1244,7 @@ def write(dst, idx, value):
     if not isinstance(dst, GMTensor):
         raise DslError(f"pl.write: expected a tensor or tile, got {type(dst).__name__}")
     _check_element_index("write", dst, idx)
+    v = _int_in_range(dst, v, undefined)
     if isinstance(value, _go.MetaScalar):  # graph-only mode: an unknown element
         t = Tile(_go.meta([1] * len(idx), dst.data.dtype))
     else:
@@ -1246,6 +1252,18 @@ def write(dst, idx, value):
                  None if not undefined else torch.full([1] * len(idx), oid, dtype=torch.int32))
     _store(dst, idx, t, None)
     return dst
+
+
+def _int_in_range(dst, v, undefined: bool):
+    """``v`` for :func:`write` into the integer tile or tensor ``dst``: a plain number outside the
+    dtype's range is a DslError (as ``pl.full`` says it), or 0 when it is an undefined value's
+    (check mode: the element is marked undefined, any number in range stands for it)."""
+    dt = dst.dtype
+    if (type(v) is int or type(v) is float) and dt.is_int and not dt.min <= v <= dt.max:
+        if undefined:
+            return 0
+        raise DslError(f"pl.write: value {v} out of range of {dt} [{dt.min}, {dt.max}]{_where()}")
+    return v
 
 
 def reshape(x, shape):
