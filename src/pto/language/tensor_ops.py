@@ -1197,8 +1197,9 @@ def write(dst, idx, value):
     """Scalar element store into a GM tensor (inside a task) or a tile.
 
     Raises:
-        DslError: a GM write outside a task, an index out of bounds, a fractional value into an
-            integer dtype, or a number outside an integer dtype's range.
+        DslError: a destination that is not a GM tensor or a tile, a GM write outside a task, an
+            index out of bounds, a fractional value into an integer dtype, or a number outside an
+            integer dtype's range.
     """
     if type(dst) is Tile and dst.mask is None and type(idx) in (list, tuple) and (type(value) is int or (
             type(value) is float and (dst.data.dtype.is_floating_point or value.is_integer()))):
@@ -1217,6 +1218,9 @@ def write(dst, idx, value):
                     return dst
                 except RuntimeError:  # a value out of an integer dtype's range: the checks below raise
                     pass
+    if not isinstance(dst, (Tile, GMTensor)):  # before anything reads dst.data or dst.dtype
+        got = f"{type(dst).__name__} {dst!r}" if isinstance(dst, (int, float, str)) else type(dst).__name__
+        raise DslError(f"pl.write: expected a GM tensor or a tile to write into, got {got}{_where()}")
     if not isinstance(idx, (list, tuple)):
         idx = [idx]
     idx = [_idx(i, "an index") for i in idx]
@@ -1241,8 +1245,6 @@ def write(dst, idx, value):
         if dst.mask is not None or undefined:
             dst.own_mask()[tuple(idx)] = oid
         return dst
-    if not isinstance(dst, GMTensor):
-        raise DslError(f"pl.write: expected a tensor or tile, got {type(dst).__name__}")
     _check_element_index("write", dst, idx)
     v = _int_in_range(dst, v, undefined)
     if isinstance(value, _go.MetaScalar):  # graph-only mode: an unknown element
