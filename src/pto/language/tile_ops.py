@@ -92,7 +92,9 @@ class Tile:
             originating from allocation k; None = all defined.
         valid: per-dim extents of the valid region, or None for the full tile.
 
-    Python operators map to the DSL ops (``a + b`` is ``pl.add(a, b)``).
+    Python operators map to the DSL ops (``a + b`` is ``pl.add(a, b)``, ``a / b`` is
+    ``pl.div(a, b)``). ``//`` is a DslError: no DSL op floors a quotient (``pl.div`` truncates
+    integer quotients toward zero, Python's ``//`` floors them).
     """
 
     __slots__ = ("data", "mask", "valid", "_mown", "_vals")
@@ -146,6 +148,8 @@ class Tile:
     def __rmul__(self, o): return mul(self, o)
     def __truediv__(self, o): return div(self, o)
     def __rtruediv__(self, o): return div(o, self)
+    def __floordiv__(self, o): _no_floordiv(self, o)
+    def __rfloordiv__(self, o): _no_floordiv(o, self)
     def __neg__(self): return neg(self)
 
     def __getitem__(self, key):
@@ -200,6 +204,16 @@ class Tile:
             self.data[key] = v
             if self.mask is not None:
                 self.own_mask()[key] = 0
+
+
+def _no_floordiv(a, b):
+    """``a // b`` with a tile on either side: a DslError naming the operands and the op to use.
+    Python's ``//`` floors; the DSL's division (``pl.div``, the ``/`` operator) is IEEE on float
+    tiles and truncates toward zero on integer tiles, so mapping ``//`` to it would give another
+    quotient for negative operands, and there is no flooring division op."""
+    raise DslError(f"'//' on a tile ({a!r} // {b!r}): no DSL op floors a quotient; use pl.div (the '/' "
+                   "operator: IEEE division on float tiles, truncation toward zero on integer tiles), "
+                   "and for a floored quotient pl.cast(a / b, dtype, mode='floor') on float tiles")
 
 
 def tile_key(shape, key, op: str) -> tuple:
