@@ -43,7 +43,8 @@ import torch
 from pto.errors import DslError
 from pto.language import _ctx
 from pto.language import graph_only as _go
-from pto.language.dtypes import BF16, FP16, FP32, INT8, INT16, INT32, UINT32, DType, as_dtype, from_torch
+from pto.language.dtypes import (BF16, FP16, FP32, INT8, INT16, INT32, INT64, UINT8, UINT32, DType, as_dtype,
+                                 from_torch)
 from pto.language.typing import ScalarValue, as_int, concrete
 
 _meta = _go.meta  # a shape-only tile value (graph-only mode)
@@ -186,7 +187,13 @@ class Tile:
         if aliases_readonly(self.data):  # a no-copy load of an In parameter: copy before writing
             self.data = self.data.clone()
         if isinstance(value, ScalarValue):
-            self.data[key] = value.value
+            x = value.value
+            if type(x) is int or type(x) is float:
+                if not _int_fits(x, self.data.dtype):
+                    if value.defined:
+                        _int_range_error("tile subscript assign", x, self.data.dtype)
+                    x = 0  # an undefined value (check mode): the element is marked undefined below
+            self.data[key] = x
             if self.mask is not None or not value.defined:
                 self.own_mask()[key] = 0 if value.defined else value.oid
             return
@@ -201,6 +208,8 @@ class Tile:
             if isinstance(v, float) and not self.data.dtype.is_floating_point and not v.is_integer():
                 raise DslError(f"tile subscript assign: fractional value {v} into an integer tile ({self.dtype}); "
                                "cast it first")
+            if not _int_fits(v, self.data.dtype):
+                _int_range_error("tile subscript assign", v, self.data.dtype)
             self.data[key] = v
             if self.mask is not None:
                 self.own_mask()[key] = 0
@@ -312,6 +321,24 @@ def _and(a, b):
     if b is None:
         return a
     return torch.maximum(a, b)
+
+
+# (min, max) of every integer torch dtype (float and BOOL tiles are not range-checked)
+_INT_RANGE = {d.torch: (d.min, d.max) for d in (INT8, INT16, INT32, INT64, UINT8, UINT32)}
+
+
+def _int_fits(v, tdtype: torch.dtype) -> bool:
+    """Whether the Python number ``v`` lies in the range of ``tdtype`` (always for a float or
+    BOOL dtype)."""
+    r = _INT_RANGE.get(tdtype)
+    return r is None or r[0] <= v <= r[1]
+
+
+def _int_range_error(op: str, v, tdtype: torch.dtype, hint: str = ""):
+    """Raise the DslError for the Python number ``v`` outside the range of the integer torch
+    dtype ``tdtype``, naming ``op``, the value and the range, then ``hint``."""
+    r = _INT_RANGE[tdtype]
+    raise DslError(f"{op}: value {v} out of range of {from_torch(tdtype)} [{r[0]}, {r[1]}]{hint}")
 
 
 def _scalar(x, op: str):
