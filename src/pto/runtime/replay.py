@@ -72,6 +72,12 @@ Parametric recordings (opt-in: ``with parametric_replay():``, :func:`set_paramet
   equals a plain run's graph; the recorded program itself gets plain numbers;
 * the runtime's own task bookkeeping (grouping, coalescing, derivation) runs without guards: a
   replay redoes it from its footprints;
+* a symbol answers ``isinstance`` as its number (its ``__class__`` is ``int`` / ``float``); kernel
+  Python that could still tell it apart (``type(v)``, ``id(v)``, ``v is w``: code outside pto's DSL
+  and runtime, torch and the standard library, examined at its first call by the recording's
+  ``sys.setprofile`` hook; symbolic.observes_identity) stops the recording before it runs: the
+  call runs plain and the key goes back to exact keys; so does a recording started while a
+  profiler is on;
 * a recording that raises (a DSL path that does not take a symbol) is dropped and the call runs
   plain (the caller's tensors are untouched until a run succeeds); a recording that takes more
   than ``_GUARD_BUDGET`` guards or ``_EXACT_BUDGET`` exact ones stops there and the call runs
@@ -113,7 +119,7 @@ from pto.runtime.graph import Block, Task, TaskGraph
 from pto.runtime.heap import RingHeap
 from pto.runtime.program import _COUNTED, Program, ProgramStats, RunConfig, _gc_pause, _gc_resume
 from pto.runtime.symbolic import NAMESPACE as _SYM_NS
-from pto.runtime.symbolic import Sym, concrete_of, evaluate, has_sym, source
+from pto.runtime.symbolic import Sym, concrete_of, evaluate, has_sym, observes_identity, source
 
 __all__ = ["run", "set_program_cache", "set_program_cache_size", "program_cache_enabled", "clear_program_cache",
            "cache_info", "set_parametric_replay", "parametric_replay", "parametric_replay_enabled"]
@@ -125,6 +131,7 @@ _MAX_DIVERGED = 3
 _GUARD_BUDGET = 8_000  # guards on values read from data a parametric recording may take (else it gives up)
 _EXACT_BUDGET = 512  # of those, guards on an exact value
 _CACHE: OrderedDict = OrderedDict()
+_OBSERVES: dict = {}  # code object -> why it could tell a Sym from its number (None: it cannot)
 _LOCK = threading.Lock()
 _INFO = {"plain": 0, "recorded": 0, "replayed": 0, "diverged": 0, "uncacheable": 0, "errors": 0, "unkeyable": 0,
          "evicted": 0}
@@ -675,6 +682,12 @@ class _Recorder(TorchFunctionMode):
                     if v.buf.readonly:
                         rec.protected.add(v.data.untyped_storage().data_ptr())
             rec.inputs.append(rec._new(prog.heap.storage))
+            watch = rec.param  # a parametric recording hands Syms to the kernel's Python: watch what it runs
+            if watch:
+                if sys.getprofile() is not None:  # a profiler is on: the watch cannot run, no symbols
+                    rec.bad = "a profiler was on (sys.setprofile): parametric recordings need its hook"
+                    raise _GiveUp(rec.bad)
+                sys.setprofile(rec.watch)
             rec.active = True
             try:
                 with rec:
@@ -682,9 +695,27 @@ class _Recorder(TorchFunctionMode):
                 rec.flush()
             finally:
                 rec.active = False
+                if watch:
+                    sys.setprofile(None)
             rec.ret = ret
             return ret
         return recorded
+
+    def watch(self, frame, event, arg):
+        """The profile hook of a parametric recording (``sys.setprofile``): the first call of
+        every code object is examined (:func:`~pto.runtime.symbolic.observes_identity`); code that
+        could tell a symbol from its number by ``type``, ``id`` or ``is`` stops the recording
+        (raises _GiveUp before that code runs: the call runs plain, the key goes back to exact keys)."""
+        if event == "call":
+            code = frame.f_code
+            why = _OBSERVES.get(code, 0)
+            if why == 0:
+                why = _OBSERVES[code] = observes_identity(frame)
+            if why is not None:
+                self.bad = f"the kernel's Python could tell a value read from data by its type or identity: {why}"
+                self.active = False
+                sys.setprofile(None)
+                raise _GiveUp(self.bad)
 
     def _new(self, t) -> int:
         i = self.nvals

@@ -15,7 +15,13 @@ the replay checks before going on:
 A Sym is not an ``int`` or ``float`` subclass on purpose: CPython hands the digits of an int
 subclass to C code (list indexing, ``range``, ``struct``, torch's argument parser) without
 calling any method, which would let a read value steer the program unguarded. A Sym is a
-:class:`~pto.language.typing.ScalarValue` (defined), so the DSL's scalar paths accept it.
+:class:`~pto.language.typing.ScalarValue` (defined), so the DSL's scalar paths accept it. Its
+``__class__`` is its number's (``int`` / ``float``), so ``isinstance`` answers as in a plain run;
+``type(s)``, ``id(s)`` and ``is`` cannot be intercepted, so while a recording runs, the first call
+of every code object outside pto's DSL and runtime, torch and the standard library is examined
+(:func:`observes_identity`): one that loads the builtin ``type`` or ``id`` or compares by ``is``
+(other than with None, a bool, a str or ``...``) stops the recording before it runs. Not seen: C
+extension code, and ``type`` / ``id`` handed to a function only on a later call than its first.
 
 Expressions are tuples ``(op, a, b)`` / ``(op, a)`` over leaves ``("R", k)`` (the value of read
 number ``k``) and ``("L", k, path)`` (element ``path`` of the list read ``k``); any other value
@@ -31,7 +37,7 @@ import sys
 
 from pto.language.typing import ScalarValue
 
-__all__ = ["Sym", "evaluate", "source", "concrete_of", "has_sym"]
+__all__ = ["Sym", "evaluate", "source", "concrete_of", "has_sym", "observes_identity"]
 
 _BIN = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,
         "%": operator.mod, "**": operator.pow, "&": operator.and_, "|": operator.or_, "^": operator.xor,
@@ -73,6 +79,16 @@ class Sym(ScalarValue):
         self.defined = True
         self.origin = "a value read during a recording"
         self.oid = 0
+
+    @property
+    def __class__(self):
+        """The class of the value (``int`` or ``float``): ``isinstance(s, int)``,
+        ``isinstance(s, numbers.Integral)`` and ``s.__class__`` answer as for the plain number. The
+        answer needs no guard: a read's type follows from its tensor's dtype (part of the key) and
+        an arithmetic result's from its operands' (``**`` guards its exponent's sign).
+        ``type(s)`` stays :class:`Sym`; code that calls ``type`` or ``id`` or compares by ``is``
+        makes the recording give up (:func:`observes_identity`)."""
+        return type(self.v)
 
     # ---- leaving the symbolic world: guards -----------------------------------------------
     def _exact(self):
@@ -354,6 +370,69 @@ def source(node, leaf, const) -> str:
     if len(node) == 2:
         return _UN_SRC[op].format(source(node[1], leaf, const))
     return f"({source(node[1], leaf, const)} {op} {source(node[2], leaf, const)})"
+
+
+_TRUSTED: list = []  # directory prefixes whose code handles symbols by design or never tells them apart
+
+
+def _trusted_dirs() -> list:
+    if not _TRUSTED:
+        import os
+        import sysconfig
+        import torch
+        here = os.path.dirname(os.path.abspath(__file__))
+        dirs = [here, os.path.join(os.path.dirname(here), "language"), os.path.dirname(torch.__file__)]
+        dirs += {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
+        _TRUSTED.extend(os.path.join(d, "") for d in dirs)
+    return _TRUSTED
+
+
+_NOT_NUMBERS = (type(None), bool, str, bytes, type(Ellipsis))
+
+
+def observes_identity(frame) -> str | None:
+    """What the code of ``frame`` does that tells a :class:`Sym` from the plain number it stands
+    for, or None. A Sym answers ``isinstance`` and ``__class__`` like its number, but not
+    ``type(s)`` (always Sym), ``id(s)`` or ``s is 3`` / ``a is b`` (small ints are one object in
+    a plain run; two reads are two Syms): no method is called, so no guard can be taken, and the
+    recording must not go on (runtime/replay.py gives up on it: the call runs plain and the key
+    goes back to exact keys). Reported: a name resolving to the builtin ``type`` or ``id``
+    (loaded as a global, a builtin, a closure variable or an argument of this call) and an ``is``
+    / ``is not`` comparison whose right operand is not a None / bool / str / bytes / ``...``
+    constant. Code of pto's DSL and runtime, torch and the standard library is trusted (None);
+    C extension code is not examined.
+
+    Raises:
+        nothing: unreadable bytecode is reported as such (a string).
+    """
+    code = frame.f_code
+    fn = code.co_filename
+    if fn.startswith("<frozen") or any(fn.startswith(d) for d in _trusted_dirs()):
+        return None
+    import builtins
+    import dis
+    bad = (builtins.type, builtins.id)
+    glb, blt = frame.f_globals, frame.f_builtins
+    try:
+        prev = None
+        for ins in dis.get_instructions(code):
+            op = ins.opname
+            if op == "LOAD_GLOBAL" or op == "LOAD_NAME":
+                name = ins.argval
+                obj = glb[name] if name in glb else blt.get(name)
+                if any(obj is b for b in bad):
+                    return f"{name}() at {fn}:{ins.positions.lineno if ins.positions else '?'}"
+            elif op == "IS_OP":
+                if not (prev is not None and prev.opname == "LOAD_CONST" and isinstance(prev.argval, _NOT_NUMBERS)):
+                    return f"an 'is' comparison at {fn}:{ins.positions.lineno if ins.positions else '?'}"
+            prev = ins
+        loc = frame.f_locals  # arguments and closure variables bound to type / id
+    except Exception as e:  # noqa: BLE001 - cannot tell: report it
+        return f"unreadable code {code.co_name} at {fn}: {e}"
+    for name, obj in loc.items():
+        if any(obj is b for b in bad):
+            return f"{name} (= {obj.__name__}) in {code.co_name} at {fn}"
+    return None
 
 
 def concrete_of(x):
