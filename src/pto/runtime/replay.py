@@ -839,8 +839,11 @@ class _Recorder(TorchFunctionMode):
                 if self.param and (self.saw or self.otaint and _any_use(a, kw, self.otaint)):
                     self.otaint.update(v for v, y in zip(outs, res) if y._is_view())
                 self.ops.append((func, a, kw, tuple(outs), 2 if guard is not None else 0, guard, ()))
-            elif name == "tolist" and type(res) is list:
-                # pl.read keeps a tile's values as a list: guard only the elements the program reads
+            elif name == "tolist" and type(res) is list and sys._getframe(1).f_code is _tile_value_code():
+                # pl.read keeps a tile's values as a list of its own (never handed out, read by int
+                # subscripts only): guard only the elements the program reads. A list that reaches
+                # other code (pl.read_values, a kernel's own tolist) can be read where no method of
+                # a list subclass runs (heapq, list.__getitem__(lst, i), C code): guarded whole
                 acc = _Access()
                 res = _tracked(res, acc, ())
                 self.ops.append((func, a, kw, None, 4, acc, ()))
@@ -887,6 +890,12 @@ class _Recorder(TorchFunctionMode):
             return None
         ret = self._ret_spec(prog, self.ret)
         return _Trace(self, prog, ret)
+
+
+def _tile_value_code():
+    """The code of ``tensor_ops._tile_value``: the one caller whose ``tolist`` result stays private."""
+    from pto.language.tensor_ops import _tile_value
+    return _tile_value.__code__
 
 
 class _Access:
