@@ -9,7 +9,8 @@ Rules shared by every op (hw-native-sys/pypto `docs/en/user/`):
 
 * no implicit dtype promotion and no implicit broadcast between tiles of
   different shapes (use the ``row_expand_*`` / ``col_expand_*`` family);
-* a Python number (or a defined scalar) on either side selects the scalar form;
+* a Python number (or a defined scalar) on either side selects the scalar form; the scalar
+  takes the tile's dtype, so a number outside an integer tile's range is a DslError (no wrap);
 * ops compute over the full physical tile, padding included;
 * matmul accumulates BF16/FP16/FP32 operands in FP32 and INT8 operands in exact
   INT32;
@@ -144,7 +145,7 @@ class Tile:
     def __add__(self, o): return _binary("add", self, o, torch.add)  # = add(self, o), one call less
     def __radd__(self, o): return add(self, o)
     def __sub__(self, o): return sub(self, o)
-    def __rsub__(self, o): return add(neg(self), o)
+    def __rsub__(self, o): return sub(o, self)
     def __mul__(self, o): return _binary("mul", self, o, torch.mul)  # = mul(self, o)
     def __rmul__(self, o): return mul(self, o)
     def __truediv__(self, o): return div(self, o)
@@ -188,11 +189,10 @@ class Tile:
             self.data = self.data.clone()
         if isinstance(value, ScalarValue):
             x = value.value
-            if type(x) is int or type(x) is float:
-                if not _int_fits(x, self.data.dtype):
-                    if value.defined:
-                        _int_range_error("tile subscript assign", x, self.data.dtype)
-                    x = 0  # an undefined value (check mode): the element is marked undefined below
+            if not _int_fits(x, self.data.dtype):
+                if value.defined:
+                    _int_range_error("tile subscript assign", x, self.data.dtype)
+                x = 0  # an undefined value (check mode): the element is marked undefined below
             self.data[key] = x
             if self.mask is not None or not value.defined:
                 self.own_mask()[key] = 0 if value.defined else value.oid
@@ -327,9 +327,14 @@ def _and(a, b):
 _INT_RANGE = {d.torch: (d.min, d.max) for d in (INT8, INT16, INT32, INT64, UINT8, UINT32)}
 
 
+_SCALAR_HINT = " (no implicit promotion: a scalar takes the tile's dtype; cast the tile to a wider dtype first)"
+
+
 def _int_fits(v, tdtype: torch.dtype) -> bool:
-    """Whether the Python number ``v`` lies in the range of ``tdtype`` (always for a float or
-    BOOL dtype)."""
+    """False when ``v`` is a Python int or float outside the range of the integer torch dtype
+    ``tdtype``; True otherwise (any value with a float or BOOL dtype, a bool, a symbol)."""
+    if type(v) is not int and type(v) is not float:
+        return True
     r = _INT_RANGE.get(tdtype)
     return r is None or r[0] <= v <= r[1]
 
@@ -364,6 +369,10 @@ def _binary(op: str, a, b, fn):
     elif type(a) is Tile and (type(b) is int or (type(b) is float and a.data.dtype.is_floating_point)):
         ad = a.data  # fast path: a tile and a plain int (or a float with a float tile)
         if not ad.is_meta:
+            if type(b) is int and not 0 <= b <= 127:  # an int not in every integer dtype's range: check it
+                r = _INT_RANGE.get(ad.dtype)
+                if r is not None and not r[0] <= b <= r[1]:
+                    _int_range_error(f"pl.{op}", b, ad.dtype, _SCALAR_HINT)
             out = fn(ad, b)
             if out.dtype is not ad.dtype:
                 out = out.to(ad.dtype)
@@ -391,6 +400,8 @@ def _binary(op: str, a, b, fn):
                 raise DslError(f"pl.{op}: fractional scalar {v} with a {a.dtype} tile (no implicit promotion; "
                                "cast the tile to a float dtype first)")
             v = int(v)
+        if not oid and not _int_fits(v, a.data.dtype):
+            _int_range_error(f"pl.{op}", v, a.data.dtype, _SCALAR_HINT)  # (an undefined scalar's elements come out undefined)
         # graph-only mode: an unknown tile or scalar gives an unknown (meta) result
         out = _meta(a.data.shape, a.data.dtype) if a.data.is_meta or isinstance(b, _MetaScalar) else fn(a.data, v)
         mask = a.mask if not oid else _and(a.mask, torch.full(a.data.shape, oid, dtype=torch.int32))
@@ -408,6 +419,8 @@ def add(a, b) -> Tile:
 def sub(a, b) -> Tile:
     """Elementwise ``a - b`` (same shape and dtype, or tile minus number)."""
     if not isinstance(a, Tile) and isinstance(b, Tile):
+        if not _int_fits(a, b.data.dtype):  # number - tile: named as the sub it is
+            _int_range_error("pl.sub", a, b.data.dtype, _SCALAR_HINT)
         return add(neg(b), a)
     return _binary("sub", a, b, torch.sub)
 
@@ -1320,7 +1333,7 @@ def select(mask, a, b) -> Tile:
 
     Raises:
         DslError: a non-BOOL mask, shapes that differ, dtypes that differ, or a fractional
-            number with an integer tile.
+            number or one outside the dtype's range with an integer tile.
     """
     m = _as_tile(mask, "pl.select")
     a = _as_tile(a, "pl.select")
@@ -1337,6 +1350,10 @@ def select(mask, a, b) -> Tile:
         v, oid = _scalar(b, "pl.select")
         if isinstance(v, float) and not a.data.dtype.is_floating_point and not v.is_integer():
             raise DslError(f"pl.select: fractional value {v} with a {a.dtype} tile")
+        if not _int_fits(v, a.data.dtype):
+            if not oid:
+                _int_range_error("pl.select", v, a.data.dtype, _SCALAR_HINT)
+            v = 0  # an undefined scalar (check mode): its elements are marked undefined
         bd = _meta(a.data.shape, a.data.dtype) if isinstance(b, _MetaScalar) else torch.full_like(a.data, v)
         bm = torch.full(a.data.shape, oid, dtype=torch.int32) if oid else None
     if m.data.is_meta or a.data.is_meta or bd.is_meta:  # graph-only mode
