@@ -12,12 +12,14 @@ import pto.language as pl
 from pto.errors import DslError
 
 
-def _kernel(dtype, value, key, from_read=False):
+def _kernel(dtype, value, key, from_read=False, undefined=False):
     @pl.jit
     def k(x: pl.Tensor[[2, 4], pl.INT64], y: pl.Out[pl.Tensor[[2, 4], dtype]]):
+        # a scratch never written is poisoned in check mode: its elements are undefined
+        src = pl.create_tensor([2, 4], pl.INT64, name="sc") if undefined else x
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="w"):
             t = pl.full([2, 4], dtype, 0)
-            t[key] = pl.read(x, [0, 0]) if from_read else value
+            t[key] = pl.read(src, [0, 0]) if from_read else value
             y[0:2, 0:4] = t
         return y
     return k
@@ -52,13 +54,6 @@ def test_values_in_range_are_stored(dtype, value, from_read, key):
 
 
 def test_undefined_value_stays_undefined():
-    @pl.jit
-    def k(x: pl.Tensor[[2, 4], pl.INT32], y: pl.Out[pl.Tensor[[2, 4], pl.INT8]]):
-        sc = pl.create_tensor([2, 4], pl.INT32, name="sc")  # never written: poisoned in check mode
-        with pl.at(level=pl.Level.CORE_GROUP, name_hint="w"):
-            t = pl.full([2, 4], pl.INT8, 0)
-            t[0, 1] = pl.read(sc, [0, 0])
-            y[0:2, 0:4] = t
-        return y
+    k = _kernel(pl.INT8, None, (0, 1), from_read=True, undefined=True)
     with pytest.raises(pto.errors.UndefinedOutputError, match="y"):  # reported as undefined, not as a range error
-        k.run(torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2, 4, dtype=torch.int8), config=pto.RunConfig(check=True))
+        k.run(torch.zeros(2, 4, dtype=torch.int64), torch.zeros(2, 4, dtype=torch.int8), config=pto.RunConfig(check=True))

@@ -23,7 +23,8 @@ from pto.errors import DslError
 from pto.language import _ctx
 from pto.language import graph_only as _go
 from pto.language.dtypes import as_dtype
-from pto.language.tile_ops import PadValue, Tile, _pad_scalar, tile_assemble, tile_key, tile_reshape, tile_slice
+from pto.language.tile_ops import (PadValue, Tile, _int_fits, _int_range_error, _pad_scalar, tile_assemble, tile_key,
+                                   tile_reshape, tile_slice)
 from pto.language.typing import ScalarValue, as_int, concrete
 
 __all__ = ["GMTensor", "AtomicType", "create_tensor", "slice", "reshape", "assemble", "read",
@@ -1260,11 +1261,10 @@ def _int_in_range(dst, v, undefined: bool):
     """``v`` for :func:`write` into the integer tile or tensor ``dst``: a plain number outside the
     dtype's range is a DslError (as ``pl.full`` says it), or 0 when it is an undefined value's
     (check mode: the element is marked undefined, any number in range stands for it)."""
-    dt = dst.dtype
-    if (type(v) is int or type(v) is float) and dt.is_int and not dt.min <= v <= dt.max:
+    if not _int_fits(v, dst.data.dtype):
         if undefined:
             return 0
-        raise DslError(f"pl.write: value {v} out of range of {dt} [{dt.min}, {dt.max}]{_where()}")
+        _int_range_error("pl.write", v, dst.data.dtype, _where())
     return v
 
 
