@@ -9,6 +9,8 @@ and a kernel whose Python calls ``type`` / ``id`` or compares by ``is`` makes th
 """
 
 import numbers
+import operator
+import sys
 
 import pytest
 import torch
@@ -63,14 +65,27 @@ def by_identity(sel: pl.Tensor[[1, 4], pl.INT32], w: pl.Tensor[[1, 4], pl.FP32],
     return y
 
 
+@pl.jit
+def by_operator_is(sel: pl.Tensor[[1, 4], pl.INT32], w: pl.Tensor[[1, 4], pl.FP32],
+                   y: pl.Out[pl.Tensor[[1, 16], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="t"):
+        v = pl.read(sel, [0, 0])
+        y[0:1, 0:16] = pl.full([1, 16], pl.FP32, 1.0 if operator.is_(v, _THREE) else 2.0)  # a C call
+        y[0:1, v:v + 1] = pl.full([1, 1], pl.FP32, 7.0)
+    return y
+
+
 def _call(kernel, s):
     y = torch.zeros(1, 16)
     kernel.run(torch.tensor([[s, 0, 0, 0]], dtype=torch.int32), torch.full((1, 4), 0.5), y)
     return y
 
 
-@pytest.mark.parametrize("kernel, replays", [(by_isinstance, True), (by_type, False), (by_identity, False)])
+@pytest.mark.parametrize("kernel, replays", [(by_isinstance, True), (by_type, False), (by_identity, False),
+                                            (by_operator_is, False)])
 def test_type_checks_of_read_values_answer_as_in_a_plain_run(kernel, replays):
+    if replays and sys.gettrace() is not None:
+        pytest.skip("a trace function (coverage, a debugger) is on: parametric recordings give up")
     positions = [3, 3, 5, 0, 3, 9]  # a first call, the recording, then replays (or plain runs)
     set_program_cache(False)
     plain = [_call(kernel, s) for s in positions]
@@ -93,3 +108,22 @@ def test_a_sym_reports_its_number_class():
     assert isinstance(i, int) and not isinstance(i, float) and isinstance(i, numbers.Integral)
     assert isinstance(f, float) and isinstance(f, numbers.Real) and not isinstance(f, numbers.Integral)
     assert isinstance(i / 2, float) and isinstance(i // 2, int) and (i * f).__class__ is float
+
+
+def test_a_recording_under_a_trace_function_gives_up():
+    def tracer(frame, event, arg):  # a debugger or coverage would sit here
+        return None
+
+    set_program_cache(False)
+    plain = [_call(by_isinstance, s) for s in (3, 3, 5)]
+    set_program_cache(True)
+    old = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        with parametric_replay():
+            got = [_call(by_isinstance, s) for s in (3, 3, 5)]
+    finally:
+        sys.settrace(old)
+    assert all(torch.equal(p, g) for p, g in zip(plain, got))
+    info = cache_info()
+    assert (info["recorded"], info["replayed"], info["uncacheable"]) == (0, 0, 1)

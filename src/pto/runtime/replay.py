@@ -75,9 +75,9 @@ Parametric recordings (opt-in: ``with parametric_replay():``, :func:`set_paramet
 * a symbol answers ``isinstance`` as its number (its ``__class__`` is ``int`` / ``float``); kernel
   Python that could still tell it apart (``type(v)``, ``id(v)``, ``v is w``: code outside pto's DSL
   and runtime, torch and the standard library, examined at its first call by the recording's
-  ``sys.setprofile`` hook; symbolic.observes_identity) stops the recording before it runs: the
+  ``sys.settrace`` hook; symbolic.observes_identity) stops the recording before it runs: the
   call runs plain and the key goes back to exact keys; so does a recording started while a
-  profiler is on;
+  trace function (a debugger, coverage) is on;
 * a recording that raises (a DSL path that does not take a symbol) is dropped and the call runs
   plain (the caller's tensors are untouched until a run succeeds); a recording that takes more
   than ``_GUARD_BUDGET`` guards or ``_EXACT_BUDGET`` exact ones stops there and the call runs
@@ -684,10 +684,10 @@ class _Recorder(TorchFunctionMode):
             rec.inputs.append(rec._new(prog.heap.storage))
             watch = rec.param  # a parametric recording hands Syms to the kernel's Python: watch what it runs
             if watch:
-                if sys.getprofile() is not None:  # a profiler is on: the watch cannot run, no symbols
-                    rec.bad = "a profiler was on (sys.setprofile): parametric recordings need its hook"
+                if sys.gettrace() is not None:  # a debugger or coverage is on: the watch cannot run, no symbols
+                    rec.bad = "a trace function was on (sys.settrace): parametric recordings need that hook"
                     raise _GiveUp(rec.bad)
-                sys.setprofile(rec.watch)
+                sys.settrace(rec.watch)
             rec.active = True
             try:
                 with rec:
@@ -696,26 +696,26 @@ class _Recorder(TorchFunctionMode):
             finally:
                 rec.active = False
                 if watch:
-                    sys.setprofile(None)
+                    sys.settrace(None)
             rec.ret = ret
             return ret
         return recorded
 
     def watch(self, frame, event, arg):
-        """The profile hook of a parametric recording (``sys.setprofile``): the first call of
+        """The trace hook of a parametric recording (``sys.settrace``, calls only): the first call of
         every code object is examined (:func:`~pto.runtime.symbolic.observes_identity`); code that
         could tell a symbol from its number by ``type``, ``id`` or ``is`` stops the recording
         (raises _GiveUp before that code runs: the call runs plain, the key goes back to exact keys)."""
-        if event == "call":
-            code = frame.f_code
-            why = _OBSERVES.get(code, 0)
-            if why == 0:
-                why = _OBSERVES[code] = observes_identity(frame)
-            if why is not None:
-                self.bad = f"the kernel's Python could tell a value read from data by its type or identity: {why}"
-                self.active = False
-                sys.setprofile(None)
-                raise _GiveUp(self.bad)
+        code = frame.f_code
+        why = _OBSERVES.get(code, 0)
+        if why == 0:
+            why = _OBSERVES[code] = observes_identity(frame)
+        if why is not None:
+            self.bad = f"the kernel's Python could tell a value read from data by its type or identity: {why}"
+            self.active = False
+            sys.settrace(None)
+            raise _GiveUp(self.bad)
+        # no local trace function: only calls are seen
 
     def _new(self, t) -> int:
         i = self.nvals

@@ -37,7 +37,7 @@ import sys
 
 from pto.language.typing import ScalarValue
 
-__all__ = ["Sym", "evaluate", "source", "concrete_of", "has_sym", "observes_identity"]
+__all__ = ["Sym", "evaluate", "source", "concrete_of", "has_sym", "observes_identity", "trusted"]
 
 _BIN = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,
         "%": operator.mod, "**": operator.pow, "&": operator.and_, "|": operator.or_, "^": operator.xor,
@@ -390,6 +390,13 @@ def _trusted_dirs() -> list:
 _NOT_NUMBERS = (type(None), bool, str, bytes, type(Ellipsis))
 
 
+def trusted(code) -> bool:
+    """True for code of pto's DSL and runtime, torch and the standard library (code object
+    ``code``): it handles symbols by design or tells them apart only as isinstance does."""
+    fn = code.co_filename
+    return fn.startswith("<frozen") or any(fn.startswith(d) for d in _trusted_dirs())
+
+
 def observes_identity(frame) -> str | None:
     """What the code of ``frame`` does that tells a :class:`Sym` from the plain number it stands
     for, or None. A Sym answers ``isinstance`` and ``__class__`` like its number, but not
@@ -397,9 +404,10 @@ def observes_identity(frame) -> str | None:
     a plain run; two reads are two Syms): no method is called, so no guard can be taken, and the
     recording must not go on (runtime/replay.py gives up on it: the call runs plain and the key
     goes back to exact keys). Reported: a name resolving to the builtin ``type`` or ``id``
-    (loaded as a global, a builtin, a closure variable or an argument of this call) and an ``is``
+    (loaded as a global, a builtin, a closure variable or an argument of this call), an ``is``
     / ``is not`` comparison whose right operand is not a None / bool / str / bytes / ``...``
-    constant. Code of pto's DSL and runtime, torch and the standard library is trusted (None);
+    constant, and ``operator.is_`` / ``is_not`` (by value, or any attribute of those names). Code
+    of pto's DSL and runtime, torch and the standard library is trusted (None, :func:`trusted`);
     C extension code is not examined.
 
     Raises:
@@ -407,11 +415,12 @@ def observes_identity(frame) -> str | None:
     """
     code = frame.f_code
     fn = code.co_filename
-    if fn.startswith("<frozen") or any(fn.startswith(d) for d in _trusted_dirs()):
+    if trusted(code):
         return None
     import builtins
     import dis
-    bad = (builtins.type, builtins.id)
+    import operator
+    bad = (builtins.type, builtins.id, operator.is_, operator.is_not)
     glb, blt = frame.f_globals, frame.f_builtins
     try:
         prev = None
@@ -422,6 +431,8 @@ def observes_identity(frame) -> str | None:
                 obj = glb[name] if name in glb else blt.get(name)
                 if any(obj is b for b in bad):
                     return f"{name}() at {fn}:{ins.positions.lineno if ins.positions else '?'}"
+            elif (op == "LOAD_ATTR" or op == "LOAD_METHOD") and ins.argval in ("is_", "is_not", "id"):
+                return f"{ins.argval} at {fn}:{ins.positions.lineno if ins.positions else '?'}"
             elif op == "IS_OP":
                 if not (prev is not None and prev.opname == "LOAD_CONST" and isinstance(prev.argval, _NOT_NUMBERS)):
                     return f"an 'is' comparison at {fn}:{ins.positions.lineno if ins.positions else '?'}"
