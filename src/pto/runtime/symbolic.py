@@ -90,6 +90,14 @@ class Sym(ScalarValue):
         makes the recording give up (:func:`observes_identity`)."""
         return type(self.v)
 
+    def __getattr__(self, name):
+        """An attribute of the number a Sym does not define (``bit_length``, ``real``,
+        ``numerator``, ``hex``, ...): the number's, with a guard on its exact value, so that
+        ``hasattr`` and ``try: v.bit_length()`` answer as in a plain run."""
+        if name in _OWN or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._exact(), name)
+
     # ---- leaving the symbolic world: guards -----------------------------------------------
     def _exact(self):
         """The concrete value, with a guard on it."""
@@ -301,6 +309,7 @@ class Sym(ScalarValue):
         return self
 
 
+_OWN = frozenset(("v", "n", "rec", "lin", "depth", "defined", "origin", "oid"))  # slots (Sym.__getattr__)
 MAX_DEPTH = 24  # deepest expression kept inline (deeper ones become a register of their own)
 
 
