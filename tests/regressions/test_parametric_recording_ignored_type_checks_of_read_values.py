@@ -22,72 +22,51 @@ from pto.runtime.symbolic import Sym
 pytestmark = pytest.mark.usefixtures("fresh_program_cache")
 
 
-@pl.jit
-def by_isinstance(sel: pl.Tensor[[1, 4], pl.INT32], w: pl.Tensor[[1, 4], pl.FP32],
-                  y: pl.Out[pl.Tensor[[1, 16], pl.FP32]]):
-    with pl.at(level=pl.Level.CORE_GROUP, name_hint="t"):
-        v = pl.read(sel, [0, 0])
-        f = pl.read(w, [0, 0])
-        a = 1.0 if isinstance(v, int) else 2.0
-        b = 10.0 if isinstance(f, float) else 20.0
-        c = 100.0 if isinstance(v, numbers.Integral) and not isinstance(f, numbers.Integral) else 200.0
-        d = 1000.0 if v.__class__ == int else 2000.0
-        y[0:1, 0:16] = pl.full([1, 16], pl.FP32, a + b + c + d)
-        y[0:1, v:v + 1] = pl.full([1, 1], pl.FP32, 7.0)  # the read value as an offset: replays
-    return y
-
-
-@pl.jit
-def by_type(sel: pl.Tensor[[1, 4], pl.INT32], w: pl.Tensor[[1, 4], pl.FP32],
-            y: pl.Out[pl.Tensor[[1, 16], pl.FP32]]):
-    with pl.at(level=pl.Level.CORE_GROUP, name_hint="t"):
-        v = pl.read(sel, [0, 0])
-        a = 1.0 if type(v) is int else 2.0
-        y[0:1, 0:16] = pl.full([1, 16], pl.FP32, a)
-        y[0:1, v:v + 1] = pl.full([1, 1], pl.FP32, 7.0)
-    return y
-
-
 _THREE = 3
 
 
-def _helper_is(v):
+def _by_isinstance(v, f):
+    a = 1.0 if isinstance(v, int) else 2.0
+    b = 10.0 if isinstance(f, float) else 20.0
+    c = 100.0 if isinstance(v, numbers.Integral) and not isinstance(f, numbers.Integral) else 200.0
+    d = 1000.0 if v.__class__ == int else 2000.0
+    return a + b + c + d
+
+
+def _by_type(v, f):
+    return 1.0 if type(v) is int else 2.0
+
+
+def _by_identity(v, f):
     return 1.0 if v is _THREE else 2.0  # identity of a small int (one object in a plain run)
 
 
-@pl.jit
-def by_identity(sel: pl.Tensor[[1, 4], pl.INT32], w: pl.Tensor[[1, 4], pl.FP32],
-                y: pl.Out[pl.Tensor[[1, 16], pl.FP32]]):
-    with pl.at(level=pl.Level.CORE_GROUP, name_hint="t"):
-        v = pl.read(sel, [0, 0])
-        y[0:1, 0:16] = pl.full([1, 16], pl.FP32, _helper_is(v))
-        y[0:1, v:v + 1] = pl.full([1, 1], pl.FP32, 7.0)
-    return y
+def _by_operator_is(v, f):
+    return 1.0 if operator.is_(v, _THREE) else 2.0  # the same test in a C call
 
 
-@pl.jit
-def by_operator_is(sel: pl.Tensor[[1, 4], pl.INT32], w: pl.Tensor[[1, 4], pl.FP32],
-                   y: pl.Out[pl.Tensor[[1, 16], pl.FP32]]):
-    with pl.at(level=pl.Level.CORE_GROUP, name_hint="t"):
-        v = pl.read(sel, [0, 0])
-        y[0:1, 0:16] = pl.full([1, 16], pl.FP32, 1.0 if operator.is_(v, _THREE) else 2.0)  # a C call
-        y[0:1, v:v + 1] = pl.full([1, 1], pl.FP32, 7.0)
-    return y
+def _by_attributes(v, f):
+    try:
+        bits = v.bit_length()  # an int method a Sym does not define: the number's (a guard)
+    except AttributeError:
+        bits = -1
+    return (1.0 if hasattr(v, "numerator") else 2.0) + 10.0 * bits
 
 
-@pl.jit
-def by_attributes(sel: pl.Tensor[[1, 4], pl.INT32], w: pl.Tensor[[1, 4], pl.FP32],
-                  y: pl.Out[pl.Tensor[[1, 16], pl.FP32]]):
-    with pl.at(level=pl.Level.CORE_GROUP, name_hint="t"):
-        v = pl.read(sel, [0, 0])
-        try:
-            bits = v.bit_length()  # an int method a Sym does not define: the number's (a guard)
-        except AttributeError:
-            bits = -1
-        a = 1.0 if hasattr(v, "numerator") else 2.0
-        y[0:1, 0:16] = pl.full([1, 16], pl.FP32, a + 10.0 * bits)
-        y[0:1, v:v + 1] = pl.full([1, 1], pl.FP32, 7.0)
-    return y
+def _kernel(fill):
+    """A kernel writing ``fill(v, f)`` of its two reads everywhere, 7.0 at column ``v``."""
+    @pl.jit
+    def by(sel: pl.Tensor[[1, 4], pl.INT32], w: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 16], pl.FP32]]):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="t"):
+            v = pl.read(sel, [0, 0])
+            f = pl.read(w, [0, 0])
+            y[0:1, 0:16] = pl.full([1, 16], pl.FP32, fill(v, f))
+            y[0:1, v:v + 1] = pl.full([1, 1], pl.FP32, 7.0)  # the read value as an offset: replays
+        return y
+    return by
+
+
+by_isinstance = _kernel(_by_isinstance)
 
 
 def _call(kernel, s):
@@ -96,9 +75,10 @@ def _call(kernel, s):
     return y
 
 
-@pytest.mark.parametrize("kernel, replays", [(by_isinstance, True), (by_type, False), (by_identity, False),
-                                            (by_operator_is, False), (by_attributes, None)])
-def test_type_checks_of_read_values_answer_as_in_a_plain_run(kernel, replays):
+@pytest.mark.parametrize("fill, replays", [(_by_isinstance, True), (_by_type, False), (_by_identity, False),
+                                          (_by_operator_is, False), (_by_attributes, None)])
+def test_type_checks_of_read_values_answer_as_in_a_plain_run(fill, replays):
+    kernel = by_isinstance if fill is _by_isinstance else _kernel(fill)
     if replays is not False and sys.gettrace() is not None:
         pytest.skip("a trace function (coverage, a debugger) is on: parametric recordings give up")
     positions = [3, 3, 5, 0, 3, 9]  # a first call, the recording, then replays (or plain runs)
@@ -108,7 +88,7 @@ def test_type_checks_of_read_values_answer_as_in_a_plain_run(kernel, replays):
     with parametric_replay():
         got = [_call(kernel, s) for s in positions]
     for s, p, g in zip(positions, plain, got):
-        assert torch.equal(p, g), (kernel.__name__, s, p, g)
+        assert torch.equal(p, g), (fill.__name__, s, p, g)
     info = cache_info()
     if replays is None:  # exact guards: the recorded value replays, the others diverge
         assert (info["recorded"], info["replayed"], info["diverged"]) == (1, 0, 1)
