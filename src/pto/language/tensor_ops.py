@@ -517,9 +517,9 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
     blk.bytes += src.numel() * src.element_size()
     blk.ld += 1
     mask = None
-    if buf.shadow is not None:
+    if buf.shadow is not None and box is not None and buf.id not in buf.program.sanitizer.clean:
         m = t.smask()[tuple(map(_pyslice, starts, vstops))]
-        if box is not None and bool(m.any()):
+        if buf.program.sanitizer.window_undefined(buf, m):
             mask = buf.program.consume_undefined(m.clone(), blk, "load")
     if src.is_meta:  # graph-only mode: an unknown tile (a meta clone is slower than a new one)
         return Tile(_go.meta([b - a for a, b in zip(starts, stops)], src.dtype), None, valid)
@@ -691,19 +691,23 @@ def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
     blk.bytes += src.numel() * src.element_size()
     blk.st += 1
     if buf.shadow is not None:
-        sm = t.smask()[tuple(map(_pyslice, starts, stops))]
-        m = None if tile.mask is None else (tile.mask if tile.valid is None else
-                                             tile.mask[tuple(_pyslice(0, e) for e in ext)])
-        if atomic is None:
-            if m is None:
-                sm.zero_()
-            else:
-                sm.copy_(m)
-        else:
-            if bool(sm.any()):  # adding onto undefined consumes it: the sum stays undefined
-                buf.program.consume_undefined(sm, blk, "atomic add onto undefined")
+        clean = buf.program.sanitizer.clean
+        if tile.mask is not None or buf.id not in clean:  # a defined tile into a clean buffer keeps it clean
+            sm = t.smask()[tuple(map(_pyslice, starts, stops))]
+            m = None if tile.mask is None else (tile.mask if tile.valid is None else
+                                                 tile.mask[tuple(_pyslice(0, e) for e in ext)])
             if m is not None:
-                torch.maximum(sm, m, out=sm)
+                clean.discard(buf.id)
+            if atomic is None:
+                if m is None:
+                    sm.zero_()
+                else:
+                    sm.copy_(m)
+            else:
+                if bool(sm.any()):  # adding onto undefined consumes it: the sum stays undefined
+                    buf.program.consume_undefined(sm, blk, "atomic add onto undefined")
+                if m is not None:
+                    torch.maximum(sm, m, out=sm)
         buf.written = True
 
 
@@ -743,7 +747,7 @@ def _read_elem(t: GMTensor, idx):
         blk.ld += 1
     else:
         buf.program.orchestration_read(buf, box)
-    if buf.shadow is not None:
+    if buf.shadow is not None and buf.id not in buf.program.sanitizer.clean:
         tag = int(t.smask()[tuple(idx)])
         if tag == 0:
             return value  # defined: a plain number, as outside check mode
@@ -925,9 +929,9 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
         i = j
     blk.bytes += data.numel() * data.element_size()
     mask = None
-    if buf.shadow is not None:
+    if buf.shadow is not None and buf.id not in buf.program.sanitizer.clean:
         m = t.smask()[:, c0:c1].index_select(0, sel)
-        if bool(m.any()):
+        if buf.program.sanitizer.window_undefined(buf, m):
             mask = buf.program.consume_undefined(m, blk, "load")
     return Tile(data, mask)
 

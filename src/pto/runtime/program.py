@@ -376,6 +376,8 @@ class Program:
             if self.go is not None:
                 self.go.finish(self.stats)
             self.heap.release()
+            if self.sanitizer is not None:
+                self.sanitizer.release()  # the shadows go back to the pool of the next check-mode run
             if not ok:
                 self.result = None
         return self
@@ -438,7 +440,8 @@ class Program:
         if self.check and direction in (OUT, INOUT):
             # Out (and PartialOut) elements are undefined until written; a PartialOut keeps the
             # caller's values in its storage for the elements the program leaves alone
-            buf.shadow = torch.full(buf.shape, buf.id if direction == OUT else 0, dtype=torch.int32)
+            from pto.runtime.sanitizer import new_shadow
+            buf.shadow = new_shadow(buf.shape, buf.id if direction == OUT else 0)
             if direction == OUT and not partial:
                 _poison(data)
         g = GMTensor(data, buf, p.name)
@@ -522,8 +525,10 @@ class Program:
         if self.go is not None:
             self.go.attach(buf, assumption)
         if self.check:
-            buf.shadow = torch.zeros(buf.shape, dtype=torch.int32) if init_value is not None else \
-                torch.full(buf.shape, buf.id, dtype=torch.int32)
+            from pto.runtime.sanitizer import new_shadow
+            buf.shadow = new_shadow(buf.shape, 0 if init_value is not None else buf.id)
+            if init_value is not None and self.sanitizer is not None:
+                self.sanitizer.clean.add(buf.id)  # all defined: loads and stores skip the shadow
         buf.scope = len(self.scopes) - 1
         self.scopes[-1].append(buf)
         self.buffers.append(buf)

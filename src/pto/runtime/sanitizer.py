@@ -41,7 +41,7 @@ from pto.errors import UndefinedOutputError
 from pto.language.typing import INOUT, OUT
 
 __all__ = ["TAINT_BASE", "Sanitizer", "Consumer", "check_outputs", "output_problems", "undefined_box",
-           "drop_init_values", "active_drop_init"]
+           "drop_init_values", "active_drop_init", "new_shadow"]
 
 TAINT_BASE = 1 << 24  # tags below are raw allocation ids; at or above, taint-table entries
 
@@ -90,6 +90,35 @@ def active_drop_init() -> frozenset:
     return out
 
 
+class _ShadowPool(threading.local):
+    """INT32 shadow tensors of finished check-mode programs of this thread, by element
+    count, for the next programs to refill (:func:`new_shadow`): a fresh tensor costs a
+    page fault per 4 KiB, about ten times a refill of one already mapped."""
+
+    LIMIT = 256 << 20  # bytes kept at most
+
+    def __init__(self):
+        self.free: dict[int, list] = {}
+        self.nbytes = 0
+
+
+_POOL = _ShadowPool()
+
+
+def new_shadow(shape, tag: int) -> torch.Tensor:
+    """A new INT32 shadow mask of ``shape`` (a list of ints) with every element ``tag``
+    (0 = defined; see the module docstring), reusing a released one when it can."""
+    n = 1
+    for d in shape:
+        n *= d
+    free = _POOL.free.get(n)
+    if free:
+        t = free.pop()
+        _POOL.nbytes -= 4 * n
+        return t.fill_(tag).view(shape)
+    return torch.full(shape, tag, dtype=torch.int32)
+
+
 class Consumer:
     """The first task (and block) that consumed undefined data of an origin.
 
@@ -123,6 +152,15 @@ class Sanitizer:
         self.program = program
         self.taints: list[tuple[int, Consumer]] = []
         self._index: dict[tuple, int] = {}
+        # Ids of the buffers whose shadow is known all zero (every element defined): loads,
+        # stores of defined tiles and the output check skip their shadow. A store of a tile
+        # with a mask drops the id (tensor_ops._store); a buffer that is not in the set gets
+        # its whole shadow re-checked once its window checks since the last re-check have
+        # covered as many elements as the shadow holds (window_undefined), so a scratch
+        # tensor written in full becomes clean at most doubling the checks it costs today.
+        self.clean: set[int] = {g.buf.id for _p, _c, g in program.args
+                                if g.buf.shadow is not None and g.buf.direction == INOUT}
+        self._spent: dict[int, int] = {}
 
     # ---- tagging ------------------------------------------------------------------
     def _taint(self, oid: int, blk, how: str, site: str | None = None) -> int:
@@ -162,6 +200,35 @@ class Sanitizer:
         if 0 < tag < TAINT_BASE:
             return self._taint(tag, blk, how, site)
         return tag
+
+    def window_undefined(self, buf, m: torch.Tensor) -> bool:
+        """Whether the shadow window ``m`` of ``buf`` (not in :attr:`clean`) holds an
+        undefined element. A window found defined counts towards the re-check of the whole
+        shadow that puts ``buf`` into :attr:`clean` when it is all defined."""
+        if bool(m.any()):
+            return True
+        bid = buf.id
+        spent = self._spent.get(bid, 0) + m.numel()
+        if spent >= buf.shadow.numel():
+            spent = 0
+            if not bool(buf.shadow.any()):
+                self.clean.add(bid)
+        self._spent[bid] = spent
+        return False
+
+    def release(self) -> None:
+        """End of the program: hand every shadow of its buffers to the pool of
+        :func:`new_shadow` (each ``Buffer.shadow`` becomes None)."""
+        pool = _POOL
+        for buf in self.program.buffers:
+            sh = buf.shadow
+            if sh is None:
+                continue
+            buf.shadow = None
+            n = sh.numel()
+            if n and sh.is_contiguous() and sh.storage_offset() == 0 and pool.nbytes + 4 * n <= pool.LIMIT:
+                pool.free.setdefault(n, []).append(sh.view(-1))
+                pool.nbytes += 4 * n
 
     # ---- naming ---------------------------------------------------------------------
     def origin(self, tag: int):
@@ -283,7 +350,7 @@ def output_problems(program) -> list:
         if buf.direction not in (OUT, INOUT) or buf.shadow is None:
             continue
         sh = buf.shadow
-        if not bool(sh.any()):  # the common case: everything written and defined
+        if buf.id in san.clean or not bool(sh.any()):  # the common case: everything written and defined
             continue
         bad = sh != 0
         unwritten = None
