@@ -369,10 +369,9 @@ def _binary(op: str, a, b, fn):
     elif type(a) is Tile and (type(b) is int or (type(b) is float and a.data.dtype.is_floating_point)):
         ad = a.data  # fast path: a tile and a plain int (or a float with a float tile)
         if not ad.is_meta:
-            if type(b) is int and not 0 <= b <= 127:  # an int not in every integer dtype's range: check it
-                r = _INT_RANGE.get(ad.dtype)
-                if r is not None and not r[0] <= b <= r[1]:
-                    _int_range_error(f"pl.{op}", b, ad.dtype, _SCALAR_HINT)
+            # an int not in every integer dtype's range (0 .. 127) is checked against this tile's
+            if type(b) is int and not 0 <= b <= 127 and not _int_fits(b, ad.dtype):
+                _int_range_error(f"pl.{op}", b, ad.dtype, _SCALAR_HINT)
             out = fn(ad, b)
             if out.dtype is not ad.dtype:
                 out = out.to(ad.dtype)
@@ -529,6 +528,20 @@ def _tile_shape(op: str, shape, what: str) -> list:
     return dims
 
 
+def _check_int_fill(value, is_float: bool, dt: DType) -> None:
+    """The checks of an integer ``pl.full`` fill value (a Python number, or a symbol read from
+    data under a parametric recording, whose comparisons are guarded): ``is_float`` says whether
+    it is a float.
+
+    Raises:
+        DslError: a fractional float, or a value outside ``dt``'s range.
+    """
+    if is_float and not value.is_integer():
+        raise DslError(f"pl.full: float value {value} for integer dtype {dt}")
+    if not dt.min <= value <= dt.max:
+        raise DslError(f"pl.full: value {value} out of range of {dt} [{dt.min}, {dt.max}]")
+
+
 def full(shape, dtype, value) -> Tile:
     """A tile of ``shape`` filled with ``value`` (an int for integer dtypes).
 
@@ -543,10 +556,7 @@ def full(shape, dtype, value) -> Tile:
         s0, s1 = shape  # fast path: a plain number into a [rows, cols] tile (the checks below, in short)
         if type(s0) is int and type(s1) is int and s0 >= 0 and s1 >= 0:
             if dt.is_int:
-                if tv is float and not value.is_integer():
-                    raise DslError(f"pl.full: float value {value} for integer dtype {dt}")
-                if not dt.min <= value <= dt.max:
-                    raise DslError(f"pl.full: value {value} out of range of {dt} [{dt.min}, {dt.max}]")
+                _check_int_fill(value, tv is float, dt)
             _count()
             return Tile(torch.full(shape, value, dtype=dt.torch))
     tag = 0
@@ -556,10 +566,7 @@ def full(shape, dtype, value) -> Tile:
         # checks (guarded by their outcomes), and the fill takes its expression
         shape = _tile_shape("pl.full", shape, "a tile dim")
         if dt.is_int:
-            if type(value.v) is float and not value.is_integer():
-                raise DslError(f"pl.full: float value {value} for integer dtype {dt}")
-            if not dt.min <= value <= dt.max:
-                raise DslError(f"pl.full: value {value} out of range of {dt} [{dt.min}, {dt.max}]")
+            _check_int_fill(value, type(value.v) is float, dt)
         _count()
         return Tile(torch.full(shape, value, dtype=dt.torch))
     if isinstance(value, ScalarValue):  # an undefined value fills an undefined tile (no error yet)
@@ -571,10 +578,7 @@ def full(shape, dtype, value) -> Tile:
         raise DslError(f"pl.full: value must be a number, got {what}")
     shape = _tile_shape("pl.full", shape, "a tile dim")
     if dt.is_int and isinstance(value, (int, float)) and not isinstance(value, bool):
-        if isinstance(value, float) and not value.is_integer():
-            raise DslError(f"pl.full: float value {value} for integer dtype {dt}")
-        if not dt.min <= value <= dt.max:
-            raise DslError(f"pl.full: value {value} out of range of {dt} [{dt.min}, {dt.max}]")
+        _check_int_fill(value, isinstance(value, float), dt)
     _count()
     if meta_value:  # graph-only mode: filled with an unknown value
         return Tile(_meta(shape, dt.torch))
