@@ -29,6 +29,7 @@ from pto.language.distributed import WindowType
 from pto.language.jit import bind_arguments
 from pto.language.tensor_ops import GMTensor
 from pto.language.typing import INOUT, OUT, DynVar, TensorType
+from pto.runtime import sanitizer as _sanitizer
 from pto.runtime.deps import DepTracker, LazyDerivation, derive_task, group_footprints
 from pto.runtime.graph import KIND_NAMES, Block, Footprint, Task, TaskGraph
 from pto.runtime.graph_only import GraphOnlyState
@@ -275,8 +276,7 @@ class Program:
         self.races = None
         self.sanitizer = None
         self.dropped_init: list[str] = []  # allocations whose init_value the mutation hook dropped
-        from pto.runtime.sanitizer import active_drop_init
-        self._drop_init = frozenset(self.config.drop_init) | active_drop_init()
+        self._drop_init = frozenset(self.config.drop_init) | _sanitizer.active_drop_init()
         self.orch_reads = 0
         self._t0 = 0
         # schedule sensitivity (RunConfig.block_order): the block order of each task (None:
@@ -335,9 +335,8 @@ class Program:
                 values.append(p.value)
         if self.check:
             from pto.runtime.races import RaceChecker
-            from pto.runtime.sanitizer import Sanitizer
             self.races = RaceChecker(self)
-            self.sanitizer = Sanitizer(self)
+            self.sanitizer = _sanitizer.Sanitizer(self)
         st = _ctx.state
         if st.program is not None:
             raise DslError(f"program {self.name} started while another program is running")
@@ -358,8 +357,7 @@ class Program:
             if self.config.drop_init:
                 self._check_drop_init()
             if self.check:
-                from pto.runtime.sanitizer import check_outputs
-                check_outputs(self)
+                _sanitizer.check_outputs(self)
             self.result = self._map_back(ret)
             self._copy_back()
             ok = True
@@ -440,8 +438,7 @@ class Program:
         if self.check and direction in (OUT, INOUT):
             # Out (and PartialOut) elements are undefined until written; a PartialOut keeps the
             # caller's values in its storage for the elements the program leaves alone
-            from pto.runtime.sanitizer import new_shadow
-            buf.shadow = new_shadow(buf.shape, buf.id if direction == OUT else 0)
+            buf.shadow = _sanitizer.new_shadow(buf.shape, buf.id if direction == OUT else 0)
             if direction == OUT and not partial:
                 _poison(data)
         g = GMTensor(data, buf, p.name)
@@ -525,8 +522,7 @@ class Program:
         if self.go is not None:
             self.go.attach(buf, assumption)
         if self.check:
-            from pto.runtime.sanitizer import new_shadow
-            buf.shadow = new_shadow(buf.shape, 0 if init_value is not None else buf.id)
+            buf.shadow = _sanitizer.new_shadow(buf.shape, 0 if init_value is not None else buf.id)
             if init_value is not None and self.sanitizer is not None:
                 self.sanitizer.clean.add(buf.id)  # all defined: loads and stores skip the shadow
         buf.scope = len(self.scopes) - 1
