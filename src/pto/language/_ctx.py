@@ -18,6 +18,9 @@ import threading
 from pto.errors import DslError
 
 default_factory = None  # installed by pto.runtime; each thread's state starts with it
+# installed by pto.runtime (runtime/blocks.py): block_runner(program, task, n) -> an iterator of the
+# block indices pl.spmd's loop body runs, or None (every block plain)
+block_runner = None
 
 
 class _State(threading.local):

@@ -105,10 +105,15 @@ class spmd:
                 _run_phased(prog, task, phased_body, self.n)
             else:
                 order = prog.reorder  # None: index order (RunConfig.block_order)
-                for b in (_builtin_range(self.n) if order is None else order(task)):
-                    prog.begin_block(task, b)
-                    yield b
-                    prog.end_block()
+                runner = _ctx.block_runner  # block templates (runtime/blocks.py), None when off
+                tpl = runner(prog, task, self.n) if runner is not None and order is None else None
+                if tpl is not None:
+                    yield from tpl
+                else:
+                    for b in (_builtin_range(self.n) if order is None else order(task)):
+                        prog.begin_block(task, b)
+                        yield b
+                        prog.end_block()
             ok = True
         finally:
             if not ok:

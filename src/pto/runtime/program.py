@@ -185,6 +185,10 @@ class ProgramStats:
                                               "heap_peak_bytes", "scratch_bytes", "wall_us")}
 
 
+# runtime/blocks.py installs its execute wrapper here (the rerun of a program whose block template
+# recording could not go on); None: no wrapper
+_block_execute = None
+
 _COUNTED = frozenset(("tasks", "dummies", "blocks", "tile_ops", "bytes", "flops", "task_wall_us"))
 _now_ns = time.perf_counter_ns
 
@@ -264,6 +268,11 @@ class Program:
         self.lazy = LazyDerivation(self.deps)  # edges of a plain run are derived on first read
         self.buffers: list[Buffer] = []
         self.no_copy_storages: set = set()  # storages of the no-copy (Buffer.no_copy) arguments
+        # Out/InOut arguments written in place (see _writes_in_place): (view, its values before the
+        # store that overwrote it), appended by Buffer.save_view before each such store; restored
+        # newest first if the program raises
+        self.undo: list = []
+        self._in_place = False
         self.args: list = []  # (Param, caller tensor, GMTensor)
         self.manual = False
         self.scopes: list[list[Buffer]] = [[]]
@@ -325,8 +334,15 @@ class Program:
     # ---- run -----------------------------------------------------------------
     def execute(self, args, kwargs) -> "Program":
         """Bind, run and finish; returns self. Raises the program's errors."""
+        if _block_execute is not None:  # block templates (runtime/blocks.py): may rerun the program plainly
+            return _block_execute(self, self._execute, args, kwargs)
+        return self._execute(args, kwargs)
+
+    def _execute(self, args, kwargs) -> "Program":
+        """:meth:`execute`, once."""
         params = bind_arguments(self.jf, args, kwargs, gm=False)
         self._params = params  # dyn_dims is built from them when first read
+        self._in_place = self._writes_in_place(params)
         values = []
         for p in params:
             if isinstance(p.ann, TensorType):
@@ -361,10 +377,14 @@ class Program:
             self.result = self._map_back(ret)
             self._copy_back()
             ok = True
-        except Exception as e:
-            _name_context(self, e)
+        except BaseException as e:
+            if self.undo:
+                self._undo_stores()
+            if isinstance(e, Exception):
+                _name_context(self, e)
             raise
         finally:
+            self.undo = []
             _gc_resume()
             st.program, st.block, st.check = None, None, False
             while len(self.scopes) > 1:
@@ -422,10 +442,14 @@ class Program:
                 data = t.clone()
         elif direction == OUT and self.check and not partial:
             data = torch.empty_like(t)  # poisoned below: an Out argument is undefined until written
+        elif direction in (OUT, INOUT) and not self._in_place:
+            data = t.clone()
         else:
-            data = t if direction not in (OUT, INOUT) else t.clone()
+            data = t
         buf = Buffer(len(self.buffers) + 1, p.name, f"parameter {p.name!r} of {self.name}", "arg", data, self,
                      direction=direction)
+        if data is t and direction in (OUT, INOUT) and self.go is None:
+            buf.undo = 0  # written in place: its stores save what they overwrite (Buffer.save_view)
         buf.readonly = direction not in (OUT, INOUT)
         buf.no_copy = (buf.readonly and not isinstance(p.ann, WindowType) and not _compat.mode.pypto
                        and not data.is_meta)
@@ -438,7 +462,7 @@ class Program:
         if self.check and direction in (OUT, INOUT):
             # Out (and PartialOut) elements are undefined until written; a PartialOut keeps the
             # caller's values in its storage for the elements the program leaves alone
-            buf.shadow = _sanitizer.new_shadow(buf.shape, buf.id if direction == OUT else 0)
+            buf.shadow = _sanitizer.new_shadow(buf.shape, None if direction == OUT else 0)  # Out: Sanitizer.defer
             if direction == OUT and not partial:
                 _poison(data)
         g = GMTensor(data, buf, p.name)
@@ -463,8 +487,52 @@ class Program:
         if self.go is not None:
             return  # graph-only mode writes no output
         for p, caller, g in self.args:
-            if g.buf.direction in (OUT, INOUT):
+            if g.buf.direction in (OUT, INOUT) and g.data is not caller:  # a private copy
                 caller.copy_(g.data)
+
+    def _writes_in_place(self, params) -> bool:
+        """Whether the Out/InOut arguments of this run are written in place, into the caller's
+        tensors, with an undo log (``self.undo``) instead of private copies: a plain run (not check
+        mode, graph-only mode or a ``block_order`` run; not under pypto compatibility) with no
+        ``pld`` window among them, where no Out/InOut tensor shares bytes with another tensor
+        argument (an aliased one is seen through its other parameter as before the run only with
+        private copies). Either way a program that raises leaves the caller's tensors as they were."""
+        if self.check or self.go is not None or self.reorder is not None or _compat.mode.pypto:
+            return False
+        spans = []
+        written = []
+        for p in params:
+            ann = p.ann
+            if isinstance(ann, TensorType):
+                t = p.value
+                if not isinstance(t, torch.Tensor):
+                    return False  # a BindError is raised when it is bound
+                n = t.numel() * t.element_size()
+                span = (t.data_ptr(), n)
+                if ann.direction in (OUT, INOUT):
+                    if isinstance(ann, WindowType):
+                        return False
+                    written.append(span)
+                if n:
+                    spans.append(span)
+        if not written:
+            return False
+        for w0, wn in written:
+            if wn:
+                hits = 0
+                for s0, sn in spans:
+                    if s0 < w0 + wn and w0 < s0 + sn:
+                        hits += 1
+                if hits > 1:  # another argument than itself
+                    return False
+        return True
+
+    def _undo_stores(self) -> None:
+        """Give the arguments written in place back their values from before the run: the saved
+        windows of the undo log, newest first (a window saved twice ends with its first values)."""
+        log, self.undo = self.undo, []
+        for view, saved in reversed(log):
+            view.copy_(saved)
 
     def _finish_stats(self) -> None:
         s = self.stats
@@ -521,10 +589,8 @@ class Program:
         buf.tasks_before = len(self.graph.tasks)
         if self.go is not None:
             self.go.attach(buf, assumption)
-        if self.check:
-            buf.shadow = _sanitizer.new_shadow(buf.shape, 0 if init_value is not None else buf.id)
-            if init_value is not None and self.sanitizer is not None:
-                self.sanitizer.clean.add(buf.id)  # all defined: loads and stores skip the shadow
+        if self.check:  # all defined (clean: loads and stores skip the shadow) or undefined (deferred)
+            self.sanitizer.track(buf, init_value is not None)
         buf.scope = len(self.scopes) - 1
         self.scopes[-1].append(buf)
         self.buffers.append(buf)
