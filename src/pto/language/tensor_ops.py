@@ -517,7 +517,8 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
     blk.bytes += src.numel() * src.element_size()
     blk.ld += 1
     mask = None
-    if buf.shadow is not None and box is not None and buf.id not in buf.program.sanitizer.clean:
+    if (buf.shadow is not None and box is not None and buf.id not in buf.program.sanitizer.clean
+            and buf.program.sanitizer.settled(buf)):
         m = t.smask()[tuple(map(_pyslice, starts, vstops))]
         if buf.program.sanitizer.window_undefined(buf, m):
             mask = buf.program.consume_undefined(m.clone(), blk, "load")
@@ -691,8 +692,12 @@ def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
     blk.bytes += src.numel() * src.element_size()
     blk.st += 1
     if buf.shadow is not None:
-        clean = buf.program.sanitizer.clean
-        if tile.mask is not None or buf.id not in clean:  # a defined tile into a clean buffer keeps it clean
+        san = buf.program.sanitizer
+        clean = san.clean
+        if tile.mask is None and atomic is None and buf.id in san.pending:  # deferred shadow: record the window
+            san.defer_store(t, starts, stops, box)
+        elif tile.mask is not None or buf.id not in clean:  # a defined tile into a clean buffer keeps it clean
+            san.materialize(buf)
             sm = t.smask()[tuple(map(_pyslice, starts, stops))]
             m = None if tile.mask is None else (tile.mask if tile.valid is None else
                                                  tile.mask[tuple(_pyslice(0, e) for e in ext)])
@@ -747,7 +752,7 @@ def _read_elem(t: GMTensor, idx):
         blk.ld += 1
     else:
         buf.program.orchestration_read(buf, box)
-    if buf.shadow is not None and buf.id not in buf.program.sanitizer.clean:
+    if buf.shadow is not None and buf.id not in buf.program.sanitizer.clean and buf.program.sanitizer.settled(buf):
         tag = int(t.smask()[tuple(idx)])
         if tag == 0:
             return value  # defined: a plain number, as outside check mode
@@ -929,7 +934,7 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
         i = j
     blk.bytes += data.numel() * data.element_size()
     mask = None
-    if buf.shadow is not None and buf.id not in buf.program.sanitizer.clean:
+    if buf.shadow is not None and buf.id not in buf.program.sanitizer.clean and buf.program.sanitizer.settled(buf):
         m = t.smask()[:, c0:c1].index_select(0, sel)
         if buf.program.sanitizer.window_undefined(buf, m):
             mask = buf.program.consume_undefined(m, blk, "load")

@@ -23,6 +23,15 @@ path. Reading an undefined padding row whose results are later discarded is
 legal and reports nothing: the check is on what reaches an output
 (:func:`check_outputs`), not at the read.
 
+Cheap paths (each the same outcome as the shadow work it skips; tests compare them with it
+switched off): ``Sanitizer.clean`` holds the buffers whose shadow is known all defined (their
+loads, scalar reads, defined stores and output check skip it); a buffer born all undefined
+(an Out argument, scratch without ``init_value``) has its shadow *deferred*
+(``Sanitizer.pending``, :data:`DEFER`): storage allocated but not filled, its stores of
+defined tiles only recorded, until the first access that needs the shadow either finds the
+recorded windows covering the whole buffer (it joins ``clean`` with its shadow never filled:
+``Sanitizer.stale``) or fills the shadow as those stores would have left it.
+
 Mutation testing: :func:`drop_init_values` (or ``RunConfig(drop_init=...)``)
 makes ``pl.create_tensor`` of the named allocations ignore their
 ``init_value``, so a test can prove that check mode catches the missing
@@ -39,6 +48,7 @@ import torch
 
 from pto.errors import UndefinedOutputError
 from pto.language.typing import INOUT, OUT
+from pto.runtime.deps import coalesce
 
 __all__ = ["TAINT_BASE", "Sanitizer", "Consumer", "check_outputs", "output_problems", "undefined_box",
            "drop_init_values", "active_drop_init", "new_shadow"]
@@ -105,9 +115,10 @@ class _ShadowPool(threading.local):
 _POOL = _ShadowPool()
 
 
-def new_shadow(shape, tag: int) -> torch.Tensor:
+def new_shadow(shape, tag: int | None) -> torch.Tensor:
     """A new INT32 shadow mask of ``shape`` (a list of ints) with every element ``tag``
-    (0 = defined; see the module docstring), reusing a released one when it can."""
+    (0 = defined; see the module docstring), reusing a released one when it can. ``tag``
+    None: left unfilled (a deferred shadow, :meth:`Sanitizer.defer`)."""
     n = 1
     for d in shape:
         n *= d
@@ -115,8 +126,55 @@ def new_shadow(shape, tag: int) -> torch.Tensor:
     if free:
         t = free.pop()
         _POOL.nbytes -= 4 * n
-        return t.fill_(tag).view(shape)
+        return (t if tag is None else t.fill_(tag)).view(shape)
+    if tag is None:
+        return torch.empty(shape, dtype=torch.int32)
     return torch.full(shape, tag, dtype=torch.int32)
+
+
+DEFER = True  # deferred shadows on (Sanitizer.defer); tests switch it off to compare
+
+
+def _injective(shape, strides) -> bool:
+    """Whether a strided view of ``shape`` / ``strides`` maps distinct indices to distinct
+    storage elements (sufficient test: sorted by stride, each stride passes the span of the
+    smaller ones)."""
+    span = 0
+    for st, n in sorted((st, n) for n, st in zip(shape, strides) if n > 1):
+        if st <= span:
+            return False
+        span += st * (n - 1)
+    return True
+
+
+def _union_covers(boxes: list, rows: int, cols: int) -> bool:
+    """Whether the union of the 2-D boxes ``(r0, r1, c0, c1)`` (half-open) is all of
+    ``[0, rows) x [0, cols)``; False (not decided: the caller falls back) past 4096 boxes."""
+    bs = coalesce(boxes)
+    if len(bs) == 1:
+        return bs[0] == (0, rows, 0, cols)
+    if len(bs) > 4096:
+        return False
+    bs.sort()
+    cuts = sorted({b[0] for b in bs} | {b[1] for b in bs})
+    if cuts[0] > 0 or cuts[-1] < rows:
+        return False
+    active: list = []
+    j, n = 0, len(bs)
+    for lo in cuts[:-1]:  # each row band [lo, next cut) must have its columns covered
+        while j < n and bs[j][0] <= lo:
+            active.append(bs[j])
+            j += 1
+        active = [b for b in active if b[1] > lo]
+        reach = 0
+        for c0, c1 in sorted((b[2], b[3]) for b in active):
+            if c0 > reach:
+                return False
+            if c1 > reach:
+                reach = c1
+        if reach < cols:
+            return False
+    return True
 
 
 class Consumer:
@@ -161,6 +219,97 @@ class Sanitizer:
         self.clean: set[int] = {g.buf.id for _p, _c, g in program.args
                                 if g.buf.shadow is not None and g.buf.direction == INOUT}
         self._spent: dict[int, int] = {}
+        # Deferred shadows (:meth:`defer`): buffer id -> [stored windows, root boxes, exact, area]
+        # for the buffers born all undefined (Out arguments, scratch without init_value) whose
+        # shadow storage is not filled yet. Their stores of defined tiles only record the window;
+        # the first access that needs the shadow (:meth:`settled`, :meth:`materialize`) finds
+        # the buffer written in full (it becomes clean) or fills the shadow as it would be now.
+        self.pending: dict[int, list] = {}
+        # clean buffers whose shadow storage was never filled (zeroed if they ever leave clean)
+        self.stale: set[int] = set()
+        for _p, _c, g in program.args:
+            if g.buf.shadow is not None and g.buf.direction == OUT:
+                self.defer(g.buf)
+
+    # ---- deferred shadows -------------------------------------------------------------
+    def track(self, buf, defined: bool) -> None:
+        """Give a new scratch allocation ``buf`` its shadow: all defined (``init_value``: the
+        buffer is clean) or all undefined with its own raw tag (deferred, :meth:`defer`)."""
+        if defined:
+            buf.shadow = new_shadow(buf.shape, 0)
+            self.clean.add(buf.id)
+        else:
+            buf.shadow = new_shadow(buf.shape, None)
+            self.defer(buf)
+
+    def defer(self, buf) -> None:
+        """``buf`` (shadow storage allocated, contents not filled) is all undefined, tagged
+        with its own id: with :data:`DEFER` on, filling is put off until an access needs the
+        shadow; off, it is filled now."""
+        if DEFER:
+            self.pending[buf.id] = [[], [], True, 0]
+        else:
+            buf.shadow.fill_(buf.id)
+
+    def defer_store(self, t, starts, stops, box) -> None:
+        """Record a store of a defined tile into the window ``[starts, stops)`` of view ``t``
+        (root footprint ``box``: a box, a list of boxes, or None when empty) of a buffer in
+        :attr:`pending`, instead of zeroing its shadow window."""
+        ent = self.pending[t.buf.id]
+        ent[0].append((t, starts, stops))
+        if box is None:
+            return
+        n = 1
+        for a, b in zip(starts, stops):
+            n *= b - a
+        if type(box) is list:
+            ent[1].extend(box)
+            area = 0
+            for r0, r1, c0, c1 in box:
+                area += (r1 - r0) * (c1 - c0)
+        else:
+            ent[1].append(box)
+            area = (box[1] - box[0]) * (box[3] - box[2])
+        ent[3] += area
+        # the boxes are exactly the window's elements: as many elements as box area, all distinct
+        if ent[2] and (area != n or not _injective([b - a for a, b in zip(starts, stops)], t._strides)):
+            ent[2] = False
+
+    def settled(self, buf) -> bool:
+        """Before a read of ``buf``'s shadow (a load, scalar read or gather of a buffer not in
+        :attr:`clean`): False if the shadow need not be read (its deferred stores covered the
+        whole buffer: it is clean now), else True with the shadow filled."""
+        ent = self.pending.pop(buf.id, None)
+        if ent is None:
+            return True
+        bid = buf.id
+        numel = buf.shadow.numel()
+        C = buf.C
+        if ent[2] and ent[3] >= numel and _union_covers(ent[1], numel // C, C):
+            self.clean.add(bid)
+            if bid in self.clean:
+                self.stale.add(bid)
+                return False
+        self._fill(buf, ent)
+        return True
+
+    def materialize(self, buf) -> None:
+        """Before a write of ``buf``'s shadow (a store of an undefined tile, an atomic add):
+        fill a deferred shadow (or zero the never-filled shadow of a clean buffer)."""
+        bid = buf.id
+        ent = self.pending.pop(bid, None)
+        if ent is not None:
+            self._fill(buf, ent)
+        elif bid in self.stale:
+            self.stale.discard(bid)
+            buf.shadow.zero_()
+
+    @staticmethod
+    def _fill(buf, ent) -> None:
+        """The shadow a deferred buffer would have now: its raw tag, zero where stored."""
+        buf.shadow.fill_(buf.id)
+        for t, starts, stops in ent[0]:
+            t.smask()[tuple(map(slice, starts, stops))].zero_()
 
     # ---- tagging ------------------------------------------------------------------
     def _taint(self, oid: int, blk, how: str, site: str | None = None) -> int:
@@ -350,7 +499,7 @@ def output_problems(program) -> list:
         if buf.direction not in (OUT, INOUT) or buf.shadow is None:
             continue
         sh = buf.shadow
-        if buf.id in san.clean or not bool(sh.any()):  # the common case: everything written and defined
+        if buf.id in san.clean or not san.settled(buf) or not bool(sh.any()):  # the common case: all written and defined
             continue
         bad = sh != 0
         unwritten = None
