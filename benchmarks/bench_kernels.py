@@ -75,6 +75,11 @@ def bench_case(case, preset: str, mode: str, repeat: int, clock=time.perf_counte
     return {"name": case.name, "mode": mode, "preset": preset, "kernel_ms": k, "golden_ms": g, "ratio": k / g}
 
 
+def _ms(v: float) -> str:
+    """A time in ms with three significant digits (sub-millisecond kernels are not 0.0)."""
+    return f"{v:.3g}" if v < 100 else f"{v:.0f}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="flash")
@@ -107,7 +112,7 @@ def main(argv=None) -> int:
         table.add_column(col, justify="right" if col != "kernel" else "left")
     for r in rows:
         mode = r["mode"] + (f" ({r['preset']})" if r["preset"] != args.preset else "")
-        table.add_row(r["name"], mode, f"{r['kernel_ms']:.1f}", f"{r['golden_ms']:.1f}", f"{r['ratio']:.2f}")
+        table.add_row(r["name"], mode, _ms(r["kernel_ms"]), _ms(r["golden_ms"]), f"{r['ratio']:.2f}")
     Console().print(table)
     pto.runtime.set_program_cache(was_cached)
     return 0

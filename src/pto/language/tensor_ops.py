@@ -384,6 +384,9 @@ class GMTensor:
                         and rows[1] + b1 <= buf.C and (rows[2] == 1 or b0 - a0 == 1)
                         and not buf.slow and not buf.readonly
                         and buf.shadow is None and src.dtype == self.data.dtype):
+                    if buf.undo is not None:  # an argument written in place: keep what the store overwrites
+                        st0, st1 = self._strides
+                        buf.save_window(vs, self._strides, buf.base_off + self._off + a0 * st0 + a1 * st1)
                     if b1 - a1 == shape[1]:  # whole rows: a row-slice assignment (the same copy, cheaper)
                         self.data[a0:b0] = src
                     else:  # one as_strided view: the same view as data[key], cheaper
@@ -588,6 +591,8 @@ def _store_rows(t: GMTensor, a0: int, a1: int, tile: Tile, atomic) -> bool:
             return False
     st0, st1 = t._strides
     if atomic is None:
+        if buf.undo is not None:  # an argument written in place: keep what the store overwrites
+            buf.save_window((n0, n1), t._strides, buf.base_off + t._off + a0 * st0 + a1 * st1)
         if n1 == shape[1]:  # whole rows: a row-slice assignment (the same copy, cheaper)
             d[a0:b0] = src
         else:
@@ -597,6 +602,8 @@ def _store_rows(t: GMTensor, a0: int, a1: int, tile: Tile, atomic) -> bool:
         if (atomic != AtomicType.Add or buf.program.defer_atomics
                 or not (d.dtype.is_floating_point or d.dtype in _ATOMIC_INT)):
             return False
+        if buf.undo is not None:
+            buf.save_window((n0, n1), t._strides, buf.base_off + t._off + a0 * st0 + a1 * st1)
         d.as_strided((n0, n1), t._strides, buf.base_off + t._off + a0 * st0 + a1 * st1).add_(src)
         kind = A
     blk.fp.append((buf, box, kind))
@@ -670,6 +677,8 @@ def _store(t: GMTensor, starts, tile: Tile, atomic, stops=None) -> None:
             raise DslError(f"{t.name}: unknown atomic type {atomic!r}")
         if not (dst.dtype.is_floating_point or dst.dtype in (torch.int32, torch.int16, torch.int8)):
             raise DslError(f"{t.name}: atomic add on dtype {t.dtype} is not supported")
+    if buf.undo is not None:  # an argument written in place: keep what the store overwrites
+        buf.save_view(dst)
     box = None
     if buf.go is not None or dst.is_meta:  # graph-only mode: no float storage, unknown masks
         if buf.go is not None:

@@ -33,6 +33,10 @@ _ALIGN = 512
 # as on the device); a running program owns its buffer, so programs in two threads never share one
 _STORAGE: dict[int, torch.Tensor] = {}
 _STORAGE_LOCK = threading.Lock()
+# what one undo-log save costs besides its bytes, in bytes (a clone call is about 1 µs, a few KB of
+# copying): Buffer.save_view saves the whole buffer once the window saves would cost as much
+_UNDO_SAVE_BYTES = 4096
+_NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 
 
 class Buffer:
@@ -56,7 +60,7 @@ class Buffer:
 
     __slots__ = ("id", "name", "site", "kind", "direction", "shape", "dtype", "nbytes", "offset", "base_off",
                  "C", "shadow", "untracked", "freed", "program", "init_value", "init_dropped", "written",
-                 "readonly", "no_copy", "data", "scope", "partial", "tasks_before", "slow", "pending", "go")
+                 "readonly", "no_copy", "data", "scope", "partial", "tasks_before", "slow", "pending", "go", "undo")
 
     def __init__(self, bid, name, site, kind, data: torch.Tensor, program, direction="in", offset=None,
                  init_value=None, untracked=False):
@@ -92,6 +96,33 @@ class Buffer:
         self.slow = False
         self.pending = None
         self.go = None  # graph-only record of a real-storage buffer (pto.runtime.graph_only.BufferState)
+        # an Out/InOut argument written in place (the caller's tensor): the bytes its stores saved
+        # so far in the program's undo log (Program.undo), None when its stores need not save
+        # (a scratch buffer, an argument worked on in a private copy, or one saved whole already)
+        self.undo = None
+
+    def save_window(self, shape, strides, offset: int) -> None:
+        """Before a store into an argument written in place (``undo`` not None): keep the
+        window ``as_strided(shape, strides, offset)`` of the storage (``offset`` in elements, from
+        the storage start) it is about to overwrite; see :meth:`save_view`."""
+        with _NO_TORCH_FUNCTION():
+            self.save_view(self.data.as_strided(shape, strides, offset))
+
+    def save_view(self, view: torch.Tensor) -> None:
+        """Before a store into an argument written in place (``undo`` not None): append
+        ``(view, its current values)`` to the program's undo log, which restores them in reverse
+        order if the program raises (``Program.execute``). Once the saves of this buffer (plus a
+        per-save allowance of ``_UNDO_SAVE_BYTES`` for the call) would cost its whole size, the
+        whole buffer is saved instead and its later stores save nothing. The copies are made with
+        torch function modes off (a program-cache recording does not see them)."""
+        with _NO_TORCH_FUNCTION():
+            cost = self.undo + _UNDO_SAVE_BYTES + view.numel() * view.element_size()
+            if cost >= self.nbytes:
+                view = self.data
+                self.undo = None
+            else:
+                self.undo = cost
+            self.program.undo.append((view, view.clone()))
 
     def __repr__(self) -> str:
         return f"Buffer(#{self.id} {self.name!r} {list(self.shape)} {self.dtype} at {self.site})"
