@@ -62,8 +62,10 @@ def test_in_range_scalar_gives_the_same_bits(dtype, value, op, from_read):
     k.run(x, torch.tensor([[int(value)]]), y)
     v = int(value) if from_read or not dtype.is_float else value
     t = v if dtype.is_float else torch.tensor(int(v), dtype=dtype.torch)  # the scalar in the tile's dtype
+    rm = None if dtype.is_float else "trunc"  # integer division is exact (INT32 max / 1 is INT32 max)
     want = {"add": x + t, "radd": x + t, "sub": x - t, "rsub": -x + t, "mul": x * t, "rmul": x * t,
-            "div": torch.div(x, t), "rdiv": torch.div(t, x), "pl.add": x + t, "pl.sub": -x + t,
+            "div": torch.div(x, t, rounding_mode=rm), "rdiv": torch.div(t, x, rounding_mode=rm),
+            "pl.add": x + t, "pl.sub": -x + t,
             "maximum": torch.clamp(x, min=v), "minimum": torch.clamp(x, max=v),
             "select": torch.where(x > 0, x, t)}[op].to(dtype.torch)
     assert torch.equal(y, want), (y, want)

@@ -95,8 +95,15 @@ class Tile:
         valid: per-dim extents of the valid region, or None for the full tile.
 
     Python operators map to the DSL ops (``a + b`` is ``pl.add(a, b)``, ``a / b`` is
-    ``pl.div(a, b)``). ``//`` is a DslError: no DSL op floors a quotient (``pl.div`` truncates
-    integer quotients toward zero, Python's ``//`` floors them).
+    ``pl.div(a, b)``, ``-a`` is ``pl.neg``, ``abs(a)`` is ``pl.abs``), with their dtype and
+    shape rules and errors. The comparisons ``< <= > >= == !=`` are ``pl.cmp`` and give a BOOL
+    tile (``==`` / ``!=`` with something that is neither a tile nor a number, e.g. ``None``, is
+    Python's identity test; tiles hash by identity, so dicts and sets of tiles work as before).
+    A tile has no truth value: ``if t``, ``if t == 0``, ``and`` / ``or`` / ``not`` on a tile are a
+    DslError (use ``pl.select`` or ``pl.read``). Operators with no DSL op are a DslError naming
+    the operator, the operands and what to write instead: ``//`` (``pl.div`` truncates integer
+    quotients toward zero, Python's ``//`` floors them), ``%`` and ``divmod``, ``**``, ``@``
+    (``pl.matmul``) and the bitwise ``& | ^ ~ << >>``.
     """
 
     __slots__ = ("data", "mask", "valid", "_mown", "_vals")
@@ -153,6 +160,36 @@ class Tile:
     def __floordiv__(self, o): _no_floordiv(self, o)
     def __rfloordiv__(self, o): _no_floordiv(o, self)
     def __neg__(self): return neg(self)
+    def __abs__(self): return abs(self)
+    # comparisons are pl.cmp (a BOOL tile; `3 < t` arrives here as t > 3); == / != with anything
+    # that is no tile operand (None, a string) stays Python's identity test
+    def __lt__(self, o): return cmp(self, o, "lt")
+    def __le__(self, o): return cmp(self, o, "le")
+    def __gt__(self, o): return cmp(self, o, "gt")
+    def __ge__(self, o): return cmp(self, o, "ge")
+    def __eq__(self, o): return cmp(self, o, "eq") if _cmp_operand(o) else NotImplemented
+    def __ne__(self, o): return cmp(self, o, "ne") if _cmp_operand(o) else NotImplemented
+    __hash__ = object.__hash__  # by identity, as before (dicts and sets of tiles never call __eq__)
+    def __bool__(self): _no_truth(self)
+    def __mod__(self, o): _no_operator("%", self, o)
+    def __rmod__(self, o): _no_operator("%", o, self)
+    def __divmod__(self, o): _no_operator("divmod", self, o)
+    def __rdivmod__(self, o): _no_operator("divmod", o, self)
+    def __pow__(self, o, m=None): _no_operator("**", self, o)
+    def __rpow__(self, o, m=None): _no_operator("**", o, self)
+    def __matmul__(self, o): _no_operator("@", self, o)
+    def __rmatmul__(self, o): _no_operator("@", o, self)
+    def __and__(self, o): _no_operator("&", self, o)
+    def __rand__(self, o): _no_operator("&", o, self)
+    def __or__(self, o): _no_operator("|", self, o)
+    def __ror__(self, o): _no_operator("|", o, self)
+    def __xor__(self, o): _no_operator("^", self, o)
+    def __rxor__(self, o): _no_operator("^", o, self)
+    def __lshift__(self, o): _no_operator("<<", self, o)
+    def __rlshift__(self, o): _no_operator("<<", o, self)
+    def __rshift__(self, o): _no_operator(">>", self, o)
+    def __rrshift__(self, o): _no_operator(">>", o, self)
+    def __invert__(self): _no_operator("~", None, self)
 
     def __getitem__(self, key):
         """A sub-tile (slices) or element tile (ints drop their dims, torch semantics).
@@ -223,6 +260,44 @@ def _no_floordiv(a, b):
     raise DslError(f"'//' on a tile ({a!r} // {b!r}): no DSL op floors a quotient; use pl.div (the '/' "
                    "operator: IEEE division on float tiles, truncation toward zero on integer tiles), "
                    "and for a floored quotient pl.cast(a / b, dtype, mode='floor') on float tiles")
+
+
+def _cmp_operand(o) -> bool:
+    """``o`` can be the right side of ``pl.cmp`` (a tile, a tensor, a number, a scalar):
+    ``tile == o`` is then an elementwise comparison, otherwise Python's identity test."""
+    return isinstance(o, (Tile, torch.Tensor, int, float, ScalarValue))
+
+
+# operator -> what to write instead (the DSL has no op for these operators)
+_NO_OP_HINTS = {
+    "%": "no DSL op computes a remainder; on integer tiles a - (a / b) * b is the remainder with the "
+         "sign of a (C's %; Python's % floors), on float tiles a - b * pl.cast(pl.cast(a / b, pl.INT32, "
+         "mode='trunc'), a.dtype)",
+    "divmod": "no DSL op computes a remainder; the quotient is a / b (pl.div), the remainder "
+              "a - (a / b) * b on integer tiles",
+    "**": "no DSL op raises to a power; use pl.mul(x, x) for a square, pl.sqrt / pl.rsqrt / pl.recip for "
+          "** 0.5 / ** -0.5 / ** -1, pl.exp(pl.log(x) * p) for positive x",
+    "@": "use pl.matmul(a, b, out_dtype=...) (BF16/FP16/FP32 accumulate in FP32, INT8 x INT8 -> INT32)",
+}
+_BITWISE_HINT = ("the DSL has no bitwise tile ops; on BOOL masks (pl.cmp) a & b is pl.select(a, b, False), "
+                 "a | b is pl.select(a, a, b), ~a is pl.cmp(a, False, 'eq')")
+
+
+def _no_operator(sym: str, a, b):
+    """A Python operator ``sym`` with a tile operand that no DSL op implements: a DslError naming
+    the operator, the operands (shape and dtype of a tile) and what to write instead. Inside a
+    block the runtime adds the kernel, task, block and kernel-source ``file:line``."""
+    shown = (f"{sym}{b!r}" if a is None else f"{sym}({a!r}, {b!r})" if sym == "divmod"
+             else f"{a!r} {sym} {b!r}")
+    raise DslError(f"'{sym}' on a tile ({shown}): {_NO_OP_HINTS.get(sym, _BITWISE_HINT)}")
+
+
+def _no_truth(t):
+    """``bool(tile)``: a DslError (a tile holds many values; an ``if`` on one is a classic bug)."""
+    raise DslError(f"the truth value of a tile ({t!r}) is undefined: a tile holds many values (a tile, or "
+                   "a tile comparison such as t == 0 or t < x, used in an if / while / and / or / not / "
+                   "assert); use pl.select(mask, a, b) for an elementwise choice, or pl.read(t, [i, j]) "
+                   "for one element as a Python number")
 
 
 def tile_key(shape, key, op: str) -> tuple:
@@ -444,7 +519,8 @@ def _int_zero_divisor(a, b) -> bool:
 
 def div(a, b, high_precision: bool = False) -> Tile:
     """Elementwise ``a / b``: IEEE division on float tiles (x/0 is ±inf); on integer tiles the
-    quotient truncates toward zero.
+    exact quotient truncated toward zero, for every value of every integer dtype (C's ``/``;
+    ``MIN / -1`` of a signed dtype wraps to ``MIN``, two's complement as in add and mul).
 
     Raises:
         DslError: an integer divisor that is zero somewhere (no integer infinity), plus the
@@ -453,8 +529,39 @@ def div(a, b, high_precision: bool = False) -> Tile:
     if _int_zero_divisor(a, b):
         raise DslError("pl.div: integer division by zero")
     if not isinstance(a, Tile) and isinstance(b, Tile):
-        return _binary("div", b, a, lambda x, y: torch.div(y, x))  # number / tile: one IEEE division
-    return _binary("div", a, b, torch.div)
+        return _binary("div", b, a, lambda x, y: _tdiv(y, x))  # number / tile: one division
+    return _binary("div", a, b, _tdiv)
+
+
+def _tdiv(x, y) -> torch.Tensor:
+    """``x / y`` of torch operands (tensors of one dtype, broadcastable, or one of them a Python
+    number): IEEE division for floats; for integers the exact quotient truncated toward zero, for
+    every value (not through FP32, which is inexact past 2^24). ``MIN / -1`` of a signed dtype
+    wraps to ``MIN`` (two's complement, as add and mul overflow) and never traps: a number -1 is
+    a negation, a tile divisor of INT32 divides in INT64 and of INT64 divides by 1 where it holds
+    -1 and negates; INT8 / INT16 / UINT8 divide in C int. UINT32 divides in INT64 (torch has no
+    UINT32 integer division). BOOL keeps true division (the quotient cast back to BOOL). Zero
+    divisors are the caller's check."""
+    t = x if isinstance(x, torch.Tensor) else y
+    dt = t.dtype
+    if dt.is_floating_point or dt is torch.bool:
+        return torch.div(x, y)
+    if dt is torch.uint32:
+        return torch.div(_i64(x), _i64(y), rounding_mode="trunc").to(dt)
+    if not isinstance(y, torch.Tensor):  # tile / number
+        return torch.neg(x) if y == -1 else torch.div(x, y, rounding_mode="trunc")
+    if dt is torch.int32:
+        return torch.div(_i64(x), y.to(torch.int64), rounding_mode="trunc").to(dt)
+    if dt is torch.int64:
+        m = y == -1
+        q = torch.div(x, torch.where(m, 1, y), rounding_mode="trunc")
+        return torch.where(m, torch.neg(q), q)
+    return torch.div(x, y, rounding_mode="trunc")
+
+
+def _i64(v):
+    """A tensor operand widened to INT64 (a Python number as it is)."""
+    return v.to(torch.int64) if isinstance(v, torch.Tensor) else v
 
 
 def maximum(a, b) -> Tile:
@@ -907,8 +1014,16 @@ def row_expand_mul(lhs, rhs) -> Tile:
 
 
 def row_expand_div(lhs, rhs) -> Tile:
-    """``lhs[M, N] / rhs[M, 1]`` per row."""
-    return _expand("row_expand_div", lhs, rhs, "row", torch.div)
+    """``lhs[M, N] / rhs[M, 1]`` per row: IEEE on float tiles, the exact quotient truncated
+    toward zero on integer tiles (as :func:`div`).
+
+    Raises:
+        DslError: an integer divisor that is zero somewhere, or the rank / shape / dtype rules
+            of the expand ops.
+    """
+    if _int_zero_divisor(lhs, rhs):
+        raise DslError("pl.row_expand_div: integer division by zero")
+    return _expand("row_expand_div", lhs, rhs, "row", _tdiv)
 
 
 def row_expand_sub(lhs, rhs) -> Tile:
@@ -942,8 +1057,16 @@ def col_expand_sub(lhs, rhs) -> Tile:
 
 
 def col_expand_div(lhs, rhs) -> Tile:
-    """``lhs[M, N] / rhs[1, N]`` per column."""
-    return _expand("col_expand_div", lhs, rhs, "col", torch.div)
+    """``lhs[M, N] / rhs[1, N]`` per column: IEEE on float tiles, the exact quotient truncated
+    toward zero on integer tiles (as :func:`div`).
+
+    Raises:
+        DslError: an integer divisor that is zero somewhere, or the rank / shape / dtype rules
+            of the expand ops.
+    """
+    if _int_zero_divisor(lhs, rhs):
+        raise DslError("pl.col_expand_div: integer division by zero")
+    return _expand("col_expand_div", lhs, rhs, "col", _tdiv)
 
 
 def col_expand_expdif(lhs, rhs) -> Tile:
@@ -1305,10 +1428,13 @@ def cmp(lhs, rhs, cmp_mode: str = "eq") -> Tile:
 
     ``cmp_mode`` is one of ``eq ne lt le gt ge``. ``rhs`` is a tile of ``lhs``'s shape and
     dtype, or a number (the scalar form). IEEE rules: any comparison with NaN is false except
-    ``ne``. The definedness mask is the AND of the operands' masks.
+    ``ne``. The definedness mask is the AND of the operands' masks. The Python comparison
+    operators on a tile are this op (``t < x`` is ``cmp(t, x, "lt")``, ``t == x`` is
+    ``cmp(t, x, "eq")``); a number takes the tile's dtype, as in every scalar form.
 
     Raises:
-        DslError: an unknown ``cmp_mode``, or the shape / dtype rules of every elementwise op.
+        DslError: an unknown ``cmp_mode``, the shape / dtype rules of every elementwise op, or a
+            number that is fractional or outside the range of an integer ``lhs``'s dtype.
     """
     fn = CMP_MODES.get(cmp_mode)
     if fn is None:
@@ -1323,6 +1449,12 @@ def cmp(lhs, rhs, cmp_mode: str = "eq") -> Tile:
         mask = _and(lhs.mask, rhs.mask)
     else:
         v, oid = _scalar(rhs, "pl.cmp")
+        if not oid and not lhs.data.dtype.is_floating_point:  # the scalar takes the tile's dtype
+            if isinstance(v, float) and not v.is_integer():
+                raise DslError(f"pl.cmp: fractional scalar {v} with a {lhs.dtype} tile (no implicit promotion; "
+                               "cast the tile to a float dtype first)")
+            if not _int_fits(v, lhs.data.dtype):
+                _int_range_error("pl.cmp", v, lhs.data.dtype, _SCALAR_HINT)
         unknown = lhs.data.is_meta or isinstance(rhs, _MetaScalar)  # graph-only mode
         out = _meta(lhs.data.shape, torch.bool) if unknown else fn(lhs.data, v)
         mask = lhs.mask if not oid else _and(lhs.mask, torch.full(lhs.data.shape, oid, dtype=torch.int32))
