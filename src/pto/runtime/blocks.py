@@ -53,16 +53,19 @@ from pto.errors import PtoError
 from pto.language import _ctx
 from pto.runtime import replay as _replay
 from pto.runtime.symbolic import NAMESPACE as _SYM_NS
-from pto.runtime.symbolic import Sym, concrete_of, source
+from pto.runtime.symbolic import _UN_SRC as _SYM_UN
+from pto.runtime.symbolic import Sym, concrete_of
 
 __all__ = ["set_block_templates", "block_templates", "block_templates_enabled", "template_info"]
 
 _ON = [os.environ.get("PTO_BLOCK_TEMPLATES", "0").strip().lower() not in ("0", "", "false", "off", "no")]
-MIN_BLOCKS = 4  # fewer blocks: plain (the recording costs about two plain blocks)
+MIN_BLOCKS = int(os.environ.get("PTO_BLOCK_TEMPLATES_MIN", "24"))  # fewer blocks: plain (a recording costs ~10 plain blocks)
 MAX_VARIANTS = 4  # templates per task (paths through the block)
 _SITE_OFF: set = set()  # task sites whose blocks could not be templated (later programs run them plainly)
 _CODE: dict = {}  # generated source -> compiled factory
 _INFO = {"tasks": 0, "recorded": 0, "templated": 0, "plain": 0, "diverged": 0, "restarts": 0}
+_DEBUG = os.environ.get("PTO_BLOCKS_DEBUG", "0") not in ("0", "")
+_DIVERGED_AT: list = []  # (task, block, template line) of the latest divergences (PTO_BLOCKS_DEBUG=1)
 _COUNTERS = ("ops", "flops", "bytes", "ld", "st", "mm", "cube")
 
 
@@ -193,8 +196,10 @@ def _blocks(prog, task, n: int):
     _INFO["tasks"] += 1
     variants: list = []
     tpl = yield from _record(prog, task, 0, variants)
-    if tpl is not None:
+    if _worth(tpl, 1, n):
         variants.append(tpl)
+    else:
+        _SITE_OFF.add(task.site)  # the blocks' paths differ by their index: plain (and plain next time)
     misses = 0
     hits = 0
     plain = 1
@@ -218,9 +223,9 @@ def _blocks(prog, task, n: int):
             if misses > 2 * hits + 8:  # the blocks keep taking other paths: plain from here on
                 variants = []
                 _SITE_OFF.add(task.site)
-        if variants and len(variants) < MAX_VARIANTS:
+        if variants and len(variants) < MAX_VARIANTS and n - 1 - k >= MIN_BLOCKS:  # enough blocks left to pay
             tpl = yield from _record(prog, task, k, variants)
-            if tpl is not None:
+            if _worth(tpl, k + 1, n):
                 variants.append(tpl)
             plain += 1
             continue
@@ -235,6 +240,21 @@ def _blocks(prog, task, n: int):
         plain += 1
     _INFO["templated"] += hits
     _INFO["plain"] += plain
+
+
+def _worth(tpl, k0: int, n: int) -> bool:
+    """True when template ``tpl`` (None: none) passes its block-index guards for enough of the
+    blocks ``k0 .. n-2`` to pay for its recording."""
+    if tpl is None:
+        return False
+    need = min(8, n - 1 - k0)
+    hits = 0
+    for k in range(k0, n - 1):
+        if tpl.ok(k):
+            hits += 1
+            if hits >= need:
+                return True
+    return False
 
 
 def _record(prog, task, k: int, variants: list):
@@ -278,6 +298,45 @@ def _record(prog, task, k: int, variants: list):
     return tpl
 
 
+def _lin(node):
+    """The linear form ``({leaf: coefficient}, constant)`` of an integer expression over read
+    leaves (``+``, ``-``, ``*`` by a constant), or None."""
+    if type(node) is not tuple:
+        return ({}, node) if type(node) is int else None
+    op = node[0]
+    if op == "R" or op == "L":
+        return ({node: 1}, 0)
+    if len(node) != 3 or op not in ("+", "-", "*"):
+        return None
+    a, b = _lin(node[1]), _lin(node[2])
+    if a is None or b is None:
+        return None
+    if op == "*":
+        if a[0] and b[0]:
+            return None
+        if not a[0]:
+            a, b = b, a
+        k = b[1]
+        return ({x: c * k for x, c in a[0].items() if c * k}, a[1] * k)
+    sign = 1 if op == "+" else -1
+    out = dict(a[0])
+    for x, c in b[0].items():
+        c = out.get(x, 0) + sign * c
+        if c:
+            out[x] = c
+        else:
+            out.pop(x, None)
+    return (out, a[1] + sign * b[1])
+
+
+def _src(node, sub) -> str:
+    """Python source of the operator node ``node``, its operands written by ``sub``."""
+    op = node[0]
+    if len(node) == 2:
+        return _SYM_UN[op].format(sub(node[1]))
+    return f"({sub(node[1])} {op} {sub(node[2])})"
+
+
 def _index_only(node) -> bool:
     """True when expression ``node`` reads nothing but the block index (leaf ``("R", 0)``)."""
     if type(node) is not tuple:
@@ -306,7 +365,11 @@ class _BlockRecorder(_replay._Recorder):
             d = buf.data
             if d is not None and not d.is_meta:
                 self.gm.add(d.untyped_storage().data_ptr())
-        self.gm_writes: dict = {}  # op index -> "setitem" or "inplace"
+        self.gm_writes: dict = {}  # op index -> ("setitem" or "inplace", the argument Buffer written in place or None)
+        # Out/InOut arguments written in place (the caller's tensors; Program.undo): their stores save
+        # what they overwrite (Buffer.save_view), and so do the template's
+        self.in_place = {buf.data.untyped_storage().data_ptr(): buf for buf in prog.buffers
+                         if buf.kind == "arg" and getattr(buf, "undo", None) is not None}
 
     def _val(self, t):
         e = self.ids.get(id(t))
@@ -347,10 +410,12 @@ class _BlockRecorder(_replay._Recorder):
             name, kind = _replay._func_kind(func)
             if kind == 2 or "out" in kwargs:
                 dst = kwargs.get("out", args[0] if args else None)
-                if isinstance(dst, torch.Tensor) and dst.untyped_storage().data_ptr() in self.gm:
+                ptr = dst.untyped_storage().data_ptr() if isinstance(dst, torch.Tensor) else None
+                if ptr in self.gm:
                     mark = "setitem" if name == "__setitem__" else "inplace" if "out" not in kwargs else None
                     if mark is None:
                         self.bad = f"{name} with out= into GM"
+                    mark = (mark, self.in_place.get(ptr))
             n0 = len(self.ops)
         res = super().__torch_function__(func, types, args, kwargs)
         if mark is not None and len(self.ops) > n0 and self.ops[-1][0] is func:
@@ -364,7 +429,7 @@ class _Template:
     record ``blk`` (footprints, counters) and returns True, or undoes its GM writes and returns
     False when a guard fails."""
 
-    __slots__ = ("fn", "undo", "unlogged")
+    __slots__ = ("fn", "ok", "undo", "unlogged", "src")
 
     def __init__(self, rec: _BlockRecorder, blk):
         P: list = []
@@ -384,10 +449,32 @@ class _Template:
                 out += "".join(f"[{k}]" for k in node[2])
             return out
 
+        memo: dict = {}
+
+        def src_of(node) -> str:
+            """Python source of expression ``node``; integer sums of reads written as linear forms."""
+            if type(node) is not tuple:
+                return const(node)
+            hit = memo.get(id(node))
+            if hit is not None and hit[0] is node:
+                return hit[1]
+            lf = _lin(node)
+            if lf is not None:
+                terms = [f"{c} * {leaf(x)}" if c != 1 else leaf(x) for x, c in lf[0].items()]
+                if lf[1] or not terms:
+                    terms.append(str(lf[1]))
+                out = "(" + " + ".join(terms) + ")"
+            elif node[0] == "R" or node[0] == "L":
+                out = leaf(node)
+            else:
+                out = _src(node, src_of)
+            memo[id(node)] = (node, out)
+            return out
+
         def num(x) -> str:
             t = type(x)
             if t is Sym:
-                return source(x.n, leaf, const) if x.rec is rec else const(x.v)
+                return src_of(x.n) if x.rec is rec else const(x.v)
             return const(x)
 
         def const(x) -> str:
@@ -407,7 +494,7 @@ class _Template:
                 inner = ", ".join(expr(y) for y in x.items)
                 return f"({inner},)" if x.kind is tuple else f"[{inner}]"
             if t is _replay._X:
-                return source(x.n, leaf, const)
+                return src_of(x.n)
             if t is _replay._Sl:
                 return f"slice({expr(x.start)}, {expr(x.stop)}, {expr(x.step)})"
             if t is Sym:
@@ -427,23 +514,30 @@ class _Template:
         last_guard = max((i for i, op in enumerate(ops) if op[4] in (1, 2, 4, 6, 7, 8) and i >= len(pure)),
                          default=-1)
         self.unlogged = any(i >= last_guard for i in writes)
-        lines: list = []
         self.undo = False
+        lines: list = []
+        seen: set = set()
+        pure_conds: list = []
         for i, (f, a, kw, outs, gk, g, _big) in enumerate(ops):
             if gk == 9:
-                lines.append(f"R{outs} = {source(g, leaf, const)}")
+                lines.append(f"R{outs} = {src_of(g)}")
                 continue
-            if gk == 6:
-                node, out = g
-                lines.append(f"if {'not ' if out else ''}{source(node, leaf, const)}: raise D")
-                continue
-            if gk == 7:
+            if gk == 6 or gk == 7:
                 node, v = g
-                lines.append(f"_ = {source(node, leaf, const)}")
-                if type(v) is float:
-                    lines.append(f"if type(_) is not float or not Z(_, {par(v)}): raise D")
+                e = src_of(node)
+                if gk == 6:
+                    cond = e if v else f"not {e}"
+                elif type(v) is float:
+                    cond = f"(type({e}) is float and Z({e}, {par(v)}))"
                 else:
-                    lines.append(f"if _ != {const(v)} or type(_) is not {par(type(v))}: raise D")
+                    cond = f"({e} == {const(v)} and type({e}) is {par(type(v))})"
+                if cond in seen:  # the same guard again (its reads are the same registers): it holds
+                    continue
+                seen.add(cond)
+                if i < len(pure):
+                    pure_conds.append(cond)
+                else:
+                    lines.append(f"if not ({cond}): raise D")
                 continue
             call = par(f) + "(" + ", ".join([expr(x) for x in a] + [f"{k}={expr(v)}" for k, v in kw.items()]) + ")"
             if gk == 5:
@@ -468,15 +562,21 @@ class _Template:
                         lines.append(f"if {' or '.join(conds)}: raise D")
                 continue
             w = writes.get(i)
-            if w is not None and i < last_guard:  # a GM write a later guard may have to undo
-                self.undo = True
+            if w is not None:
+                w, arg = w
                 dst = expr(a[0])
                 if w == "setitem":
                     lines.append(f"_k = {expr(a[1])}")
-                    lines.append(f"U.append(({dst}, _k, {dst}[_k].clone()))")
                     call = f"{par(f)}({dst}, _k, {', '.join(expr(x) for x in a[2:])})"
+                    view = f"{dst}[_k]"
                 else:
-                    lines.append(f"U.append(({dst}, None, {dst}.clone()))")
+                    view = dst
+                if arg is not None:  # an argument written in place: the program's undo log keeps the window
+                    c = par(arg)
+                    lines.append(f"if {c}.undo is not None: {c}.save_view({view})")
+                if i < last_guard:  # a GM write a later guard may have to undo
+                    self.undo = True
+                    lines.append(f"U.append(({dst}, {'_k' if w == 'setitem' else 'None'}, {view}.clone()))")
             if type(outs) is int:
                 tgt = f"v{outs}"
             elif outs is None:
@@ -510,9 +610,10 @@ class _Template:
         if blk.vk is not None:
             lines.append("B.vk = {" + ", ".join(f"{const(kk)}: {num(vv)}" for kk, vv in blk.vk.items()) + "}")
         body = "\n        ".join(lines)
+        ok = " and ".join(f"({c})" for c in pure_conds) or "True"
         unpack = ", ".join(f"c{j}" for j in range(len(P)))
         src = (f"def make(P):\n    {unpack}{',' if len(P) == 1 else ''} = P\n" if P else "def make(P):\n") + \
-              f"    def blk(R0, B, U):\n        {body}\n    return blk\n"
+              f"    def blk(R0, B, U):\n        {body}\n    def ok(R0):\n        return {ok}\n    return blk, ok\n"
         factory = _CODE.get(src)
         if factory is None:
             if len(_CODE) > 4096:
@@ -520,7 +621,8 @@ class _Template:
             ns = {"D": _Diverged, "Z": _replay._same_signed, **_SYM_NS}
             exec(compile(src, "<pto block template>", "exec"), ns)  # noqa: S102 - generated
             factory = _CODE[src] = ns["make"]
-        self.fn = factory(tuple(P))
+        self.fn, self.ok = factory(tuple(P))
+        self.src = src if _DEBUG else None
 
     def run(self, k: int, blk) -> bool:
         """Run block ``k`` into ``blk``; False (nothing left written) when a guard fails.
@@ -529,12 +631,19 @@ class _Template:
             Restart: an operation raised after GM writes that were not saved (the program reruns
                 plainly).
         """
+        if not self.ok(k):  # a guard on the block index alone fails: nothing ran
+            return False
         undo = [] if self.undo else None
         try:
             self.fn(k, blk, undo)
             return True
-        except _Diverged:
-            pass
+        except _Diverged as e:
+            if _DEBUG:
+                tb = e.__traceback__
+                while tb.tb_next is not None:
+                    tb = tb.tb_next
+                _DIVERGED_AT.append((blk.task.name, k, self.src.split("\n")[tb.tb_lineno - 1].strip()))
+                del _DIVERGED_AT[:-200]
         except Exception:  # noqa: BLE001 - the block runs plainly and raises it with its context
             if self.unlogged:  # GM writes that cannot be undone: the program reruns plainly
                 raise Restart(blk.task.site) from None
