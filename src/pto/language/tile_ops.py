@@ -1003,6 +1003,19 @@ def _expand(op: str, lhs, rhs, axis: str, fn) -> Tile:
     return Tile(out if out.dtype is dt else out.to(dt), mask, lhs.valid)
 
 
+def _expand_div(op: str, lhs, rhs, axis: str) -> Tile:
+    """``row_expand_div`` / ``col_expand_div``: IEEE on float tiles, the exact quotient truncated
+    toward zero on integer tiles (as :func:`div`).
+
+    Raises:
+        DslError: an integer divisor that is zero somewhere, or the rank / shape / dtype rules
+            of the expand ops.
+    """
+    if _int_zero_divisor(lhs, rhs):
+        raise DslError(f"pl.{op}: integer division by zero")
+    return _expand(op, lhs, rhs, axis, _tdiv)
+
+
 def row_expand(lhs, rhs) -> Tile:
     """Broadcast the ``[M, 1]`` column ``rhs`` to ``lhs``'s shape ``[M, N]``."""
     return _expand("row_expand", lhs, rhs, "row", lambda a, b: b.expand_as(a).clone())
@@ -1014,16 +1027,9 @@ def row_expand_mul(lhs, rhs) -> Tile:
 
 
 def row_expand_div(lhs, rhs) -> Tile:
-    """``lhs[M, N] / rhs[M, 1]`` per row: IEEE on float tiles, the exact quotient truncated
-    toward zero on integer tiles (as :func:`div`).
-
-    Raises:
-        DslError: an integer divisor that is zero somewhere, or the rank / shape / dtype rules
-            of the expand ops.
-    """
-    if _int_zero_divisor(lhs, rhs):
-        raise DslError("pl.row_expand_div: integer division by zero")
-    return _expand("row_expand_div", lhs, rhs, "row", _tdiv)
+    """``lhs[M, N] / rhs[M, 1]`` per row, with :func:`div`'s numerics; a zero in an
+    integer ``rhs`` is a DslError (:func:`_expand_div`)."""
+    return _expand_div("row_expand_div", lhs, rhs, "row")
 
 
 def row_expand_sub(lhs, rhs) -> Tile:
@@ -1057,16 +1063,9 @@ def col_expand_sub(lhs, rhs) -> Tile:
 
 
 def col_expand_div(lhs, rhs) -> Tile:
-    """``lhs[M, N] / rhs[1, N]`` per column: IEEE on float tiles, the exact quotient truncated
-    toward zero on integer tiles (as :func:`div`).
-
-    Raises:
-        DslError: an integer divisor that is zero somewhere, or the rank / shape / dtype rules
-            of the expand ops.
-    """
-    if _int_zero_divisor(lhs, rhs):
-        raise DslError("pl.col_expand_div: integer division by zero")
-    return _expand("col_expand_div", lhs, rhs, "col", _tdiv)
+    """``lhs[M, N] / rhs[1, N]`` per column, with :func:`div`'s numerics; a zero in an
+    integer ``rhs`` is a DslError (:func:`_expand_div`)."""
+    return _expand_div("col_expand_div", lhs, rhs, "col")
 
 
 def col_expand_expdif(lhs, rhs) -> Tile:
