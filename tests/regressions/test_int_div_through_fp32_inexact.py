@@ -144,6 +144,18 @@ def test_zero_divisor_is_a_dsl_error(dt, form):
         call()
 
 
+def test_zero_divisor_message_names_the_divisor_and_the_padding_recipe_works():
+    with pytest.raises(DslError, match=r"pl\.div: integer division by zero \(the divisor is 0\)$"):
+        _tile([[1, 2]], pl.INT32) / 0
+    padded = pl.set_validshape(_tile([[4, 0], [0, 0]], pl.INT32), 1, 1)  # valid [1, 1], zero padding
+    with pytest.raises(DslError, match=r"pl\.div: integer division by zero \(the divisor Tile\(\[2, 2\], pl\.INT32, "
+                                       r"valid=\[1, 1\]\) holds 3 zeros; padding takes part: fill a padded divisor "
+                                       r"first, e.g. pl\.fillpad\(t, pl\.PadValue\.max\)\)"):
+        _tile([[9, 9], [9, 9]], pl.INT32) / padded
+    q = _tile([[9, 9], [9, 9]], pl.INT32) / pl.fillpad(padded, pl.PadValue.max)
+    assert q.data.tolist() == [[2, 0], [0, 0]]
+
+
 def test_zero_divisor_in_a_kernel_names_the_line_and_float_division_is_ieee():
     @pl.jit
     def k(x: pl.Tensor[[2, 4], pl.INT32], y: pl.Out[pl.Tensor[[2, 4], pl.INT32]]):

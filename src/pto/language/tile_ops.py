@@ -504,17 +504,26 @@ def mul(a, b) -> Tile:
     return _binary("mul", a, b, torch.mul)
 
 
-def _int_zero_divisor(a, b) -> bool:
-    """True when the divisor of an integer-tile division holds a zero."""
+def _check_int_divisor(op: str, a, b) -> None:
+    """DslError naming ``op`` and the divisor when the divisor ``b`` of an integer-tile division
+    (``a`` or ``b`` the tile) holds a zero: integers have no infinity."""
     tile = a if isinstance(a, Tile) else b
     if not isinstance(tile, Tile) or tile.data.dtype.is_floating_point:
-        return False
+        return
     d = b.data if isinstance(b, Tile) else b.value if isinstance(b, ScalarValue) else b
     if isinstance(b, _MetaScalar) or isinstance(d, torch.Tensor) and d.is_meta:
-        return False  # graph-only mode: an unknown divisor is not checked
+        return  # graph-only mode: an unknown divisor is not checked
     if isinstance(d, torch.Tensor):
-        return bool((d == 0).any())
-    return isinstance(d, (int, float)) and d == 0
+        n = int((d == 0).sum())
+        if not n:
+            return
+        what = (f"the divisor {b!r} holds {n} zero{'s' if n > 1 else ''}; padding takes part: fill a padded "
+                "divisor first, e.g. pl.fillpad(t, pl.PadValue.max)")
+    elif isinstance(d, (int, float)) and d == 0:
+        what = f"the divisor is {d!r}"
+    else:
+        return
+    raise DslError(f"pl.{op}: integer division by zero ({what})")
 
 
 def div(a, b, high_precision: bool = False) -> Tile:
@@ -526,8 +535,7 @@ def div(a, b, high_precision: bool = False) -> Tile:
         DslError: an integer divisor that is zero somewhere (no integer infinity), plus the
             shape and dtype rules of every elementwise op.
     """
-    if _int_zero_divisor(a, b):
-        raise DslError("pl.div: integer division by zero")
+    _check_int_divisor("div", a, b)
     if not isinstance(a, Tile) and isinstance(b, Tile):
         return _binary("div", b, a, lambda x, y: _tdiv(y, x))  # number / tile: one division
     return _binary("div", a, b, _tdiv)
@@ -1011,8 +1019,7 @@ def _expand_div(op: str, lhs, rhs, axis: str) -> Tile:
         DslError: an integer divisor that is zero somewhere, or the rank / shape / dtype rules
             of the expand ops.
     """
-    if _int_zero_divisor(lhs, rhs):
-        raise DslError(f"pl.{op}: integer division by zero")
+    _check_int_divisor(op, lhs, rhs)
     return _expand(op, lhs, rhs, axis, _tdiv)
 
 
