@@ -332,7 +332,7 @@ class GMTensor:
                 if (type(a0) is int and type(b0) is int and type(a1) is int and type(b1) is int
                         and 0 <= a0 < b0 <= shape[0] and 0 <= a1 < b1 <= shape[1]
                         and rows[1] + b1 <= buf.C and (rows[2] == 1 or b0 - a0 == 1)
-                        and not buf.slow and buf.shadow is None):
+                        and not buf.slow and (buf.shadow is None or buf.id in buf.program.sanitizer.clean)):
                     br, bc, q = rows
                     st0, st1 = self._strides
                     n0, n1 = b0 - a0, b1 - a1
@@ -383,7 +383,8 @@ class GMTensor:
                         and len(vs) == 2 and vs[0] == b0 - a0 and vs[1] == b1 - a1
                         and rows[1] + b1 <= buf.C and (rows[2] == 1 or b0 - a0 == 1)
                         and not buf.slow and not buf.readonly
-                        and buf.shadow is None and src.dtype == self.data.dtype):
+                        and (buf.shadow is None or buf.program.sanitizer.quick_store(buf, value.mask, None))
+                        and src.dtype == self.data.dtype):
                     if buf.undo is not None:  # an argument written in place: keep what the store overwrites
                         st0, st1 = self._strides
                         buf.save_window(vs, self._strides, buf.base_off + self._off + a0 * st0 + a1 * st1)
@@ -393,9 +394,12 @@ class GMTensor:
                         st0, st1 = self._strides
                         self.data.as_strided(vs, self._strides, buf.base_off + self._off + a0 * st0 + a1 * st1).copy_(src)
                     br, bc, q = rows
-                    blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), W))
+                    box = (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1)
+                    blk.fp.append((buf, box, W))
                     blk.bytes += (b0 - a0) * (b1 - a1) * self._itemsize
                     blk.st += 1
+                    if buf.shadow is not None and buf.id in buf.program.sanitizer.pending:
+                        buf.program.sanitizer.defer_store(self, (a0, a1), (b0, b1), box)
                     return
         starts, stops, drop = self._parse(key)
         shape = [b - a for a, b in zip(starts, stops)]
@@ -562,8 +566,8 @@ def _store_rows(t: GMTensor, a0: int, a1: int, tile: Tile, atomic) -> bool:
     blk = buf.program.cur_block
     src = tile.data
     d = t.data
-    if (blk is None or buf.slow or buf.readonly or buf.shadow is not None or src.dtype != d.dtype
-            or src.dim() != 2 or d.is_meta):
+    if (blk is None or buf.slow or buf.readonly or src.dtype != d.dtype or src.dim() != 2 or d.is_meta
+            or (buf.shadow is not None and not buf.program.sanitizer.quick_store(buf, tile.mask, atomic))):
         return False
     v = tile.valid
     if v is None:
@@ -609,6 +613,8 @@ def _store_rows(t: GMTensor, a0: int, a1: int, tile: Tile, atomic) -> bool:
     blk.fp.append((buf, box, kind))
     blk.bytes += n0 * n1 * t._itemsize
     blk.st += 1
+    if buf.shadow is not None and buf.id in buf.program.sanitizer.pending:
+        buf.program.sanitizer.defer_store(t, (a0, a1), (b0, b1), box)
     return True
 
 
@@ -623,7 +629,7 @@ def _load_padded_rows(t: GMTensor, a0: int, a1: int, s0: int, s1: int, v0, v1):
     buf = t.buf
     blk = buf.program.cur_block
     if (rows is None or blk is None or type(v0) is not int or type(v1) is not int or buf.slow
-            or buf.shadow is not None):
+            or (buf.shadow is not None and buf.id not in buf.program.sanitizer.clean)):
         return None
     shape = t._shape
     b0, b1 = a0 + v0, a1 + v1
@@ -1018,7 +1024,7 @@ def read(src, idx):
         # fast path: in-bounds int indices of a plain rank-1 / rank-2 view with a box fast path
         # (the general path below reads the same element, with the same footprint and counters)
         buf = src.buf
-        if not buf.slow and buf.shadow is None:
+        if not buf.slow and (buf.shadow is None or buf.id in buf.program.sanitizer.clean):
             shape = src._shape
             rows = src._rows
             box = None
@@ -1135,7 +1141,8 @@ def read_values(src, idx, n: int) -> list:
         buf = src.buf
         blk = _ctx.state.block
         d = src.data
-        if (not buf.slow and buf.go is None and buf.shadow is None and not d.is_meta
+        if (not buf.slow and buf.go is None and (buf.shadow is None or buf.id in buf.program.sanitizer.clean)
+                and not d.is_meta
                 and len(idx) == d.dim() and type(j0) is int and 0 <= j0 and j0 + n <= d.shape[-1]
                 and all(type(i) is int and 0 <= i < s for i, s in zip(head, d.shape))):
             off = buf.base_off + src._off

@@ -272,8 +272,17 @@ class Sanitizer:
             area = (box[1] - box[0]) * (box[3] - box[2])
         ent[3] += area
         # the boxes are exactly the window's elements: as many elements as box area, all distinct
-        if ent[2] and (area != n or not _injective([b - a for a, b in zip(starts, stops)], t._strides)):
+        # (a view with root rows, t._rows: unit column stride, so distinct when its rows do not overlap)
+        if ent[2] and (area != n or not (
+                (t._rows is not None and (stops[0] - starts[0] == 1 or t._strides[0] >= stops[1] - starts[1]))
+                or _injective([b - a for a, b in zip(starts, stops)], t._strides))):
             ent[2] = False
+
+    def quick_store(self, buf, mask, atomic) -> bool:
+        """Whether a store (``atomic``: None or the atomic type) of a tile with ``mask`` into
+        ``buf`` needs no shadow work beyond :meth:`defer_store` (a defined tile into a clean
+        buffer, or a plain store of one into a deferred buffer): the GM fast paths may take it."""
+        return mask is None and (buf.id in self.clean or (atomic is None and buf.id in self.pending))
 
     def settled(self, buf) -> bool:
         """Before a read of ``buf``'s shadow (a load, scalar read or gather of a buffer not in
