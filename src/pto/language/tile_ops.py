@@ -535,10 +535,19 @@ def div(a, b, high_precision: bool = False) -> Tile:
         DslError: an integer divisor that is zero somewhere (no integer infinity), plus the
             shape and dtype rules of every elementwise op.
     """
+    if type(a) is Tile and a.data.dtype.is_floating_point:  # float tile / anything: IEEE
+        return _binary("div", a, b, torch.div)
+    if type(b) is Tile and b.data.dtype.is_floating_point and not isinstance(a, Tile):
+        return _binary("div", b, a, _rdiv)  # number / float tile: one IEEE division
     _check_int_divisor("div", a, b)
     if not isinstance(a, Tile) and isinstance(b, Tile):
         return _binary("div", b, a, lambda x, y: _tdiv(y, x))  # number / tile: one division
     return _binary("div", a, b, _tdiv)
+
+
+def _rdiv(x, y) -> torch.Tensor:
+    """``y / x``: the reflected IEEE division of a number ``y`` by a float tensor ``x``."""
+    return torch.div(y, x)
 
 
 def _tdiv(x, y) -> torch.Tensor:
@@ -1019,6 +1028,8 @@ def _expand_div(op: str, lhs, rhs, axis: str) -> Tile:
         DslError: an integer divisor that is zero somewhere, or the rank / shape / dtype rules
             of the expand ops.
     """
+    if type(lhs) is Tile and lhs.data.dtype.is_floating_point:
+        return _expand(op, lhs, rhs, axis, torch.div)
     _check_int_divisor(op, lhs, rhs)
     return _expand(op, lhs, rhs, axis, _tdiv)
 
