@@ -186,6 +186,15 @@ class RaceChecker:
         blocks = task.blocks
         if len(blocks) < 2:
             return
+        fps = [blk.fp for blk in blocks if blk.fp]
+        # only a buffer with a plain write, or with atomic adds and reads, can race inside a task
+        # (reads alone or atomic adds alone cannot): the others are left out before any grouping
+        hot = {f[0] for fp in fps for f in fp if f[2] == _W}
+        atomic = {f[0] for fp in fps for f in fp if f[2] == _A}
+        if atomic - hot:
+            hot |= {f[0] for fp in fps for f in fp if f[2] == _R and f[0] in atomic}
+        if not hot:
+            return
         per_buf: dict = {}
         for blk in blocks:
             fp = blk.fp
@@ -193,7 +202,8 @@ class RaceChecker:
                 continue
             mine: dict = {}
             for buf, box, kind in fp:
-                mine.setdefault((buf, kind), []).append(box)
+                if buf in hot:
+                    mine.setdefault((buf, kind), []).append(box)
             for (buf, kind), boxes in mine.items():
                 lst = per_buf.get(buf)
                 if lst is None:
