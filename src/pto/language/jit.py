@@ -57,6 +57,7 @@ class JitFunction:
         self._sig = None
         self._anns = None
         self._positional = None  # [(name, default)] when every parameter is plain positional-or-keyword
+        self._spec = None  # the fast binding plan of entry calls (_bind_spec; False: none)
 
     def signature(self):
         """(inspect.Signature, {name: annotation}) with annotations evaluated.
@@ -150,6 +151,14 @@ def bind_arguments(jf: JitFunction, args, kwargs, gm: bool) -> list[Param]:
             requires grad, or a bad scalar — naming the parameter.
     """
     sig, anns = jf.signature()
+    if not gm and not kwargs:
+        spec = jf._spec
+        if spec is None:
+            spec = jf._spec = _bind_spec(jf, anns)
+        if spec and len(args) == len(spec):
+            out = _bind_fast(spec, args)
+            if out is not None:
+                return out
     plain = jf._positional
     if (plain is not None and not kwargs and len(args) <= len(plain)
             and all(d is not inspect.Parameter.empty for _, d in plain[len(args):])):
@@ -187,6 +196,62 @@ def bind_arguments(jf: JitFunction, args, kwargs, gm: bool) -> list[Param]:
             _check_tensor(jf.__name__, name, ann, tuple(data.shape), data.dtype, dyn)
         elif isinstance(ann, ScalarType):
             value = _bind_scalar(jf.__name__, name, ann, value)
+        out.append(Param(name, ann, value))
+    return out
+
+
+def _bind_spec(jf: JitFunction, anns: dict):
+    """The fast binding plan of ``jf``'s entry calls with every argument given positionally:
+    per parameter ``(name, annotation, kind, torch dtype, dims, written)``, kind 0 for a tensor
+    with a dtype, 1 for a scalar, 2 for a pass-through; False when a parameter is not plain
+    positional-or-keyword or is a bare ``pl.Tensor`` (those bind by the general path)."""
+    if jf._positional is None:
+        return False
+    spec = []
+    for name, _ in jf._positional:
+        ann = anns.get(name)
+        if isinstance(ann, TensorType):
+            if ann.dtype is None:
+                return False
+            spec.append((name, ann, 0, ann.dtype.torch, ann.dims, ann.direction != IN))
+        elif isinstance(ann, ScalarType):
+            spec.append((name, ann, 1, None, None, False))
+        else:
+            spec.append((name, ann, 2, None, None, False))
+    return spec
+
+
+def _bind_fast(spec: list, args) -> list | None:
+    """:func:`bind_arguments` of an entry call whose arguments are all given positionally, when
+    every one of them binds (plain CPU tensors of the annotated dtype and dims, valid scalars):
+    the same Params. None when anything is off: the general path then binds or raises."""
+    out = []
+    dyn = None
+    for (name, ann, kind, tdtype, dims, written), value in zip(spec, args):
+        if kind == 0:
+            if (type(value) is not torch.Tensor or not value.is_cpu or value.dtype != tdtype
+                    or written and value.requires_grad):
+                return None
+            if dims is not None:
+                shape = value.shape
+                if len(shape) != len(dims):
+                    return None
+                for want, got in zip(dims, shape):
+                    if type(want) is int:
+                        if want != got:
+                            return None
+                    else:  # a pl.dynamic dim: the same extent wherever it appears
+                        if dyn is None:
+                            dyn = {}
+                        seen = dyn.setdefault(id(want), got)
+                        if seen != got:
+                            return None
+        elif kind == 1:
+            if not (type(value) is int and ann.dtype.is_int and ann.dtype.min <= value <= ann.dtype.max):
+                try:
+                    value = _bind_scalar("", name, ann, value)
+                except BindError:
+                    return None
         out.append(Param(name, ann, value))
     return out
 

@@ -105,19 +105,29 @@ class Buffer:
         """Before a store into an argument written in place (``undo`` not None): keep the
         window ``as_strided(shape, strides, offset)`` of the storage (``offset`` in elements, from
         the storage start) it is about to overwrite; see :meth:`save_view`."""
+        n = 1
+        for s in shape:
+            n *= s
+        n *= self.data.element_size()
+        if 4 * n >= self.nbytes or self.undo + _UNDO_SAVE_BYTES + n >= self.nbytes:
+            self.save_view(self.data)  # the whole buffer (see save_view): no view to build
+            return
         with _NO_TORCH_FUNCTION():
             self.save_view(self.data.as_strided(shape, strides, offset))
 
     def save_view(self, view: torch.Tensor) -> None:
         """Before a store into an argument written in place (``undo`` not None): append
         ``(view, its current values)`` to the program's undo log, which restores them in reverse
-        order if the program raises (``Program.execute``). Once the saves of this buffer (plus a
-        per-save allowance of ``_UNDO_SAVE_BYTES`` for the call) would cost its whole size, the
-        whole buffer is saved instead and its later stores save nothing. The copies are made with
-        torch function modes off (a program-cache recording does not see them)."""
+        order if the program raises (``Program.execute``). The whole buffer is saved instead (and
+        its later stores save nothing) when the window is a quarter of it or more (a kernel writing
+        that much of an output usually writes all of it) or once the saves of this buffer, with an
+        allowance of ``_UNDO_SAVE_BYTES`` per save for the call, would cost its whole size (at most
+        about twice the cheaper choice). The copies are made with torch function modes off (a
+        program-cache recording does not see them)."""
         with _NO_TORCH_FUNCTION():
-            cost = self.undo + _UNDO_SAVE_BYTES + view.numel() * view.element_size()
-            if cost >= self.nbytes:
+            n = view.numel() * view.element_size()
+            cost = self.undo + _UNDO_SAVE_BYTES + n
+            if cost >= self.nbytes or 4 * n >= self.nbytes:
                 view = self.data
                 self.undo = None
             else:
