@@ -398,6 +398,8 @@ class Program:
                 self.sanitizer.release()  # the shadows go back to the pool of the next check-mode run
             if not ok:
                 self.result = None
+            for buf in self.buffers:  # no Program <-> Buffer cycle: a plain run is freed by refcount
+                buf.program = _ENDED
         return self
 
     def allocations(self) -> list[Buffer]:
@@ -864,6 +866,26 @@ class Program:
     def footprints(self, task: Task) -> list[Footprint]:
         """The coalesced footprints of ``task`` as Footprint records."""
         return [Footprint(buf.name, buf.id, KIND_NAMES[k], box) for buf, k, box in task.footprints]
+
+
+class _EndedProgram:
+    """The ``program`` of a Buffer whose program has ended (``Program.execute`` sets it, so that
+    a Program and its buffers form no reference cycle and a plain run is freed by refcount). The
+    GM access fast paths read ``cur_block`` (None: no block of it runs) and take the general path;
+    anything else a GM tensor of an ended program is asked for is a DslError."""
+
+    cur_block = None
+    defer_atomics = False
+    sanitizer = None
+    name = "<ended program>"
+
+    def __getattr__(self, name):
+        raise DslError(f"a GM tensor of a program that has ended was used (it needed the program's {name!r}); "
+                       f"GM tensors live only while their @pl.jit program runs: pass torch tensors to the next "
+                       f"program instead")
+
+
+_ENDED = _EndedProgram()
 
 
 # programs running in any thread, and whether the cyclic GC was on before the first of them started
