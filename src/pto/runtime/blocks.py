@@ -208,9 +208,11 @@ def _blocks(prog, task, n: int):
         if variants:
             prog.begin_block(task, k)
             blk = prog.cur_block
-            for v in variants:
+            for j, v in enumerate(variants):
                 if v.run(k, blk):
                     done = True
+                    if j:  # blocks come in runs of one path: the variant that served this one goes first
+                        variants.insert(0, variants.pop(j))
                     break
             if done:
                 hits += 1
@@ -240,6 +242,17 @@ def _blocks(prog, task, n: int):
         plain += 1
     _INFO["templated"] += hits
     _INFO["plain"] += plain
+
+
+def _fixed_view(op):
+    """``op`` without its result shape/stride guard when that is fixed by constant arguments:
+    ``as_strided(x, size, stride, offset)`` with constant ``size`` and ``stride`` (only the offset
+    follows from the block index or reads) makes a view of exactly that size and stride."""
+    f, a, kw, outs, gk, g, big = op
+    if gk == 8 and getattr(f, "__name__", "") in ("as_strided", "as_strided_copy") and len(a) >= 3 and not kw \
+            and not any(type(x) in (_replay._X, _replay._Seq, Sym) for x in (a[1], a[2])):
+        return (f, a, kw, outs, 0, None, big)
+    return op
 
 
 def _worth(tpl, k0: int, n: int) -> bool:
@@ -506,7 +519,7 @@ class _Template:
         # point of the block); the others stay where the recording took them
         pure = [i for i, op in enumerate(ops) if op[4] in (6, 7) and _index_only(op[5][0])]
         hoisted = set(pure)
-        ops = [ops[i] for i in pure] + [op for i, op in enumerate(ops) if i not in hoisted]
+        ops = [ops[i] for i in pure] + [_fixed_view(op) for i, op in enumerate(ops) if i not in hoisted]
         writes = {}
         pos = {i: j for j, i in enumerate(pure + [i for i in range(len(rec.ops)) if i not in hoisted])}
         for i, w in rec.gm_writes.items():
