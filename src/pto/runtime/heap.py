@@ -69,12 +69,12 @@ class Buffer:
         self.site = site
         self.kind = kind
         self.direction = direction
-        self.shape = tuple(data.shape)
+        self.shape = shape = tuple(data.shape)
         self.dtype = data.dtype
-        self.nbytes = data.numel() * data.element_size()
+        self.nbytes = data.nbytes  # numel * element size
         self.offset = offset
         self.base_off = data.storage_offset()
-        self.C = max(1, data.shape[-1]) if data.dim() else 1
+        self.C = (shape[-1] or 1) if shape else 1
         self.shadow = None
         self.untracked = untracked
         self.freed = False

@@ -28,7 +28,7 @@ from pto.language import compat_ops as _compat
 from pto.language.distributed import WindowType
 from pto.language.jit import bind_arguments
 from pto.language.tensor_ops import GMTensor
-from pto.language.typing import INOUT, OUT, DynVar, TensorType
+from pto.language.typing import IN, INOUT, OUT, DynVar, TensorType
 from pto.runtime import sanitizer as _sanitizer
 from pto.runtime.deps import DepTracker, LazyDerivation, derive_task, group_footprints
 from pto.runtime.graph import KIND_NAMES, Block, Footprint, Task, TaskGraph
@@ -210,6 +210,7 @@ def _lhs_name(frame) -> str | None:
 
 
 _LHS_NAMES: dict = {}  # (id(code), bytecode offset) -> (code, assignment target or None)
+_ARG_SITES: dict = {}  # (kernel name, parameter name) -> the site text of its argument buffers
 
 
 # (id(code), bytecode offset) -> (code, "file:line"): frame.f_lineno decodes the line table, and
@@ -253,7 +254,7 @@ class Program:
         if config is not None and not isinstance(config, RunConfig):
             raise ConfigError(f"kernel {self.name}: config= must be a pto.RunConfig, got {type(config).__name__} "
                               f"{config!r}; write config=pto.RunConfig(...)")
-        self.config = (config or RunConfig()).validate()
+        self.config = config.validate() if config is not None else RunConfig()  # the defaults are valid
         self.check = self.config.check
         # graph-only mode (RunConfig(execute=False)): pto.runtime.graph_only.GraphOnlyState
         self.go = None if self.config.execute else GraphOnlyState(self)
@@ -267,7 +268,8 @@ class Program:
         self.deps = DepTracker()
         self.lazy = LazyDerivation(self.deps)  # edges of a plain run are derived on first read
         self.buffers: list[Buffer] = []
-        self.no_copy_storages: set = set()  # storages of the no-copy (Buffer.no_copy) arguments
+        self._no_copy_data: list = []  # the tensors of the no-copy (Buffer.no_copy) arguments
+        self._no_copy_storages = None  # their storages (no_copy_storages), on first use
         # Out/InOut arguments written in place (see _writes_in_place): (view, its values before the
         # store that overwrote it), appended by Buffer.save_view before each such store; restored
         # newest first if the program raises
@@ -285,7 +287,8 @@ class Program:
         self.races = None
         self.sanitizer = None
         self.dropped_init: list[str] = []  # allocations whose init_value the mutation hook dropped
-        self._drop_init = frozenset(self.config.drop_init) | _sanitizer.active_drop_init()
+        dropped = _sanitizer.active_drop_init()
+        self._drop_init = frozenset(self.config.drop_init) | dropped if self.config.drop_init else dropped
         self.orch_reads = 0
         self._t0 = 0
         # schedule sensitivity (RunConfig.block_order): the block order of each task (None:
@@ -312,6 +315,16 @@ class Program:
                  f"{s.tasks} tasks, {s.blocks} blocks, {s.edges} edges, heap peak {s.heap_peak_bytes} B, "
                  f"{s.wall_us / 1e3:.1f} ms")
         return f"<pto Program {self.name}{' (check mode)' if self.check else ''}: {state}>"
+
+    @property
+    def no_copy_storages(self) -> set:
+        """The storages (``untyped_storage().data_ptr()``) of the no-copy (``Buffer.no_copy``) In
+        arguments: a tile viewing one is copied before a tile write (tensor_ops.aliases_readonly).
+        Built on first use (the arguments are all bound before the kernel body runs)."""
+        s = self._no_copy_storages
+        if s is None:
+            s = self._no_copy_storages = {d.untyped_storage().data_ptr() for d in self._no_copy_data}
+        return s
 
     @property
     def dyn_dims(self) -> dict:
@@ -436,27 +449,36 @@ class Program:
                             f"mode (RunConfig(execute=False)) runs on those, a real run needs CPU tensors")
         if not t.is_contiguous():
             raise BindError(f"kernel {self.name}: parameter {p.name!r} must be contiguous (call .contiguous())")
-        direction = p.ann.direction
-        partial = p.ann.partial
+        ann = p.ann
+        direction = ann.direction
+        written = direction != IN  # Out or InOut
+        partial = ann.partial
         if self.go is not None:  # graph-only: shape-only floats, the caller's index tensors (never written)
             data = self.go.bind(t)
-            if data is t and direction in (OUT, INOUT):
+            if data is t and written:
                 data = t.clone()
+        elif not written:
+            data = t
         elif direction == OUT and self.check and not partial:
             data = torch.empty_like(t)  # poisoned below: an Out argument is undefined until written
-        elif direction in (OUT, INOUT) and not self._in_place:
+        elif not self._in_place:
             data = t.clone()
         else:
             data = t
-        buf = Buffer(len(self.buffers) + 1, p.name, f"parameter {p.name!r} of {self.name}", "arg", data, self,
-                     direction=direction)
-        if data is t and direction in (OUT, INOUT) and self.go is None:
-            buf.undo = 0  # written in place: its stores save what they overwrite (Buffer.save_view)
-        buf.readonly = direction not in (OUT, INOUT)
-        buf.no_copy = (buf.readonly and not isinstance(p.ann, WindowType) and not _compat.mode.pypto
-                       and not data.is_meta)
-        if buf.no_copy:
-            self.no_copy_storages.add(data.untyped_storage().data_ptr())
+        site = _ARG_SITES.get((self.name, p.name))
+        if site is None:
+            if len(_ARG_SITES) > 100_000:
+                _ARG_SITES.clear()
+            site = _ARG_SITES[(self.name, p.name)] = f"parameter {p.name!r} of {self.name}"
+        buf = Buffer(len(self.buffers) + 1, p.name, site, "arg", data, self, direction=direction)
+        if written:
+            if data is t and self.go is None:
+                buf.undo = 0  # written in place: its stores save what they overwrite (Buffer.save_view)
+        else:
+            buf.readonly = True
+            if not isinstance(ann, WindowType) and not _compat.mode.pypto and not data.is_meta:
+                buf.no_copy = True
+                self._no_copy_data.append(data)
         buf.partial = partial
         if self.go is not None:
             self.go.attach(buf)
@@ -501,32 +523,27 @@ class Program:
         private copies). Either way a program that raises leaves the caller's tensors as they were."""
         if self.check or self.go is not None or self.reorder is not None or _compat.mode.pypto:
             return False
-        spans = []
-        written = []
+        spans = []  # (first byte, bytes, written) of every tensor argument
+        any_written = False
         for p in params:
             ann = p.ann
             if isinstance(ann, TensorType):
                 t = p.value
                 if not isinstance(t, torch.Tensor):
                     return False  # a BindError is raised when it is bound
-                n = t.numel() * t.element_size()
-                span = (t.data_ptr(), n)
-                if ann.direction in (OUT, INOUT):
+                written = ann.direction != IN
+                if written:
                     if isinstance(ann, WindowType):
                         return False
-                    written.append(span)
-                if n:
-                    spans.append(span)
-        if not written:
+                    any_written = True
+                spans.append((t.data_ptr(), t.nbytes, written))
+        if not any_written:
             return False
-        for w0, wn in written:
-            if wn:
-                hits = 0
-                for s0, sn in spans:
-                    if s0 < w0 + wn and w0 < s0 + sn:
-                        hits += 1
-                if hits > 1:  # another argument than itself
-                    return False
+        for i, (w0, wn, written) in enumerate(spans):
+            if written and wn:
+                for j, (s0, sn, _) in enumerate(spans):
+                    if j != i and sn and s0 < w0 + wn and w0 < s0 + sn:
+                        return False  # shares bytes with another argument
         return True
 
     def _undo_stores(self) -> None:
