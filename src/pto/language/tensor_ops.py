@@ -60,10 +60,10 @@ def _row_intervals(base: int, spans: list) -> list:
         hi = base + sum((b - 1) * q for q, _, b in spans)
         return [(lo, hi + 1)]
     q, a, b = spans[0]
-    out = []
-    for i in range(a, b):
-        out.extend(_row_intervals(base + i * q, spans[1:]))
-    return out
+    if len(spans) == 1:  # one strided dim (q > 1): one row per index
+        return [(r, r + 1) for r in range(base + a * q, base + (b - 1) * q + 1, q)]
+    inner = _row_intervals(0, spans[1:])  # the same intervals for every index, shifted by its rows
+    return [(base + i * q + r0, base + i * q + r1) for i in range(a, b) for r0, r1 in inner]
 
 
 class GMTensor:
@@ -1136,7 +1136,11 @@ def read_values(src, idx, n: int) -> list:
         d = src.data
         if (len(idx) == d.dim() and type(j0) is int and 0 <= j0 and j0 + n <= d.shape[-1]
                 and all(type(i) is int and 0 <= i < s for i, s in zip(head, d.shape))):
-            return d[(*head, _pyslice(j0, j0 + n))].tolist()  # the numbers item() gives, one conversion
+            off = d.storage_offset()
+            st = d.stride()
+            for i, step in zip(idx, st):
+                off += i * step
+            return d.as_strided((n,), (st[-1],), off).tolist()  # the view d[head, j0:j0 + n]: the numbers item() gives
     elif isinstance(src, GMTensor):
         buf = src.buf
         blk = _ctx.state.block
@@ -1185,12 +1189,12 @@ def _tile_value(tile: Tile, d: torch.Tensor, key: tuple):
         try:
             version = d._version
         except RuntimeError:  # an inference-mode tensor has no version counter
-            return d[key].item()
+            return _item(d, key)
         if vals[1] == version:
             lst = vals[2]
             if lst is None:
                 if len(key) > 2 or d.numel() > _VALS_MAX:
-                    return d[key].item()
+                    return _item(d, key)
                 lst = d.tolist()
                 tile._vals = (d, version, lst)
             return lst[key[0]] if len(key) == 1 else lst[key[0]][key[1]]
@@ -1198,7 +1202,15 @@ def _tile_value(tile: Tile, d: torch.Tensor, key: tuple):
         tile._vals = (d, d._version, None)  # first read: remember it, convert on the next one
     except RuntimeError:
         pass
-    return d[key].item()
+    return _item(d, key)
+
+
+def _item(d: torch.Tensor, key) -> int | float | bool:
+    """``d[key].item()`` for the in-bounds int ``key`` (one per dim) through one 0-dim view."""
+    off = d.storage_offset()
+    for i, st in zip(key, d.stride()):
+        off += i * st
+    return d.as_strided((), (), off).item()
 
 
 def _check_element_index(op: str, t: GMTensor, idx: list) -> None:
@@ -1239,8 +1251,11 @@ def write(dst, idx, value):
             else:
                 if d._base is not None and aliases_readonly(d):
                     d = dst.data = d.clone()
+                off = d.storage_offset()
+                for i, st in zip(idx, d.stride()):
+                    off += i * st
                 try:
-                    d[tuple(idx)] = value
+                    d.as_strided((), (), off).fill_(value)  # the element d[idx] set as d[idx] = value would
                     return dst
                 except RuntimeError:  # a value out of an integer dtype's range: the checks below raise
                     pass

@@ -1,0 +1,228 @@
+"""The per-op fast paths of tile_ops / tensor_ops (issues 15 and 17) give what the general paths
+give: the same tensor (dtype, shape, strides, bits), the same mask and valid shape, and the same
+block counters (ops, flops, vector kinds, matmuls, loads, stores, bytes, footprints). Each test
+forces the general path with an argument the fast path does not take (a numpy int, a torch dtype,
+an all-zero mask) and compares."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pto
+import pto.language as pl
+from pto.language import _ctx
+from pto.language import tensor_ops as T
+from pto.language import tile_ops as O
+from pto.language.dtypes import ALL_DTYPES, from_torch
+from pto.language.tile_ops import Tile
+
+FLOATS = [torch.bfloat16, torch.float16, torch.float32]
+INTS = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8]
+DTYPES = FLOATS + INTS + [torch.bool]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes (NaN payloads and -0.0 included), for exact comparisons."""
+    t = t.contiguous().reshape(-1)
+    return t.view(torch.uint8) if t.dtype != torch.bool else t
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+    assert torch.equal(_bits(a), _bits(b))
+
+
+def _values(dtype, shape, seed) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        v = (torch.randn(shape, generator=g) * 3).view(-1)
+        specials = [float("nan"), -0.0, float("inf"), 2.5, -2.5, 1e30, -1e-30, 70000.0]
+        for k in range(0, v.numel(), 5):  # every fifth element a special value (ties, overflow, NaN, -0)
+            v[k] = specials[(k // 5) % len(specials)]
+        return v.reshape(shape).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    lo, hi = (0, 255) if dtype == torch.uint8 else (-(1 << 20), 1 << 20)
+    return torch.randint(lo, hi, shape, generator=g).to(dtype)
+
+
+def _view(x: torch.Tensor, kind: int) -> torch.Tensor:
+    """A contiguous tensor, its transpose (a strided view) or an offset window of it."""
+    if kind == 1:
+        return x.t()
+    if kind == 2 and x.shape[0] > 1 and x.shape[1] > 1:
+        return x[1:, 1:]
+    return x
+
+
+class _Counts:
+    """A stand-in block: the counters _count and the loads/stores update."""
+
+    def __init__(self):
+        self.ops = self.flops = self.bytes = self.ld = self.st = self.mm = 0
+        self.vk = None
+        self.cube = False
+        self.fp = []
+        self.idx = 0
+
+    def snapshot(self):
+        return (self.ops, self.flops, self.bytes, self.ld, self.st, self.mm, self.vk and dict(self.vk), self.cube,
+                list(self.fp))
+
+
+def _in_block(fn):
+    """``fn()``'s result and the counters it left in a stand-in block."""
+    blk = _Counts()
+    old = _ctx.state.block
+    _ctx.state.block = blk
+    try:
+        out = fn()
+    finally:
+        _ctx.state.block = old
+    return out, blk.snapshot()
+
+
+@settings(max_examples=60, deadline=None)
+@given(src=st.sampled_from(DTYPES), dst=st.sampled_from(DTYPES), kind=st.integers(0, 2), seed=st.integers(0, 99))
+def test_typed_conversion_equals_to(src, dst, kind, seed):
+    x = _view(_values(src, (5, 7), seed), kind)
+    _same(O._to(x, dst), x.to(dst))
+
+
+@settings(max_examples=80, deadline=None)
+@given(src=st.sampled_from(DTYPES), dst=st.sampled_from([d for d in ALL_DTYPES if d.torch != torch.uint32]),
+       mode=st.sampled_from(["none", "rint", "round", "floor", "ceil", "trunc"]), kind=st.integers(0, 2),
+       valid=st.booleans(), seed=st.integers(0, 99))
+def test_cast_fast_path_equals_general(src, dst, mode, kind, valid, seed):
+    x = _view(_values(src, (4, 6), seed), kind)
+    t = Tile(x, None, (2, 3) if valid else None)
+    fast, cf = _in_block(lambda: pl.cast(t, dst, mode=mode))
+    gen, cg = _in_block(lambda: pl.cast(t, dst.torch, mode=mode))  # a torch dtype: the general path
+    _same(fast.data, gen.data)
+    assert fast.valid == gen.valid and fast.mask is None and gen.mask is None and cf == cg
+
+
+@settings(max_examples=60, deadline=None)
+@given(dt=st.sampled_from(FLOATS + [torch.int8]), m=st.integers(1, 9), k=st.integers(1, 40), n=st.integers(1, 9),
+       a_trans=st.booleans(), b_trans=st.booleans(), seed=st.integers(0, 99))
+def test_matmul_fast_path_equals_general(dt, m, k, n, a_trans, b_trans, seed):
+    if dt == torch.int8:
+        a = torch.randint(-128, 128, (m, k), generator=torch.Generator().manual_seed(seed)).to(dt)
+        b = torch.randint(-128, 128, (k, n), generator=torch.Generator().manual_seed(seed + 1)).to(dt)
+    else:
+        a, b = _values(dt, (m, k), seed), _values(dt, (k, n), seed + 1)
+        a, b = torch.nan_to_num(a, 0.0, 1.0, -1.0), torch.nan_to_num(b, 0.0, 1.0, -1.0)
+    A = Tile(a.t().contiguous()) if a_trans else Tile(a)  # a_trans: a stored [K, M]
+    B = Tile(b.t().contiguous()) if b_trans else Tile(b)  # b_trans: b stored [N, K]
+    acc = pl.INT32 if dt == torch.int8 else pl.FP32
+    fast, cf = _in_block(lambda: pl.matmul(A, B, a_trans=a_trans, b_trans=b_trans))
+    fast2, cf2 = _in_block(lambda: pl.matmul(A, B, out_dtype=acc, a_trans=a_trans, b_trans=b_trans))
+    gen, cg = _in_block(lambda: pl.matmul(A, B, out_dtype=acc.torch, a_trans=a_trans, b_trans=b_trans))
+    _same(fast.data, gen.data)
+    _same(fast2.data, gen.data)
+    assert cf == cg == cf2 and cf[5] == 1 and cf[7] is True
+
+
+def test_matmul_fast_path_errors_unchanged():
+    a, b = Tile(torch.ones(2, 3, dtype=torch.bfloat16)), Tile(torch.ones(4, 2, dtype=torch.bfloat16))
+    with pytest.raises(pto.DslError, match="K mismatch"):
+        pl.matmul(a, b)
+    with pytest.raises(pto.DslError, match="out_dtype must be the accumulator dtype"):
+        pl.matmul(a, Tile(torch.ones(3, 2, dtype=torch.bfloat16)), out_dtype=pl.BF16)
+    with pytest.raises(pto.DslError, match="operand dtypes differ"):
+        pl.matmul(a, Tile(torch.ones(3, 2)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(dt=st.sampled_from(DTYPES), rows=st.integers(1, 6), cols=st.integers(1, 6), kind=st.integers(0, 2),
+       masked=st.booleans(), seed=st.integers(0, 99))
+def test_reshape_fast_path_equals_general(dt, rows, cols, kind, masked, seed):
+    x = _view(_values(dt, (rows, cols), seed), kind)
+    mask = torch.arange(x.numel(), dtype=torch.int32).reshape(x.shape) % 3 if masked else None
+    n = x.numel()
+    for s0 in [d for d in range(1, n + 1) if n % d == 0]:
+        fast = pl.reshape(Tile(x, mask), [s0, n // s0])
+        gen = pl.reshape(Tile(x, mask), [np.int64(s0), n // s0])  # a numpy int: the general path
+        _same(fast.data, gen.data)
+        assert (fast.mask is None) == (gen.mask is None)
+        if masked:
+            _same(fast.mask, gen.mask)
+    with pytest.raises(pto.DslError, match="cannot reshape"):
+        pl.reshape(Tile(x), [n + 1, 1])
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("value", [0, 0.0, -0.0, 1, -1.5, 3])
+def test_full_zero_fast_path_equals_torch_full(dt, value):
+    if (not dt.is_floating_point and isinstance(value, float) and not value.is_integer()) or (
+            dt == torch.uint8 and value == -1.5):
+        return
+    d = from_torch(dt)
+    if d.is_int and not d.min <= value <= d.max:
+        return
+    got, counts = _in_block(lambda: pl.full([3, 5], d, value))
+    _same(got.data, torch.full([3, 5], value, dtype=dt))
+    assert counts[0] == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(dt=st.sampled_from(DTYPES), kind=st.integers(0, 2), i=st.integers(0, 3), j=st.integers(0, 4),
+       value=st.one_of(st.integers(-300, 300), st.floats(allow_nan=True, allow_infinity=True, width=32),
+                       st.sampled_from([2 ** 31, -2 ** 31 - 1, 2 ** 40, 1e40, -0.0, True])),
+       seed=st.integers(0, 99))
+def test_tile_write_fast_path_equals_general(dt, kind, i, j, value, seed):
+    x = _values(dt, (6, 6), seed)
+    fast = Tile(_view(x.clone(), kind)[:4, :5])  # a strided view of a bigger tensor, too
+    gen = Tile(_view(x.clone(), kind)[:4, :5], torch.zeros(4, 5, dtype=torch.int32))  # a mask: the general path
+    errs = []
+    for t in (fast, gen):
+        try:
+            pl.write(t, [i, j], value)
+            errs.append(None)
+        except Exception as e:  # noqa: BLE001 - the same error either way (DslError or torch's)
+            errs.append((type(e), str(e)))
+    assert errs[0] == errs[1]
+    _same(fast.data, gen.data)
+
+
+@settings(max_examples=60, deadline=None)
+@given(dt=st.sampled_from(DTYPES), kind=st.integers(0, 2), seed=st.integers(0, 99), data=st.data())
+def test_tile_element_reads_equal_item(dt, kind, seed, data):
+    x = _view(_values(dt, (5, 6), seed), kind)
+    i = data.draw(st.integers(0, x.shape[0] - 1))
+    j = data.draw(st.integers(0, x.shape[1] - 1))
+    want = x[i, j].item()
+    got = T._item(x, (i, j))
+    assert type(got) is type(want) and (got == want or (got != got and want != want))
+    n = data.draw(st.integers(1, x.shape[1] - j))
+    vals = pl.read_values(Tile(x), [i, j], n)
+    ref = [x[i, j + k].item() for k in range(n)]
+    assert [type(v) for v in vals] == [type(v) for v in ref]
+    assert all(a == b or (a != a and b != b) for a, b in zip(vals, ref))
+
+
+def _row_intervals_reference(base, spans):
+    """The recursive definition: one recursion per index of the outer dim."""
+    if not spans:
+        return [(base, base + 1)]
+    contiguous = spans[-1][0] == 1 and all(spans[k][0] == spans[k + 1][0] * (spans[k + 1][2] - spans[k + 1][1])
+                                           for k in range(len(spans) - 1))
+    if contiguous:
+        lo = base + sum(a * q for q, a, _ in spans)
+        hi = base + sum((b - 1) * q for q, _, b in spans)
+        return [(lo, hi + 1)]
+    q, a, b = spans[0]
+    out = []
+    for i in range(a, b):
+        out.extend(_row_intervals_reference(base + i * q, spans[1:]))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(base=st.integers(0, 50), dims=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 5), st.integers(2, 6)),
+                                               min_size=1, max_size=3))
+def test_row_intervals_equal_recursive_definition(base, dims):
+    spans = sorted([(q, a, a + n) for q, a, n in dims], reverse=True)
+    assert T._row_intervals(base, spans) == _row_intervals_reference(base, spans)
