@@ -107,7 +107,25 @@ def overlapping(x: pl.Tensor[[40, 8], pl.FP32], y: pl.Out[pl.Tensor[[40, 8], pl.
 
 def test_stores_to_overlapping_windows_keep_program_order():
     info, _ = _both(overlapping, lambda: (torch.randn(40, 8), torch.zeros(40, 8)))
-    assert info["templated"] == 14
+    assert info["templated"] == 14 and info["batched"] == 0  # block by block: the windows overlap
+
+
+@pl.jit
+def uniform(x: pl.Tensor[[256, 16], pl.FP32], w: pl.Tensor[[16, 16], pl.BF16],
+            y: pl.Out[pl.Tensor[[256, 16], pl.FP32]], s: pl.Out[pl.Tensor[[256, 1], pl.FP32]]):
+    for b in pl.spmd(32, name_hint="uniform"):  # loads, elementwise, a row reduction, a matmul, stores
+        t = x[b * 8:(b + 1) * 8, 0:16]
+        m = pl.row_max(t)
+        e = pl.exp(pl.row_expand_sub(t, m))
+        y[b * 8:(b + 1) * 8, 0:16] = pl.matmul(pl.cast(e, pl.BF16, mode="rint"), w[0:16, 0:16])
+        s[b * 8:(b + 1) * 8, 0:1] = pl.row_sum(e)
+    return y
+
+
+def test_uniform_blocks_run_batched_bit_identical():
+    info, _ = _both(uniform, lambda: (torch.randn(256, 16), torch.randn(16, 16).to(torch.bfloat16),
+                                      torch.zeros(256, 16), torch.zeros(256, 1)))
+    assert info["batched"] == 30 and info["restarts"] == 0  # blocks 1..30 at once
 
 
 @pl.jit

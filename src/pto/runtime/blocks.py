@@ -52,6 +52,7 @@ import torch
 from pto.errors import PtoError
 from pto.language import _ctx
 from pto.runtime import replay as _replay
+from pto.runtime.graph import Block
 from pto.runtime.symbolic import NAMESPACE as _SYM_NS
 from pto.runtime.symbolic import _UN_SRC as _SYM_UN
 from pto.runtime.symbolic import Sym, concrete_of
@@ -62,8 +63,9 @@ _ON = [os.environ.get("PTO_BLOCK_TEMPLATES", "0").strip().lower() not in ("0", "
 MIN_BLOCKS = int(os.environ.get("PTO_BLOCK_TEMPLATES_MIN", "24"))  # fewer blocks: plain (a recording costs ~10 plain blocks)
 MAX_VARIANTS = 4  # templates per task (paths through the block)
 _SITE_OFF: set = set()  # task sites whose blocks could not be templated (later programs run them plainly)
+_WATCHED: set = set()  # task sites whose recording ran under the identity watch (see _record)
 _CODE: dict = {}  # generated source -> compiled factory
-_INFO = {"tasks": 0, "recorded": 0, "templated": 0, "plain": 0, "diverged": 0, "restarts": 0}
+_INFO = {"tasks": 0, "recorded": 0, "templated": 0, "batched": 0, "plain": 0, "diverged": 0, "restarts": 0}
 _DEBUG = os.environ.get("PTO_BLOCKS_DEBUG", "0") not in ("0", "")
 _DIVERGED_AT: list = []  # (task, block, template line) of the latest divergences (PTO_BLOCKS_DEBUG=1)
 _COUNTERS = ("ops", "flops", "bytes", "ld", "st", "mm", "cube")
@@ -119,8 +121,10 @@ def template_info() -> dict:
 
 
 def reset_templates() -> None:
-    """Forget the task sites turned off and zero the counters (tests)."""
+    """Forget the task sites turned off (and watched, batched) and zero the counters (tests)."""
     _SITE_OFF.clear()
+    _WATCHED.clear()
+    _NO_BATCH.clear()
     for k in _INFO:
         _INFO[k] = 0
 
@@ -203,7 +207,11 @@ def _blocks(prog, task, n: int):
     misses = 0
     hits = 0
     plain = 1
-    for k in range(1, n - 1):
+    start = 1
+    if variants and variants[0].batch is not None and task.site not in _NO_BATCH:
+        start = hits = _batched(prog, task, variants[0], n)
+        start += 1
+    for k in range(start, n - 1):
         done = False
         if variants:
             prog.begin_block(task, k)
@@ -255,6 +263,60 @@ def _fixed_view(op):
     return op
 
 
+def _batched(prog, task, tpl, n: int) -> int:
+    """Run blocks ``1 .. m`` of ``task`` at once from ``tpl``'s batched form (the longest run of
+    blocks from 1 whose index guards hold, at least 8, whose footprints do not overlap where one
+    writes); returns ``m`` (0: nothing ran, the blocks run one by one)."""
+    m = 1
+    while m <= n - 2 and tpl.ok(m):
+        m += 1
+    nb = m - 1
+    if nb < 8:
+        return 0
+    blocks = []
+    for j in range(1, m):
+        blk = Block(task, j)
+        tpl.book(j, blk)
+        blocks.append(blk)
+    if _cross_overlap(blocks):
+        if _DEBUG:
+            _DIVERGED_AT.append((task.name, -1, "batch: footprints overlap"))
+        _NO_BATCH.add(task.site)
+        return 0
+    try:
+        tpl.batch.run(1, nb)
+    except _Abort as e:
+        if _DEBUG:
+            _DIVERGED_AT.append((task.name, -1, f"batch: {e}"))
+        _NO_BATCH.add(task.site)
+        return 0
+    task.blocks.extend(blocks)
+    _INFO["batched"] += nb
+    return nb
+
+
+def _cross_overlap(blocks) -> bool:
+    """True when a footprint box of one of ``blocks`` overlaps one of another block and one of
+    the two writes (then running them at once could change what a block reads or keeps)."""
+    by: dict = {}
+    for blk in blocks:
+        for buf, box, kind in blk.fp:
+            by.setdefault(id(buf), []).append((box, kind, blk.idx))
+    for items in by.values():
+        if not any(k for _, k, _ in items):
+            continue  # read by every block, written by none
+        items.sort(key=lambda it: it[0][0])
+        active: list = []
+        for box, kind, b in items:
+            r0 = box[0]
+            active = [it for it in active if it[0][1] > r0]
+            for box2, kind2, b2 in active:
+                if b2 != b and (kind or kind2) and box[2] < box2[3] and box2[2] < box[3]:
+                    return True
+            active.append((box, kind, b))
+    return False
+
+
 def _worth(tpl, k0: int, n: int) -> bool:
     """True when template ``tpl`` (None: none) passes its block-index guards for enough of the
     blocks ``k0 .. n-2`` to pay for its recording."""
@@ -284,14 +346,21 @@ def _record(prog, task, k: int, variants: list):
     blk.idx = b
     prog._tpl_recording = task.site
     rec.active = True
-    sys.settrace(rec.watch)
+    # the identity watch (a trace hook: every Python call of the block runs several times slower)
+    # examines the code of a task site's first recording in this process; later recordings of the
+    # site run the same code (a path that reaches code the first one did not is not examined)
+    watch = task.site not in _WATCHED
+    if watch:
+        _WATCHED.add(task.site)
+        sys.settrace(rec.watch)
     try:
         with rec:
             yield b
         rec.flush()
     finally:
         rec.active = False
-        sys.settrace(None)
+        if watch:
+            sys.settrace(None)
     blk.idx = k
     prog._tpl_recording = None
     tpl = None
@@ -379,6 +448,8 @@ class _BlockRecorder(_replay._Recorder):
             if d is not None and not d.is_meta:
                 self.gm.add(d.untyped_storage().data_ptr())
         self.gm_writes: dict = {}  # op index -> ("setitem" or "inplace", the argument Buffer written in place or None)
+        self.meta: dict = {}  # value number -> (shape, stride, storage offset, dtype) of the recorded tensor
+        self.offx: dict = {}  # value number -> storage offset expression of an as_strided view at a symbolic offset
         # Out/InOut arguments written in place (the caller's tensors; Program.undo): their stores save
         # what they overwrite (Buffer.save_view), and so do the template's
         self.in_place = {buf.data.untyped_storage().data_ptr(): buf for buf in prog.buffers
@@ -418,6 +489,13 @@ class _BlockRecorder(_replay._Recorder):
             f = sys._getframe(1)
             if f is p[2] and f.f_lasti == p[3]:  # torch's parser of this very call (see Sym.__index__)
                 self.pending = None
+        if self.offx and self.active and self.bad is None and args and getattr(func, "__name__", "") == "storage_offset":
+            e = self.ids.get(id(args[0]))
+            if e is not None and e[0]() is args[0] and e[1] in self.offx:
+                # where an as_strided view at an offset computed from the block index starts: that
+                # offset's expression (the replay recorder would guard its value)
+                self.flush()
+                return Sym(func(*args), self.offx[e[1]], self)
         mark = None
         if self.bad is None and self.active:
             name, kind = _replay._func_kind(func)
@@ -430,9 +508,18 @@ class _BlockRecorder(_replay._Recorder):
                         self.bad = f"{name} with out= into GM"
                     mark = (mark, self.in_place.get(ptr))
             n0 = len(self.ops)
+        n0 = len(self.ops)
         res = super().__torch_function__(func, types, args, kwargs)
-        if mark is not None and len(self.ops) > n0 and self.ops[-1][0] is func:
-            self.gm_writes[len(self.ops) - 1] = mark
+        if len(self.ops) > n0 and self.ops[-1][0] is func:
+            if mark is not None:
+                self.gm_writes[len(self.ops) - 1] = mark
+            outs = self.ops[-1][3]
+            if type(outs) is int and isinstance(res, torch.Tensor):
+                self.meta[outs] = (tuple(res.shape), res.stride(), res.storage_offset(), res.dtype)
+                if getattr(func, "__name__", "") == "as_strided":
+                    off = args[3] if len(args) > 3 else kwargs.get("storage_offset")
+                    if type(off) is Sym and off.rec is self:
+                        self.offx[outs] = off.n
         return res
 
 
@@ -442,7 +529,7 @@ class _Template:
     record ``blk`` (footprints, counters) and returns True, or undoes its GM writes and returns
     False when a guard fails."""
 
-    __slots__ = ("fn", "ok", "undo", "unlogged", "src")
+    __slots__ = ("fn", "ok", "book", "batch", "undo", "unlogged", "src")
 
     def __init__(self, rec: _BlockRecorder, blk):
         P: list = []
@@ -617,16 +704,19 @@ class _Template:
             if type(box) is not tuple or len(box) != 4:
                 raise _Unsupported("a footprint that is not one box")
             fps.append(f"({par(buf)}, ({', '.join(num(x) for x in box)}), {kind})")
-        lines.append(f"B.fp = [{', '.join(fps)}]")
+        book = [f"B.fp = [{', '.join(fps)}]"]
         for a in _COUNTERS:
-            lines.append(f"B.{a} = {num(getattr(blk, a))}")
+            book.append(f"B.{a} = {num(getattr(blk, a))}")
         if blk.vk is not None:
-            lines.append("B.vk = {" + ", ".join(f"{const(kk)}: {num(vv)}" for kk, vv in blk.vk.items()) + "}")
+            book.append("B.vk = {" + ", ".join(f"{const(kk)}: {num(vv)}" for kk, vv in blk.vk.items()) + "}")
+        lines += book
         body = "\n        ".join(lines)
+        book_body = "\n        ".join(book)
         ok = " and ".join(f"({c})" for c in pure_conds) or "True"
         unpack = ", ".join(f"c{j}" for j in range(len(P)))
         src = (f"def make(P):\n    {unpack}{',' if len(P) == 1 else ''} = P\n" if P else "def make(P):\n") + \
-              f"    def blk(R0, B, U):\n        {body}\n    def ok(R0):\n        return {ok}\n    return blk, ok\n"
+              f"    def blk(R0, B, U):\n        {body}\n    def ok(R0):\n        return {ok}\n" \
+              f"    def book(R0, B):\n        {book_body}\n    return blk, ok, book\n"
         factory = _CODE.get(src)
         if factory is None:
             if len(_CODE) > 4096:
@@ -634,7 +724,8 @@ class _Template:
             ns = {"D": _Diverged, "Z": _replay._same_signed, **_SYM_NS}
             exec(compile(src, "<pto block template>", "exec"), ns)  # noqa: S102 - generated
             factory = _CODE[src] = ns["make"]
-        self.fn, self.ok = factory(tuple(P))
+        self.fn, self.ok, self.book = factory(tuple(P))
+        self.batch = _Batch.of(rec, ops[len(pure):], writes, len(pure)) if _BATCH[0] else None
         self.src = src if _DEBUG else None
 
     def run(self, k: int, blk) -> bool:
@@ -668,3 +759,244 @@ class _Template:
                     dst[key] = saved
         blk.fp = []
         return False
+
+
+# ---- batched blocks ---------------------------------------------------------------------------------
+_BATCH = [os.environ.get("PTO_BLOCK_BATCH", "1").strip().lower() not in ("0", "", "false", "off", "no")]
+_NO_BATCH: set = set()  # task sites whose batched run failed (their templates run block by block)
+_VERIFIED: dict = {}  # (op, per-block shapes, dtypes, arguments) -> batched result equals per-block (bool)
+_ELEMENTWISE = frozenset((
+    "add", "sub", "mul", "div", "true_divide", "maximum", "minimum", "exp", "neg", "abs", "sqrt", "rsqrt",
+    "reciprocal", "where", "clamp", "clamp_min", "clamp_max", "pow", "sigmoid", "tanh", "log", "floor", "ceil",
+    "trunc", "round", "sign", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "fmod", "remainder", "clone", "contiguous", "to",
+    "float", "int", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+    "__rtruediv__", "__neg__", "__and__", "__or__", "__xor__", "__invert__", "__lt__", "__le__", "__gt__", "__ge__",
+    "__eq__", "__ne__", "masked_fill", "nan_to_num", "erf", "exp2", "log2", "square", "silu", "relu", "bfloat16",
+    "half", "double", "long", "bool", "short", "char", "byte", "type_as", "detach"))
+_REDUCE = frozenset(("sum", "amax", "amin", "mean", "prod", "argmax", "argmin"))
+_MATMUL = frozenset(("matmul", "mm", "__matmul__"))
+_CREATE = frozenset(("full", "zeros", "ones", "empty", "arange", "tensor", "full_like", "zeros_like"))
+_FILL = frozenset(("fill_", "zero_"))
+
+
+class _Abort(Exception):
+    """The batched run cannot go on (internal)."""
+
+
+class _A:
+    """An integer argument affine in the block index: ``a * k + b``."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+class _Batch:
+    """The operations of a template run once for a run of blocks ``k0 .. k1``, with a leading
+    block dimension: loads and stores as ``as_strided`` views of GM with a block stride (offsets
+    affine in the block index), elementwise ops broadcast, reductions and matmuls batched (each
+    kind and shape checked once against per-block results: kept only when bit-identical).
+    Built only for a template that reads no data and whose guards are on the block index alone."""
+
+    __slots__ = ("rec", "ops", "writes", "used", "_k0")
+
+    @staticmethod
+    def of(rec, ops, writes, shift):
+        """The batched form of the template's operations ``ops`` (guards on the index alone
+        removed), or None."""
+        for f, a, kw, outs, gk, g, big in ops:
+            if gk not in (0, 8):  # a read, or a guard on data: block by block
+                if _DEBUG:
+                    _DIVERGED_AT.append(("?", -2, f"not batched: op kind {gk} {getattr(f, '__name__', '')}"))
+                return None
+        b = _Batch()
+        b.rec, b.ops = rec, ops
+        used: list = []
+        for op in ops:
+            for x in op[1]:
+                _replay._uses(x, used)
+            for x in op[2].values():
+                _replay._uses(x, used)
+        b.used = set(used)
+        b.writes = {i - shift: w for i, w in writes.items()}
+        return b
+
+    def run(self, k0: int, nb: int) -> list:
+        """Run blocks ``k0 .. k0 + nb - 1``; returns the undo list (GM windows saved before the
+        stores). Raises _Abort (after undoing what it wrote) when an operation cannot be batched."""
+        rec = self.rec
+        consts = rec.consts
+        meta = rec.meta
+        self._k0 = k0
+        env: dict = {}  # value number -> (tensor, batched)
+        undo: list = []
+        try:
+            for i, (f, a, kw, outs, gk, g, big) in enumerate(self.ops):
+                name = getattr(f, "__name__", "")
+                if name == "__get__":
+                    name = getattr(getattr(f, "__self__", None), "__name__", name)
+                w = self.writes.get(i)
+                if gk == 0 and w is None and name != "__setitem__" and not name.endswith("_") and (
+                        outs is None or type(outs) is int and outs not in self.used):
+                    continue  # a query whose answer the block did not use
+                args = [self._arg(x, env, consts, k0) for x in a]
+                kwargs = {k: self._arg(v, env, consts, k0) for k, v in kw.items()}
+                res, batched = self._call(f, name, args, kwargs, nb, meta, a, env, w, undo)
+                if type(outs) is int:
+                    if isinstance(res, torch.Tensor):
+                        m = meta.get(outs)
+                        if m is not None:
+                            shape = tuple(res.shape[1:]) if batched else tuple(res.shape)
+                            if shape != m[0] or res.dtype != m[3]:
+                                raise _Abort(f"{name}: shape {shape} != recorded {m[0]}")
+                    env[outs] = (res, batched)
+                elif outs:
+                    raise _Abort(f"{name} with several results")
+        except Exception as e:  # noqa: BLE001 - whatever failed: undo the stores, run block by block
+            for dst, saved in reversed(undo):
+                dst.copy_(saved)
+            raise _Abort(str(e)) from None
+        return undo
+
+    @staticmethod
+    def _arg(x, env, consts, k0):
+        t = type(x)
+        if t is _replay._V:
+            c = consts.get(x.i)
+            if c is not None:
+                return (c, False)
+            e = env.get(x.i)
+            if e is None:
+                raise _Abort("a value the batch did not compute")
+            return e
+        if t is _replay._X:
+            lf = _lin(x.n)
+            if lf is None or any(leaf != ("R", 0) for leaf in lf[0]):
+                raise _Abort("an argument that is not affine in the block index")
+            a = lf[0].get(("R", 0), 0)
+            return _A(a, lf[1]) if a else lf[1]
+        if t is _replay._Seq:
+            items = [_Batch._arg(y, env, consts, k0) for y in x.items]
+            if any(type(y) is tuple and len(y) == 2 and isinstance(y[0], torch.Tensor) for y in items) or any(
+                    type(y) is _A for y in items):
+                raise _Abort("a sequence argument holding tensors or index expressions")
+            return x.kind(items)
+        if t is _replay._Sl:
+            return slice(*(_Batch._arg(y, env, consts, k0) for y in (x.start, x.stop, x.step)))
+        return x
+
+    def _call(self, f, name, args, kwargs, nb, meta, a, env, w, undo):
+        """One operation for all blocks: (result, batched)."""
+        tens = [(i, x) for i, x in enumerate(args) if type(x) is tuple and len(x) == 2 and isinstance(x[0], torch.Tensor)]
+        plain = [x[0] if type(x) is tuple and len(x) == 2 and isinstance(x[0], torch.Tensor) else x for x in args]
+        kw = {k: (v[0] if type(v) is tuple and len(v) == 2 and isinstance(v[0], torch.Tensor) else v)
+              for k, v in kwargs.items()}
+        for k, v in kwargs.items():
+            if type(v) is tuple and len(v) == 2 and isinstance(v[0], torch.Tensor) and v[1]:
+                raise _Abort(f"{name}: a batched tensor as keyword argument")
+        any_b = any(x[1] for _, x in tens)
+        has_a = any(type(x) is _A for x in plain) or any(type(v) is _A for v in kw.values())
+        if name in ("as_strided", "as_strided_copy"):
+            src, bsrc = args[0]
+            size, stride, off = plain[1], plain[2], plain[3] if len(plain) > 3 else kw.get("storage_offset", 0)
+            if type(size) not in (list, tuple) or type(stride) not in (list, tuple):
+                raise _Abort("as_strided with computed sizes")
+            if not bsrc:
+                if type(off) is _A:
+                    bs, o0 = off.a, off.a * self._k0 + off.b
+                else:
+                    bs, o0 = 0, off
+            else:
+                if type(off) is _A:
+                    raise _Abort("as_strided of a block tile at an index offset")
+                m = meta.get(a[0].i)
+                if m is None or tuple(src.stride()[1:]) != m[1]:
+                    raise _Abort("as_strided of a block tile with another layout")
+                bs, o0 = src.stride(0), src.storage_offset() + (off - m[2])
+            view = torch.as_strided(src, (nb,) + tuple(size), (bs,) + tuple(stride), o0)
+            return (view.clone() if name == "as_strided_copy" else view), True
+        if has_a:
+            raise _Abort(f"{name} with an index-dependent argument")
+        if not any_b and w is None:
+            if name in _FILL or name.endswith("_"):
+                raise _Abort(f"in-place {name} on a shared tensor")
+            return f(*plain, **kw), False  # the same for every block: computed once
+        if w is not None or name.endswith("_") and name not in ("__setitem__",):
+            dst, bdst = args[0]
+            if not bdst:
+                raise _Abort(f"in-place {name} into a tensor without a block dimension")
+            if name not in ("copy_", "fill_", "zero_", "add_", "mul_"):
+                raise _Abort(f"in-place {name}")
+            if w is not None:
+                if stride_overlap(dst):
+                    raise _Abort("stores of the blocks overlap")
+                wk, arg = w
+                if arg is not None and arg.undo is not None:
+                    arg.save_view(dst)
+                undo.append((dst, dst.clone()))
+            if len(tens) > 1 and not all(x[1] for _, x in tens[1:]) and name == "copy_":
+                pass  # a source without a block dimension broadcasts (the same tile into every block)
+            return f(*plain, **kw), True
+        if name == "__setitem__":
+            raise _Abort("subscript store")
+        if name in _ELEMENTWISE:
+            return f(*plain, **kw), True
+        if name in _REDUCE or name in _MATMUL:
+            if name in _REDUCE:
+                dim = kw.get("dim", plain[1] if len(plain) > 1 else None)
+                if type(dim) is not int:
+                    raise _Abort(f"{name} without an int dim")
+                d = dim + 1 if dim >= 0 else dim
+                if "dim" in kw:
+                    kw = dict(kw, dim=d)
+                else:
+                    plain = [plain[0], d] + plain[2:]
+                if not args[0][1]:
+                    raise _Abort("reduction of a shared tensor")
+            elif name == "mm":
+                f = torch.matmul
+            res = f(*plain, **kw)
+            self._verify(f, name, args, kwargs, res, nb)
+            return res, True
+        if name in ("reshape", "view") and args[0][1] and not kw:
+            shape = plain[1] if len(plain) == 2 and isinstance(plain[1], (list, tuple)) else plain[1:]
+            if not all(type(d) is int for d in shape):
+                raise _Abort(f"{name} to a computed shape")
+            return f(plain[0], (nb,) + tuple(shape)), True
+        raise _Abort(f"{name} is not batched")
+
+    def _verify(self, f, name, args, kwargs, res, nb):
+        """Once per (operation, per-block shapes, dtypes, other arguments): the batched result must
+        equal the per-block results bit for bit, else _Abort (and never batched again)."""
+        sig = (name, tuple((tuple(x[0].shape[1:] if x[1] else x[0].shape), x[0].dtype, x[1]) if type(x) is tuple and len(x) == 2
+                           and isinstance(x[0], torch.Tensor) else repr(x) for x in args),
+               tuple((k, repr(v)) for k, v in kwargs.items()))
+        ok = _VERIFIED.get(sig)
+        if ok is None:
+            ok = True
+            for i in range(nb):
+                pa = [x[0][i] if type(x) is tuple and len(x) == 2 and isinstance(x[0], torch.Tensor) and x[1]
+                      else x[0] if type(x) is tuple and len(x) == 2 and isinstance(x[0], torch.Tensor) else x for x in args]
+                pk = {k: (v[0] if type(v) is tuple and len(v) == 2 and isinstance(v[0], torch.Tensor) else v)
+                      for k, v in kwargs.items()}
+                one = f(*pa, **pk)
+                r = res[i]
+                if one.shape != r.shape or one.dtype != r.dtype or not torch.equal(
+                        one.contiguous().view(torch.uint8) if one.dtype.is_floating_point and one.numel() else one,
+                        r.contiguous().view(torch.uint8) if r.dtype.is_floating_point and r.numel() else r):
+                    ok = False
+                    break
+            _VERIFIED[sig] = ok
+        if not ok:
+            raise _Abort(f"batched {name} differs from per-block results")
+
+
+def stride_overlap(view: torch.Tensor) -> bool:
+    """True when the blocks' windows of the batched GM view ``view`` (leading block dimension)
+    may share elements: the block stride is smaller than one window's extent in storage."""
+    if view.shape[0] <= 1:
+        return False
+    span = 1 + sum((n - 1) * abs(st) for n, st in zip(view.shape[1:], view.stride()[1:]) if n > 0)
+    return abs(view.stride(0)) < span
