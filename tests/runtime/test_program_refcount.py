@@ -1,6 +1,8 @@
-"""A finished plain run has no Program <-> Buffer reference cycle (runtime/program.py,
-``_EndedProgram``): the Program is freed by refcount as soon as the caller drops it, with the
-cyclic GC off; its buffers' ``program`` is the ended-program sentinel."""
+"""A finished plain run has no reference cycles (runtime/program.py): the buffers' ``program`` is
+the ended-program sentinel (``_EndedProgram``), each block's ``task`` a weakref proxy of its task,
+and the lazy derivation chains a queued task only to earlier ones (deps.LazyDerivation), so the
+Program, its graph, tasks and blocks are freed by refcount as soon as the caller drops them, with
+the cyclic GC off; edges read after the program is dropped are those of an eager derivation."""
 
 import gc
 import weakref
@@ -36,9 +38,9 @@ def test_plain_program_is_freed_by_refcount(fail):
         prog = _k.run(a, c)
         assert torch.equal(c, a) and prog.stats.tasks == 1 and prog.stats.edges == 0
         assert all(b.program is _ENDED for b in prog.buffers)
-        ref = weakref.ref(prog)
+        ref, tref = weakref.ref(prog), weakref.ref(prog.graph.tasks[0])
         del prog
-        assert ref() is None
+        assert ref() is None and tref() is None
     finally:
         if was:
             gc.enable()
@@ -48,3 +50,33 @@ def test_ended_program_sentinel_names_the_misuse():
     with pytest.raises(DslError, match="program that has ended"):
         _ENDED.orchestration_read(None, None)
     assert _ENDED.cur_block is None and _ENDED.sanitizer is None
+
+
+@pl.jit
+def _chain(a: pl.Tensor[[8, 64], pl.FP32], c: pl.Out[pl.Tensor[[8, 64], pl.FP32]]):
+    s = pl.create_tensor([8, 64], pl.FP32)
+    with pl.at(name_hint="first"):
+        s[0:8, 0:64] = a[0:8, 0:64]
+    with pl.at(name_hint="other"):
+        c[0:8, 0:64] = a[0:8, 0:64]
+    with pl.at(name_hint="second"):
+        c[0:4, 0:64] = s[0:4, 0:64]  # RAW on s (task 0), WAW on c (task 1)
+    return c
+
+
+def test_edges_of_a_held_task_after_its_program_is_dropped():
+    a, c = torch.randn(8, 64), torch.zeros(8, 64)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        prog = _chain.run(a, c)
+        last = prog.graph.tasks[2]
+        blk = last.blocks[0]
+        del prog
+        assert last.preds == {0, 1}  # derived now, through the earlier tasks it keeps
+        assert blk.task.name == "second" and blk.task == last
+        eager = _chain.run(a, c, config=pto.RunConfig(check=True))
+        assert [t.preds for t in eager.graph.tasks] == [set(), set(), {0, 1}]
+    finally:
+        if was:
+            gc.enable()

@@ -18,6 +18,7 @@ import re
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -411,8 +412,16 @@ class Program:
                 self.sanitizer.release()  # the shadows go back to the pool of the next check-mode run
             if not ok:
                 self.result = None
-            for buf in self.buffers:  # no Program <-> Buffer cycle: a plain run is freed by refcount
+            # no reference cycles left (Program <-> Buffer, Task <-> Block; the lazy derivation has
+            # none): a finished program is freed by refcount, not by the cyclic GC
+            for buf in self.buffers:
                 buf.program = _ENDED
+            proxy = weakref.proxy
+            for task in self.graph.tasks:
+                if task.blocks:
+                    p = proxy(task)
+                    for blk in task.blocks:
+                        blk.task = p
         return self
 
     def allocations(self) -> list[Buffer]:
@@ -706,9 +715,9 @@ class Program:
             if distinct:
                 task.grouped = fp  # the raw records; footprints and buffer ids are built on first access
                 if self.races is None:  # _close_task of a plain run, inline
-                    lazy = self.lazy
-                    task._preds, task._lazy = None, lazy
-                    lazy.pending.append(task)
+                    lazy = self.lazy  # lazy.add(task), inline
+                    task._preds, task._lazy, task._prev = None, lazy.tracker, lazy.last
+                    lazy.last = task
                     if not self.config.keep_footprints:
                         blocks[0].fp = None
                     return
@@ -969,7 +978,7 @@ def _name_context(prog: "Program", err: Exception) -> None:
         return
     err._pto_named = True
     blk = getattr(err, "_pto_block", None)
-    if blk is not None and not (blk.task.id < len(prog.graph.tasks) and prog.graph.tasks[blk.task.id] is blk.task):
+    if blk is not None and not (blk.task.id < len(prog.graph.tasks) and prog.graph.tasks[blk.task.id] == blk.task):
         blk = None  # a block of another program
     if blk is None and prog.cur_task is not None and prog.cur_task.blocks:
         blk = prog.cur_task.blocks[-1]  # the task scope the exception left (see _end_task_early)
