@@ -219,3 +219,21 @@ def test_generate_same_tokens_with_templates(tmp_path):
     assert B.template_info()["templated"] > 100
     assert all(torch.equal(a, b) for a, b in zip(out[0].prompt_logits, out[1].prompt_logits))
     assert all(torch.equal(a, b) for x, y in zip(out[0].step_logits, out[1].step_logits) for a, b in zip(x, y))
+
+
+@pl.jit
+def skip_masked(x: pl.Tensor[[128, 8], pl.FP32], flags: pl.Tensor[[32, 1], pl.INT32],
+                y: pl.Out[pl.Tensor[[128, 8], pl.FP32]]):
+    for b in pl.spmd(32, name_hint="skip"):  # a store, then a path chosen by a value read from data
+        t = x[b * 4:(b + 1) * 4, 0:8]
+        y[b * 4:(b + 1) * 4, 0:8] = t
+        if pl.read(flags, [b, 0]) > 0:
+            y[b * 4:(b + 1) * 4, 0:8] = pl.exp(t)
+    return y
+
+
+def test_batch_with_data_guards_undoes_the_blocks_that_took_another_path():
+    flags = torch.ones(32, 1, dtype=torch.int32)
+    flags[[3, 4, 17, 30]] = 0
+    info, _ = _both(skip_masked, lambda: (torch.randn(128, 8), flags.clone(), torch.zeros(128, 8)))
+    assert info["batched"] == 26 and info["restarts"] == 0  # blocks 1..30 at once, but 3, 4, 17 and 30

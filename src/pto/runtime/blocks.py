@@ -55,7 +55,7 @@ from pto.runtime import replay as _replay
 from pto.runtime.graph import Block
 from pto.runtime.symbolic import NAMESPACE as _SYM_NS
 from pto.runtime.symbolic import _UN_SRC as _SYM_UN
-from pto.runtime.symbolic import Sym, concrete_of
+from pto.runtime.symbolic import Sym, concrete_of, evaluate
 
 __all__ = ["set_block_templates", "block_templates", "block_templates_enabled", "template_info"]
 
@@ -208,10 +208,16 @@ def _blocks(prog, task, n: int):
     hits = 0
     plain = 1
     start = 1
+    todo = None
     if variants and variants[0].batch is not None and task.site not in _NO_BATCH:
-        start = hits = _batched(prog, task, variants[0], n)
-        start += 1
-    for k in range(start, n - 1):
+        m, failed = _batched(prog, task, variants[0], n)
+        if m:
+            hits = m - len(failed)
+            start = m + 1
+            if failed:  # blocks of the batch that took another path: on their own, then the rest
+                todo = failed + list(range(start, n - 1))
+                batch_fp = [(b.idx, b.fp) for b in task.blocks[1:]]
+    for k in (range(start, n - 1) if todo is None else todo):
         done = False
         if variants:
             prog.begin_block(task, k)
@@ -243,6 +249,8 @@ def _blocks(prog, task, n: int):
         yield k
         prog.end_block()
         plain += 1
+    if todo is not None:
+        _after_batch(task, batch_fp, start)
     if n > 1:
         prog.begin_block(task, n - 1)
         yield n - 1
@@ -266,13 +274,14 @@ def _fixed_view(op):
 def _batched(prog, task, tpl, n: int) -> int:
     """Run blocks ``1 .. m`` of ``task`` at once from ``tpl``'s batched form (the longest run of
     blocks from 1 whose index guards hold, at least 8, whose footprints do not overlap where one
-    writes); returns ``m`` (0: nothing ran, the blocks run one by one)."""
+    writes); returns ``(m, failed)``: ``m`` 0 when nothing ran (the blocks run one by one), and
+    the blocks of the run whose guards on data failed (undone: they still have to run)."""
     m = 1
     while m <= n - 2 and tpl.ok(m):
         m += 1
     nb = m - 1
     if nb < 8:
-        return 0
+        return 0, []
     blocks = []
     for j in range(1, m):
         blk = Block(task, j)
@@ -282,17 +291,44 @@ def _batched(prog, task, tpl, n: int) -> int:
         if _DEBUG:
             _DIVERGED_AT.append((task.name, -1, "batch: footprints overlap"))
         _NO_BATCH.add(task.site)
-        return 0
+        return 0, []
     try:
-        tpl.batch.run(1, nb)
+        failed = tpl.batch.run(1, nb)
     except _Abort as e:
         if _DEBUG:
             _DIVERGED_AT.append((task.name, -1, f"batch: {e}"))
         _NO_BATCH.add(task.site)
-        return 0
+        return 0, []
+    if failed:
+        skip = set(failed)
+        blocks = [b for j, b in enumerate(blocks) if j not in skip]
+        failed = [1 + j for j in failed]
     task.blocks.extend(blocks)
-    _INFO["batched"] += nb
-    return nb
+    _INFO["batched"] += len(blocks)
+    return nb, failed
+
+
+def _after_batch(task, batch_fp, start: int) -> None:
+    """After the blocks of a batch whose guards failed ran on their own (later than the batch's
+    blocks with higher indices): put the task's blocks back in index order, and rerun the program
+    plainly (Restart) if such a block touched a window that a later block of the batch touched
+    too, one of them writing (then the order could matter)."""
+    blocks = task.blocks
+    late = [b for b in blocks if b.idx < start and all(b.idx != i for i, _ in batch_fp) and b.idx != 0]
+    for b in late:
+        probe = [b] + [_FpBlock(i, fp) for i, fp in batch_fp if i > b.idx]
+        if _cross_overlap(probe):
+            raise Restart(task.site)
+    blocks.sort(key=lambda b: b.idx)
+
+
+class _FpBlock:
+    """A block's index and footprints (for :func:`_cross_overlap`)."""
+
+    __slots__ = ("idx", "fp")
+
+    def __init__(self, idx, fp):
+        self.idx, self.fp = idx, fp
 
 
 def _cross_overlap(blocks) -> bool:
@@ -725,7 +761,7 @@ class _Template:
             exec(compile(src, "<pto block template>", "exec"), ns)  # noqa: S102 - generated
             factory = _CODE[src] = ns["make"]
         self.fn, self.ok, self.book = factory(tuple(P))
-        self.batch = _Batch.of(rec, ops[len(pure):], writes, len(pure)) if _BATCH[0] else None
+        self.batch = _Batch.of(rec, ops[len(pure):], writes, len(pure), blk) if _BATCH[0] else None
         self.src = src if _DEBUG else None
 
     def run(self, k: int, blk) -> bool:
@@ -803,13 +839,29 @@ class _Batch:
     __slots__ = ("rec", "ops", "writes", "used", "_k0")
 
     @staticmethod
-    def of(rec, ops, writes, shift):
+    def of(rec, ops, writes, shift, blk):
         """The batched form of the template's operations ``ops`` (guards on the index alone
-        removed), or None."""
+        removed), or None. Values read from data may only decide guards (not feed an argument,
+        a footprint or a counter): a block whose guard fails is undone after the batch and run
+        on its own."""
+        reads = set()
         for f, a, kw, outs, gk, g, big in ops:
-            if gk not in (0, 8):  # a read, or a guard on data: block by block
+            if gk == 5:
+                reads.add(outs)
+            elif gk not in (0, 6, 7, 8):  # a data-dependent shape, a tracked list, a register
                 if _DEBUG:
                     _DIVERGED_AT.append(("?", -2, f"not batched: op kind {gk} {getattr(f, '__name__', '')}"))
+                return None
+            elif gk == 0 or gk == 8:
+                for x in list(a) + list(kw.values()):
+                    if _holds_expr(x) and not all(_index_only(n) for n in _exprs(x)):
+                        return None  # an argument computed from a value read from data
+        for buf, box, kind in blk.fp:
+            if any(type(x) is Sym and x.rec is rec and not _index_only(x.n) for x in box):
+                return None
+        for a in _COUNTERS:
+            v = getattr(blk, a)
+            if type(v) is Sym and v.rec is rec and not _index_only(v.n):
                 return None
         b = _Batch()
         b.rec, b.ops = rec, ops
@@ -824,17 +876,42 @@ class _Batch:
         return b
 
     def run(self, k0: int, nb: int) -> list:
-        """Run blocks ``k0 .. k0 + nb - 1``; returns the undo list (GM windows saved before the
-        stores). Raises _Abort (after undoing what it wrote) when an operation cannot be batched."""
+        """Run blocks ``k0 .. k0 + nb - 1``; returns the positions (0 .. nb-1) of the blocks whose
+        guards on data failed: their stores are undone, they must run on their own. Raises
+        _Abort (after undoing every store) when an operation cannot be batched."""
         rec = self.rec
         consts = rec.consts
         meta = rec.meta
         self._k0 = k0
         env: dict = {}  # value number -> (tensor, batched)
         undo: list = []
+        reads: dict = {}  # read number -> its value in each block
+        failed: set = set()
         try:
             for i, (f, a, kw, outs, gk, g, big) in enumerate(self.ops):
+                if gk == 6 or gk == 7:  # a guard on values read from data: per block
+                    node, v = g
+                    for j in range(nb):
+                        if j in failed:
+                            continue
+                        val = evaluate(node, _Reads(reads, j, k0 + j))
+                        if gk == 6:
+                            if bool(val) != v:
+                                failed.add(j)
+                        elif type(val) is not type(v) or not _replay._same_signed(val, v):
+                            failed.add(j)
+                    if len(failed) == nb:
+                        raise _Abort("every block took another path")
+                    continue
                 name = getattr(f, "__name__", "")
+                if gk == 5:  # a read: its value in every block (tolist of the per-block elements)
+                    t, bt = self._arg(a[0], env, consts, k0)
+                    if len(a) != 1 or kw or name not in ("item", "tolist"):
+                        raise _Abort(f"read {name} with arguments")
+                    if not bt:
+                        t = t.expand((nb,) + tuple(t.shape))
+                    reads[outs] = t.reshape(nb).tolist() if name == "item" else t.tolist()
+                    continue
                 if name == "__get__":
                     name = getattr(getattr(f, "__self__", None), "__name__", name)
                 w = self.writes.get(i)
@@ -858,7 +935,11 @@ class _Batch:
             for dst, saved in reversed(undo):
                 dst.copy_(saved)
             raise _Abort(str(e)) from None
-        return undo
+        if failed:
+            for dst, saved in reversed(undo):
+                for j in failed:
+                    dst[j].copy_(saved[j])
+        return sorted(failed)
 
     @staticmethod
     def _arg(x, env, consts, k0):
@@ -960,6 +1041,19 @@ class _Batch:
             res = f(*plain, **kw)
             self._verify(f, name, args, kwargs, res, nb)
             return res, True
+        if name in ("t", "transpose", "permute", "unsqueeze", "squeeze") and args[0][1] and not kw:
+            x = plain[0]
+            if name == "t":
+                if x.dim() != 3:
+                    raise _Abort("t of a tile that is not 2-D")
+                return x.transpose(1, 2), True
+            dims = [d + 1 if d >= 0 else d for d in plain[1:]] if name != "permute" else None
+            if name == "permute":
+                order = plain[1] if len(plain) == 2 and isinstance(plain[1], (list, tuple)) else plain[1:]
+                if any(d < 0 for d in order):
+                    raise _Abort("permute with negative dims")
+                return x.permute(0, *[d + 1 for d in order]), True
+            return f(x, *dims), True
         if name in ("reshape", "view") and args[0][1] and not kw:
             shape = plain[1] if len(plain) == 2 and isinstance(plain[1], (list, tuple)) else plain[1:]
             if not all(type(d) is int for d in shape):
@@ -991,6 +1085,34 @@ class _Batch:
             _VERIFIED[sig] = ok
         if not ok:
             raise _Abort(f"batched {name} differs from per-block results")
+
+
+class _Reads(dict):
+    """The reads of block ``j`` of a batch for :func:`~pto.runtime.symbolic.evaluate`: read 0 is
+    the block index, read ``v`` the block's value of read ``v``."""
+
+    def __init__(self, reads, j, k):
+        super().__init__()
+        self.reads, self.j, self.k = reads, j, k
+
+    def __missing__(self, v):
+        return self.k if v == 0 else self.reads[v][self.j]
+
+
+def _exprs(x) -> list:
+    """The expressions inside an argument template."""
+    t = type(x)
+    if t is _replay._X:
+        return [x.n]
+    if t is _replay._Seq:
+        return [n for y in x.items for n in _exprs(y)]
+    if t is _replay._Sl:
+        return [n for y in (x.start, x.stop, x.step) for n in _exprs(y)]
+    return []
+
+
+def _holds_expr(x) -> bool:
+    return bool(_exprs(x))
 
 
 def stride_overlap(view: torch.Tensor) -> bool:
