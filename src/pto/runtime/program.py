@@ -2,10 +2,16 @@
 
 The program binds the arguments, runs the orchestration as plain Python with
 tasks executing eagerly in program order, records the task graph and the
-statistics, and at the end copies Out/InOut results back to the caller.
-Out/InOut arguments are worked on in private copies, so a program that fails
-(bad input, capacity, heap, check-mode error) leaves the caller's tensors
-untouched: nothing is lost or half-written.
+statistics. A plain run writes Out/InOut arguments in place, into the caller's
+tensors, and every store into one first saves the window it overwrites (an undo
+log, ``Program.undo``); a program that fails (bad input, capacity, heap, an error
+in kernel code) puts the saved windows back, newest first, so the caller's tensors
+are exactly as before the call: nothing is lost or half-written. Check mode,
+graph-only mode, ``block_order`` runs, pypto compatibility, ``pld`` windows and an
+Out/InOut tensor sharing memory with another argument work on private copies,
+copied back at the end (``_writes_in_place``). At its end a program breaks its
+reference cycles (buffers and blocks point back weakly or to a sentinel), so it is
+freed by refcount.
 """
 
 from __future__ import annotations
