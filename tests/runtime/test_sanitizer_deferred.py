@@ -298,3 +298,89 @@ def test_injective_matches_brute_force():
         if _san._injective(shape, strides):  # sufficient: never claims a view with repeats
             assert len(set(offs)) == len(offs), (shape, strides)
     assert _san._injective([4, 8], [8, 1]) and _san._injective([3, 2], [32, 2]) and not _san._injective([2, 2], [1, 1])
+
+
+@pl.jit
+def _read_inside_writes(x: pl.Tensor[[8, 16], pl.FP32], y: pl.Out[pl.Tensor[[8, 16], pl.FP32]]):
+    s = pl.create_tensor([16, 16], pl.FP32)  # rows 8..15 never written, never read
+    with pl.at(name_hint="w"):
+        s[0:4, :] = x[0:4, :]
+        s[4:8, 0:8] = x[4:8, 0:8]
+        s[4:8, 8:16] = x[4:8, 8:16]
+    with pl.at(name_hint="r"):
+        y[0:2, :] = s[0:2, :]  # inside one written box
+        y[2:8, :] = s[2:8, :]  # inside the union of three
+        pl.write(y, [0, 0], pl.read(s, [5, 9]) + 1.0)  # a defined scalar of a deferred buffer
+
+
+@pl.jit
+def _read_past_writes(x: pl.Tensor[[8, 16], pl.FP32], y: pl.Out[pl.Tensor[[8, 16], pl.FP32]]):
+    s = pl.create_tensor([16, 16], pl.FP32)
+    with pl.at(name_hint="w"):
+        s[0:8, 0:8] = x[0:8, 0:8]
+        s[0:7, 8:16] = x[0:7, 8:16]  # s[7, 8:16] never written
+    with pl.at(name_hint="r"):
+        y[0:4, :] = s[0:4, :]  # defined: s stays deferred
+        y[4:8, :] = s[4:8, :]  # takes the hole: the shadow is filled here
+
+
+@pl.jit
+def _index_from_hole(x: pl.Tensor[[8, 16], pl.FP32], idx: pl.Tensor[[4, 4], pl.INT32],
+                     y: pl.Out[pl.Tensor[[8, 16], pl.FP32]]):
+    s = pl.create_tensor([4, 4], pl.INT32)
+    with pl.at(name_hint="w"):
+        s[0:2, :] = idx[0:2, :]
+        y[0:8, :] = x[0:8, :]
+    with pl.at(name_hint="r"):
+        i = pl.read(s, [1, 1])  # written: a plain int
+        y[i:i + 1, :] = x[0:1, :]
+        j = pl.read(s, [3, 0])  # never written: undefined, raises as an index
+        y[j:j + 1, :] = x[0:1, :]
+
+
+def test_reads_inside_the_written_windows_keep_the_shadow_deferred():
+    err, msg, outs, san = _same(_read_inside_writes, _args)
+    x = _args()[0]
+    assert err is None, msg
+    want = x.clone()
+    want[0, 0] = x[5, 9] + 1.0
+    assert torch.equal(outs[1], want)
+    assert 3 in san.pending and 3 not in san.stale  # s: never filled, never clean
+
+
+def test_a_read_past_the_written_windows_fills_the_shadow():
+    err, msg, _o, san = _same(_read_past_writes, _args)
+    assert "8 undefined written element(s) in box [7:8, 8:16]" in msg and "'s'" in msg and "task 'r'" in msg
+    assert 3 not in san.pending
+
+
+def test_undefined_scalar_of_a_deferred_buffer_raises_as_index():
+    def args():
+        return [torch.arange(128, dtype=torch.float32).reshape(8, 16), torch.full((4, 4), 2, dtype=torch.int32),
+                torch.zeros(8, 16)]
+    err, msg, _o, _s = _same(_index_from_hole, args)
+    assert err.__name__ == "UndefinedValueError" and "'s'" in msg
+
+
+def test_boxes_inside_matches_brute_force():
+    rng = random.Random(11)
+    hits = 0
+    for _ in range(2000):
+        rows, cols = 6, 6
+        boxes = []
+        for _ in range(rng.randint(1, 6)):
+            r0, c0 = rng.randrange(rows), rng.randrange(cols)
+            boxes.append((r0, rng.randint(r0 + 1, rows), c0, rng.randint(c0 + 1, cols)))
+        bs = sorted(boxes)
+        idx = (len(bs), bs, [b[0] for b in bs], max(b[1] - b[0] for b in bs), None)
+        cells = set()
+        for r0, r1, c0, c1 in boxes:
+            cells.update(itertools.product(range(r0, r1), range(c0, c1)))
+        qs = []
+        for _ in range(rng.randint(1, 2)):
+            r0, c0 = rng.randrange(rows), rng.randrange(cols)
+            qs.append((r0, rng.randint(r0 + 1, rows), c0, rng.randint(c0 + 1, cols)))
+        want = all(set(itertools.product(range(q[0], q[1]), range(q[2], q[3]))) <= cells for q in qs)
+        hits += want
+        assert _san._boxes_inside(qs if len(qs) > 1 else qs[0], idx) == want, (boxes, qs)
+    assert hits > 100

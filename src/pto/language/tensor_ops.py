@@ -399,7 +399,7 @@ class GMTensor:
                     blk.bytes += (b0 - a0) * (b1 - a1) * self._itemsize
                     blk.st += 1
                     if buf.shadow is not None and buf.id in buf.program.sanitizer.pending:
-                        buf.program.sanitizer.defer_store(self, (a0, a1), (b0, b1), box)
+                        buf.program.sanitizer.defer_rows(self, (a0, a1), (b0, b1), box)
                     return
         starts, stops, drop = self._parse(key)
         shape = [b - a for a, b in zip(starts, stops)]
@@ -525,7 +525,7 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
     blk.ld += 1
     mask = None
     if (buf.shadow is not None and box is not None and buf.id not in buf.program.sanitizer.clean
-            and buf.program.sanitizer.settled(buf)):
+            and buf.program.sanitizer.settled(buf, box)):
         m = t.smask()[tuple(map(_pyslice, starts, vstops))]
         if buf.program.sanitizer.window_undefined(buf, m):
             mask = buf.program.consume_undefined(m.clone(), blk, "load")
@@ -614,7 +614,10 @@ def _store_rows(t: GMTensor, a0: int, a1: int, tile: Tile, atomic) -> bool:
     blk.bytes += n0 * n1 * t._itemsize
     blk.st += 1
     if buf.shadow is not None and buf.id in buf.program.sanitizer.pending:
-        buf.program.sanitizer.defer_store(t, (a0, a1), (b0, b1), box)
+        if rows is not None:  # the box is exactly the window's elements
+            buf.program.sanitizer.defer_rows(t, (a0, a1), (b0, b1), box)
+        else:
+            buf.program.sanitizer.defer_store(t, (a0, a1), (b0, b1), box)
     return True
 
 
@@ -767,7 +770,7 @@ def _read_elem(t: GMTensor, idx):
         blk.ld += 1
     else:
         buf.program.orchestration_read(buf, box)
-    if buf.shadow is not None and buf.id not in buf.program.sanitizer.clean and buf.program.sanitizer.settled(buf):
+    if buf.shadow is not None and buf.id not in buf.program.sanitizer.clean and buf.program.sanitizer.settled(buf, box):
         tag = int(t.smask()[tuple(idx)])
         if tag == 0:
             return value  # defined: a plain number, as outside check mode

@@ -40,6 +40,7 @@ initialisation without editing kernel source. Off by default; a testing tool.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import threading
@@ -147,6 +148,24 @@ def _injective(shape, strides) -> bool:
     return True
 
 
+def _boxes_inside(box, idx) -> bool:
+    """Whether the box (or every box of the list) ``box`` lies inside the union of the boxes
+    indexed by ``idx`` (``(n, boxes sorted by r0, their r0s, the largest height, _)``)."""
+    _n, bs, r0s, maxh, _c = idx
+    for r0, r1, c0, c1 in (box if type(box) is list else (box,)):
+        clip = []
+        for k in range(bisect.bisect_left(r0s, r0 - maxh + 1), bisect.bisect_left(r0s, r1)):
+            a0, a1, b0, b1 = bs[k]
+            if a1 > r0 and b0 < c1 and c0 < b1:
+                if a0 <= r0 and r1 <= a1 and b0 <= c0 and c1 <= b1:  # one box holds it
+                    clip = None
+                    break
+                clip.append((max(a0, r0) - r0, min(a1, r1) - r0, max(b0, c0) - c0, min(b1, c1) - c0))
+        if clip is not None and (not clip or not _union_covers(clip, r1 - r0, c1 - c0)):
+            return False
+    return True
+
+
 def _union_covers(boxes: list, rows: int, cols: int) -> bool:
     """Whether the union of the 2-D boxes ``(r0, r1, c0, c1)`` (half-open) is all of
     ``[0, rows) x [0, cols)``; False (not decided: the caller falls back) past 4096 boxes."""
@@ -247,9 +266,17 @@ class Sanitizer:
         with its own id: with :data:`DEFER` on, filling is put off until an access needs the
         shadow; off, it is filled now."""
         if DEFER:
-            self.pending[buf.id] = [[], [], True, 0]
+            self.pending[buf.id] = [[], [], True, 0, None]  # windows, boxes, exact, area, index
         else:
             buf.shadow.fill_(buf.id)
+
+    def defer_rows(self, t, starts, stops, box) -> None:
+        """:meth:`defer_store` of a window whose root box ``box`` (one tuple) is known to be
+        exactly its elements (the GM fast paths of a view with root rows)."""
+        ent = self.pending[t.buf.id]
+        ent[0].append((t, starts, stops))
+        ent[1].append(box)
+        ent[3] += (box[1] - box[0]) * (box[3] - box[2])
 
     def defer_store(self, t, starts, stops, box) -> None:
         """Record a store of a defined tile into the window ``[starts, stops)`` of view ``t``
@@ -284,21 +311,38 @@ class Sanitizer:
         buffer, or a plain store of one into a deferred buffer): the GM fast paths may take it."""
         return mask is None and (buf.id in self.clean or (atomic is None and buf.id in self.pending))
 
-    def settled(self, buf) -> bool:
+    def settled(self, buf, box=None) -> bool:
         """Before a read of ``buf``'s shadow (a load, scalar read or gather of a buffer not in
-        :attr:`clean`): False if the shadow need not be read (its deferred stores covered the
-        whole buffer: it is clean now), else True with the shadow filled."""
-        ent = self.pending.pop(buf.id, None)
+        :attr:`clean`; ``box``: the read's root footprint, a box or a list of boxes, if known):
+        False if the shadow need not be read (the deferred stores covered the whole buffer: it
+        is clean now; or they covered ``box``: the buffer stays deferred), else True with the
+        shadow filled."""
+        bid = buf.id
+        ent = self.pending.get(bid)
         if ent is None:
             return True
-        bid = buf.id
-        numel = buf.shadow.numel()
-        C = buf.C
-        if ent[2] and ent[3] >= numel and _union_covers(ent[1], numel // C, C):
-            self.clean.add(bid)
-            if bid in self.clean:
-                self.stale.add(bid)
+        if ent[2] and ent[1]:
+            idx = ent[4]
+            if idx is None or idx[0] != len(ent[1]):  # (re)build the index of the written boxes
+                bs = coalesce(ent[1])
+                bs.sort()
+                idx = ent[4] = (len(ent[1]), bs, [b[0] for b in bs], max(b[1] - b[0] for b in bs), None)
+            numel = buf.shadow.numel()
+            if ent[3] >= numel:
+                if idx[4] is None:
+                    C = buf.C
+                    idx = ent[4] = idx[:4] + (_union_covers(idx[1], numel // C, C),)
+                if idx[4]:
+                    del self.pending[bid]
+                    self.clean.add(bid)
+                    if bid in self.clean:
+                        self.stale.add(bid)
+                        return False
+                    self._fill(buf, ent)
+                    return True
+            if box is not None and _boxes_inside(box, idx):
                 return False
+        del self.pending[bid]
         self._fill(buf, ent)
         return True
 
