@@ -25,25 +25,29 @@ def _k(a: pl.Tensor[[8, 64], pl.FP32], c: pl.Out[pl.Tensor[[8, 64], pl.FP32]]):
     return c
 
 
-@pytest.mark.parametrize("fail", [False, True])
-def test_plain_program_is_freed_by_refcount(fail):
-    a, c = torch.randn(8, 64), torch.zeros(8, 64)
+@pytest.fixture
+def no_gc():
+    """The cyclic GC off for the test (what is freed is freed by refcount)."""
     was = gc.isenabled()
     gc.collect()
     gc.disable()
-    try:
-        if fail:
-            with pytest.raises(pto.BindError):
-                _k.run(a, torch.zeros(8, 63))
-        prog = _k.run(a, c)
-        assert torch.equal(c, a) and prog.stats.tasks == 1 and prog.stats.edges == 0
-        assert all(b.program is _ENDED for b in prog.buffers)
-        ref, tref = weakref.ref(prog), weakref.ref(prog.graph.tasks[0])
-        del prog
-        assert ref() is None and tref() is None
-    finally:
-        if was:
-            gc.enable()
+    yield
+    if was:
+        gc.enable()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_plain_program_is_freed_by_refcount(fail, no_gc):
+    a, c = torch.randn(8, 64), torch.zeros(8, 64)
+    if fail:
+        with pytest.raises(pto.BindError):
+            _k.run(a, torch.zeros(8, 63))
+    prog = _k.run(a, c)
+    assert torch.equal(c, a) and prog.stats.tasks == 1 and prog.stats.edges == 0
+    assert all(b.program is _ENDED for b in prog.buffers)
+    ref, tref = weakref.ref(prog), weakref.ref(prog.graph.tasks[0])
+    del prog
+    assert ref() is None and tref() is None
 
 
 def test_ended_program_sentinel_names_the_misuse():
@@ -64,19 +68,13 @@ def _chain(a: pl.Tensor[[8, 64], pl.FP32], c: pl.Out[pl.Tensor[[8, 64], pl.FP32]
     return c
 
 
-def test_edges_of_a_held_task_after_its_program_is_dropped():
+def test_edges_of_a_held_task_after_its_program_is_dropped(no_gc):
     a, c = torch.randn(8, 64), torch.zeros(8, 64)
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        prog = _chain.run(a, c)
-        last = prog.graph.tasks[2]
-        blk = last.blocks[0]
-        del prog
-        assert last.preds == {0, 1}  # derived now, through the earlier tasks it keeps
-        assert blk.task.name == "second" and blk.task == last
-        eager = _chain.run(a, c, config=pto.RunConfig(check=True))
-        assert [t.preds for t in eager.graph.tasks] == [set(), set(), {0, 1}]
-    finally:
-        if was:
-            gc.enable()
+    prog = _chain.run(a, c)
+    last = prog.graph.tasks[2]
+    blk = last.blocks[0]
+    del prog
+    assert last.preds == {0, 1}  # derived now, through the earlier tasks it keeps
+    assert blk.task.name == "second" and blk.task == last
+    eager = _chain.run(a, c, config=pto.RunConfig(check=True))
+    assert [t.preds for t in eager.graph.tasks] == [set(), set(), {0, 1}]
