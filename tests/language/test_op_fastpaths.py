@@ -226,3 +226,77 @@ def _row_intervals_reference(base, spans):
 def test_row_intervals_equal_recursive_definition(base, dims):
     spans = sorted([(q, a, a + n) for q, a, n in dims], reverse=True)
     assert T._row_intervals(base, spans) == _row_intervals_reference(base, spans)
+
+
+def _block_effects(body, x: torch.Tensor, view: str):
+    """Run ``body(src)`` in one block of a kernel over a copy of the ``[R, C]`` tensor ``x``:
+    ``src`` is the In argument itself (``view="in"``, a no-copy In), its column window
+    ``[:, 2:]`` (``"window"``, made in orchestration) or an InOut argument (``"inout"``).
+    Returns what ``body`` returned and the block's counters and raw footprint records."""
+    seen = {}
+
+    def run(src):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="b"):
+            blk = _ctx.state.block
+            seen["out"] = body(src)
+            seen["counts"] = (blk.ops, blk.flops, blk.bytes, blk.ld, blk.st, blk.mm, blk.vk,
+                              [(b.name, box, kind) for b, box, kind in blk.fp])
+
+    @pl.jit
+    def k_in(x: pl.Tensor):
+        run(x[:, 2:x.shape[1]] if view == "window" else x)
+        return x
+
+    @pl.jit
+    def k_inout(x: pl.InOut[pl.Tensor]):
+        run(x)
+        return x
+
+    (k_inout if view == "inout" else k_in).run(x.clone())
+    return seen["out"], seen["counts"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(dt=st.sampled_from([torch.bfloat16, torch.float32, torch.int32]), view=st.sampled_from(["in", "window"]),
+       rows=st.lists(st.integers(0, 11), min_size=1, max_size=12), c0=st.integers(0, 5), w=st.integers(1, 3),
+       seed=st.integers(0, 9))
+def test_gather_rows_fast_path_equals_general(dt, view, rows, c0, w, seed):
+    x = _values(dt, (12, 8), seed)
+
+    def gather(as_numpy):
+        def body(src):
+            want = [np.int64(r) for r in rows] if as_numpy else list(rows)  # numpy ints: the general path
+            width = src.shape[1]
+            c = min(c0, width - 1)
+            return pl.gather_rows(src, want, col_offset=c, cols=min(w, width - c))
+        return _block_effects(body, x, view)
+
+    (fast, cf), (gen, cg) = gather(False), gather(True)
+    _same(fast.data, gen.data)
+    assert cf == cg
+
+
+@settings(max_examples=60, deadline=None)
+@given(dt=st.sampled_from([torch.bfloat16, torch.float32]), a0=st.integers(0, 5), n0=st.integers(1, 6),
+       a1=st.integers(0, 5), n1=st.integers(1, 6), view=st.sampled_from(["in", "window", "inout"]),
+       valid=st.booleans(), seed=st.integers(0, 9))
+def test_window_loads_fast_path_equals_general(dt, a0, n0, a1, n1, view, valid, seed):
+    """x[a:b, c:d] and pl.slice of a 2-D view (the shared fast path) against _parse + _load (a
+    numpy-int bound takes the general path): the same tile and the same block effects."""
+    x = _values(dt, (8, 8), seed)
+    n0, n1 = min(n0, 6 - a0), min(n1, 6 - a1)
+
+    def load(kind):
+        def body(src):
+            if kind == "sub":
+                return src[a0:a0 + n0, a1:a1 + n1]
+            if kind == "slice":
+                return pl.slice(src, [n0, n1], [a0, a1], valid_shape=[n0, n1] if valid else None)
+            t = src[np.int64(a0):a0 + n0, a1:a1 + n1]
+            return Tile(t.data, t.mask, (n0, n1)) if valid else t
+        return _block_effects(body, x, view)
+
+    (sub, cs), (slc, cl), (gen, cg) = load("sub"), load("slice"), load("general")
+    _same(sub.data, gen.data)
+    _same(slc.data, gen.data)
+    assert cs == cl == cg and slc.valid == gen.valid

@@ -15,6 +15,7 @@ whose window does not map onto a box is recorded by its bounding box.
 
 from __future__ import annotations
 
+import builtins
 import math
 
 import torch
@@ -316,40 +317,15 @@ class GMTensor:
         return starts, stops, drop
 
     def __getitem__(self, key):
-        blk = self.buf.program.cur_block  # the running block (state.block), without the thread-local lookup
-        rows = self._rows
-        if blk is not None and rows is not None and type(key) is tuple and len(key) == 2:
-            # fast path for x[a:b, c:d] in a block (plain tensor, outside check mode; omitted bounds
-            # are the dim's); the same effects as _parse + _load: bounds check, footprint, byte
-            # count, a cloned tile
+        if type(key) is tuple and len(key) == 2:  # x[a:b, c:d] (omitted bounds are the dim's): the fast path
             k0, k1 = key
             if type(k0) is _pyslice and type(k1) is _pyslice and k0.step is None and k1.step is None:
                 a0, b0, a1, b1 = k0.start, k0.stop, k1.start, k1.stop
-                shape = self._shape
                 if a0 is None or b0 is None or a1 is None or b1 is None:
-                    a0, b0, a1, b1 = _omitted_bounds(a0, b0, a1, b1, shape)
-                buf = self.buf
-                if (type(a0) is int and type(b0) is int and type(a1) is int and type(b1) is int
-                        and 0 <= a0 < b0 <= shape[0] and 0 <= a1 < b1 <= shape[1]
-                        and rows[1] + b1 <= buf.C and (rows[2] == 1 or b0 - a0 == 1)
-                        and not buf.slow and (buf.shadow is None or buf.id in buf.program.sanitizer.clean)):
-                    br, bc, q = rows
-                    st0, st1 = self._strides
-                    n0, n1 = b0 - a0, b1 - a1
-                    d = self.data
-                    off = buf.base_off + self._off + a0 * st0 + a1 * st1
-                    blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))
-                    blk.bytes += n0 * n1 * self._itemsize
-                    blk.ld += 1
-                    if d.is_meta:
-                        return Tile(_go.meta((n0, n1), d.dtype))
-                    if not buf.no_copy:  # a copy, in one torch call where that gives the same tile as below
-                        if n1 == shape[1] and st0 == n1:  # whole rows of a view with contiguous rows
-                            return Tile(d.narrow_copy(0, a0, n0))
-                        if n0 > 1:  # the clone below of such a view is contiguous, as as_strided_copy's result
-                            return Tile(torch.as_strided_copy(d, (n0, n1), self._strides, off))
-                    src = d.as_strided((n0, n1), self._strides, off)  # the view data[key], one call
-                    return Tile(src if buf.no_copy and src.is_contiguous() else src.clone())  # as _load
+                    a0, b0, a1, b1 = _omitted_bounds(a0, b0, a1, b1, self._shape)
+                t = _load_rows(self, a0, b0, a1, b1)
+                if t is not None:
+                    return t
         starts, stops, drop = self._parse(key)
         if len(drop) == len(self._shape):
             return _read_elem(self, starts)
@@ -438,6 +414,43 @@ class GMTensor:
         if drop:
             v = v.reshape([s for d, s in enumerate(v.shape) if d not in drop])
         return GMTensor(v, self.buf, self.name)
+
+
+def _load_rows(t: GMTensor, a0, b0, a1, b1):
+    """The fast path of ``t[a0:b0, a1:b1]`` in a block: a 2-D view whose rows are root rows
+    (``t._rows``), int bounds of a non-empty window inside it, a plain tensor outside check mode
+    (or a clean one in it). The same effects as ``_parse`` + :func:`_load`: bounds check,
+    footprint, byte and load counts, a copied tile (or the view of a no-copy In argument).
+    Returns None, having done nothing, whenever a condition fails (the general path then runs
+    and raises what it raises)."""
+    buf = t.buf
+    blk = buf.program.cur_block  # the running block (state.block), without the thread-local lookup
+    rows = t._rows
+    if blk is None or rows is None:
+        return None
+    shape = t._shape
+    if not (type(a0) is int and type(b0) is int and type(a1) is int and type(b1) is int
+            and 0 <= a0 < b0 <= shape[0] and 0 <= a1 < b1 <= shape[1]
+            and rows[1] + b1 <= buf.C and (rows[2] == 1 or b0 - a0 == 1)
+            and not buf.slow and (buf.shadow is None or buf.id in buf.program.sanitizer.clean)):
+        return None
+    br, bc, q = rows
+    st0, st1 = t._strides
+    n0, n1 = b0 - a0, b1 - a1
+    d = t.data
+    off = buf.base_off + t._off + a0 * st0 + a1 * st1
+    blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))
+    blk.bytes += n0 * n1 * t._itemsize
+    blk.ld += 1
+    if d.is_meta:
+        return Tile(_go.meta((n0, n1), d.dtype))
+    if not buf.no_copy:  # a copy, in one torch call where that gives the same tile as below
+        if n1 == shape[1] and st0 == n1:  # whole rows of a view with contiguous rows
+            return Tile(d.narrow_copy(0, a0, n0))
+        if n0 > 1:  # the clone below of such a view is contiguous, as as_strided_copy's result
+            return Tile(torch.as_strided_copy(d, (n0, n1), t._strides, off))
+    src = d.as_strided((n0, n1), t._strides, off)  # the view data[key], one call
+    return Tile(src if buf.no_copy and src.is_contiguous() else src.clone())  # as _load
 
 
 def _omitted_bounds(a0, b0, a1, b1, shape) -> tuple:
@@ -850,7 +863,9 @@ def slice(t, shape, offsets, valid_shape=None, pad_value=None, drop_dims=None, v
                 and (valid_shape is None or (len(valid_shape) == 2 and type(valid_shape[0]) is int
                                              and type(valid_shape[1]) is int and valid_shape[0] == s0
                                              and valid_shape[1] == s1))):
-            out = t[a0:a0 + s0, a1:a1 + s1]
+            out = _load_rows(t, a0, a0 + s0, a1, a1 + s1)
+            if out is None:
+                out = t[a0:a0 + s0, a1:a1 + s1]
             return out if valid_shape is None else Tile(out.data, out.mask, (s0, s1))
         if (valid_shape is not None and type(a0) is int and type(a1) is int and type(s0) is int
                 and type(s1) is int and len(valid_shape) == 2):
@@ -916,11 +931,32 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
     c1 = width if cols is None else c0 + _idx(cols, "a gather_rows column count")
     if c0 < 0 or c1 > width or c1 <= c0:
         raise DslError(f"{t.name}: gather_rows columns [{c0}, {c1}) out of bounds of dim 1 (extent {width}){_where()}")
+    buf = t.buf
+    if (type(rows) is list and rows and set(map(type, rows)) == _INT_ONLY and 0 <= builtins.min(rows) and builtins.max(rows) < n
+            and not buf.slow and buf.go is None and t._rows is not None and t._rows[2] == 1
+            and t._rows[1] + c1 <= buf.C):
+        # fast path: in-bounds int rows of a view whose rows are root rows (the checks in C, the
+        # runs of consecutive rows from one comparison per row; the same tile, boxes, loads and
+        # bytes as below)
+        sel = torch.tensor(rows, dtype=torch.int64)
+        d = t.data
+        st0, st1 = t._strides
+        data = (d if c0 == 0 and c1 == width else
+                d.as_strided((n, c1 - c0), (st0, st1), buf.base_off + t._off + c0 * st1)).index_select(0, sel)
+        br, bc, _ = t._rows
+        cut = [k for k in range(1, len(rows)) if rows[k] != rows[k - 1] + 1]  # where a new run starts
+        cut.append(len(rows))
+        fp = blk.fp
+        i = 0
+        for j in cut:
+            fp.append((buf, (br + rows[i], br + rows[j - 1] + 1, bc + c0, bc + c1), R))
+            i = j
+        blk.ld += len(cut)
+        return _gathered(t, blk, sel, c0, c1, data)
     idx = [_idx(r, "a gather_rows row index") for r in rows]
     for i, r in enumerate(idx):
         if not 0 <= r < n:
             raise DslError(f"{t.name}: gather_rows entry {i} is row {r}, out of bounds of dim 0 (extent {n}){_where()}")
-    buf = t.buf
     if buf.slow or buf.go is not None or not idx:  # per-row loads (remote / graph-only tensors)
         parts = [_load(t, [r, c0], [r + 1, c1], None, None, checked=True) for r in idx]
         if blk is not None and parts:  # one GM load per run of consecutive rows, as below
@@ -950,6 +986,16 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
         elif box is not None:
             fp.append((buf, box, R))
         i = j
+    return _gathered(t, blk, sel, c0, c1, data)
+
+
+_INT_ONLY = {int}
+
+
+def _gathered(t: GMTensor, blk, sel: torch.Tensor, c0: int, c1: int, data: torch.Tensor) -> Tile:
+    """The end of :func:`gather_rows`: the gathered ``data`` (rows ``sel``, columns ``[c0, c1)`` of
+    ``t``) counted as bytes of ``blk``, and in check mode its definedness mask, as a tile."""
+    buf = t.buf
     blk.bytes += data.numel() * data.element_size()
     mask = None
     if buf.shadow is not None and buf.id not in buf.program.sanitizer.clean and buf.program.sanitizer.settled(buf):
@@ -1242,9 +1288,12 @@ def write(dst, idx, value):
             index out of bounds, a fractional value into an integer dtype, or a number outside an
             integer dtype's range.
     """
-    if type(dst) is Tile and dst.mask is None and type(idx) in (list, tuple) and (type(value) is int or (
+    if type(dst) is Tile and dst.mask is None and type(idx) in (list, tuple) and (
+            (type(value) is int and (value >= 0 or dst.data.dtype is not torch.uint8)) or (
             type(value) is float and (dst.data.dtype.is_floating_point or value.is_integer()))):
-        # fast path: a plain number at in-bounds int indices of an all-defined tile (as below)
+        # fast path: a plain number at in-bounds int indices of an all-defined tile (as below; a
+        # number out of the dtype's range raises in torch, except a negative one into UINT8, which
+        # torch wraps: that one takes the general path and its DslError)
         d = dst.data
         shape = d.shape
         if len(idx) == len(shape) and not d.is_meta:
