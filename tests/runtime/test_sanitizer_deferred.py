@@ -384,3 +384,21 @@ def test_boxes_inside_matches_brute_force():
         hits += want
         assert _san._boxes_inside(qs if len(qs) > 1 else qs[0], idx) == want, (boxes, qs)
     assert hits > 100
+
+
+@pl.jit
+def _head_rows(x: pl.Tensor[[8, 16], pl.FP32], y: pl.Out[pl.Tensor[[8, 16], pl.FP32]]):
+    s = pl.create_tensor([4, 32], pl.FP32)
+    heads = pl.reshape(s, [16, 8])  # rows narrower than a root row (o_packed's head rows)
+    for b in pl.spmd(4, name_hint="w"):  # columns 0..5, then 5..8 of every head row: strided windows
+        pl.assemble(heads, pl.reshape(x[b * 2:b * 2 + 2, 0:12], [4, 6]), [b * 4, 0])
+        pl.assemble(heads, pl.reshape(x[b * 2:b * 2 + 2, 4:10], [4, 3]), [b * 4, 5])
+    with pl.at(name_hint="copy"):
+        y[0:4, :] = pl.reshape(s[0:2, :], [4, 16])
+        y[4:8, :] = pl.reshape(s[2:4, :], [4, 16])
+
+
+def test_strided_view_windows_recorded_by_their_row_segments():
+    err, msg, _o, san = _same(_head_rows, _args)
+    assert err is None, msg
+    assert 3 in san.stale  # s covered by the exact segments of its strided windows: never filled

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import os
 import threading
 
@@ -146,6 +147,34 @@ def _injective(shape, strides) -> bool:
             return False
         span += st * (n - 1)
     return True
+
+
+def _segments(t, starts, stops):
+    """The root 2-D boxes of exactly the elements of the window ``[starts, stops)`` of view
+    ``t`` (unit last stride): one one-row box per run along the last dim; None (unknown) for
+    another last stride, a run that crosses a root row, or more than 4096 runs."""
+    st = t._strides
+    if st[-1] != 1:
+        return None
+    C = t.buf.C
+    lead = [(a, b, s) for a, b, s in zip(starts[:-1], stops[:-1], st[:-1])]
+    count = 1
+    for a, b, _s in lead:
+        count *= b - a
+    if count > 4096:
+        return None
+    w = stops[-1] - starts[-1]
+    first = t._off + starts[-1]
+    out = []
+    for ix in itertools.product(*(range(a, b) for a, b, _s in lead)):
+        f = first
+        for i, (_a, _b, s) in zip(ix, lead):
+            f += i * s
+        r, c = divmod(f, C)
+        if c + w > C:
+            return None
+        out.append((r, r + 1, c, c + w))
+    return out
 
 
 def _boxes_inside(box, idx) -> bool:
@@ -281,29 +310,31 @@ class Sanitizer:
     def defer_store(self, t, starts, stops, box) -> None:
         """Record a store of a defined tile into the window ``[starts, stops)`` of view ``t``
         (root footprint ``box``: a box, a list of boxes, or None when empty) of a buffer in
-        :attr:`pending`, instead of zeroing its shadow window."""
+        :attr:`pending`, instead of zeroing its shadow window. A footprint wider than the
+        window's elements (a strided view) is replaced by the window's exact row segments."""
         ent = self.pending[t.buf.id]
         ent[0].append((t, starts, stops))
-        if box is None:
+        if box is None or not ent[2]:
             return
         n = 1
         for a, b in zip(starts, stops):
             n *= b - a
-        if type(box) is list:
-            ent[1].extend(box)
-            area = 0
-            for r0, r1, c0, c1 in box:
-                area += (r1 - r0) * (c1 - c0)
-        else:
-            ent[1].append(box)
-            area = (box[1] - box[0]) * (box[3] - box[2])
-        ent[3] += area
+        boxes = box if type(box) is list else (box,)
+        area = 0
+        for r0, r1, c0, c1 in boxes:
+            area += (r1 - r0) * (c1 - c0)
         # the boxes are exactly the window's elements: as many elements as box area, all distinct
         # (a view with root rows, t._rows: unit column stride, so distinct when its rows do not overlap)
-        if ent[2] and (area != n or not (
+        if area != n or not (
                 (t._rows is not None and (stops[0] - starts[0] == 1 or t._strides[0] >= stops[1] - starts[1]))
-                or _injective([b - a for a, b in zip(starts, stops)], t._strides))):
-            ent[2] = False
+                or _injective([b - a for a, b in zip(starts, stops)], t._strides)):
+            boxes = _segments(t, starts, stops)
+            if boxes is None:
+                ent[2] = False
+                return
+            area = n
+        ent[1].extend(boxes)
+        ent[3] += area
 
     def quick_store(self, buf, mask, atomic) -> bool:
         """Whether a store (``atomic``: None or the atomic type) of a tile with ``mask`` into
