@@ -15,6 +15,17 @@ of at least ``MIN_BLOCKS`` blocks in a plain run
    stores, matmuls, vector op kinds, cube) as expressions of the index and the reads;
 2. turns that into straight-line Python (one call per torch operation, guards in place, the
    footprints and counters computed from the expressions) and runs it for blocks 1 .. n-2;
+   where the block's operations allow it, the longest run of those blocks whose guards on the
+   index hold (at least 8, footprints not overlapping where one writes) runs *batched*
+   (:class:`_Batch`, ``PTO_BLOCK_BATCH=0`` turns it off): each operation once for all blocks,
+   with a leading block dimension: GM loads and stores as ``as_strided`` views with a block
+   stride (offsets affine in the index), elementwise ops broadcast, reductions along a dim and
+   matmuls batched, each new (op, per-block shapes, dtypes) checked once against its per-block
+   results bit for bit (never batched again if they differ). Values read from data may decide
+   guards there (each block's outcome from the batched read); a block whose guard fails has its
+   stores undone (the batch saves every store's window first) and runs on its own afterwards
+   (the program reruns plainly if that block then touches a window a later block of the batch
+   touched, one of them writing);
 3. runs the last block plainly (so that the loop variable and whatever the body left in the
    kernel's variables are those of a plain run).
 
@@ -30,8 +41,10 @@ the same order), the task graph (per-block footprints, grouped and coalesced by
 errors (a block that raises plainly diverges from its template and runs plainly). Where the
 recording itself cannot go on (the block's Python raised, or code that could tell a symbol from
 a number by ``type``/``id``/``is`` was about to run), the whole program is rerun plainly with
-templates off for that task site (only private copies of Out/InOut arguments and the heap were
-written; :func:`execute`).
+templates off for that task site (only private copies of Out/InOut arguments, the heap, and
+Out/InOut arguments written in place with the program's undo log were written; :func:`execute`).
+The identity watch (a trace hook, which slows every Python call of the block several times)
+runs on the first recording of each task site in the process only.
 
 Not used (plain blocks): check mode, graph-only mode, ``drop_init``, a ``block_order`` other
 than ``"program"``, a phased (syncall) body, a distributed world of more than one rank, while
