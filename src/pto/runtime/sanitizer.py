@@ -166,6 +166,14 @@ def _segments(t, starts, stops):
     w = stops[-1] - starts[-1]
     first = t._off + starts[-1]
     out = []
+    if len(lead) == 1:  # a 2-D view (rows narrower than a root row): one run per row
+        a, b, s = lead[0]
+        for f in range(first + a * s, first + b * s, s) if s > 0 else [first + a * s] * (b - a):
+            r, c = divmod(f, C)
+            if c + w > C:
+                return None
+            out.append((r, r + 1, c, c + w))
+        return out
     for ix in itertools.product(*(range(a, b) for a, b, _s in lead)):
         f = first
         for i, (_a, _b, s) in zip(ix, lead):
