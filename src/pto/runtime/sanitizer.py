@@ -28,9 +28,11 @@ switched off): ``Sanitizer.clean`` holds the buffers whose shadow is known all d
 loads, scalar reads, defined stores and output check skip it); a buffer born all undefined
 (an Out argument, scratch without ``init_value``) has its shadow *deferred*
 (``Sanitizer.pending``, :data:`DEFER`): storage allocated but not filled, its stores of
-defined tiles only recorded, until the first access that needs the shadow either finds the
-recorded windows covering the whole buffer (it joins ``clean`` with its shadow never filled:
-``Sanitizer.stale``) or fills the shadow as those stores would have left it.
+defined tiles only recorded (as exact root 2-D boxes), until an access needs the shadow: a
+read whose footprint lies inside the recorded boxes needs none; once the boxes cover the whole
+buffer it joins ``clean`` with its shadow never filled (``Sanitizer.stale``); any other read,
+a store of an undefined tile or an atomic add fills the shadow as those stores would have left
+it. Poison (NaN / garbage in check mode) is still written at allocation.
 
 Mutation testing: :func:`drop_init_values` (or ``RunConfig(drop_init=...)``)
 makes ``pl.create_tensor`` of the named allocations ignore their
