@@ -1185,11 +1185,7 @@ def read_values(src, idx, n: int) -> list:
         d = src.data
         if (len(idx) == d.dim() and type(j0) is int and 0 <= j0 and j0 + n <= d.shape[-1]
                 and all(type(i) is int and 0 <= i < s for i, s in zip(head, d.shape))):
-            off = d.storage_offset()
-            st = d.stride()
-            for i, step in zip(idx, st):
-                off += i * step
-            return d.as_strided((n,), (st[-1],), off).tolist()  # the view d[head, j0:j0 + n]: the numbers item() gives
+            return d.as_strided((n,), (d.stride()[-1],), _offset(d, idx)).tolist()  # the view d[head, j0:j0 + n]: the numbers item() gives
     elif isinstance(src, GMTensor):
         buf = src.buf
         blk = _ctx.state.block
@@ -1256,10 +1252,15 @@ def _tile_value(tile: Tile, d: torch.Tensor, key: tuple):
 
 def _item(d: torch.Tensor, key) -> int | float | bool:
     """``d[key].item()`` for the in-bounds int ``key`` (one per dim) through one 0-dim view."""
+    return d.as_strided((), (), _offset(d, key)).item()
+
+
+def _offset(d: torch.Tensor, key) -> int:
+    """The storage offset (elements) of the element ``d[key]`` (one int per dim)."""
     off = d.storage_offset()
     for i, st in zip(key, d.stride()):
         off += i * st
-    return d.as_strided((), (), off).item()
+    return off
 
 
 def _check_element_index(op: str, t: GMTensor, idx: list) -> None:
@@ -1297,15 +1298,15 @@ def write(dst, idx, value):
         d = dst.data
         shape = d.shape
         if len(idx) == len(shape) and not d.is_meta:
-            for i, n in zip(idx, shape):
+            off = d.storage_offset()
+            for i, n, st in zip(idx, shape, d.stride()):  # bounds, and the element's storage offset
                 if type(i) is not int or not 0 <= i < n:
                     break
+                off += i * st
             else:
                 if d._base is not None and aliases_readonly(d):
                     d = dst.data = d.clone()
-                off = d.storage_offset()
-                for i, st in zip(idx, d.stride()):
-                    off += i * st
+                    off = _offset(d, idx)
                 try:
                     d.as_strided((), (), off).fill_(value)  # the element d[idx] set as d[idx] = value would
                     return dst

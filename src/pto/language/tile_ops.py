@@ -859,7 +859,8 @@ def _float_to_int32_range(src: torch.Tensor, dst, mode: str) -> torch.Tensor:
     Rounding an FP32 value to an integer is exact in FP32 (every FP32 of magnitude >= 2^23 is
     an integer already); ``round`` (ties away from zero) is ``trunc(v)`` plus ``sign(v)`` where
     the fraction ``v - trunc(v)`` (exact) is at least 1/2. The clamp to the target range in
-    FP32 may round the top bound up (2^31 - 1 -> 2^31); the INT64 clamp after it restores it."""
+    FP32 may round the top bound up (2^31 - 1 -> 2^31); the INT64 clamp after it restores it. A
+    target of at most 2 bytes has bounds FP32 holds exactly: the clamped values convert directly."""
     v = src.float()
     if mode == "round":
         t = torch.trunc(v)
@@ -868,8 +869,10 @@ def _float_to_int32_range(src: torch.Tensor, dst, mode: str) -> torch.Tensor:
         v = _round_to_int(v, mode)
         if v is src:
             v = v.clone()
-    v = v.nan_to_num_(0.0).clamp_(float(dst.min), float(dst.max)).long()
-    return _to(v.clamp_(dst.min, dst.max), dst.torch)
+    v = v.nan_to_num_(0.0).clamp_(float(dst.min), float(dst.max))
+    if dst.itemsize <= 2:
+        return _to(v, dst.torch)
+    return _to(v.long().clamp_(dst.min, dst.max), dst.torch)
 
 
 _EXACT_CASTS: dict = {}  # (source torch dtype, float target torch dtype) -> every value converts exactly
@@ -1003,7 +1006,9 @@ def _reduce(op: str, x, dim: int, fn) -> Tile:
 
 def _sum_keepdim(d: torch.Tensor, dim: int) -> torch.Tensor:
     """Sum along ``dim`` (kept), floats accumulated in FP32, in ``d``'s dtype."""
-    s = d.sum(dim=dim, keepdim=True, dtype=torch.float32) if d.dtype.is_floating_point else d.sum(dim=dim, keepdim=True)
+    if d.dtype is torch.float32:  # the FP32 sum, without the (same) accumulation dtype to parse
+        return d.sum(dim, True)
+    s = d.sum(dim, True, dtype=torch.float32) if d.dtype.is_floating_point else d.sum(dim, True)
     return s if s.dtype is d.dtype else _to(s, d.dtype)
 
 
@@ -1014,12 +1019,12 @@ def row_sum(x, tmp_tile=None) -> Tile:
 
 def row_max(x, tmp_tile=None) -> Tile:
     """Max along the last axis: ``[M, N] -> [M, 1]``."""
-    return _reduce("row_max", x, 1, lambda d, a: d.amax(dim=a, keepdim=True))
+    return _reduce("row_max", x, 1, lambda d, a: d.amax(a, True))
 
 
 def row_min(x, tmp_tile=None) -> Tile:
     """Min along the last axis: ``[M, N] -> [M, 1]``."""
-    return _reduce("row_min", x, 1, lambda d, a: d.amin(dim=a, keepdim=True))
+    return _reduce("row_min", x, 1, lambda d, a: d.amin(a, True))
 
 
 def col_sum(x, tmp_tile=None) -> Tile:
@@ -1029,7 +1034,7 @@ def col_sum(x, tmp_tile=None) -> Tile:
 
 def col_max(x, tmp_tile=None) -> Tile:
     """Max along the first axis: ``[M, N] -> [1, N]``."""
-    return _reduce("col_max", x, 0, lambda d, a: d.amax(dim=a, keepdim=True))
+    return _reduce("col_max", x, 0, lambda d, a: d.amax(a, True))
 
 
 def _expand(op: str, lhs, rhs, axis: str, fn) -> Tile:
@@ -1253,6 +1258,8 @@ def tile_slice(x, shape, offsets) -> Tile:
             n0, n1 = d.shape
             if 0 <= o0 and 0 <= s0 and o0 + s0 <= n0 and 0 <= o1 and 0 <= s1 and o1 + s1 <= n1 and not d.is_meta:
                 st0, st1 = st = d.stride()
+                if s0 > 1 and st1 == 1 and s1 == n1 == st0:  # whole rows of contiguous rows: the same copy, cheaper
+                    return Tile(d.narrow_copy(0, o0, s0))
                 if s0 > 1 and st1 == 1:  # the clone of such a view is contiguous: one copying call
                     return Tile(torch.as_strided_copy(d, (s0, s1), st, d.storage_offset() + o0 * st0 + o1 * st1))
                 return Tile(d.as_strided((s0, s1), st, d.storage_offset() + o0 * st0 + o1 * st1).clone())
