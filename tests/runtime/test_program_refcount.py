@@ -78,3 +78,24 @@ def test_edges_of_a_held_task_after_its_program_is_dropped(no_gc):
     assert blk.task.name == "second" and blk.task == last
     eager = _chain.run(a, c, config=pto.RunConfig(check=True))
     assert [t.preds for t in eager.graph.tasks] == [set(), set(), {0, 1}]
+
+
+def test_malloc_tuning_is_set_on_glibc_and_can_be_turned_off(monkeypatch):
+    import sys
+
+    from pto.runtime.program import tune_malloc
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    if sys.platform.startswith("linux"):
+        import ctypes
+        try:
+            ctypes.CDLL("libc.so.6").mallopt
+        except (OSError, AttributeError):
+            pytest.skip("not glibc")
+        assert tune_malloc() is True
+    monkeypatch.setenv("PTO_MALLOC_TUNING", "0")
+    assert tune_malloc() is False
+    monkeypatch.setenv("PTO_MALLOC_TUNING", "1")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1000000")
+    assert tune_malloc() is False  # the environment's own setting wins
