@@ -544,8 +544,8 @@ class Program:
             ann = p.ann
             if isinstance(ann, TensorType):
                 t = p.value
-                if not isinstance(t, torch.Tensor):
-                    return False  # a BindError is raised when it is bound
+                if not isinstance(t, torch.Tensor) or t.layout is not torch.strided:
+                    return False  # a BindError is raised when it is bound (a sparse tensor has no data_ptr)
                 written = ann.direction != IN
                 if written:
                     if isinstance(ann, WindowType):
