@@ -166,3 +166,25 @@ def test_program_cache_recording_and_replay_match_plain_runs():
     finally:
         pto.runtime.clear_program_cache()
         pto.runtime.set_program_cache(was)
+
+
+@pytest.mark.parametrize("templates", [False, True])
+def test_error_after_many_block_stores_restores_with_block_templates(templates):
+    from pto.runtime import block_templates
+
+    @pl.jit
+    def rows(x: pl.Tensor[[16, 16], pl.FP32], acc: pl.InOut[pl.Tensor[[16, 16], pl.FP32]],
+             y: pl.Out[pl.Tensor[[16, 16], pl.FP32]]):
+        for b in pl.spmd(16, name_hint="rows"):  # enough blocks for a block template
+            t = acc[b:b + 1, 0:16] + x[b:b + 1, 0:16]
+            acc[b:b + 1, 0:16] = t
+            y[b:b + 1, 0:16] = t
+        with pl.at(name_hint="fails"):
+            x[0:17, 0:16]
+
+    x, acc, y = torch.randn(16, 16), torch.randn(16, 16), torch.randn(16, 16)
+    acc0, y0 = acc.clone(), y.clone()
+    with block_templates(templates):
+        with pytest.raises(DslError):
+            rows.run(x, acc, y)
+    assert torch.equal(acc, acc0) and torch.equal(y, y0)
