@@ -501,8 +501,27 @@ class _BlockRecorder(_replay._Recorder):
         self.offx: dict = {}  # value number -> storage offset expression of an as_strided view at a symbolic offset
         # Out/InOut arguments written in place (the caller's tensors; Program.undo): their stores save
         # what they overwrite (Buffer.save_view), and so do the template's
-        self.in_place = {buf.data.untyped_storage().data_ptr(): buf for buf in prog.buffers
-                         if buf.kind == "arg" and getattr(buf, "undo", None) is not None}
+        # (storage -> its buffers: disjoint views of one caller tensor may be two such arguments)
+        self.in_place: dict = {}
+        for buf in prog.buffers:
+            if buf.kind == "arg" and getattr(buf, "undo", None) is not None:
+                self.in_place.setdefault(buf.data.untyped_storage().data_ptr(), []).append(buf)
+
+    def _in_place_arg(self, ptr: int, dst: torch.Tensor):
+        """The argument written in place whose bytes hold the GM write target ``dst`` (storage
+        ``ptr``), or None when none is written in place there."""
+        bufs = self.in_place.get(ptr)
+        if bufs is None:
+            return None
+        if len(bufs) == 1:
+            return bufs[0]
+        p = dst.data_ptr()
+        for buf in bufs:
+            p0 = buf.data.data_ptr()
+            if p0 <= p < p0 + buf.nbytes:
+                return buf
+        self.bad = "a GM write outside every argument that shares its storage"
+        return None
 
     def _val(self, t):
         e = self.ids.get(id(t))
@@ -555,7 +574,7 @@ class _BlockRecorder(_replay._Recorder):
                     mark = "setitem" if name == "__setitem__" else "inplace" if "out" not in kwargs else None
                     if mark is None:
                         self.bad = f"{name} with out= into GM"
-                    mark = (mark, self.in_place.get(ptr))
+                    mark = (mark, self._in_place_arg(ptr, dst))
             n0 = len(self.ops)
         n0 = len(self.ops)
         res = super().__torch_function__(func, types, args, kwargs)
