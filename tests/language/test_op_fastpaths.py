@@ -25,7 +25,7 @@ DTYPES = FLOATS + INTS + [torch.bool]
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes (NaN payloads and -0.0 included), for exact comparisons."""
-    t = t.contiguous().reshape(-1)
+    t = torch.empty(t.numel(), dtype=t.dtype).copy_(t.reshape(-1))  # fresh unit strides
     return t.view(torch.uint8) if t.dtype != torch.bool else t
 
 
@@ -337,3 +337,26 @@ def test_reductions_equal_their_keyword_forms(dt, rows, cols, kind, seed):
     _same(pl.row_max(t).data, x.amax(dim=1, keepdim=True))
     _same(pl.row_min(t).data, x.amin(dim=1, keepdim=True))
     _same(pl.col_max(t).data, x.amax(dim=0, keepdim=True))
+
+
+@settings(max_examples=150, deadline=None)
+@given(op=st.sampled_from(["add", "sub", "mul", "div"]), kind=st.integers(0, 2), seed=st.integers(0, 99),
+       value=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-2 ** 62, 2 ** 62),
+                       st.sampled_from([0.1, -1e-45, 3e38, 1e300, 2 ** 24 + 1, -0.0, 0, 2 ** 63, 2 ** 70, -2 ** 63 - 1])))
+def test_fp32_tile_number_ops_equal_general(op, kind, seed, value):
+    """An FP32 tile with a Python number: the kept 0-dim FP32 operand gives the general path's
+    tensor (the number wrapped by torch; a defined ScalarValue takes the general path)."""
+    from pto.language.typing import ScalarValue
+    x = _view(_values(torch.float32, (6, 9), seed), kind)
+    fn = getattr(pl, op)
+    try:
+        gen, cg = _in_block(lambda: fn(Tile(x), ScalarValue(value, True)))
+    except OverflowError:  # an int torch cannot take (beyond 64 bits): the same error either way
+        with pytest.raises(OverflowError):
+            fn(Tile(x), value)
+        return
+    fast, cf = _in_block(lambda: fn(Tile(x), value))
+    _same(fast.data, gen.data)
+    assert cf == cg
+    if op in ("add", "mul"):  # number op tile: the same as tile op number
+        _same(fn(value, Tile(x)).data, gen.data)

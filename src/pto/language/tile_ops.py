@@ -461,7 +461,11 @@ def _binary(op: str, a, b, fn):
             # an int not in every integer dtype's range (0 .. 127) is checked against this tile's
             if type(b) is int and not 0 <= b <= 127 and not _int_fits(b, ad.dtype):
                 _int_range_error(f"pl.{op}", b, ad.dtype, _SCALAR_HINT)
-            out = fn(ad, b)
+            if (ad.dtype is torch.float32 and fn in _FP32_SCALAR_FNS and b == b and b != 0
+                    and (type(b) is float or -(1 << 63) <= b < (1 << 63))):  # (torch rejects some bigger ints)
+                out = fn(ad, _fp32_scalar(b))  # the same result, without wrapping the number per call
+            else:
+                out = fn(ad, b)
             if out.dtype is not ad.dtype:
                 out = _to(out, ad.dtype)
             _count(out.numel(), op + "_s")
@@ -497,6 +501,27 @@ def _binary(op: str, a, b, fn):
         out = _to(out, a.data.dtype)
     _count(out.numel(), op if isinstance(b, Tile) else op + "_s")
     return Tile(out, mask, a.valid)
+
+
+# an FP32 tensor op with a Python number operand wraps the number in a 0-dim tensor per call (and
+# casts it to FP32 in the op): a kept 0-dim FP32 tensor of the same value gives the same result
+# (the kernels read the FP32 value either way) at about half the cost. Not for 0 / -0 (the keys
+# 0.0 and -0.0 collide), NaN (never equal to a key) or other dtypes (BF16 / FP16 kernels read a
+# number at FP32 precision, a BF16 tensor would round it first)
+_FP32_SCALAR_FNS = frozenset((torch.add, torch.sub, torch.mul, torch.div))
+_FP32_SCALARS: dict = {}
+_FP32_SCALARS_MAX = 4096
+
+
+def _fp32_scalar(v) -> torch.Tensor:
+    """The kept 0-dim FP32 tensor holding the number ``v`` (an int or a non-zero, non-NaN float;
+    ``torch.tensor(v, dtype=torch.float32)``, never written)."""
+    t = _FP32_SCALARS.get(v)
+    if t is None:
+        if len(_FP32_SCALARS) >= _FP32_SCALARS_MAX:
+            _FP32_SCALARS.clear()
+        t = _FP32_SCALARS[v] = torch.tensor(v, dtype=torch.float32)
+    return t
 
 
 def add(a, b) -> Tile:
