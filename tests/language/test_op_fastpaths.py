@@ -360,3 +360,21 @@ def test_fp32_tile_number_ops_equal_general(op, kind, seed, value):
     assert cf == cg
     if op in ("add", "mul"):  # number op tile: the same as tile op number
         _same(fn(value, Tile(x)).data, gen.data)
+
+
+@settings(max_examples=100, deadline=None)
+@given(mode=st.sampled_from(sorted(O.CMP_MODES)), kind=st.integers(0, 2), seed=st.integers(0, 99), near=st.booleans(),
+       value=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-2 ** 62, 2 ** 62),
+                       st.sampled_from([0.1, -0.0, 0, 2 ** 24 + 1, 3.5e38])))
+def test_fp32_tile_number_compare_equals_general(mode, kind, seed, near, value):
+    """pl.cmp of an FP32 tile with a number (the kept 0-dim FP32 operand) against torch's
+    comparison with the Python number; ``near``: the tile holds the FP32 neighbours of the number
+    (the rounding edge)."""
+    x = _view(_values(torch.float32, (4, 5), seed), kind)
+    if near and value == value and abs(value) < 3e38:
+        f = torch.tensor(float(value), dtype=torch.float32)
+        x = torch.stack([torch.nextafter(f, torch.tensor(-float("inf"))), f,
+                         torch.nextafter(f, torch.tensor(float("inf")))]).reshape(1, 3)
+    fast, cf = _in_block(lambda: pl.cmp(Tile(x), value, mode))
+    _same(fast.data, O.CMP_MODES[mode](x, value))
+    assert cf[0] == 1 and cf[1] == x.numel()

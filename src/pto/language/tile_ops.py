@@ -461,11 +461,7 @@ def _binary(op: str, a, b, fn):
             # an int not in every integer dtype's range (0 .. 127) is checked against this tile's
             if type(b) is int and not 0 <= b <= 127 and not _int_fits(b, ad.dtype):
                 _int_range_error(f"pl.{op}", b, ad.dtype, _SCALAR_HINT)
-            if (ad.dtype is torch.float32 and fn in _FP32_SCALAR_FNS and b == b and b != 0
-                    and (type(b) is float or -(1 << 63) <= b < (1 << 63))):  # (torch rejects some bigger ints)
-                out = fn(ad, _fp32_scalar(b))  # the same result, without wrapping the number per call
-            else:
-                out = fn(ad, b)
+            out = fn(ad, _number_operand(ad, b) if fn in _FP32_SCALAR_FNS else b)
             if out.dtype is not ad.dtype:
                 out = _to(out, ad.dtype)
             _count(out.numel(), op + "_s")
@@ -503,7 +499,7 @@ def _binary(op: str, a, b, fn):
     return Tile(out, mask, a.valid)
 
 
-# an FP32 tensor op with a Python number operand wraps the number in a 0-dim tensor per call (and
+# an FP32 tensor op (add, sub, mul, div, a comparison) with a Python number operand wraps the number in a 0-dim tensor per call (and
 # casts it to FP32 in the op): a kept 0-dim FP32 tensor of the same value gives the same result
 # (the kernels read the FP32 value either way) at about half the cost. Not for 0 / -0 (the keys
 # 0.0 and -0.0 collide), NaN (never equal to a key) or other dtypes (BF16 / FP16 kernels read a
@@ -513,9 +509,14 @@ _FP32_SCALARS: dict = {}
 _FP32_SCALARS_MAX = 4096
 
 
-def _fp32_scalar(v) -> torch.Tensor:
-    """The kept 0-dim FP32 tensor holding the number ``v`` (an int or a non-zero, non-NaN float;
-    ``torch.tensor(v, dtype=torch.float32)``, never written)."""
+def _number_operand(d: torch.Tensor, v):
+    """The number ``v`` as the second operand of a torch op on ``d``: for an FP32 ``d`` and a plain
+    int or float other than 0, -0 and NaN (and ints torch takes: 64 bits), the kept 0-dim FP32
+    tensor ``torch.tensor(v, dtype=torch.float32)`` (never written); otherwise ``v`` itself."""
+    tv = type(v)
+    if d.dtype is not torch.float32 or not (tv is float or (tv is int and -(1 << 63) <= v < (1 << 63))) \
+            or v != v or v == 0:
+        return v
     t = _FP32_SCALARS.get(v)
     if t is None:
         if len(_FP32_SCALARS) >= _FP32_SCALARS_MAX:
@@ -1584,7 +1585,7 @@ def cmp(lhs, rhs, cmp_mode: str = "eq") -> Tile:
             if not _int_fits(v, lhs.data.dtype):
                 _int_range_error("pl.cmp", v, lhs.data.dtype, _SCALAR_HINT)
         unknown = lhs.data.is_meta or isinstance(rhs, _MetaScalar)  # graph-only mode
-        out = _meta(lhs.data.shape, torch.bool) if unknown else fn(lhs.data, v)
+        out = _meta(lhs.data.shape, torch.bool) if unknown else fn(lhs.data, _number_operand(lhs.data, v))
         mask = lhs.mask if not oid else _and(lhs.mask, torch.full(lhs.data.shape, oid, dtype=torch.int32))
     _count(out.numel())
     return Tile(out, mask, lhs.valid)
