@@ -4,6 +4,8 @@ block counters (ops, flops, vector kinds, matmuls, loads, stores, bytes, footpri
 forces the general path with an argument the fast path does not take (a numpy int, a torch dtype,
 an all-zero mask) and compares."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -206,19 +208,18 @@ def test_tile_element_reads_equal_item(dt, kind, seed, data):
 
 
 def _row_intervals_reference(base, spans):
-    """The recursive definition: one recursion per index of the outer dim."""
-    if not spans:
-        return [(base, base + 1)]
-    contiguous = spans[-1][0] == 1 and all(spans[k][0] == spans[k + 1][0] * (spans[k + 1][2] - spans[k + 1][1])
-                                           for k in range(len(spans) - 1))
-    if contiguous:
-        lo = base + sum(a * q for q, a, _ in spans)
-        hi = base + sum((b - 1) * q for q, _, b in spans)
-        return [(lo, hi + 1)]
-    q, a, b = spans[0]
+    """By enumeration: the shortest prefix of ``spans`` whose remaining dims cover one run of rows
+    (innermost row step 1, each dim's step the next one's extent times its step) is enumerated
+    index by index (outer dims first); each combination covers that run, shifted."""
+    k = len(spans)  # spans[k:] is one run: the empty suffix (one row), or longer
+    while k > 0 and spans[-1][0] == 1 and (k == len(spans) or spans[k - 1][0] == spans[k][0] * (spans[k][2] - spans[k][1])):
+        k -= 1
+    lo = sum(q * a for q, a, _ in spans[k:])
+    hi = sum(q * (b - 1) for q, _, b in spans[k:]) + 1
     out = []
-    for i in range(a, b):
-        out.extend(_row_intervals_reference(base + i * q, spans[1:]))
+    for combo in itertools.product(*[range(a, b) for _, a, b in spans[:k]]):
+        r = base + sum(i * q for i, (q, _, _) in zip(combo, spans))
+        out.append((r + lo, r + hi))
     return out
 
 
