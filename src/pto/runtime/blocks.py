@@ -174,6 +174,8 @@ def execute(prog, run_once, args, kwargs):
         gen = prog.__dict__.get("_tpl_gen")
         if gen is not None:
             gen.close()  # a recording still open: its recorder mode and trace hook go now
+        if not isinstance(e, (Exception, Restart)):
+            raise  # KeyboardInterrupt, SystemExit: stop (the program undid its stores), no rerun
     _SITE_OFF.add(site)
     _INFO["restarts"] += 1
     jf, config = prog.jf, prog.config
