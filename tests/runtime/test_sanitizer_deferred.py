@@ -402,3 +402,22 @@ def test_strided_view_windows_recorded_by_their_row_segments():
     err, msg, _o, san = _same(_head_rows, _args)
     assert err is None, msg
     assert 3 in san.stale  # s covered by the exact segments of its strided windows: never filled
+
+
+@pl.jit
+def _interleaved(x: pl.Tensor[[8, 16], pl.FP32], y: pl.Out[pl.Tensor[[8, 16], pl.FP32]]):
+    s = pl.create_tensor([80, 16], pl.FP32)
+    for i in pl.range(80):  # write a row, read it back: the index of written boxes is rebuilt each time
+        with pl.at(name_hint="w"):
+            s[i:i + 1, :] = x[i % 8:i % 8 + 1, :]
+        with pl.at(name_hint="r"):
+            y[i % 8:i % 8 + 1, :] = s[i:i + 1, :] * 2.0
+    with pl.at(name_hint="hole"):
+        y[0:8, :] = s[72:80, :] + s[0:8, :]
+
+
+def test_interleaved_writes_and_reads_give_up_deferral():
+    err, msg, outs, san = _same(_interleaved, _args)
+    assert err is None, msg
+    assert torch.equal(outs[1], _args()[0] * 2.0)
+    assert 3 not in san.pending and 3 not in san.stale  # filled after 64 index rebuilds

@@ -189,8 +189,8 @@ def _segments(t, starts, stops):
 
 def _boxes_inside(box, idx) -> bool:
     """Whether the box (or every box of the list) ``box`` lies inside the union of the boxes
-    indexed by ``idx`` (``(n, boxes sorted by r0, their r0s, the largest height, _)``)."""
-    _n, bs, r0s, maxh, _c = idx
+    indexed by ``idx`` (``(n, boxes sorted by r0, their r0s, the largest height, ...)``)."""
+    bs, r0s, maxh = idx[1], idx[2], idx[3]
     for r0, r1, c0, c1 in (box if type(box) is list else (box,)):
         clip = []
         for k in range(bisect.bisect_left(r0s, r0 - maxh + 1), bisect.bisect_left(r0s, r1)):
@@ -364,15 +364,21 @@ class Sanitizer:
             return True
         if ent[2] and ent[1]:
             idx = ent[4]
-            if idx is None or idx[0] != len(ent[1]):  # (re)build the index of the written boxes
-                bs = coalesce(ent[1])
+            nb = len(ent[1])
+            if idx is None or idx[0] != nb:  # (re)build the index of the written boxes
+                rebuilds = 0 if idx is None else idx[5] + 1
+                if rebuilds > 64:  # reads and writes interleave: fill once instead of indexing again and again
+                    del self.pending[bid]
+                    self._fill(buf, ent)
+                    return True
+                bs = coalesce(ent[1] if idx is None else idx[1] + ent[1][idx[0]:])
                 bs.sort()
-                idx = ent[4] = (len(ent[1]), bs, [b[0] for b in bs], max(b[1] - b[0] for b in bs), None)
+                idx = ent[4] = (nb, bs, [b[0] for b in bs], max(b[1] - b[0] for b in bs), None, rebuilds)
             numel = buf.shadow.numel()
             if ent[3] >= numel:
                 if idx[4] is None:
                     C = buf.C
-                    idx = ent[4] = idx[:4] + (_union_covers(idx[1], numel // C, C),)
+                    idx = ent[4] = idx[:4] + (_union_covers(idx[1], numel // C, C), idx[5])
                 if idx[4]:
                     del self.pending[bid]
                     self.clean.add(bid)
