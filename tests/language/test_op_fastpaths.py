@@ -192,9 +192,10 @@ def test_tile_write_fast_path_equals_general(dt, kind, i, j, value, seed):
 
 
 @settings(max_examples=60, deadline=None)
-@given(dt=st.sampled_from(DTYPES), kind=st.integers(0, 2), seed=st.integers(0, 99), data=st.data())
-def test_tile_element_reads_equal_item(dt, kind, seed, data):
-    x = _view(_values(dt, (5, 6), seed), kind)
+@given(dt=st.sampled_from(DTYPES), kind=st.integers(0, 2), seed=st.integers(0, 99),
+       shape=st.sampled_from([(5, 6), (1, 1), (1, 7), (3, 1)]), data=st.data())
+def test_tile_element_reads_equal_item(dt, kind, seed, shape, data):
+    x = _view(_values(dt, (6, 7), seed), kind)[1:1 + shape[0], 1:1 + shape[1]]  # views with an offset
     i = data.draw(st.integers(0, x.shape[0] - 1))
     j = data.draw(st.integers(0, x.shape[1] - 1))
     want = x[i, j].item()

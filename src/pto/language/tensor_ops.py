@@ -1251,7 +1251,10 @@ def _tile_value(tile: Tile, d: torch.Tensor, key: tuple):
 
 
 def _item(d: torch.Tensor, key) -> int | float | bool:
-    """``d[key].item()`` for the in-bounds int ``key`` (one per dim) through one 0-dim view."""
+    """``d[key].item()`` for the in-bounds int ``key`` (one per dim): ``d.item()`` for a
+    one-element ``d`` (no view), else through one 0-dim view."""
+    if d.numel() == 1:
+        return d.item()
     return d.as_strided((), (), _offset(d, key)).item()
 
 
