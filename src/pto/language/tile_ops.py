@@ -499,11 +499,11 @@ def _binary(op: str, a, b, fn):
     return Tile(out, mask, a.valid)
 
 
-# an FP32 tensor op (add, sub, mul, div, a comparison) with a Python number operand wraps the number in a 0-dim tensor per call (and
-# casts it to FP32 in the op): a kept 0-dim FP32 tensor of the same value gives the same result
-# (the kernels read the FP32 value either way) at about half the cost. Not for 0 / -0 (the keys
-# 0.0 and -0.0 collide), NaN (never equal to a key) or other dtypes (BF16 / FP16 kernels read a
-# number at FP32 precision, a BF16 tensor would round it first)
+# an FP32 tensor op (add, sub, mul, div, a comparison) with a Python number operand wraps the
+# number in a 0-dim tensor per call (and casts it to FP32 in the op): a kept 0-dim FP32 tensor of
+# the same value gives the same result (the kernels read the FP32 value either way) at about half
+# the cost. Not for 0 / -0 (the keys 0.0 and -0.0 collide), NaN (never equal to a key) or other
+# dtypes (BF16 / FP16 kernels read a number at FP32 precision, a BF16 tensor would round it first)
 _FP32_SCALAR_FNS = frozenset((torch.add, torch.sub, torch.mul, torch.div))
 _FP32_SCALARS: dict = {}
 _FP32_SCALARS_MAX = 4096
