@@ -386,45 +386,30 @@ def derive_task(tracker: DepTracker, task) -> set:
 
 
 class LazyDerivation:
-    """Derivation on demand (a plain run: no check mode): a finished task waits with
-    ``task._preds`` None, ``task._lazy`` the program's tracker and ``task._prev`` the task queued
-    before it (a chain back to the first one not derived yet); the first read of its ``preds``
-    derives it and every earlier waiting task, in submission order, through the tracker
-    (:func:`derive_pending`). Derivation is a function of the footprints, the order and the manual
-    flags only, so the edges equal an eager derivation's. Nothing points from an earlier task to a
-    later one or from the tracker to a task: a finished program's tasks form no reference cycle."""
+    """Derivation on demand (a plain run: no check mode): finished tasks wait in ``pending``
+    with ``task._preds`` None; the first read of any such task's ``preds`` derives every
+    pending task in submission order through the program's tracker. Derivation is a function of
+    the footprints, the order and the manual flags only, so the edges equal an eager derivation's."""
 
-    __slots__ = ("tracker", "last")
+    __slots__ = ("tracker", "pending")
 
     def __init__(self, tracker: DepTracker):
         self.tracker = tracker
-        self.last = None  # the task queued last
+        self.pending: list = []
 
     def add(self, task) -> None:
         """Queue the finished ``task`` (its ``grouped`` footprints are set)."""
         task._preds = None
-        task._lazy = self.tracker
-        task._prev = self.last
-        self.last = task
+        task._lazy = self
+        self.pending.append(task)
 
     def run(self) -> None:
-        """Derive the preds of every queued task, in order."""
-        if self.last is not None:
-            derive_pending(self.last)
-            self.last = None
-
-
-def derive_pending(task) -> None:
-    """Derive the preds of the queued ``task`` (see :class:`LazyDerivation`) and of every earlier
-    queued task not derived yet, in submission order."""
-    chain = []
-    t = task
-    while t is not None and t._preds is None:
-        chain.append(t)
-        t = t._prev
-    for t in reversed(chain):
-        t._preds = derive_task(t._lazy, t)
-        t._lazy = t._prev = None
+        """Derive the preds of every pending task, in order."""
+        pending, self.pending = self.pending, []
+        tracker = self.tracker
+        for t in pending:
+            t._preds = derive_task(tracker, t)
+            t._lazy = None
 
 
 def derive_kinds(tasks) -> dict:

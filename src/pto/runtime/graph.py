@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pto.runtime.deps import derive_kinds, derive_pending
+from pto.runtime.deps import derive_kinds
 
 __all__ = ["Footprint", "Block", "Task", "TaskGraph", "KIND_NAMES"]
 
@@ -52,8 +52,6 @@ class Block:
     __slots__ = ("task", "idx", "phase", "ops", "flops", "bytes", "ld", "st", "mm", "vk", "cube", "fp")
 
     def __init__(self, task, idx, phase=0):
-        # the Task; once its program has ended a weakref.proxy of it (Program.execute: no
-        # Task <-> Block reference cycle, so a finished program's graph is freed by refcount)
         self.task = task
         self.idx = idx
         self.phase = phase
@@ -86,7 +84,7 @@ class Task:
     """
 
     __slots__ = ("id", "name", "kind", "site", "n_blocks", "blocks", "_preds", "explicit", "manual", "_fps",
-                 "wall_ns", "_bufs", "t0", "grouped", "_lazy", "_prev", "__weakref__")
+                 "wall_ns", "_bufs", "t0", "grouped", "_lazy")
 
     def __init__(self, tid, name, kind, site, n_blocks, explicit, manual):
         self.id = tid
@@ -96,8 +94,7 @@ class Task:
         self.n_blocks = n_blocks
         self.blocks = []
         self._preds = set()
-        self._lazy = None  # the program's deps.DepTracker while the derived part of preds is pending
-        self._prev = None  # then: the task queued before it (deps.LazyDerivation)
+        self._lazy = None  # a deps.LazyDerivation while the derived part of preds is pending
         self.explicit = explicit if type(explicit) is list else list(explicit)
         self.manual = manual
         self._fps = None
@@ -112,7 +109,7 @@ class Task:
         ``preds`` is read (deps.LazyDerivation), in submission order, as an eager derivation would."""
         p = self._preds
         if p is None:
-            derive_pending(self)
+            self._lazy.run()
             p = self._preds
         return p
 

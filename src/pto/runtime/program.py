@@ -9,9 +9,10 @@ in kernel code) puts the saved windows back, newest first, so the caller's tenso
 are exactly as before the call: nothing is lost or half-written. Check mode,
 graph-only mode, ``block_order`` runs, pypto compatibility, ``pld`` windows and an
 Out/InOut tensor sharing memory with another argument work on private copies,
-copied back at the end (``_writes_in_place``). At its end a program breaks its
-reference cycles (buffers and blocks point back weakly or to a sentinel), so it is
-freed by refcount.
+copied back at the end (``_writes_in_place``). At its end a program's buffers stop
+pointing back to it (a sentinel), so the Program is freed by refcount; its task graph
+(tasks and blocks point at each other) is left to the cyclic GC: freeing it by refcount
+cost more at the end of a 10k-task program than the collection it saves.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import re
 import sys
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -418,16 +418,8 @@ class Program:
                 self.sanitizer.release()  # the shadows go back to the pool of the next check-mode run
             if not ok:
                 self.result = None
-            # no reference cycles left (Program <-> Buffer, Task <-> Block; the lazy derivation has
-            # none): a finished program is freed by refcount, not by the cyclic GC
-            for buf in self.buffers:
+            for buf in self.buffers:  # no Program <-> Buffer cycle: the Program is freed by refcount
                 buf.program = _ENDED
-            proxy = weakref.proxy
-            for task in self.graph.tasks:
-                if task.blocks:
-                    p = proxy(task)
-                    for blk in task.blocks:
-                        blk.task = p
         return self
 
     def allocations(self) -> list[Buffer]:
@@ -721,9 +713,9 @@ class Program:
             if distinct:
                 task.grouped = fp  # the raw records; footprints and buffer ids are built on first access
                 if self.races is None:  # _close_task of a plain run, inline
-                    lazy = self.lazy  # lazy.add(task), inline
-                    task._preds, task._lazy, task._prev = None, lazy.tracker, lazy.last
-                    lazy.last = task
+                    lazy = self.lazy
+                    task._preds, task._lazy = None, lazy
+                    lazy.pending.append(task)
                     if not self.config.keep_footprints:
                         blocks[0].fp = None
                     return
@@ -902,7 +894,7 @@ class Program:
 
 class _EndedProgram:
     """The ``program`` of a Buffer whose program has ended (``Program.execute`` sets it, so that
-    a Program and its buffers form no reference cycle and a plain run is freed by refcount). The
+    a Program and its buffers form no reference cycle and the Program is freed by refcount). The
     GM access fast paths read ``cur_block`` (None: no block of it runs) and take the general path;
     anything else a GM tensor of an ended program is asked for is a DslError."""
 
@@ -935,9 +927,10 @@ FREEZE_IMPORTS = os.environ.get("PTO_GC_FREEZE", "1").strip() != "0"
 
 # glibc's malloc gives freed memory at the top of its heap back to the OS as soon as more than
 # M_TRIM_THRESHOLD bytes are free there, and serves requests above M_MMAP_THRESHOLD with a fresh
-# mmap; both are page faults again on the next touch. A finished program is freed by refcount
-# (no reference cycles), so its tiles and buffers go back at once and every call paid them
-# again: rms_norm at flash decode 56 faults per call (0.08 ms of system time), prefill 870 (1.5 ms).
+# mmap; both are page faults again on the next touch. Once a program's memory goes back promptly
+# (no private Out/InOut copies kept alive by its reference cycles until a collection, the Program
+# freed by refcount) every call paid them again: rms_norm at flash decode 56 faults per call
+# (0.08 ms of system time), prefill 870 (1.5 ms).
 # pto keeps up to 128 MiB of such memory mapped and serves requests up to 32 MiB from the heap
 # (glibc's own dynamic threshold goes up to 32 MiB too). Not done when the environment sets a
 # malloc tunable itself (MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_, GLIBC_TUNABLES), off with
@@ -1017,7 +1010,7 @@ def _name_context(prog: "Program", err: Exception) -> None:
         return
     err._pto_named = True
     blk = getattr(err, "_pto_block", None)
-    if blk is not None and not (blk.task.id < len(prog.graph.tasks) and prog.graph.tasks[blk.task.id] == blk.task):
+    if blk is not None and not (blk.task.id < len(prog.graph.tasks) and prog.graph.tasks[blk.task.id] is blk.task):
         blk = None  # a block of another program
     if blk is None and prog.cur_task is not None and prog.cur_task.blocks:
         blk = prog.cur_task.blocks[-1]  # the task scope the exception left (see _end_task_early)
