@@ -213,7 +213,8 @@ def _row_intervals_reference(base, spans):
     (innermost row step 1, each dim's step the next one's extent times its step) is enumerated
     index by index (outer dims first); each combination covers that run, shifted."""
     k = len(spans)  # spans[k:] is one run: the empty suffix (one row), or longer
-    while k > 0 and spans[-1][0] == 1 and (k == len(spans) or spans[k - 1][0] == spans[k][0] * (spans[k][2] - spans[k][1])):
+    while k > 0 and spans[-1][0] == 1 and (
+            k == len(spans) or spans[k - 1][0] == spans[k][0] * (spans[k][2] - spans[k][1])):
         k -= 1
     lo = sum(q * a for q, a, _ in spans[k:])
     hi = sum(q * (b - 1) for q, _, b in spans[k:]) + 1
@@ -344,7 +345,8 @@ def test_reductions_equal_their_keyword_forms(dt, rows, cols, kind, seed):
 @settings(max_examples=150, deadline=None)
 @given(op=st.sampled_from(["add", "sub", "mul", "div"]), kind=st.integers(0, 2), seed=st.integers(0, 99),
        value=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-2 ** 62, 2 ** 62),
-                       st.sampled_from([0.1, -1e-45, 3e38, 1e300, 2 ** 24 + 1, -0.0, 0, 2 ** 63, 2 ** 70, -2 ** 63 - 1])))
+                       st.sampled_from([0.1, -1e-45, 3e38, 1e300, 2 ** 24 + 1, -0.0, 0, 2 ** 63, 2 ** 70,
+                                        -2 ** 63 - 1])))
 def test_fp32_tile_number_ops_equal_general(op, kind, seed, value):
     """An FP32 tile with a Python number: the kept 0-dim FP32 operand gives the general path's
     tensor (the number wrapped by torch; a defined ScalarValue takes the general path)."""

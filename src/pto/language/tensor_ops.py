@@ -932,8 +932,8 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
     if c0 < 0 or c1 > width or c1 <= c0:
         raise DslError(f"{t.name}: gather_rows columns [{c0}, {c1}) out of bounds of dim 1 (extent {width}){_where()}")
     buf = t.buf
-    if (type(rows) is list and rows and set(map(type, rows)) == _INT_ONLY and 0 <= builtins.min(rows) and builtins.max(rows) < n
-            and not buf.slow and buf.go is None and t._rows is not None and t._rows[2] == 1
+    if (type(rows) is list and rows and set(map(type, rows)) == _INT_ONLY
+            and 0 <= builtins.min(rows) and builtins.max(rows) < n and not buf.slow and buf.go is None and t._rows is not None and t._rows[2] == 1
             and t._rows[1] + c1 <= buf.C):
         # fast path: in-bounds int rows of a view whose rows are root rows (the checks in C, the
         # runs of consecutive rows from one comparison per row; the same tile, boxes, loads and
@@ -1185,7 +1185,8 @@ def read_values(src, idx, n: int) -> list:
         d = src.data
         if (len(idx) == d.dim() and type(j0) is int and 0 <= j0 and j0 + n <= d.shape[-1]
                 and all(type(i) is int and 0 <= i < s for i, s in zip(head, d.shape))):
-            return d.as_strided((n,), (d.stride()[-1],), _offset(d, idx)).tolist()  # the view d[head, j0:j0 + n]: the numbers item() gives
+            # the view d[head, j0:j0 + n] as one as_strided call: the numbers item() gives, one conversion
+            return d.as_strided((n,), (d.stride()[-1],), _offset(d, idx)).tolist()
     elif isinstance(src, GMTensor):
         buf = src.buf
         blk = _ctx.state.block
