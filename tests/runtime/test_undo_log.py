@@ -171,20 +171,27 @@ def test_program_cache_recording_and_replay_match_plain_runs():
 @pytest.mark.parametrize("templates", [False, True])
 def test_error_after_many_block_stores_restores_with_block_templates(templates):
     from pto.runtime import block_templates
+    from pto.runtime.blocks import MIN_BLOCKS, reset_templates, template_info
+
+    n = max(32, MIN_BLOCKS + 8)  # enough blocks for a block template
 
     @pl.jit
-    def rows(x: pl.Tensor[[16, 16], pl.FP32], acc: pl.InOut[pl.Tensor[[16, 16], pl.FP32]],
-             y: pl.Out[pl.Tensor[[16, 16], pl.FP32]]):
-        for b in pl.spmd(16, name_hint="rows"):  # enough blocks for a block template
+    def rows(x: pl.Tensor[[n, 16], pl.FP32], acc: pl.InOut[pl.Tensor[[n, 16], pl.FP32]],
+             y: pl.Out[pl.Tensor[[n, 16], pl.FP32]]):
+        for b in pl.spmd(n, name_hint="rows"):
             t = acc[b:b + 1, 0:16] + x[b:b + 1, 0:16]
             acc[b:b + 1, 0:16] = t
             y[b:b + 1, 0:16] = t
         with pl.at(name_hint="fails"):
-            x[0:17, 0:16]
+            x[0:n + 1, 0:16]
 
-    x, acc, y = torch.randn(16, 16), torch.randn(16, 16), torch.randn(16, 16)
+    x, acc, y = torch.randn(n, 16), torch.randn(n, 16), torch.randn(n, 16)
     acc0, y0 = acc.clone(), y.clone()
+    reset_templates()
     with block_templates(templates):
         with pytest.raises(DslError):
             rows.run(x, acc, y)
     assert torch.equal(acc, acc0) and torch.equal(y, y0)
+    info = template_info()
+    # with templates on, the middle blocks really ran from the template (else the test proves nothing)
+    assert (info["tasks"], info["templated"] >= n - 3) == ((1, True) if templates else (0, False))
