@@ -43,8 +43,10 @@ recording itself cannot go on (the block's Python raised, or code that could tel
 a number by ``type``/``id``/``is`` was about to run), the whole program is rerun plainly with
 templates off for that task site (only private copies of Out/InOut arguments, the heap, and
 Out/InOut arguments written in place with the program's undo log were written; :func:`execute`).
-The identity watch (a trace hook, which slows every Python call of the block several times)
-runs on the first recording of each task site in the process only.
+The identity watch (a trace hook on calls, which slows every Python call of the block several
+times) runs on every recording: a later recording (a diverged block's variant, block 0 of a
+later program) may reach code the first one did not. Each code object is examined once per
+process (replay's cache).
 
 Not used (plain blocks): check mode, graph-only mode, ``drop_init``, a ``block_order`` other
 than ``"program"``, a phased (syncall) body, a distributed world of more than one rank, while
@@ -69,6 +71,7 @@ from pto.runtime.graph import Block
 from pto.runtime.symbolic import NAMESPACE as _SYM_NS
 from pto.runtime.symbolic import _UN_SRC as _SYM_UN
 from pto.runtime.symbolic import Sym, concrete_of, evaluate
+from pto.runtime.symbolic import trusted as _sym_trusted
 
 __all__ = ["set_block_templates", "block_templates", "block_templates_enabled", "template_info"]
 
@@ -76,7 +79,6 @@ _ON = [os.environ.get("PTO_BLOCK_TEMPLATES", "0").strip().lower() not in ("0", "
 MIN_BLOCKS = int(os.environ.get("PTO_BLOCK_TEMPLATES_MIN", "24"))  # fewer blocks: plain (a recording costs ~10 plain blocks)
 MAX_VARIANTS = 4  # templates per task (paths through the block)
 _SITE_OFF: set = set()  # task sites whose blocks could not be templated (later programs run them plainly)
-_WATCHED: set = set()  # task sites whose recording ran under the identity watch (see _record)
 _CODE: dict = {}  # generated source -> compiled factory
 _INFO = {"tasks": 0, "recorded": 0, "templated": 0, "batched": 0, "plain": 0, "diverged": 0, "restarts": 0}
 _DEBUG = os.environ.get("PTO_BLOCKS_DEBUG", "0") not in ("0", "")
@@ -134,9 +136,8 @@ def template_info() -> dict:
 
 
 def reset_templates() -> None:
-    """Forget the task sites turned off (and watched, batched) and zero the counters (tests)."""
+    """Forget the task sites turned off (and those not batched) and zero the counters (tests)."""
     _SITE_OFF.clear()
-    _WATCHED.clear()
     _NO_BATCH.clear()
     for k in _INFO:
         _INFO[k] = 0
@@ -397,21 +398,24 @@ def _record(prog, task, k: int, variants: list):
     blk.idx = b
     prog._tpl_recording = task.site
     rec.active = True
-    # the identity watch (a trace hook: every Python call of the block runs several times slower)
-    # examines the code of a task site's first recording in this process; later recordings of the
-    # site run the same code (a path that reaches code the first one did not is not examined)
-    watch = task.site not in _WATCHED
-    if watch:
-        _WATCHED.add(task.site)
-        sys.settrace(rec.watch)
+    # the identity watch (a trace hook on calls: every Python call of the block runs several times
+    # slower) on every recording: a later recording may take a path into code no earlier one ran
+    # (code objects already examined are looked up in replay's cache)
+    sys.settrace(rec.watch)
     try:
+        # the frame running the block loop (``for b in pl.spmd(n)``) was called before the hook:
+        # examine the first frame up the stack outside pto, torch and the standard library now
+        f = sys._getframe(1)
+        while f is not None and _sym_trusted(f.f_code):
+            f = f.f_back
+        if f is not None:
+            rec.watch(f, "call", None)  # raises Restart for such code (nothing of the block has run)
         with rec:
             yield b
         rec.flush()
     finally:
         rec.active = False
-        if watch:
-            sys.settrace(None)
+        sys.settrace(None)
     blk.idx = k
     prog._tpl_recording = None
     tpl = None
