@@ -3,6 +3,7 @@ only, and never the frame running the block loop: a body that tells the block in
 number on a path block 0 does not take ran from templates with the symbol's answer (212 wrong
 rows of 256). Every recording is watched now, and so is the loop's own frame."""
 
+import pytest
 import torch
 
 import pto.language as pl
@@ -47,25 +48,14 @@ def _both(kernel):
     return x, outs
 
 
-def test_identity_test_in_the_loop_frame_runs_plainly():
+@pytest.mark.parametrize("kernel", [in_loop, in_callee], ids=["loop_frame", "later_recording"])
+def test_identity_test_on_a_later_path_runs_plainly(kernel):
     was = rt.program_cache_enabled()
     rt.set_program_cache(False)
     reset_templates()
     try:
-        x, (off, on) = _both(in_loop)
+        x, (off, on) = _both(kernel)
     finally:
         rt.set_program_cache(was)
     assert torch.equal(off, x) and torch.equal(on, x)  # type(b) is int in a plain run: scale 1.0
-    assert template_info()["restarts"] == 1  # the first recording saw the loop's code and gave up
-
-
-def test_identity_test_in_code_a_later_recording_reaches_runs_plainly():
-    was = rt.program_cache_enabled()
-    rt.set_program_cache(False)
-    reset_templates()
-    try:
-        x, (off, on) = _both(in_callee)
-    finally:
-        rt.set_program_cache(was)
-    assert torch.equal(off, x) and torch.equal(on, x)
-    assert template_info()["restarts"] == 1
+    assert template_info()["restarts"] == 1  # a recording saw the code and gave up: rerun plainly
