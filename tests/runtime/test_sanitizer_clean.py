@@ -10,15 +10,17 @@ that were clean (init_value, written in full and re-checked) through tile stores
 adds, scalar writes and reshaped views, and leave part of a ``pl.Out`` unwritten.
 """
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 import pto.language as pl
 from pto.errors import UndefinedOutputError
-from pto.runtime import RunConfig
-from pto.runtime import sanitizer as _san
 
-CHECK = RunConfig(check=True)
+sys.path.insert(0, str(Path(__file__).parent))
+from _sanitizer_compare import CHECK, run_checked  # noqa: E402
 
 
 class _NeverClean(set):
@@ -28,27 +30,14 @@ class _NeverClean(set):
         pass
 
 
+def _never_clean(san) -> None:
+    san.clean = _NeverClean()
+
+
 def _run(kernel, make_args, general: bool):
     """(error type or None, message, outputs, clean ids) of one check-mode run."""
-    seen = {}
-    orig = _san.Sanitizer.__init__
-
-    def init(self, program):
-        orig(self, program)
-        if general:
-            self.clean = _NeverClean()
-        seen["san"] = self
-
-    _san.Sanitizer.__init__ = init
-    args = make_args()
-    try:
-        kernel.run(*args, config=CHECK)
-        err, msg = None, ""
-    except UndefinedOutputError as e:
-        err, msg = type(e), str(e)
-    finally:
-        _san.Sanitizer.__init__ = orig
-    return err, msg, [a.clone() for a in args], set(seen["san"].clean)
+    err, msg, outs, san = run_checked(kernel, make_args, _never_clean if general else None, UndefinedOutputError)
+    return err, msg, outs, set(san.clean)
 
 
 def _same(kernel, make_args):

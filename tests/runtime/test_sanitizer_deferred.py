@@ -13,38 +13,27 @@ an output unwritten.
 
 import itertools
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import pto.language as pl
-from pto.errors import PtoError
-from pto.runtime import RunConfig
 from pto.runtime import sanitizer as _san
 
-CHECK = RunConfig(check=True)
+sys.path.insert(0, str(Path(__file__).parent))
+from _sanitizer_compare import run_checked  # noqa: E402
 
 
 def _run(kernel, make_args, defer: bool):
     """(error type or None, message, outputs, sanitizer) of one check-mode run."""
-    seen = {}
-    orig_init, orig_defer = _san.Sanitizer.__init__, _san.DEFER
-
-    def init(self, program):
-        orig_init(self, program)
-        seen["san"] = self
-
-    _san.Sanitizer.__init__ = init
+    orig = _san.DEFER
     _san.DEFER = defer
-    args = make_args()
     try:
-        kernel.run(*args, config=CHECK)
-        err, msg = None, ""
-    except PtoError as e:
-        err, msg = type(e), str(e)
+        return run_checked(kernel, make_args)
     finally:
-        _san.Sanitizer.__init__, _san.DEFER = orig_init, orig_defer
-    return err, msg, [a.clone() for a in args], seen["san"]
+        _san.DEFER = orig
 
 
 def _same(kernel, make_args):
