@@ -103,7 +103,7 @@ def block_templates_enabled() -> bool:
     return _ON[0]
 
 
-class block_templates:  # noqa: N801 - used like a function: ``with block_templates():``
+class block_templates(_replay._Switch):  # noqa: N801 - used like a function: ``with block_templates():``
     """``with pto.runtime.block_templates():`` turns block templates on (``enabled=False``: off)
     inside the block and restores the previous setting after it.
 
@@ -111,20 +111,7 @@ class block_templates:  # noqa: N801 - used like a function: ``with block_templa
         TypeError: ``enabled`` is not a bool.
     """
 
-    def __init__(self, enabled: bool = True):
-        if not isinstance(enabled, bool):
-            raise TypeError(f"block_templates(enabled): expected True or False, got {enabled!r}")
-        self.enabled = enabled
-        self.saved = None
-
-    def __enter__(self):
-        self.saved = _ON[0]
-        _ON[0] = self.enabled
-        return self
-
-    def __exit__(self, *exc):
-        _ON[0] = self.saved
-        return False
+    _flag, _what = _ON, "block_templates"
 
 
 def template_info() -> dict:

@@ -171,7 +171,36 @@ def parametric_replay_enabled() -> bool:
     return _PARAMETRIC[0]
 
 
-class parametric_replay:  # noqa: N801 - used like a function: ``with parametric_replay():``
+class _Switch:
+    """Base of the runtime's ``with`` switches (:class:`parametric_replay`, and
+    ``blocks.block_templates``): a subclass names its one-element flag list ``_flag`` and its
+    name ``_what`` (for the error). ``enabled`` holds inside the block; the previous setting
+    comes back after it.
+
+    Raises:
+        TypeError: ``enabled`` is not a bool.
+    """
+
+    _flag: list
+    _what: str
+
+    def __init__(self, enabled: bool = True):
+        if not isinstance(enabled, bool):
+            raise TypeError(f"{self._what}(enabled): expected True or False, got {enabled!r}")
+        self.enabled = enabled
+        self.saved = None
+
+    def __enter__(self):
+        self.saved = self._flag[0]
+        self._flag[0] = self.enabled
+        return self
+
+    def __exit__(self, *exc):
+        self._flag[0] = self.saved
+        return False
+
+
+class parametric_replay(_Switch):  # noqa: N801 - used like a function: ``with parametric_replay():``
     """``with pto.runtime.parametric_replay():`` turns parametric recordings on (``enabled=False``:
     off) for the calls inside the block and restores the previous setting after it.
 
@@ -179,20 +208,7 @@ class parametric_replay:  # noqa: N801 - used like a function: ``with parametric
         TypeError: ``enabled`` is not a bool.
     """
 
-    def __init__(self, enabled: bool = True):
-        if not isinstance(enabled, bool):
-            raise TypeError(f"parametric_replay(enabled): expected True or False, got {enabled!r}")
-        self.enabled = enabled
-        self.saved = None
-
-    def __enter__(self):
-        self.saved = _PARAMETRIC[0]
-        _PARAMETRIC[0] = self.enabled
-        return self
-
-    def __exit__(self, *exc):
-        _PARAMETRIC[0] = self.saved
-        return False
+    _flag, _what = _PARAMETRIC, "parametric_replay"
 
 
 def set_program_cache_size(max_entries: int) -> None:
