@@ -606,22 +606,21 @@ def _store_rows(t: GMTensor, a0: int, a1: int, tile: Tile, atomic) -> bool:
         box = t.box((a0, a1), (b0, b1))
         if type(box) is not tuple:
             return False
+    if atomic is not None and (atomic != AtomicType.Add or buf.program.defer_atomics
+                               or not (d.dtype.is_floating_point or d.dtype in _ATOMIC_INT)):
+        return False
     st0, st1 = t._strides
+    off = buf.base_off + t._off + a0 * st0 + a1 * st1  # the window's first element in the storage
+    if buf.undo is not None:  # an argument written in place: keep what the store overwrites
+        buf.save_window((n0, n1), t._strides, off)
     if atomic is None:
-        if buf.undo is not None:  # an argument written in place: keep what the store overwrites
-            buf.save_window((n0, n1), t._strides, buf.base_off + t._off + a0 * st0 + a1 * st1)
         if n1 == shape[1]:  # whole rows: a row-slice assignment (the same copy, cheaper)
             d[a0:b0] = src
         else:
-            d.as_strided((n0, n1), t._strides, buf.base_off + t._off + a0 * st0 + a1 * st1).copy_(src)
+            d.as_strided((n0, n1), t._strides, off).copy_(src)
         kind = W
     else:
-        if (atomic != AtomicType.Add or buf.program.defer_atomics
-                or not (d.dtype.is_floating_point or d.dtype in _ATOMIC_INT)):
-            return False
-        if buf.undo is not None:
-            buf.save_window((n0, n1), t._strides, buf.base_off + t._off + a0 * st0 + a1 * st1)
-        d.as_strided((n0, n1), t._strides, buf.base_off + t._off + a0 * st0 + a1 * st1).add_(src)
+        d.as_strided((n0, n1), t._strides, off).add_(src)
         kind = A
     blk.fp.append((buf, box, kind))
     blk.bytes += n0 * n1 * t._itemsize
