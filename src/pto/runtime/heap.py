@@ -108,8 +108,7 @@ class Buffer:
         n = 1
         for s in shape:
             n *= s
-        n *= self.data.element_size()
-        if 4 * n >= self.nbytes or self.undo + _UNDO_SAVE_BYTES + n >= self.nbytes:
+        if self._saves_whole(n * self.data.element_size()):
             self.save_view(self.data)  # the whole buffer (see save_view): no view to build
             return
         with _NO_TORCH_FUNCTION():
@@ -126,13 +125,16 @@ class Buffer:
         program-cache recording does not see them)."""
         with _NO_TORCH_FUNCTION():
             n = view.numel() * view.element_size()
-            cost = self.undo + _UNDO_SAVE_BYTES + n
-            if cost >= self.nbytes or 4 * n >= self.nbytes:
+            if self._saves_whole(n):
                 view = self.data
                 self.undo = None
             else:
-                self.undo = cost
+                self.undo += _UNDO_SAVE_BYTES + n
             self.program.undo.append((view, view.clone()))
+
+    def _saves_whole(self, n: int) -> bool:
+        """Whether saving a window of ``n`` bytes saves the whole buffer instead (:meth:`save_view`)."""
+        return 4 * n >= self.nbytes or self.undo + _UNDO_SAVE_BYTES + n >= self.nbytes
 
     def __repr__(self) -> str:
         return f"Buffer(#{self.id} {self.name!r} {list(self.shape)} {self.dtype} at {self.site})"
