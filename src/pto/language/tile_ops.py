@@ -217,6 +217,26 @@ class Tile:
         data = self.data[key]
         return Tile(data, None if self.mask is None else self.mask[key])
 
+    def __len__(self) -> int:
+        """Extent of dim 0 (torch semantics).
+
+        Raises:
+            DslError: a 0-dim tile (it has no dim 0).
+        """
+        if self.data.dim() == 0:
+            raise DslError("len() of a 0-dim tile: it has no dim 0")
+        return self.data.shape[0]
+
+    def __iter__(self):
+        """``for row in tile``: the sub-tiles ``tile[0]``, ``tile[1]``, .. along dim 0 (torch
+        semantics: each drops dim 0), then stops.
+
+        Raises:
+            DslError: a 0-dim tile (nothing to iterate over).
+        """
+        for i in range(len(self)):
+            yield self[i]
+
     def _own_before_view(self) -> None:
         """Before a sub-tile or reshape shares this tile's storage: a tile that is a no-copy
         view of an In parameter takes a private copy first, so a later write through any of
