@@ -112,6 +112,35 @@ def test_fill_values_and_written_elements_read_from_data_replay():
 
 
 @pl.jit
+def tiled_by_read(n_t: pl.Tensor[[1, 4], pl.INT32], x: pl.Tensor[[32, 8], pl.FP32],
+                  out: pl.Out[pl.Tensor[[32, 8], pl.FP32]]):
+    from pto.models.deepseek_v4.tiling import expect_tensor, round_up
+    expect_tensor("tiled_by_read", "x", x, [32, 8], pl.FP32)  # model code outside the trusted dirs
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="tiled"):
+        n = pl.read(n_t, [0, 0])
+        m = min(16, round_up(n, 16))  # a count read from data: symbolic, min guards its outcome
+        out[0:m, 0:8] = x[0:m, 0:8] * 2.0
+    return out
+
+
+def test_model_tiling_helpers_keep_a_read_count_symbolic():
+    # tiling.expect_tensor compared dtypes with ``is not`` (the identity watch stopped every
+    # parametric recording of a model program there) and round_up took int() of a read count
+    # (an exact guard: another count, another path)
+    x = torch.randn(32, 8)
+    with parametric_replay():
+        for n in (3, 3, 9, 16, 1):
+            out = torch.zeros(32, 8)
+            prog = tiled_by_read.run(torch.tensor([[n, 0, 0, 0]], dtype=torch.int32), x, out)
+            ref = torch.zeros(32, 8)
+            ref[0:16] = x[0:16] * 2.0
+            assert torch.equal(out, ref), n
+            assert prog.replayed == (n != 3), n
+    info = cache_info()
+    assert (info["recorded"], info["replayed"], info["diverged"], info["uncacheable"]) == (1, 3, 0, 0), info
+
+
+@pl.jit
 def counted_positive(v: pl.Tensor[[1, 32], pl.INT32], out: pl.Out[pl.Tensor[[1, 8], pl.INT32]]):
     with pl.at(level=pl.Level.CORE_GROUP, name_hint="count"):
         row = v[0:1, 0:32]

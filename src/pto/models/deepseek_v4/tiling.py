@@ -22,8 +22,10 @@ MATMUL_M_TILE = 16  # cube row granule; runtime-sized matmul scratch rounds T up
 
 
 def round_up(n: int, m: int) -> int:
-    """Smallest multiple of ``m`` that is ``>= n`` (``n >= 0``, ``m > 0``)."""
-    return -(-int(n) // m) * m
+    """Smallest multiple of ``m`` that is ``>= n`` (``n >= 0``, ``m > 0``). An ``n`` that is an
+    int already is used as it is (no ``int(n)``: a count read from data during a parametric
+    recording stays a symbol instead of being guarded by its exact value, runtime/symbolic.py)."""
+    return -(-(n if isinstance(n, int) else int(n)) // m) * m
 
 
 def token_tile(t: int, max_rows: int) -> int:
@@ -114,6 +116,6 @@ def expect_tensor(kernel: str, name: str, t, shape, dtype) -> None:
         BindError: naming the kernel, the parameter, and the expected and actual shape
             and dtype.
     """
-    if tuple(t.shape) != tuple(shape) or t.dtype is not dtype:
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
         raise BindError(f"kernel {kernel}: parameter {name!r} must be {list(shape)} {dtype}, "
                         f"got {list(t.shape)} {t.dtype}")
