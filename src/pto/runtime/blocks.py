@@ -83,6 +83,7 @@ _CODE: dict = {}  # generated source -> compiled factory
 _INFO = {"tasks": 0, "recorded": 0, "templated": 0, "batched": 0, "plain": 0, "diverged": 0, "restarts": 0}
 _DEBUG = os.environ.get("PTO_BLOCKS_DEBUG", "0") not in ("0", "")
 _DIVERGED_AT: list = []  # (task, block, template line) of the latest divergences (PTO_BLOCKS_DEBUG=1)
+_BATCH_LOG: list = []  # (task, blocks, what batching did) per templated task (PTO_BLOCKS_DEBUG=1)
 _COUNTERS = ("ops", "flops", "bytes", "ld", "st", "mm", "cube")
 
 
@@ -206,14 +207,21 @@ def _blocks(prog, task, n: int):
     if _worth(tpl, 1, n):
         variants.append(tpl)
     else:
+        if _DEBUG and tpl is not None:
+            _BATCH_LOG.append((task.name, n, "index guards hold for too few blocks"))
         _SITE_OFF.add(task.site)  # the blocks' paths differ by their index: plain (and plain next time)
     misses = 0
     hits = 0
     plain = 1
     start = 1
     todo = None
+    if _DEBUG and variants:
+        _BATCH_LOG.append((task.name, n, "no batched form: " + str(variants[0].why) if variants[0].batch is None
+                           else "site not batched" if task.site in _NO_BATCH else "batched"))
     if variants and variants[0].batch is not None and task.site not in _NO_BATCH:
         m, failed = _batched(prog, task, variants[0], n)
+        if _DEBUG:
+            _BATCH_LOG.append((task.name, n, f"ran {m} blocks batched, {len(failed)} failed"))
         if m:
             hits = m - len(failed)
             start = m + 1
@@ -409,8 +417,12 @@ def _record(prog, task, k: int, variants: list):
     if rec.bad is None and len(prog.buffers) == nbufs and len(prog.scopes) == nscopes and not prog.block_errors:
         try:
             tpl = _Template(rec, blk)
-        except _Unsupported:
+        except _Unsupported as e:
             tpl = None
+            if _DEBUG:
+                _BATCH_LOG.append((task.name, k, f"no template: {e}"))
+    elif _DEBUG:
+        _BATCH_LOG.append((task.name, k, f"no template: {rec.bad or 'allocates, opens a scope or raised'}"))
     blk.fp = concrete_of(blk.fp)
     for a in _COUNTERS:
         v = getattr(blk, a)
@@ -590,7 +602,7 @@ class _Template:
     record ``blk`` (footprints, counters) and returns True, or undoes its GM writes and returns
     False when a guard fails."""
 
-    __slots__ = ("fn", "ok", "book", "batch", "undo", "unlogged", "src")
+    __slots__ = ("fn", "ok", "book", "batch", "undo", "unlogged", "src", "why")
 
     def __init__(self, rec: _BlockRecorder, blk):
         P: list = []
@@ -786,7 +798,9 @@ class _Template:
             exec(compile(src, "<pto block template>", "exec"), ns)  # noqa: S102 - generated
             factory = _CODE[src] = ns["make"]
         self.fn, self.ok, self.book = factory(tuple(P))
+        _WHY[0] = None
         self.batch = _Batch.of(rec, ops[len(pure):], writes, len(pure), blk) if _BATCH[0] else None
+        self.why = _WHY[0]
         self.src = src if _DEBUG else None
 
     def run(self, k: int, blk) -> bool:
@@ -841,6 +855,14 @@ _CREATE = frozenset(("full", "zeros", "ones", "empty", "arange", "tensor", "full
 _FILL = frozenset(("fill_", "zero_"))
 
 
+_WHY = [None]  # why the latest template has no batched form (PTO_BLOCKS_DEBUG=1)
+
+
+def _why(reason: str) -> None:
+    if _DEBUG:
+        _WHY[0] = reason
+
+
 class _Abort(Exception):
     """The batched run cannot go on (internal)."""
 
@@ -874,19 +896,21 @@ class _Batch:
             if gk == 5:
                 reads.add(outs)
             elif gk not in (0, 6, 7, 8):  # a data-dependent shape, a tracked list, a register
-                if _DEBUG:
-                    _DIVERGED_AT.append(("?", -2, f"not batched: op kind {gk} {getattr(f, '__name__', '')}"))
+                _why(f"op kind {gk} {getattr(f, '__name__', '')}")
                 return None
             elif gk == 0 or gk == 8:
                 for x in list(a) + list(kw.values()):
                     if _holds_expr(x) and not all(_index_only(n) for n in _exprs(x)):
-                        return None  # an argument computed from a value read from data
+                        _why(f"{getattr(f, '__name__', '')}: an argument computed from a value read from data")
+                        return None
         for buf, box, kind in blk.fp:
             if any(type(x) is Sym and x.rec is rec and not _index_only(x.n) for x in box):
+                _why(f"a footprint on {buf.name} computed from a value read from data")
                 return None
         for a in _COUNTERS:
             v = getattr(blk, a)
             if type(v) is Sym and v.rec is rec and not _index_only(v.n):
+                _why(f"counter {a} computed from a value read from data")
                 return None
         b = _Batch()
         b.rec, b.ops = rec, ops
@@ -1023,6 +1047,8 @@ class _Batch:
                 bs, o0 = src.stride(0), src.storage_offset() + (off - m[2])
             view = torch.as_strided(src, (nb,) + tuple(size), (bs,) + tuple(stride), o0)
             return (view.clone() if name == "as_strided_copy" else view), True
+        if name in ("narrow_copy", "narrow") and len(plain) == 4 and not kw:
+            return self._narrow(f, name, args[0], plain[1:], nb)
         if has_a:
             raise _Abort(f"{name} with an index-dependent argument")
         if not any_b and w is None:
@@ -1085,6 +1111,33 @@ class _Batch:
                 raise _Abort(f"{name} to a computed shape")
             return f(plain[0], (nb,) + tuple(shape)), True
         raise _Abort(f"{name} is not batched")
+
+    def _narrow(self, f, name, src, dsl, nb):
+        """``narrow`` / ``narrow_copy(src, dim, start, length)`` for all blocks: of a block tile
+        along its dim (a constant start), or of a shared tensor (GM) at a start affine in the
+        block index (a view with a block stride, cloned for narrow_copy)."""
+        x, bx = src
+        dim, start, length = dsl
+        if type(dim) is not int or type(length) is not int:
+            raise _Abort(f"{name} with computed sizes")
+        if bx:
+            if type(start) is _A:
+                raise _Abort(f"{name} of a block tile at an index offset")
+            return f(x, dim + 1 if dim >= 0 else dim, start, length), True
+        if type(start) is not _A:
+            return f(x, dim, start, length), False  # the same for every block
+        d = dim if dim >= 0 else dim + x.dim()
+        k0 = self._k0
+        for k in (k0, k0 + nb - 1):  # affine: the first and the last block bound them all
+            o = start.a * k + start.b
+            if o < 0 or o + length > x.shape[d]:
+                raise _Abort(f"{name} out of bounds")
+        size = list(x.shape)
+        size[d] = length
+        st = x.stride()
+        view = torch.as_strided(x, [nb] + size, (start.a * st[d],) + tuple(st),
+                                x.storage_offset() + (start.a * k0 + start.b) * st[d])
+        return (view.clone() if name == "narrow_copy" else view), True
 
     def _verify(self, f, name, args, kwargs, res, nb):
         """Once per (operation, per-block shapes, dtypes, other arguments): the batched result must
