@@ -152,7 +152,7 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
     if not 0 <= nt <= T:
         raise _bind(kernel, f"num_tokens={nt} outside [0, T={T}]")
     # orchestration-level read of the positions (as the reference's visible-length scalars)
-    n_vis = [max(0, (int(p) + 1) // CSA_RATIO) for p in pl.read_values(position_ids, [0], nt)]
+    n_vis = [max(0, (p + 1) // CSA_RATIO) for p in pl.read_values(position_ids, [0], nt)]
     n_vis_max = max(n_vis, default=0)
     cap = indexer_score_capacity(cfg)
     L = indexer_sort_width(n_vis_max, bs)
