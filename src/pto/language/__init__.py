@@ -10,8 +10,8 @@ from pto.language.control import Level, at, manual_scope, parallel, pipeline, ra
 from pto.language.dtypes import (BF16, BOOL, FP16, FP32, INDEX, INT8, INT16, INT32, INT64, TASK_ID, UINT8,
                                  UINT32, DType)
 from pto.language.jit import jit
-from pto.language.tensor_ops import (AtomicType, GMTensor, assemble, create_tensor, gather_rows, load, read,
-                                     read_values, reshape, slice, store, write)
+from pto.language.tensor_ops import (AtomicType, GMTensor, arange_runs, assemble, create_tensor, gather_rows, load,
+                                     read, read_values, reshape, slice, store, write, write_values)
 from pto.language.tensor_ops import dim as _dim
 from pto.language.tensor_ops import max, min  # noqa: A004 - DSL names
 from pto.language.tile_ops import (CAST_MODES, PadValue, Tile, abs, add, arange, cast, col_expand,  # noqa: A004
@@ -27,7 +27,8 @@ from pto.language.compat_ops import (Array, FunctionType, KernelType, SplitMode,
                                      split_aiv, transpose_view)
 from pto.language.compat_ops import get_block_num as _get_block_num
 
-tensor = _NS(dim=_dim, read=read, read_values=read_values, write=write, slice=slice, reshape=reshape, assemble=assemble)
+tensor = _NS(dim=_dim, read=read, read_values=read_values, write=write, write_values=write_values, slice=slice,
+             reshape=reshape, assemble=assemble)
 tile = _NS(get_block_idx=system.get_block_idx, full=full, load=load, store=store, write=write, read=read,
            MaskPattern=MaskPattern, create=create_tile, slice=slice, gather_row=gather_row, concat=concat,
            transpose_view=transpose_view, move=move, get_block_num=_get_block_num)

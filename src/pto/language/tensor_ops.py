@@ -23,13 +23,14 @@ import torch
 from pto.errors import DslError
 from pto.language import _ctx
 from pto.language import graph_only as _go
+from pto.language import tile_ops as _tile_ops
 from pto.language.dtypes import as_dtype
-from pto.language.tile_ops import (PadValue, Tile, _int_fits, _int_range_error, _pad_scalar, tile_assemble, tile_key,
+from pto.language.tile_ops import (_INT_RANGE, PadValue, Tile, _int_fits, _int_range_error, _pad_scalar, tile_assemble, tile_key,
                                    tile_reshape, tile_slice)
 from pto.language.typing import ScalarValue, as_int, concrete
 
 __all__ = ["GMTensor", "AtomicType", "create_tensor", "slice", "reshape", "assemble", "read",
-           "write", "load", "gather_rows", "store", "dim", "max", "min", "R", "W", "A"]
+           "write", "write_values", "arange_runs", "load", "gather_rows", "store", "dim", "max", "min", "R", "W", "A"]
 
 R, W, A = 0, 1, 2  # footprint kinds: read, plain write, atomic add
 _pyslice = slice
@@ -1351,6 +1352,154 @@ def write(dst, idx, value):
                  None if not undefined else torch.full([1] * len(idx), oid, dtype=torch.int32))
     _store(dst, idx, t, None)
     return dst
+
+
+def write_values(dst, idx, values):
+    """``values[k]`` into ``dst[*idx[:-1], idx[-1] + k]`` for every ``k``, in one call; returns ``dst``.
+
+    ``pl.write_values(y, [i, j], vals)`` is ``for k, v in enumerate(vals): pl.write(y, [i, j + k], v)``:
+    the same elements, the same effects (a tile: the values, its definedness mask in check mode,
+    no counted op; a GM tensor inside a task: one element footprint, one GM store and its bytes
+    per element, the sanitizer's shadow as each write leaves it) and the same errors, raised at
+    the first element that fails after the ones before it were written. Plain numbers into a
+    tile or into a GM tensor of a plain run take one torch copy; anything else (undefined or
+    symbolic values, graph-only tensors, check mode on GM, an argument written in place) goes
+    element by element.
+
+    Args:
+        dst: tile or GM tensor of rank >= 1, any dtype.
+        idx: the first element's index, one int per dim.
+        values: list or tuple of numbers (Python ints / floats, or scalars read with ``pl.read``);
+            ``len(values)`` consecutive elements along the last dim (``[]`` writes nothing).
+
+    Raises:
+        DslError: ``dst`` not a tile or GM tensor, ``values`` not a list or tuple, an empty
+            ``idx``, and what ``pl.write`` raises for an element (a GM write outside a task, an
+            index out of bounds, a fractional value into an integer dtype, a number outside an
+            integer dtype's range).
+    """
+    if not isinstance(dst, (Tile, GMTensor)):
+        raise DslError(f"pl.write_values: expected a GM tensor or a tile to write into, got {type(dst).__name__}"
+                       f"{_where()}")
+    if type(values) not in (list, tuple):
+        raise DslError(f"pl.write_values: values must be a list or tuple of numbers, got {type(values).__name__}"
+                       f"{_where()}")
+    if not isinstance(idx, (list, tuple)):
+        idx = [idx]
+    if not idx:
+        raise DslError(f"pl.write_values: an empty index; give the first element's index, one int per dim"
+                       f"{_where()}")
+    n = len(values)
+    if n == 0:
+        return dst
+    head, j0 = list(idx[:-1]), idx[-1]
+    d = dst.data
+    if (not d.is_meta and len(idx) == d.dim() and type(j0) is int and 0 <= j0 and j0 + n <= d.shape[-1]
+            and all(type(i) is int and 0 <= i < s for i, s in zip(head, d.shape)) and _plain_values(values, d.dtype)):
+        if type(dst) is Tile and dst.mask is None:
+            try:
+                src = torch.tensor(values, dtype=d.dtype)
+            except (RuntimeError, OverflowError):  # torch refuses a number: the element writes say what pl.write says
+                src = None
+            if src is not None:
+                if d._base is not None and aliases_readonly(d):
+                    d = dst.data = d.clone()
+                # the view d[head, j0:j0 + n] set as n element writes would
+                d.as_strided((n,), (d.stride()[-1],), _offset(d, idx)).copy_(src)
+                return dst
+        elif type(dst) is GMTensor:
+            buf = dst.buf
+            blk = _ctx.state.block
+            if (blk is not None and not buf.slow and not buf.readonly and buf.go is None and buf.shadow is None
+                    and buf.undo is None):
+                try:
+                    src = torch.tensor(values, dtype=d.dtype)
+                except (RuntimeError, OverflowError):
+                    src = None
+                if src is not None:
+                    off = buf.base_off + dst._off
+                    for i, st in zip(idx, dst._strides):
+                        off += i * st
+                    d.as_strided((n,), (dst._strides[-1],), off).copy_(src)
+                    fp = blk.fp
+                    for k in range(n):  # one element box per write, as _store records it
+                        e = [*head, j0 + k]
+                        box = dst.box(e, [i + 1 for i in e])
+                        if type(box) is list:
+                            fp.extend((buf, b, W) for b in box)
+                        elif box is not None:
+                            fp.append((buf, box, W))
+                    blk.bytes += n * dst._itemsize
+                    blk.st += n
+                    return dst
+    for k, v in enumerate(values):  # the general path: element by element
+        write(dst, [*head, j0 + k], v)
+    return dst
+
+
+def arange_runs(shape, dtype, fill, runs) -> Tile:
+    """A ``[1, N]`` integer tile of ``fill`` with runs of consecutive integers: for each ``(col,
+    start, n)`` of ``runs``, columns ``col .. col + n - 1`` hold ``start .. start + n - 1`` (a later
+    run overwrites an earlier one where they overlap).
+
+    ``pl.arange_runs([1, N], dt, fill, runs)`` is ``t = pl.full([1, N], dt, fill)`` then ``t =
+    pl.assemble(t, pl.arange(start, [1, n], dt), [0, col])`` per run: the same tile, counted as
+    those tile ops (``1 + len(runs)``; the tile assembles count none), in one torch call when
+    every number fits ``dt``. For index rows made of page segments (a sliding-window row
+    through a block table).
+
+    Args:
+        shape: ``[1, N]`` or ``[N]``, ints (any other shape is the composition above: the runs
+            in its first row).
+        dtype: an integer dtype.
+        fill: int, the value outside the runs.
+        runs: list or tuple of ``(col, start, n)`` int triples, ``n >= 0``.
+
+    Raises:
+        DslError: what ``pl.full``, ``pl.arange`` and ``pl.assemble`` raise for the same tile
+            (a non-integer dtype with a run, a fill outside the dtype's range or fractional, a
+            negative run length, a run reaching outside the tile); ``runs`` not a list of triples.
+    """
+    if type(runs) not in (list, tuple) or any(type(r) not in (list, tuple) or len(r) != 3 for r in runs):
+        raise DslError(f"pl.arange_runs: runs must be a list of (col, start, n) triples, got {runs!r}{_where()}")
+    dt = as_dtype(dtype)
+    r = _INT_RANGE.get(dt.torch)
+    if (r is not None and type(shape) in (list, tuple) and len(shape) in (1, 2) and all(type(x) is int for x in shape)
+            and (len(shape) == 1 or shape[0] == 1) and shape[-1] >= 0 and type(fill) is int and r[0] <= fill <= r[1]):
+        width = shape[-1]
+        vals = [fill] * width
+        for col, start, n in runs:
+            if not (type(col) is int and type(start) is int and type(n) is int and 0 <= n and 0 <= col
+                    and col + n <= width and r[0] <= start and start + n - 1 <= r[1]):
+                break  # the general path below says what is wrong (or wraps as pl.arange does)
+            vals[col:col + n] = range(start, start + n)
+        else:
+            data = torch.tensor(vals if len(shape) == 1 else [vals], dtype=dt.torch)
+            blk = _ctx.state.block
+            if blk is not None:  # one pl.full and one pl.arange per run (tile_ops._count, no kind)
+                blk.ops += 1 + len(runs)
+            return Tile(data)
+    t = _tile_ops.full(shape, dtype, fill)
+    lead = [0] * (len(t.shape) - 1)  # the general path: the ops it stands for
+    for col, start, n in runs:
+        t = tile_assemble(t, _tile_ops.arange(start, [1] * len(lead) + [n], dtype), [*lead, col])
+    return t
+
+
+def _plain_values(values, dtype: torch.dtype) -> bool:
+    """Whether every value is a plain number that :func:`write` stores into a ``dtype`` element
+    without an error or a conversion of its own: ints in range for an integer dtype, ints of at
+    most 2**53 in magnitude (exact in FP64) or floats for a float dtype; False for BOOL."""
+    types = set(map(type, values))
+    r = _INT_RANGE.get(dtype)
+    if r is not None:
+        return types == _INT_ONLY and r[0] <= builtins.min(values) and builtins.max(values) <= r[1]
+    if not dtype.is_floating_point or not types <= _NUMBER_TYPES:
+        return False
+    return types == _FLOAT_ONLY or all(-_EXACT_INT <= v <= _EXACT_INT for v in values if type(v) is int)
+
+
+_NUMBER_TYPES, _FLOAT_ONLY, _EXACT_INT = {int, float}, {float}, 1 << 53
 
 
 def _int_in_range(dst, v, undefined: bool):
