@@ -243,7 +243,7 @@ def window_row(kernel: str, tok: int, pos: int, block_table, table_row: tuple, *
     """``[1, window]`` INT32 sliding-window row of token ``tok`` at position ``pos >= 0`` (pypto-lib
     `prefill_attention_swa.py` step 5; inside a block): keys ``pos+1-valid .. pos`` with ``valid =
     min(window, pos + 1)`` in columns ``0 .. valid-1``, key ``k`` lowered to ``block_table[*table_row,
-    k // block_size] * block_size + k % block_size`` one page segment at a time (``pl.arange``); a
+    k // block_size] * block_size + k % block_size`` one page segment at a time (``pl.arange_runs``); a
     negative table entry and the remaining columns stay ``-1``. ``table_row`` is ``()`` for a
     prefill table ``[n_blocks]``, ``(request,)`` for a decode table ``[B, n_blocks]``.
 
@@ -256,7 +256,7 @@ def window_row(kernel: str, tok: int, pos: int, block_table, table_row: tuple, *
     if pos // block_size >= n_blocks:
         raise BindError(f"{kernel}: position_ids[{tok}] = {pos} needs page {pos // block_size}, block_table "
                         f"{'rows have' if table_row else 'has'} {n_blocks} entries")
-    row = pl.full([1, window], pl.INT32, -1)
+    runs = []  # (column, first physical row, length) of each page segment with a page
     col = 0
     p0 = key // block_size  # one table entry per page segment (pages p0 .. pos // block_size), read in one call
     for phys in pl.read_values(block_table, [*table_row, p0], pos // block_size - p0 + 1):
@@ -267,9 +267,9 @@ def window_row(kernel: str, tok: int, pos: int, block_table, table_row: tuple, *
             raise BindError(f"{kernel}: block_table[{', '.join(map(str, entry))}] = {phys} is not a page of the "
                             f"{n_pages}-page kv cache (position_ids[{tok}] = {pos})")
         if phys >= 0:
-            row = pl.assemble(row, pl.arange(phys * block_size + off, [1, seg], dtype=pl.INT32), [0, col])
+            runs.append((col, phys * block_size + off, seg))
         key, col = key + seg, col + seg
-    return row
+    return pl.arange_runs([1, window], pl.INT32, -1, runs)  # pl.full(-1), then one pl.arange per segment
 
 
 def scatter_rows_by_slot(rows, slot_mapping, n: int, cache_flat) -> None:
@@ -306,7 +306,7 @@ def decode_metadata_kernels(cfg: DeepSeekV4Config, n_cmp_cols: int | None = None
 
         * ``decode_window_indices(position_ids [T] INT32, block_table [B, n_blocks] INT32,
           swa_indices Out [T, W] INT32)`` -- task ``decode_window_indices``, the rows of
-          :func:`golden_decode_window_indices` (each page segment one ``pl.arange``);
+          :func:`golden_decode_window_indices` (each page segment one run of ``pl.arange_runs``);
         * ``decode_cmp_indices(position_ids [T] INT32, cmp_indices Out [T, n_cmp_cols] INT32)``
           -- task ``decode_cmp_indices``, :func:`golden_decode_cmp_indices`;
         * ``decode_cache_write(kv [T, head_dim] BF16, ori_slot_mapping [T] INT64, kv_cache
@@ -360,9 +360,7 @@ def decode_metadata_kernels(cfg: DeepSeekV4Config, n_cmp_cols: int | None = None
             for tok in pl.range(t):
                 pos = positions[tok]
                 n_vis = min(NC, (pos + 1) // ratio) if pos >= 0 else 0
-                row = pl.full([1, NC], pl.INT32, -1)
-                if n_vis > 0:
-                    row = pl.assemble(row, pl.arange(0, [1, n_vis], dtype=pl.INT32), [0, 0])
+                row = pl.arange_runs([1, NC], pl.INT32, -1, [(0, 0, n_vis)] if n_vis > 0 else [])
                 pl.assemble(cmp_indices, row, [tok, 0])
         return tid
 

@@ -146,21 +146,15 @@ def expert_routed_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                         buckets[e].append(ti * K + k)
             order = [r for bucket in buckets for r in bucket]
             n = len(order)
-            counts = pl.full([1, E], pl.INT32, 0)
-            for e in range(E):
-                if buckets[e]:
-                    pl.write(counts, [0, e], len(buckets[e]))
-            expert_count[0:1, 0:E] = counts
-            slot = pl.full([1, tk], pl.INT32, n)
+            # the map rows are built in Python and written in one call each (pl.write_values)
+            expert_count[0:1, 0:E] = pl.write_values(pl.full([1, E], pl.INT32, 0), [0, 0], list(map(len, buckets)))
+            slots = [n] * tk  # route r -> its row in expert order (n: an empty route)
             for s, r in enumerate(order):
-                pl.write(slot, [0, r], s)
-            route_slot[0:1, 0:tk] = slot
+                slots[r] = s
+            route_slot[0:1, 0:tk] = pl.write_values(pl.full([1, tk], pl.INT32, n), [0, 0], slots)
             if n > 0:
-                src = pl.full([1, n], pl.INT32, 0)
-                rid = pl.full([1, n], pl.INT32, 0)
-                for s, r in enumerate(order):
-                    pl.write(src, [0, s], r // K)
-                    pl.write(rid, [0, s], r)
+                src = pl.write_values(pl.full([1, n], pl.INT32, 0), [0, 0], [r // K for r in order])
+                rid = pl.write_values(pl.full([1, n], pl.INT32, 0), [0, 0], order)
                 xt = pl.transpose(x_i8[0:t, 0:D])  # [D, t]: rows gathered as columns
                 recv_x[0:n, 0:D] = pl.transpose(pl.gather(xt, index=src))
                 if not bf16:

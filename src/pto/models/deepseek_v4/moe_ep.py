@@ -242,13 +242,12 @@ def moe_ep_kernels(cfg: DeepSeekV4Config, ep: int) -> SimpleNamespace:
             idx = f.indices[0:t, 0:K]
             lists = [[] for _ in range(N)]
             for ti in range(active):
-                for k in range(K):
-                    e = pl.read(idx, [ti, k])
+                for k, e in enumerate(pl.read_values(idx, [ti, 0], K)):
                     if e < -1 or e >= E:
                         raise BindError(f"moe_ep: indices[{ti}, {k}] = {int(e)} outside [-1, n_routed_experts={E})")
                     if e >= 0:
                         lists[e // EL].append((ti * K + k, e % EL))
-            slot = pl.full([1, tk], pl.INT32, N * CAP)  # row N*CAP: the zero row of empty routes
+            slots = [N * CAP] * tk  # route -> its row at its owner (row N*CAP: the zero row of empty routes)
             xt = pl.transpose(f.x_norm_i8[0:t, 0:D])
             st = pl.transpose(f.x_norm_scale[0:t, 0:1])
             w_flat = pl.reshape(f.weights[0:t, 0:K], [1, tk])
@@ -256,21 +255,20 @@ def moe_ep_kernels(cfg: DeepSeekV4Config, ep: int) -> SimpleNamespace:
                 n = len(lists[p])
                 pld.tile.remote_store(pl.full([1, 1], pl.INT32, n), recv_meta, p, [me, 0])
                 if n:
-                    src = pl.full([1, n], pl.INT32, 0)
-                    rid = pl.full([1, n], pl.INT32, 0)
-                    loc = pl.full([n, 1], pl.INT32, 0)
-                    for j, (r, le) in enumerate(lists[p]):
-                        pl.write(src, [0, j], r // K)
-                        pl.write(rid, [0, j], r)
-                        pl.write(loc, [j, 0], le)
-                        pl.write(slot, [0, r], p * CAP + j)
+                    # the map rows are built in Python and written in one call each (pl.write_values)
+                    src = pl.write_values(pl.full([1, n], pl.INT32, 0), [0, 0], [r // K for r, _ in lists[p]])
+                    rid = pl.write_values(pl.full([1, n], pl.INT32, 0), [0, 0], [r for r, _ in lists[p]])
+                    loc = pl.reshape(pl.write_values(pl.full([1, n], pl.INT32, 0), [0, 0], [le for _, le in lists[p]]),
+                                     [n, 1])
+                    for j, (r, _) in enumerate(lists[p]):
+                        slots[r] = p * CAP + j
                     pld.tile.remote_store(pl.transpose(pl.gather(xt, index=src)), recv_x, p, [me * CAP, 0])
                     aux = pl.assemble(pl.full([n, 2], pl.FP32, 0.0), pl.transpose(pl.gather(st, index=src)), [0, 0])
                     aux = pl.assemble(aux, pl.transpose(pl.gather(w_flat, index=rid)), [0, 1])
                     pld.tile.remote_store(aux, recv_aux, p, [me * CAP, 0])
                     pld.tile.remote_store(loc, recv_route, p, [me * CAP, 0])
                 pld.system.notify(arrived, p, [0, 0], 1, pld.NotifyOp.AtomicAdd)
-            route_slot[0:1, 0:tk] = slot
+            route_slot[0:1, 0:tk] = pl.write_values(pl.full([1, tk], pl.INT32, N * CAP), [0, 0], slots)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_ep_dispatch_wait") as dwait:
             pld.system.wait(arrived, [0, 0], N * epoch, pld.WaitCmp.Ge)
 

@@ -426,11 +426,8 @@ def prefill_compressor_ratio128(
             closing = _scan_chunk(tl, nt, position_ids[0:nt], cmp_slot_mapping[0:nt],
                                   state_slot_mapping[0:nt], state_block_table, n_state_rows, n_cmp_rows,
                                   rope_rows, n_writes)
-        pos_map = pl.full([1, n_writes], pl.INT32, 0)
-        dst_map = pl.full([1, n_writes], pl.INT32, -1)
-        for i, (p, dst) in enumerate(closing):
-            pl.write(pos_map, [0, i], p)
-            pl.write(dst_map, [0, i], dst)
+        pos_map = pl.write_values(pl.full([1, n_writes], pl.INT32, 0), [0, 0], [p for p, _ in closing])
+        dst_map = pl.write_values(pl.full([1, n_writes], pl.INT32, -1), [0, 0], [dst for _, dst in closing])
         write_pos_map[0:1, 0:n_writes] = pos_map
         write_dst_map[0:1, 0:n_writes] = dst_map
 

@@ -293,13 +293,9 @@ def ratio4_compress_tasks(x, compress_state, state_block_table, wkv, wgate, ape,
             closing = _scan_tokens(kernel, nt, S, position_ids[0:nt], cmp_slot_mapping[0:nt],
                                    state_slot_mapping[0:nt], state_block_table, sp * m, n_cmp_rows, rope_rows,
                                    n_writes)
-        pos_map = pl.full([1, n_writes], pl.INT32, 0)
-        dst_map = pl.full([1, n_writes], pl.INT32, -1)
-        req_map = pl.full([1, n_writes], pl.INT32, 0)
-        for i, (p, dst, b) in enumerate(closing):
-            pl.write(pos_map, [0, i], p)
-            pl.write(dst_map, [0, i], dst)
-            pl.write(req_map, [0, i], b)
+        pos_map = pl.write_values(pl.full([1, n_writes], pl.INT32, 0), [0, 0], [p for p, _, _ in closing])
+        dst_map = pl.write_values(pl.full([1, n_writes], pl.INT32, -1), [0, 0], [dst for _, dst, _ in closing])
+        req_map = pl.write_values(pl.full([1, n_writes], pl.INT32, 0), [0, 0], [b for _, _, b in closing])
         write_pos_map[0:1, 0:n_writes] = pos_map
         write_dst_map[0:1, 0:n_writes] = dst_map
         write_req_map[0:1, 0:n_writes] = req_map
