@@ -168,6 +168,22 @@ def test_a_recording_past_its_guard_budget_gives_up_and_the_call_runs_plain(monk
     assert (info["uncacheable"], info["recorded"], info["replayed"], info["plain"]) == (1, 0, 0, 3)
 
 
+def test_replay_debug_keeps_why_a_recording_gave_up_and_its_guards_by_site(monkeypatch):
+    import pto.runtime.replay as replay
+    monkeypatch.setattr(replay, "_GUARD_BUDGET", 10)
+    monkeypatch.setattr(replay, "_DEBUG", True)
+    monkeypatch.setattr(replay, "_DIVERGED_AT", [])
+    monkeypatch.setattr(replay, "_GUARD_SITES", {})
+    v = torch.arange(-16, 16, dtype=torch.int32).reshape(1, 32)
+    with parametric_replay():
+        for _ in range(2):  # a first call, then the recording that gives up at its 11th guard
+            counted_positive.run(v, torch.zeros(1, 8, dtype=torch.int32))
+    assert ("counted_positive", "gave up: more than 10 guards on values read from data") in replay._DIVERGED_AT
+    sites = replay._GUARD_SITES["counted_positive"]
+    assert sum(sites.values()) == 10  # the guards taken before it gave up
+    assert [kind for kind, _ in sites] == ["outcome"] and "test_parametric_replay.py" in next(iter(sites))[1]
+
+
 @pl.jit
 def scaled_by_read(v: pl.Tensor[[1, 8], pl.FP32], x: pl.Tensor[[8, 16], pl.FP32],
                    y: pl.Out[pl.Tensor[[8, 16], pl.FP32]]):
@@ -295,8 +311,11 @@ def _generate(model, prompt, new, chunk):
     return res.tokens[0], torch.cat(res.prompt_logits), torch.stack(res.step_logits[0])
 
 
-@pytest.mark.parametrize("prompt_len,new,chunk", [(6, 21, 128), (40, 2, 16)])
-def test_generate_with_parametric_recordings_equals_the_cache_off(tiny_model, prompt_len, new, chunk):
+# (6, 21, 128): decode_fwd's second step is recorded (tiling.expect_tensor's ``is not`` made the
+# identity watch stop it before), the next step diverges (its window rows and routing differ) and
+# the key goes back to exact keys; (40, 2, 16): prefill_fwd's recording passes the guard budget
+@pytest.mark.parametrize("prompt_len,new,chunk,recorded", [(6, 21, 128, 1), (40, 2, 16, 0)])
+def test_generate_with_parametric_recordings_equals_the_cache_off(tiny_model, prompt_len, new, chunk, recorded):
     prompt = torch.randint(0, 512, (prompt_len,), generator=torch.Generator().manual_seed(1)).tolist()
     set_program_cache(False)
     ref = _generate(tiny_model, prompt, new, chunk)
@@ -306,4 +325,4 @@ def test_generate_with_parametric_recordings_equals_the_cache_off(tiny_model, pr
     assert not parametric_replay_enabled()
     assert got[0] == ref[0]
     assert torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2])
-    assert cache_info()["errors"] == 0
+    assert cache_info()["errors"] == 0 and cache_info()["recorded"] == recorded, cache_info()

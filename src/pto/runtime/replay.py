@@ -85,8 +85,9 @@ Parametric recordings (opt-in: ``with parametric_replay():``, :func:`set_paramet
   and at the first divergence of a recording that never replayed the key goes back to exact
   keys (the non-parametric behaviour above); three divergences in a row, too.
 
-``PTO_REPLAY_DEBUG=1`` keeps where each guard was taken; the latest divergences are in
-``_DIVERGED_AT`` (kernel, guard site).
+``PTO_REPLAY_DEBUG=1`` keeps where each guard was taken; the latest divergences, recordings that
+gave up (and why) and each recording's most frequent guard sites are in ``_DIVERGED_AT`` (kernel,
+text), every guard of a kernel's latest recording counted by kind and site in ``_GUARD_SITES``.
 """
 
 from __future__ import annotations
@@ -262,6 +263,25 @@ def cache_info() -> dict:
 
 _DEBUG = os.environ.get("PTO_REPLAY_DEBUG", "0") not in ("0", "")
 _DIVERGED_AT: list = []  # (kernel, guard site) of the latest divergences (PTO_REPLAY_DEBUG=1)
+
+
+_GUARD_SITES: dict = {}  # kernel -> Counter {(guard kind, site): count} of its latest recording (PTO_REPLAY_DEBUG=1)
+_GUARD_KIND = {6: "outcome", 7: "exact", 8: "shape", 2: "data shape"}
+
+
+def _note_guards(kernel: str, rec) -> None:
+    """Keep the guards recorder ``rec`` took, counted by kind and site, in ``_GUARD_SITES[kernel]``
+    and the most frequent ones in ``_DIVERGED_AT`` (PTO_REPLAY_DEBUG=1: a site is the innermost
+    and outermost of the four frames ``_stack`` keeps; a torch call's site starts with its name)."""
+    import collections
+    c: collections.Counter = collections.Counter()
+    for i, op in enumerate(rec.ops):
+        kind = _GUARD_KIND.get(op[4])
+        if kind is not None:
+            site = rec.sites.get(i, "?").split(" < ")
+            c[(kind, site[0] if len(site) == 1 else f"{site[0]} < {site[-1]}")] += 1
+    _GUARD_SITES[kernel] = c
+    _DIVERGED_AT.append((kernel, f"guards by site: {c.most_common(12)}"))
 
 
 def _stack() -> str:
@@ -484,6 +504,9 @@ def _record(ent: _Entry, jf, args, kwargs, config) -> Program:
         try:
             prog.execute(args, kwargs)
         except _GiveUp:  # past the guard budget: a plain run (the caller's tensors are untouched)
+            if _DEBUG:
+                _DIVERGED_AT.append((jf.__name__, f"gave up: {rec.bad}"))
+                _note_guards(jf.__name__, rec)
             ent.state = "exact"
             _count("uncacheable")
             return Program(jf, config).execute(args, kwargs)
@@ -898,10 +921,7 @@ class _Recorder(TorchFunctionMode):
             for op in self.ops:
                 kinds[op[4]] = kinds.get(op[4], 0) + 1
             _DIVERGED_AT.append((prog.name, f"recorded: {len(self.ops)} ops, reads {len(self.reads)}, by kind {kinds}"))
-            import collections
-            c = collections.Counter(self.sites.get(i, "?").split(" < ")[0] + " < " + self.sites.get(i, "?").split(" < ")[-1]
-                                    for i, op in enumerate(self.ops) if op[4] == 7)
-            _DIVERGED_AT.append((prog.name, f"exact guards: {c.most_common(12)}"))
+            _note_guards(prog.name, self)
         if self.bad is not None:
             return None
         ret = self._ret_spec(prog, self.ret)
