@@ -1199,16 +1199,7 @@ def read_values(src, idx, n: int) -> list:
             for i, st in zip(idx, src._strides):
                 off += i * st
             st_last = src._strides[-1]
-            first = src.box(idx, [i + 1 for i in idx])
-            last_idx = [*head, j0 + n - 1]
-            last = src.box(last_idx, [i + 1 for i in last_idx])
-            if (st_last == 1 and type(first) is tuple and type(last) is tuple and first[3] - first[2] == 1
-                    and last[:2] == first[:2] and last[2] - first[2] == n - 1):
-                # every element in one root row, consecutive columns: its box is (r0, r1, c, c + 1)
-                r0, r1, c0 = first[0], first[1], first[2]
-                boxes = [(buf, (r0, r1, c, c + 1), R) for c in range(c0, c0 + n)]
-            else:
-                boxes = [(buf, src.box(e, [i + 1 for i in e]), R) for e in ([*head, j0 + k] for k in range(n))]
+            boxes = _element_boxes(src, idx, n, R)
             values = d.as_strided((n,), (st_last,), off).tolist()
             if blk is None:  # orchestration: n orchestration reads
                 for _, box, _ in boxes:
@@ -1219,6 +1210,41 @@ def read_values(src, idx, n: int) -> list:
             blk.ld += n
             return values
     return [read(src, [*head, j0 + k]) for k in range(n)]  # the general path: element by element
+
+
+def _element_boxes(t: GMTensor, idx: list, n: int, kind: int) -> list:
+    """The footprint records ``(buf, box, kind)`` of the ``n`` in-bounds elements ``t[*idx[:-1],
+    idx[-1] + k]``, in order: what ``n`` element reads or writes record (``t.box`` of each, a
+    list of boxes spread, None skipped), from the view's box fast path where it has one."""
+    buf = t.buf
+    head, j0 = idx[:-1], idx[-1]
+    rows, fast = t._rows, t._fast
+    if rows is not None and len(idx) == 2:
+        br, bc, q = rows
+        if bc + j0 + n <= buf.C:  # a row of root columns (GMTensor.box's fast path, element by element)
+            r = br + idx[0] * q
+            return [(buf, (r, r + 1, c, c + 1), kind) for c in range(bc + j0, bc + j0 + n)]
+    elif fast is not None and len(idx) == 1 and len(fast) == 2:
+        br, bc = fast
+        if bc + j0 + n <= buf.C:
+            return [(buf, (br, br + 1, c, c + 1), kind) for c in range(bc + j0, bc + j0 + n)]
+    first = t.box(idx, [i + 1 for i in idx])
+    last_idx = [*head, j0 + n - 1]
+    last = t.box(last_idx, [i + 1 for i in last_idx])
+    if (t._strides[-1] == 1 and type(first) is tuple and type(last) is tuple and first[3] - first[2] == 1
+            and last[:2] == first[:2] and last[2] - first[2] == n - 1):
+        # every element in one root row, consecutive columns: its box is (r0, r1, c, c + 1)
+        r0, r1, c0 = first[0], first[1], first[2]
+        return [(buf, (r0, r1, c, c + 1), kind) for c in range(c0, c0 + n)]
+    out = []
+    for k in range(n):
+        e = [*head, j0 + k]
+        box = t.box(e, [i + 1 for i in e])
+        if type(box) is list:
+            out.extend((buf, b, kind) for b in box)
+        elif box is not None:
+            out.append((buf, box, kind))
+    return out
 
 
 _VALS_MAX = 1 << 16  # largest tile (elements) whose values pl.read caches as a Python list
@@ -1421,14 +1447,7 @@ def write_values(dst, idx, values):
                     for i, st in zip(idx, dst._strides):
                         off += i * st
                     d.as_strided((n,), (dst._strides[-1],), off).copy_(src)
-                    fp = blk.fp
-                    for k in range(n):  # one element box per write, as _store records it
-                        e = [*head, j0 + k]
-                        box = dst.box(e, [i + 1 for i in e])
-                        if type(box) is list:
-                            fp.extend((buf, b, W) for b in box)
-                        elif box is not None:
-                            fp.append((buf, box, W))
+                    blk.fp.extend(_element_boxes(dst, idx, n, W))  # one element box per write, as _store's
                     blk.bytes += n * dst._itemsize
                     blk.st += n
                     return dst
@@ -1460,7 +1479,7 @@ def arange_runs(shape, dtype, fill, runs) -> Tile:
             (a non-integer dtype with a run, a fill outside the dtype's range or fractional, a
             negative run length, a run reaching outside the tile); ``runs`` not a list of triples.
     """
-    if type(runs) not in (list, tuple) or any(type(r) not in (list, tuple) or len(r) != 3 for r in runs):
+    if type(runs) not in (list, tuple):
         raise DslError(f"pl.arange_runs: runs must be a list of (col, start, n) triples, got {runs!r}{_where()}")
     dt = as_dtype(dtype)
     r = _INT_RANGE.get(dt.torch)
@@ -1468,7 +1487,10 @@ def arange_runs(shape, dtype, fill, runs) -> Tile:
             and (len(shape) == 1 or shape[0] == 1) and shape[-1] >= 0 and type(fill) is int and r[0] <= fill <= r[1]):
         width = shape[-1]
         vals = [fill] * width
-        for col, start, n in runs:
+        for run in runs:
+            if type(run) is not tuple or len(run) != 3:
+                break
+            col, start, n = run
             if not (type(col) is int and type(start) is int and type(n) is int and 0 <= n and 0 <= col
                     and col + n <= width and r[0] <= start and start + n - 1 <= r[1]):
                 break  # the general path below says what is wrong (or wraps as pl.arange does)
@@ -1479,6 +1501,8 @@ def arange_runs(shape, dtype, fill, runs) -> Tile:
             if blk is not None:  # one pl.full and one pl.arange per run (tile_ops._count, no kind)
                 blk.ops += 1 + len(runs)
             return Tile(data)
+    if any(type(run) not in (list, tuple) or len(run) != 3 for run in runs):
+        raise DslError(f"pl.arange_runs: runs must be a list of (col, start, n) triples, got {runs!r}{_where()}")
     t = _tile_ops.full(shape, dtype, fill)
     lead = [0] * (len(t.shape) - 1)  # the general path: the ops it stands for
     for col, start, n in runs:
