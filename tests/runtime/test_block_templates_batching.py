@@ -57,3 +57,28 @@ def whole_rows(x: pl.Tensor[[128, 16], pl.FP32], y: pl.Out[pl.Tensor[[64, 8], pl
 def test_whole_row_loads_and_slices_run_batched():
     info = _both(whole_rows, lambda: (torch.randn(128, 16), torch.zeros(64, 8)))
     assert info["batched"] == 30 and info["restarts"] == 0
+
+
+@pl.jit
+def data_offsets(x: pl.Tensor[[256, 8], pl.FP32], rows: pl.Tensor[[32, 1], pl.INT32],
+                 y: pl.Out[pl.Tensor[[128, 8], pl.FP32]]):
+    for b in pl.spmd(32, name_hint="data_offsets"):
+        r = pl.read(rows, [b, 0])  # a load at an offset read from data: no batched form
+        y[b * 4:(b + 1) * 4, 0:8] = pl.exp(x[r:r + 4, 0:8])
+    return y
+
+
+def _data_offsets_args():
+    return (torch.randn(256, 8), torch.randint(0, 252, (32, 1), dtype=torch.int32), torch.zeros(128, 8))
+
+
+def test_unbatched_site_runs_plainly_in_later_programs_below_min_unbatched(monkeypatch):
+    info = _both(data_offsets, _data_offsets_args)
+    assert info["tasks"] == 1 and info["templated"] == 30 and info["batched"] == 0
+    _run(data_offsets, *_data_offsets_args())  # the same site again: 32 < MIN_UNBATCHED blocks
+    assert B.template_info()["tasks"] == 1
+    monkeypatch.setattr(B, "MIN_UNBATCHED", 32)
+    a = _data_offsets_args()
+    _run(data_offsets, *a)
+    assert B.template_info()["tasks"] == 2 and torch.equal(a[2], torch.exp(a[0][a[1][:, 0].long()[:, None]
+                                                                               + torch.arange(4)]).reshape(128, 8))

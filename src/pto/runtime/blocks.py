@@ -33,7 +33,10 @@ A block whose guard fails (another path: a partial last tile, a masked key block
 past a table) is undone and run plainly: the stores the template made into GM before the guard
 are saved first (a clone of each window) and written back. Such a block is recorded as another
 variant of the template (up to ``MAX_VARIANTS``); a task whose blocks keep diverging stops
-using templates and its site is remembered for later programs (``_SITE_OFF``).
+using templates and its site is remembered for later programs (``_SITE_OFF``). A site whose
+blocks did not run batched (no batched form, or the batch gave up) uses templates in later
+programs only for tasks of at least ``MIN_UNBATCHED`` blocks (``PTO_BLOCK_TEMPLATES_MIN_UNBATCHED``,
+256): block by block, a template does not pay for its recordings on fewer.
 
 What stays as in a plain run: the results (the same torch operations on the same values in
 the same order), the task graph (per-block footprints, grouped and coalesced by
@@ -77,6 +80,12 @@ __all__ = ["set_block_templates", "block_templates", "block_templates_enabled", 
 
 _ON = [os.environ.get("PTO_BLOCK_TEMPLATES", "0").strip().lower() not in ("0", "", "false", "off", "no")]
 MIN_BLOCKS = int(os.environ.get("PTO_BLOCK_TEMPLATES_MIN", "24"))  # fewer blocks: plain (a recording costs ~10 plain blocks)
+# a task site whose blocks did not run batched (no batched form, or the batch gave up): later tasks
+# there use templates only with at least this many blocks. Block by block, a template saves a
+# fraction of a plain block (the DSL's checks), while a recording (under the identity watch's trace
+# hook) costs ~50 plain blocks and each diverging path records again: at 64 blocks
+# (prefill_c4_softmax_pool, tiny) such a task took ~3x its plain time
+MIN_UNBATCHED = int(os.environ.get("PTO_BLOCK_TEMPLATES_MIN_UNBATCHED", "256"))
 MAX_VARIANTS = 4  # templates per task (paths through the block)
 _SITE_OFF: set = set()  # task sites whose blocks could not be templated (later programs run them plainly)
 _CODE: dict = {}  # generated source -> compiled factory
@@ -127,6 +136,7 @@ def reset_templates() -> None:
     """Forget the task sites turned off (and those not batched) and zero the counters (tests)."""
     _SITE_OFF.clear()
     _NO_BATCH.clear()
+    _UNBATCHED.clear()
     for k in _INFO:
         _INFO[k] = 0
 
@@ -178,6 +188,8 @@ def _usable(prog, task, n: int) -> bool:
         return False
     if prog.config.drop_init or prog._drop_init or task.site in _SITE_OFF:
         return False
+    if n < MIN_UNBATCHED and (task.site in _UNBATCHED or task.site in _NO_BATCH):
+        return False
     if sys.gettrace() is not None:  # the recording's identity watch needs the trace hook
         return False
     for m in torch.overrides._get_current_function_mode_stack():
@@ -218,6 +230,8 @@ def _blocks(prog, task, n: int):
     if _DEBUG and variants:
         _BATCH_LOG.append((task.name, n, "no batched form: " + str(variants[0].why) if variants[0].batch is None
                            else "site not batched" if task.site in _NO_BATCH else "batched"))
+    if variants and variants[0].batch is None:
+        _UNBATCHED.add(task.site)
     if variants and variants[0].batch is not None and task.site not in _NO_BATCH:
         m, failed = _batched(prog, task, variants[0], n)
         if _DEBUG:
@@ -839,6 +853,7 @@ class _Template:
 # ---- batched blocks ---------------------------------------------------------------------------------
 _BATCH = [os.environ.get("PTO_BLOCK_BATCH", "1").strip().lower() not in ("0", "", "false", "off", "no")]
 _NO_BATCH: set = set()  # task sites whose batched run failed (their templates run block by block)
+_UNBATCHED: set = set()  # task sites whose template had no batched form
 _VERIFIED: dict = {}  # (op, per-block shapes, dtypes, arguments) -> batched result equals per-block (bool)
 _ELEMENTWISE = frozenset((
     "add", "sub", "mul", "div", "true_divide", "maximum", "minimum", "exp", "neg", "abs", "sqrt", "rsqrt",
