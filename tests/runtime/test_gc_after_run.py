@@ -1,0 +1,78 @@
+"""The cyclic GC's work around a plain run (runtime/program.py, ``_gc_resume``): the run pauses
+the collector, so every object it allocated (the task graph: tasks and blocks point at each
+other) waits in the youngest generation at its end. That collection must not run inside the call,
+while the Program is still referenced (it would move the live graph to an older generation, to be
+scanned once more when it dies): it runs at the caller's next allocation, and after a plain call
+that dropped its Program (``kernel(...)``) that one young collection frees the whole graph.
+Counted with ``gc.callbacks``, not timed."""
+
+import gc
+
+import pytest
+import torch
+
+import pto
+import pto.language as pl
+
+ROWS = 400  # tasks: their objects are far more than a young collection's threshold (700 allocations)
+
+
+@pl.jit
+def _rows(a: pl.Tensor[[ROWS, 16], pl.FP32], c: pl.Out[pl.Tensor[[ROWS, 16], pl.FP32]]):
+    for i in range(ROWS):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="row"):
+            c[i:i + 1, 0:16] = a[i:i + 1, 0:16] + a[i:i + 1, 0:16]
+    return c
+
+
+@pytest.fixture
+def collections():
+    """The GC on, the program cache off; yields (phase, events): set ``phase[0]`` to label the
+    collections (generation, objects collected) that start from then on."""
+    was_on, was_cached = gc.isenabled(), pto.runtime.program_cache_enabled()
+    gc.enable()
+    pto.runtime.set_program_cache(False)
+    phase = ["setup"]
+    events = []
+
+    def cb(ph, info):
+        if ph == "stop":
+            events.append((phase[0], info["generation"], info["collected"]))
+    gc.callbacks.append(cb)
+    yield phase, events
+    gc.callbacks.remove(cb)
+    pto.runtime.set_program_cache(was_cached)
+    if not was_on:
+        gc.disable()
+
+
+def test_no_collection_inside_a_plain_call(collections):
+    phase, events = collections
+    a = torch.randn(ROWS, 16)
+    c = torch.zeros(ROWS, 16)
+    _rows(a, c)  # warm: first-call caches
+    c.zero_()
+    gc.collect()
+    phase[0] = "inside"
+    _rows(a, c)  # the Program is dropped when the call returns its result
+    phase[0] = "after"
+    junk = [[] for _ in range(4)]  # the caller's next allocations
+    del junk
+    assert torch.equal(c, a + a)
+    assert [e for e in events if e[0] == "inside"] == []
+    after = [e for e in events if e[0] == "after"]
+    assert after and after[0][1] == 0  # a young collection, at the first allocation
+    assert after[0][2] >= 2 * ROWS  # it freed the graph (a Task and a Block per task at least)
+
+
+def test_a_kept_program_is_not_collected_inside_the_call(collections):
+    phase, events = collections
+    a = torch.randn(ROWS, 16)
+    c = torch.zeros(ROWS, 16)
+    gc.collect()
+    phase[0] = "inside"
+    prog = _rows.run(a, c)
+    phase[0] = "after"
+    assert [e for e in events if e[0] == "inside"] == []
+    assert prog.stats.tasks == ROWS and len(prog.graph.tasks) == ROWS
+    assert all(t.preds == set() for t in prog.graph.tasks)  # rows are independent
