@@ -48,8 +48,10 @@ def _tile_kernel(dt, shape, idx, values, vector: bool):
 
 def _values(draw_ints, dt, n, seed):
     g = torch.Generator().manual_seed(seed)
-    if dt.torch.is_floating_point:
-        return [float(v) for v in (torch.randn(n, generator=g, dtype=torch.float64) * 10 ** draw_ints).tolist()]
+    if dt.torch.is_floating_point:  # floats of any magnitude, and some ints up to 2**53 (exact in FP64)
+        vals = [float(v) for v in (torch.randn(n, generator=g, dtype=torch.float64) * 10 ** draw_ints).tolist()]
+        ints = torch.randint(-2 ** 53, 2 ** 53, (n,), generator=g, dtype=torch.int64).tolist()
+        return [i if k % 3 == 1 else v for k, (v, i) in enumerate(zip(vals, ints))]
     if dt is pl.BOOL:
         return [int(v) for v in torch.randint(0, 2, (n,), generator=g).tolist()]
     lo, hi = (dt.min, dt.max) if dt is not pl.INT64 else (-2 ** 62, 2 ** 62)

@@ -137,13 +137,12 @@ def expert_routed_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_dispatch"):
             idx = indices[0:t, 0:K]
             buckets = [[] for _ in range(E)]
-            for ti in range(t):
-                for k, e in enumerate(pl.read_values(idx, [ti, 0], K)):
-                    if e < -1 or e >= E:
-                        raise BindError(f"expert_routed: indices[{ti}, {k}] = {int(e)} outside [-1, "
-                                        f"n_routed_experts={E})")
-                    if e >= 0:
-                        buckets[e].append(ti * K + k)
+            for r, e in enumerate(pl.read_values(pl.reshape(idx, [1, tk]), [0, 0], tk)):  # route r = ti * K + k
+                if e < -1 or e >= E:
+                    raise BindError(f"expert_routed: indices[{r // K}, {r % K}] = {int(e)} outside [-1, "
+                                    f"n_routed_experts={E})")
+                if e >= 0:
+                    buckets[e].append(r)
             order = [r for bucket in buckets for r in bucket]
             n = len(order)
             # the map rows are built in Python and written in one call each (pl.write_values)

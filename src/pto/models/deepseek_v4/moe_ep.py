@@ -241,12 +241,11 @@ def moe_ep_kernels(cfg: DeepSeekV4Config, ep: int) -> SimpleNamespace:
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_ep_dispatch"):
             idx = f.indices[0:t, 0:K]
             lists = [[] for _ in range(N)]
-            for ti in range(active):
-                for k, e in enumerate(pl.read_values(idx, [ti, 0], K)):
-                    if e < -1 or e >= E:
-                        raise BindError(f"moe_ep: indices[{ti}, {k}] = {int(e)} outside [-1, n_routed_experts={E})")
-                    if e >= 0:
-                        lists[e // EL].append((ti * K + k, e % EL))
+            for r, e in enumerate(pl.read_values(pl.reshape(idx, [1, tk]), [0, 0], active * K)):  # r = ti * K + k
+                if e < -1 or e >= E:
+                    raise BindError(f"moe_ep: indices[{r // K}, {r % K}] = {int(e)} outside [-1, n_routed_experts={E})")
+                if e >= 0:
+                    lists[e // EL].append((r, e % EL))
             slots = [N * CAP] * tk  # route -> its row at its owner (row N*CAP: the zero row of empty routes)
             xt = pl.transpose(f.x_norm_i8[0:t, 0:D])
             st = pl.transpose(f.x_norm_scale[0:t, 0:1])
