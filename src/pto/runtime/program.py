@@ -249,8 +249,10 @@ class Program:
 
     replayed = False
 
-    def __init__(self, jf, config: RunConfig | None = None):
-        """Set up a run of ``jf`` under ``config``.
+    def __init__(self, jf, config: RunConfig | None = None, params=None):
+        """Set up a run of ``jf`` under ``config``; ``params``: the arguments of the coming
+        :meth:`execute` already bound by ``bind_arguments(jf, args, kwargs, gm=False)`` (the
+        program cache binds them for its key), None to bind them there.
 
         Raises:
             ConfigError: ``config`` is not a RunConfig, fails its validation, or asks for a
@@ -258,6 +260,7 @@ class Program:
         """
         self.jf = jf
         self.name = jf.__name__
+        self._bound = params
         if config is not None and not isinstance(config, RunConfig):
             raise ConfigError(f"kernel {self.name}: config= must be a pto.RunConfig, got {type(config).__name__} "
                               f"{config!r}; write config=pto.RunConfig(...)")
@@ -360,7 +363,11 @@ class Program:
 
     def _execute(self, args, kwargs) -> "Program":
         """:meth:`execute`, once."""
-        params = bind_arguments(self.jf, args, kwargs, gm=False)
+        params = self._bound
+        if params is None:
+            params = bind_arguments(self.jf, args, kwargs, gm=False)
+        else:
+            self._bound = None
         self._params = params  # dyn_dims is built from them when first read
         self._in_place = self._writes_in_place(params)
         values = []

@@ -111,6 +111,7 @@ from torch.overrides import TorchFunctionMode
 from pto.errors import DslError
 from pto.language import _ctx
 from pto.language import compat_ops as _compat
+from pto.language import distributed as _pld
 from pto.language.dtypes import DType
 from pto.language.jit import bind_arguments
 from pto.language.tensor_ops import GMTensor
@@ -119,6 +120,7 @@ from pto.runtime.deps import LazyDerivation, group_footprints
 from pto.runtime.graph import Block, Task, TaskGraph
 from pto.runtime.heap import RingHeap
 from pto.runtime.program import _COUNTED, Program, ProgramStats, RunConfig, _gc_pause, _gc_resume
+from pto.runtime.sanitizer import active_drop_init as _active_drop_init
 from pto.runtime.symbolic import NAMESPACE as _SYM_NS
 from pto.runtime.symbolic import Sym, concrete_of, evaluate, has_sym, observes_identity, source
 
@@ -397,8 +399,7 @@ _DEFAULT_CONFIG = RunConfig()
 
 def _world_size() -> int:
     try:
-        from pto.language import distributed as pld
-        return pld.world_size()
+        return _pld.world_size()
     except Exception:  # noqa: BLE001 - no distributed runtime
         return 1
 
@@ -436,8 +437,7 @@ def run(jf, args, kwargs, config) -> Program:
     cfg = _cacheable_config(config) if _ENABLED[0] else None
     if cfg is None or _ctx.state.program is not None:
         return Program(jf, config).execute(args, kwargs)
-    from pto.runtime.sanitizer import active_drop_init
-    if active_drop_init() or _world_size() > 1:
+    if _active_drop_init() or _world_size() > 1:
         return Program(jf, config).execute(args, kwargs)
     try:
         params = bind_arguments(jf, args, kwargs, gm=False)
@@ -448,16 +448,16 @@ def run(jf, args, kwargs, config) -> Program:
     if key is None:
         if keep == "unkeyable":
             _count("unkeyable")
-        return Program(jf, config).execute(args, kwargs)
+        return Program(jf, config, params).execute(args, kwargs)
     ent = _lookup(key, keep, param)
     if ent is not None and ent.state == "exact":  # parametric replay failed for this key: keyed by values
         key, keep = _key(jf, params, cfg, exact=True)
         ent = _lookup(key, keep, False)
     if ent is None or ent.state == "off":
         _count("plain")
-        return Program(jf, config).execute(args, kwargs)
+        return Program(jf, config, params).execute(args, kwargs)
     if ent.state == "seen":
-        return _record(ent, jf, args, kwargs, config)
+        return _record(ent, jf, args, kwargs, config, params)
     prog = _replay(ent.trace, jf, params, cfg)
     if prog is not None:
         ent.diverged = 0
@@ -469,7 +469,7 @@ def run(jf, args, kwargs, config) -> Program:
         # a parametric recording that never replayed goes to the exact keys at its first divergence
         ent.state, ent.trace = ("exact" if ent.param else "off"), None
     _count("diverged")
-    return Program(jf, config).execute(args, kwargs)
+    return Program(jf, config, params).execute(args, kwargs)
 
 
 def _count(what: str) -> None:
@@ -477,13 +477,14 @@ def _count(what: str) -> None:
         _INFO[what] += 1
 
 
-def _record(ent: _Entry, jf, args, kwargs, config) -> Program:
-    """The second call of a key: a plain run under the recorder; keeps the trace if it can be replayed."""
+def _record(ent: _Entry, jf, args, kwargs, config, params) -> Program:
+    """The second call of a key: a plain run under the recorder; keeps the trace if it can be replayed.
+    ``params``: the call's bound arguments (``bind_arguments``)."""
     rec = _Recorder(ent.param)
     proxy = copy.copy(jf)
     proxy.fn = rec.wrap(jf.fn)
     if not ent.param:
-        prog = Program(proxy, config)
+        prog = Program(proxy, config, params)
         try:
             prog.execute(args, kwargs)
         finally:
@@ -1466,11 +1467,30 @@ def _replay(trace: _Trace, jf, params, cfg) -> Program | None:
     regs = [None] * trace.nregs
     gm = []
     tparams = []
+    # Out/InOut arguments are written in place, as by a plain run, when none shares storage with
+    # another tensor argument (and pypto compatibility is off): the replay writes the caller's
+    # tensor and keeps a copy of its values to put back if it stops (was: a private copy, copied
+    # back at the end); otherwise every one gets a private copy
+    in_place = not _compat.mode.pypto
+    storages = []
+    for p in params:
+        if isinstance(p.ann, TensorType):
+            storages.append(p.value.untyped_storage().data_ptr())
+    if len(set(storages)) < len(storages):
+        in_place = False
+    saved = []  # (caller tensor written in place, its values before the replay)
     k = 0
     for p in params:
         if isinstance(p.ann, TensorType):
             t = p.value
-            d = t.clone() if p.ann.direction in (OUT, INOUT) else t
+            if p.ann.direction in (OUT, INOUT):
+                if in_place:
+                    d = t
+                    saved.append((t, t.clone()))
+                else:
+                    d = t.clone()
+            else:
+                d = t
             regs[k] = d
             gm.append(d)
             tparams.append((p, t))
@@ -1484,20 +1504,25 @@ def _replay(trace: _Trace, jf, params, cfg) -> Program | None:
         if _DEBUG:
             _DIVERGED_AT.append((jf.__name__, trace.sites.get(e.args[0], f"op {e.args[0]}")))
             del _DIVERGED_AT[:-200]
+        for t, v in saved:
+            t.copy_(v)
         return None
     except Exception as e:  # noqa: BLE001 - whatever failed, the plain run reproduces it with its context
         if _DEBUG:
             import traceback
             _DIVERGED_AT.append((jf.__name__, "replay raised: " + "".join(
                 traceback.format_exception(type(e), e, e.__traceback__)[-4:])))
+        for t, v in saved:
+            t.copy_(v)
         _count("errors")
         return None
     finally:
         _gc_resume()
         heap.release()
-    for (p, caller), d in zip(tparams, gm):
-        if p.ann.direction in (OUT, INOUT):
-            caller.copy_(d)
+    if not in_place:
+        for (p, caller), d in zip(tparams, gm):
+            if p.ann.direction in (OUT, INOUT):
+                caller.copy_(d)
     prog = ReplayedProgram.__new__(ReplayedProgram)
     prog.jf, prog.name, prog.config, prog.check = jf, jf.__name__, cfg, False
     prog.heap = heap
