@@ -82,3 +82,24 @@ def test_unbatched_site_runs_plainly_in_later_programs_below_min_unbatched(monke
     _run(data_offsets, *a)
     assert B.template_info()["tasks"] == 2 and torch.equal(a[2], torch.exp(a[0][a[1][:, 0].long()[:, None]
                                                                                + torch.arange(4)]).reshape(128, 8))
+
+
+@pl.jit
+def flagged(x: pl.Tensor[[128, 8], pl.FP32], flags: pl.Tensor[[32, 1], pl.INT32],
+            y: pl.Out[pl.Tensor[[128, 8], pl.FP32]]):
+    for b in pl.spmd(32, name_hint="flagged"):
+        if pl.read(flags, [b, 0]) > 0:
+            y[b * 4:(b + 1) * 4, 0:8] = pl.exp(x[b * 4:(b + 1) * 4, 0:8])
+        else:
+            y[b * 4:(b + 1) * 4, 0:8] = pl.neg(x[b * 4:(b + 1) * 4, 0:8])
+    return y
+
+
+def test_a_batch_whose_every_block_took_another_path_does_not_stop_later_batches():
+    first = torch.zeros(32, 1, dtype=torch.int32)
+    first[0] = 1  # block 0 alone takes the exp path: the batch of blocks 1.. fails for every block
+    info = _both(flagged, lambda: (torch.randn(128, 8), first.clone(), torch.zeros(128, 8)))
+    assert info["batched"] == 0 and info["restarts"] == 0
+    x, y = torch.randn(128, 8), torch.zeros(128, 8)
+    _run(flagged, x, torch.ones(32, 1, dtype=torch.int32), y)  # a later program of the site: batched
+    assert B.template_info()["batched"] == 30 and torch.equal(y, torch.exp(x))

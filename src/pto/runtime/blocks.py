@@ -25,7 +25,9 @@ of at least ``MIN_BLOCKS`` blocks in a plain run
    guards there (each block's outcome from the batched read); a block whose guard fails has its
    stores undone (the batch saves every store's window first) and runs on its own afterwards
    (the program reruns plainly if that block then touches a window a later block of the batch
-   touched, one of them writing);
+   touched, one of them writing). A batch that cannot run (an operation it cannot batch) turns
+   batching off for the task site; one whose every block failed a guard on data does not (the
+   data of a later task may take block 0's path);
 3. runs the last block plainly (so that the loop variable and whatever the body left in the
    kernel's variables are those of a plain run).
 
@@ -322,7 +324,8 @@ def _batched(prog, task, tpl, n: int) -> int:
     except _Abort as e:
         if _DEBUG:
             _DIVERGED_AT.append((task.name, -1, f"batch: {e}"))
-        _NO_BATCH.add(task.site)
+        if type(e) is not _AllDiverged:  # the data of another program may take block 0's path
+            _NO_BATCH.add(task.site)
         return 0, []
     if failed:
         skip = set(failed)
@@ -882,6 +885,11 @@ class _Abort(Exception):
     """The batched run cannot go on (internal)."""
 
 
+class _AllDiverged(_Abort):
+    """Every block of a batch failed a guard on data (internal): this task's data took another
+    path than block 0's, the site may still batch in later tasks."""
+
+
 class _A:
     """An integer argument affine in the block index: ``a * k + b``."""
 
@@ -965,7 +973,7 @@ class _Batch:
                         elif type(val) is not type(v) or not _replay._same_signed(val, v):
                             failed.add(j)
                     if len(failed) == nb:
-                        raise _Abort("every block took another path")
+                        raise _AllDiverged("every block took another path")
                     continue
                 name = getattr(f, "__name__", "")
                 if gk == 5:  # a read: its value in every block (tolist of the per-block elements)
@@ -998,7 +1006,7 @@ class _Batch:
         except Exception as e:  # noqa: BLE001 - whatever failed: undo the stores, run block by block
             for dst, saved in reversed(undo):
                 dst.copy_(saved)
-            raise _Abort(str(e)) from None
+            raise (_AllDiverged if type(e) is _AllDiverged else _Abort)(str(e)) from None
         if failed:
             for dst, saved in reversed(undo):
                 for j in failed:
