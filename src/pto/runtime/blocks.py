@@ -98,6 +98,12 @@ _BATCH_LOG: list = []  # (task, blocks, what batching did) per templated task (P
 _COUNTERS = ("ops", "flops", "bytes", "ld", "st", "mm", "cube")
 
 
+def _log(entry: tuple) -> None:
+    """Keep ``entry`` (task, blocks or block, what happened) in ``_BATCH_LOG`` (the latest 2000)."""
+    _BATCH_LOG.append(entry)
+    del _BATCH_LOG[:-2000]
+
+
 def set_block_templates(enabled: bool) -> None:
     """Turn block templates on or off for later tasks (off by default; on from the start with
     ``PTO_BLOCK_TEMPLATES=1``). See the module docstring.
@@ -222,7 +228,7 @@ def _blocks(prog, task, n: int):
         variants.append(tpl)
     else:
         if _DEBUG and tpl is not None:
-            _BATCH_LOG.append((task.name, n, "index guards hold for too few blocks"))
+            _log((task.name, n, "index guards hold for too few blocks"))
         _SITE_OFF.add(task.site)  # the blocks' paths differ by their index: plain (and plain next time)
     misses = 0
     hits = 0
@@ -230,14 +236,14 @@ def _blocks(prog, task, n: int):
     start = 1
     todo = None
     if _DEBUG and variants:
-        _BATCH_LOG.append((task.name, n, "no batched form: " + str(variants[0].why) if variants[0].batch is None
+        _log((task.name, n, "no batched form: " + str(variants[0].why) if variants[0].batch is None
                            else "site not batched" if task.site in _NO_BATCH else "batched"))
     if variants and variants[0].batch is None:
         _UNBATCHED.add(task.site)
     if variants and variants[0].batch is not None and task.site not in _NO_BATCH:
         m, failed = _batched(prog, task, variants[0], n)
         if _DEBUG:
-            _BATCH_LOG.append((task.name, n, f"ran {m} blocks batched, {len(failed)} failed"))
+            _log((task.name, n, f"ran {m} blocks batched, {len(failed)} failed"))
         if m:
             hits = m - len(failed)
             start = m + 1
@@ -437,9 +443,9 @@ def _record(prog, task, k: int, variants: list):
         except _Unsupported as e:
             tpl = None
             if _DEBUG:
-                _BATCH_LOG.append((task.name, k, f"no template: {e}"))
+                _log((task.name, k, f"no template: {e}"))
     elif _DEBUG:
-        _BATCH_LOG.append((task.name, k, f"no template: {rec.bad or 'allocates, opens a scope or raised'}"))
+        _log((task.name, k, f"no template: {rec.bad or 'allocates, opens a scope or raised'}"))
     blk.fp = concrete_of(blk.fp)
     for a in _COUNTERS:
         v = getattr(blk, a)
@@ -1138,7 +1144,8 @@ class _Batch:
     def _narrow(self, f, name, src, dsl, nb):
         """``narrow`` / ``narrow_copy(src, dim, start, length)`` for all blocks: of a block tile
         along its dim (a constant start), or of a shared tensor (GM) at a start affine in the
-        block index (a view with a block stride, cloned for narrow_copy)."""
+        block index (a view with a block stride, cloned for narrow_copy). Raises _Abort for
+        computed sizes, an index-dependent start into a block tile, or a window out of bounds."""
         x, bx = src
         dim, start, length = dsl
         if type(dim) is not int or type(length) is not int:
