@@ -58,6 +58,9 @@ class JitFunction:
         self._anns = None
         self._positional = None  # [(name, default)] when every parameter is plain positional-or-keyword
         self._spec = None  # the fast binding plan of entry calls (_bind_spec; False: none)
+        # the tensor shapes of the latest entry call that bound by the fast path, per parameter
+        # (None for a non-tensor): a call with the same shapes needs no dims check (_bind_fast)
+        self._seen = [None]
 
     def signature(self):
         """(inspect.Signature, {name: annotation}) with annotations evaluated.
@@ -156,7 +159,7 @@ def bind_arguments(jf: JitFunction, args, kwargs, gm: bool) -> list[Param]:
         if spec is None:
             spec = jf._spec = _bind_spec(jf, anns)
         if spec and len(args) == len(spec):
-            out = _bind_fast(spec, args)
+            out = _bind_fast(spec, args, jf._seen)
             if out is not None:
                 return out
     plain = jf._positional
@@ -221,19 +224,46 @@ def _bind_spec(jf: JitFunction, anns: dict):
     return spec
 
 
-def _bind_fast(spec: list, args) -> list | None:
+def _bind_fast(spec: list, args, seen: list) -> list | None:
     """:func:`bind_arguments` of an entry call whose arguments are all given positionally, when
     every one of them binds (plain CPU tensors of the annotated dtype and dims, valid scalars):
-    the same Params. None when anything is off: the general path then binds or raises."""
+    the same Params. None when anything is off: the general path then binds or raises.
+
+    ``seen``: a one-element list holding the tensor shapes (``torch.Size``, None for other
+    parameters) of the latest call that bound here, or None: when every tensor has the shape it
+    had then, its dims are not checked again (they passed for those shapes, and whether the
+    ``pl.dynamic`` dims agree depends on the shapes only); otherwise they are, and on success
+    ``seen[0]`` becomes this call's shapes."""
+    last = seen[0]
+    if last is not None:
+        out = []
+        for (name, ann, kind, tdtype, dims, written), value, shape in zip(spec, args, last):
+            if kind == 0:
+                if (type(value) is not torch.Tensor or not value.is_cpu or value.dtype != tdtype
+                        or written and value.requires_grad):
+                    return None
+                if value.shape != shape:
+                    break  # another shape: the full check below
+            elif kind == 1:
+                if not (type(value) is int and ann.dtype.is_int and ann.dtype.min <= value <= ann.dtype.max):
+                    try:
+                        value = _bind_scalar("", name, ann, value)
+                    except BindError:
+                        return None
+            out.append(Param(name, ann, value))
+        else:
+            return out
     out = []
     dyn = None
+    shapes = []
     for (name, ann, kind, tdtype, dims, written), value in zip(spec, args):
+        shapes.append(None)
         if kind == 0:
             if (type(value) is not torch.Tensor or not value.is_cpu or value.dtype != tdtype
                     or written and value.requires_grad):
                 return None
+            shape = shapes[-1] = value.shape
             if dims is not None:
-                shape = value.shape
                 if len(shape) != len(dims):
                     return None
                 for want, got in zip(dims, shape):
@@ -243,8 +273,8 @@ def _bind_fast(spec: list, args) -> list | None:
                     else:  # a pl.dynamic dim: the same extent wherever it appears
                         if dyn is None:
                             dyn = {}
-                        seen = dyn.setdefault(id(want), got)
-                        if seen != got:
+                        prev = dyn.setdefault(id(want), got)
+                        if prev != got:
                             return None
         elif kind == 1:
             if not (type(value) is int and ann.dtype.is_int and ann.dtype.min <= value <= ann.dtype.max):
@@ -253,6 +283,7 @@ def _bind_fast(spec: list, args) -> list | None:
                 except BindError:
                     return None
         out.append(Param(name, ann, value))
+    seen[0] = shapes
     return out
 
 
