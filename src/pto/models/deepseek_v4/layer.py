@@ -393,26 +393,47 @@ class KernelModel:
         prog = entry.run(*args, config=self.run_config)
         self.stats.add(name, prog, time.perf_counter() - t0)
 
-    def layer_args(self, i: int, rids: list[int], pos, prefill: bool) -> list:
+    def layer_args(self, i: int, rids: list[int], pos, prefill: bool, memo: dict | None = None) -> list:
         """Layer ``i``'s program arguments after ``x_hc`` (the attention block's, then the
         MoE block's without ``input_ids``): prefill = one request, ``[n]`` tables; decode =
         ``B = len(rids)`` requests of ``S = len(pos) / B`` tokens, ``[B, n]`` tables. A token
         at position ``-1`` is inactive (all its slots ``-1``: it writes nothing). Layer
-        ``num_hidden_layers`` is the MTP layer (sliding-window, its own ``kv``)."""
+        ``num_hidden_layers`` is the MTP layer (sliding-window, its own ``kv``).
+
+        ``memo``: a dict shared by the layers of one step (the cache unchanged in between):
+        each block table, slot mapping and the INT32 positions are built once per step, later
+        uses get a copy (every argument keeps its own storage, as the program cache's key and
+        in-place replay see it)."""
         w, c, ratio = self.attn_weights(i), self.cache, self.ckpt.layer_ratio(i)
         S = pos.numel() // len(rids)
         cos, sin = self._rope[profile_for_ratio(ratio)]
+        memo = {} if memo is None else memo
 
         def table(kind):
-            t = [c.block_table(r, kind) for r in rids]
-            return t[0] if prefill else torch.stack(t)
+            t = memo.get(("table", kind))
+            if t is None:
+                t = [c.block_table(r, kind) for r in rids]
+                memo["table", kind] = t = t[0] if prefill else torch.stack(t)
+                return t
+            return t.clone()
 
         def slots(kind):
-            return torch.cat([c.slot_mapping(r, pos[b * S:(b + 1) * S], kind) for b, r in enumerate(rids)])
+            t = memo.get(("slots", kind))
+            if t is None:
+                memo["slots", kind] = t = torch.cat([c.slot_mapping(r, pos[b * S:(b + 1) * S], kind)
+                                                     for b, r in enumerate(rids)])
+                return t
+            return t.clone()
+
+        pos32 = memo.get("pos")
+        if pos32 is None:
+            memo["pos"] = pos32 = pos.to(torch.int32)
+        else:
+            pos32 = pos32.clone()
 
         head = [w["hc_attn_fn"], w["hc_attn_scale"], w["hc_attn_base"], w["attn_norm_w"], w["wq_a"],
                 w["wq_b"], w["wq_b_scale"], w["wkv"], w["gamma_cq"], w["gamma_ckv"], cos, sin]
-        tail = [pos.to(torch.int32), w["attn_sink"], w["wo_a"], w["wo_b"], w["wo_b_scale"]]
+        tail = [pos32, w["attn_sink"], w["wo_a"], w["wo_b"], w["wo_b_scale"]]
         L = c.layers[i]
         if ratio == 0:
             attn = head + [L["kv"], table("swa_kv"), slots("swa_kv")] + tail
@@ -438,7 +459,8 @@ class KernelModel:
         n_tok = [T] if prefill else []
         logits = torch.empty(T, self.cfg.vocab_size)
         if not self.per_layer:
-            args = [a for i in range(self.cfg.num_hidden_layers) for a in self.layer_args(i, rids, pos, prefill)]
+            memo: dict = {}
+            args = [a for i in range(self.cfg.num_hidden_layers) for a in self.layer_args(i, rids, pos, prefill, memo)]
             self._run(f"{phase}_fwd", getattr(self.programs, f"{phase}_fwd"), ids, self._embed_w, *args,
                       *self._head_w, logits, *n_tok)
             return logits
@@ -456,10 +478,11 @@ class KernelModel:
         logits = torch.empty(T, self.cfg.vocab_size)
         X = torch.empty(T, self.cfg.hc_mult, self.cfg.hidden_size)
         self._run("lookup_embedding", self._embed, ids, self._embed_w, X)
+        memo: dict = {}
         for i, ratio in enumerate(self.cfg.compress_ratios):
             x_out = torch.empty_like(X)
             name = f"{phase}_layer_{_FAMILY[ratio]}"
-            self._run(name, getattr(self.programs, name), X, *self.layer_args(i, rids, pos, prefill), ids, x_out,
+            self._run(name, getattr(self.programs, name), X, *self.layer_args(i, rids, pos, prefill, memo), ids, x_out,
                       i, *n_tok)
             X = x_out
         self._run("final_logits", self._final_logits, X, *self._head_w, logits)
