@@ -1,10 +1,12 @@
 """Run a registered kernel case plainly with block templates off and on and compare everything
-(helper of tests/runtime/test_blocks.py)."""
+(helper of tests/runtime/test_blocks.py and test_block_templates_batching.py)."""
 
+import pytest
 import torch
 
 import pto
 import pto.runtime as rt
+from pto.runtime import blocks as B
 from pto.golden import TensorSpec, ScalarSpec
 from pto.runtime import Program, RunConfig
 
@@ -41,6 +43,10 @@ def stats_view(prog) -> dict:
 
 def compare(fn, values, config=None) -> dict:
     """Run off and on; assert bit-identical arguments, equal graph and stats; returns template_info."""
+    return _compare(fn, values, config)[0]
+
+
+def _compare(fn, values, config=None):
     rt._blocks.reset_templates()
     p0, a0 = run_once(fn, values, False, config)
     p1, a1 = run_once(fn, values, True, config)
@@ -49,4 +55,26 @@ def compare(fn, values, config=None) -> dict:
             assert x.dtype == y.dtype and torch.equal(x, y)
     assert graph_view(p0) == graph_view(p1)
     assert stats_view(p0) == stats_view(p1)
-    return rt._blocks.template_info()
+    return rt._blocks.template_info(), p1
+
+
+def both(fn, make_args):
+    """:func:`compare` on the arguments ``make_args()`` builds after ``torch.manual_seed(0)``;
+    returns (template_info, the program run with templates)."""
+    torch.manual_seed(0)
+    return _compare(fn, make_args())
+
+
+def run_args(fn, *args, templates=True):
+    """One plain run of ``fn`` on ``args`` themselves (footprints kept), templates on or off."""
+    with rt.block_templates(templates):
+        return Program(fn, RunConfig(keep_footprints=True)).execute(args, {})
+
+
+@pytest.fixture
+def small_tasks(monkeypatch):
+    """Templates for small test tasks too (by default only tasks of >= 24 blocks); a test module
+    uses it with ``pytestmark = pytest.mark.usefixtures("small_tasks")`` after importing it."""
+    monkeypatch.setattr(B, "MIN_BLOCKS", 4)
+    yield
+    B.reset_templates()

@@ -8,41 +8,13 @@ import pytest
 import torch
 
 import pto.language as pl
-import pto.runtime as rt
-from pto.runtime import Program, RunConfig
 from pto.runtime import blocks as B
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _blocks_compare as C  # noqa: E402
+from _blocks_compare import small_tasks  # noqa: E402,F401 - the fixture, used by every test here
 
-
-def _run(fn, *args, templates=True):
-    with rt.block_templates(templates):
-        return Program(fn, RunConfig(keep_footprints=True)).execute(args, {})
-
-
-@pytest.fixture(autouse=True)
-def small_tasks(monkeypatch):
-    """Templates for the small tasks below too (by default only tasks of >= 24 blocks)."""
-    monkeypatch.setattr(B, "MIN_BLOCKS", 4)
-    yield
-    B.reset_templates()
-
-
-def _both(fn, make_args):
-    """Run plain and with templates on copies of the same arguments; assert the same tensors,
-    graph and stats; returns template_info()."""
-    B.reset_templates()
-    torch.manual_seed(0)
-    a0 = make_args()
-    a1 = [v.clone() if isinstance(v, torch.Tensor) else v for v in a0]
-    p0, p1 = _run(fn, *a0, templates=False), _run(fn, *a1, templates=True)
-    for x, y in zip(a0, a1):
-        if isinstance(x, torch.Tensor):
-            assert x.dtype == y.dtype and torch.equal(x, y)
-    assert C.graph_view(p0) == C.graph_view(p1)
-    assert C.stats_view(p0) == C.stats_view(p1)
-    return B.template_info()
+pytestmark = pytest.mark.usefixtures("small_tasks")
 
 
 @pl.jit
@@ -55,7 +27,7 @@ def whole_rows(x: pl.Tensor[[128, 16], pl.FP32], y: pl.Out[pl.Tensor[[64, 8], pl
 
 
 def test_whole_row_loads_and_slices_run_batched():
-    info = _both(whole_rows, lambda: (torch.randn(128, 16), torch.zeros(64, 8)))
+    info = C.both(whole_rows, lambda: (torch.randn(128, 16), torch.zeros(64, 8)))[0]
     assert info["batched"] == 30 and info["restarts"] == 0
 
 
@@ -73,13 +45,13 @@ def _data_offsets_args():
 
 
 def test_unbatched_site_runs_plainly_in_later_programs_below_min_unbatched(monkeypatch):
-    info = _both(data_offsets, _data_offsets_args)
+    info = C.both(data_offsets, _data_offsets_args)[0]
     assert info["tasks"] == 1 and info["templated"] == 30 and info["batched"] == 0
-    _run(data_offsets, *_data_offsets_args())  # the same site again: 32 < MIN_UNBATCHED blocks
+    C.run_args(data_offsets, *_data_offsets_args())  # the same site again: 32 < MIN_UNBATCHED blocks
     assert B.template_info()["tasks"] == 1
     monkeypatch.setattr(B, "MIN_UNBATCHED", 32)
     a = _data_offsets_args()
-    _run(data_offsets, *a)
+    C.run_args(data_offsets, *a)
     assert B.template_info()["tasks"] == 2 and torch.equal(a[2], torch.exp(a[0][a[1][:, 0].long()[:, None]
                                                                                + torch.arange(4)]).reshape(128, 8))
 
@@ -98,8 +70,8 @@ def flagged(x: pl.Tensor[[128, 8], pl.FP32], flags: pl.Tensor[[32, 1], pl.INT32]
 def test_a_batch_whose_every_block_took_another_path_does_not_stop_later_batches():
     first = torch.zeros(32, 1, dtype=torch.int32)
     first[0] = 1  # block 0 alone takes the exp path: the batch of blocks 1.. fails for every block
-    info = _both(flagged, lambda: (torch.randn(128, 8), first.clone(), torch.zeros(128, 8)))
+    info = C.both(flagged, lambda: (torch.randn(128, 8), first.clone(), torch.zeros(128, 8)))[0]
     assert info["batched"] == 0 and info["restarts"] == 0
     x, y = torch.randn(128, 8), torch.zeros(128, 8)
-    _run(flagged, x, torch.ones(32, 1, dtype=torch.int32), y)  # a later program of the site: batched
+    C.run_args(flagged, x, torch.ones(32, 1, dtype=torch.int32), y)  # a later program of the site: batched
     assert B.template_info()["batched"] == 30 and torch.equal(y, torch.exp(x))

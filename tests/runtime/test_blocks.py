@@ -16,6 +16,9 @@ from pto.runtime import blocks as B
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _blocks_compare as C  # noqa: E402
+from _blocks_compare import small_tasks  # noqa: E402,F401 - the fixture, used by every test here
+
+pytestmark = pytest.mark.usefixtures("small_tasks")
 
 import pto.models.deepseek_v4  # noqa: E402,F401 - fills the registry
 
@@ -35,35 +38,6 @@ def test_templates_run_most_blocks_of_prefill_sparse_attn():
     assert info["restarts"] == 0 and info["templated"] > 200  # qk_pv / merge_norm: 128 blocks each
 
 
-def _run(fn, *args, templates=True):
-    with rt.block_templates(templates):
-        return Program(fn, RunConfig(keep_footprints=True)).execute(args, {})
-
-
-@pytest.fixture(autouse=True)
-def small_tasks(monkeypatch):
-    """Templates for the small tasks below too (by default only tasks of >= 24 blocks)."""
-    monkeypatch.setattr(B, "MIN_BLOCKS", 4)
-    yield
-    B.reset_templates()
-
-
-def _both(fn, make_args):
-    """Run plain and with templates on copies of the same arguments; assert the same tensors,
-    graph and stats."""
-    B.reset_templates()
-    torch.manual_seed(0)
-    a0 = make_args()
-    a1 = [v.clone() if isinstance(v, torch.Tensor) else v for v in a0]
-    p0, p1 = _run(fn, *a0, templates=False), _run(fn, *a1, templates=True)
-    for x, y in zip(a0, a1):
-        if isinstance(x, torch.Tensor):
-            assert torch.equal(x, y)
-    assert C.graph_view(p0) == C.graph_view(p1)
-    assert C.stats_view(p0) == C.stats_view(p1)
-    return B.template_info(), p1
-
-
 @pl.jit
 def partial_rows(x: pl.Tensor[[30, 8], pl.FP32], y: pl.Out[pl.Tensor[[30, 8], pl.FP32]]):
     for b in pl.spmd(8, name_hint="rows"):
@@ -74,7 +48,7 @@ def partial_rows(x: pl.Tensor[[30, 8], pl.FP32], y: pl.Out[pl.Tensor[[30, 8], pl
 
 
 def test_last_partial_block_runs_plainly():
-    info, _ = _both(partial_rows, lambda: (torch.randn(30, 8), torch.zeros(30, 8)))
+    info, _ = C.both(partial_rows, lambda: (torch.randn(30, 8), torch.zeros(30, 8)))
     assert info["templated"] == 6 and info["restarts"] == 0  # blocks 1..6; 0 recorded, 7 plain
 
 
@@ -93,7 +67,7 @@ def branchy(x: pl.Tensor[[64, 8], pl.FP32], flags: pl.Tensor[[16, 1], pl.INT32],
 def test_data_dependent_branch_undoes_and_records_a_variant():
     flags = torch.tensor([[1], [1], [0], [1], [0], [0], [1], [1], [0], [1], [1], [1], [0], [1], [0], [1]],
                          dtype=torch.int32)
-    info, _ = _both(branchy, lambda: (torch.randn(64, 8), flags.clone(), torch.zeros(64, 8)))
+    info, _ = C.both(branchy, lambda: (torch.randn(64, 8), flags.clone(), torch.zeros(64, 8)))
     assert info["recorded"] == 2 and info["diverged"] == 1 and info["restarts"] == 0
     assert info["templated"] == 13
 
@@ -106,7 +80,7 @@ def overlapping(x: pl.Tensor[[40, 8], pl.FP32], y: pl.Out[pl.Tensor[[40, 8], pl.
 
 
 def test_stores_to_overlapping_windows_keep_program_order():
-    info, _ = _both(overlapping, lambda: (torch.randn(40, 8), torch.zeros(40, 8)))
+    info, _ = C.both(overlapping, lambda: (torch.randn(40, 8), torch.zeros(40, 8)))
     assert info["templated"] == 14 and info["batched"] == 0  # block by block: the windows overlap
 
 
@@ -123,7 +97,7 @@ def uniform(x: pl.Tensor[[256, 16], pl.FP32], w: pl.Tensor[[16, 16], pl.BF16],
 
 
 def test_uniform_blocks_run_batched_bit_identical():
-    info, _ = _both(uniform, lambda: (torch.randn(256, 16), torch.randn(16, 16).to(torch.bfloat16),
+    info, _ = C.both(uniform, lambda: (torch.randn(256, 16), torch.randn(16, 16).to(torch.bfloat16),
                                       torch.zeros(256, 16), torch.zeros(256, 1)))
     assert info["batched"] == 30 and info["restarts"] == 0  # blocks 1..30 at once
 
@@ -141,7 +115,7 @@ def test_error_in_block_k_is_the_plain_error():
     for on in (False, True):
         y = torch.full((64, 8), 7.0)
         with pytest.raises(PtoError) as e:
-            _run(fails_in_block, torch.randn(64, 8), y, templates=on)
+            C.run_args(fails_in_block, torch.randn(64, 8), y, templates=on)
         msgs.append((type(e.value), str(e.value)))
         assert torch.equal(y, torch.full((64, 8), 7.0))  # nothing half-written
     assert msgs[0] == msgs[1] and "block 9" in msgs[0][1]
@@ -159,7 +133,7 @@ def raise_later(x: pl.Tensor[[64, 8], pl.FP32], y: pl.Out[pl.Tensor[[64, 8], pl.
 def test_program_failing_after_templated_stores_leaves_caller_tensors():
     y = torch.full((64, 8), 3.0)
     with pytest.raises(DslError):
-        _run(raise_later, torch.randn(64, 8), y)
+        C.run_args(raise_later, torch.randn(64, 8), y)
     assert torch.equal(y, torch.full((64, 8), 3.0))
 
 
@@ -176,7 +150,7 @@ def _kind(v):
 
 
 def test_recording_that_cannot_go_on_reruns_the_program_plainly():
-    info, _ = _both(identity_test, lambda: (torch.randn(64, 8), torch.zeros(64, 8)))
+    info, _ = C.both(identity_test, lambda: (torch.randn(64, 8), torch.zeros(64, 8)))
     assert info["restarts"] == 1
     B.reset_templates()
 
@@ -235,5 +209,5 @@ def skip_masked(x: pl.Tensor[[128, 8], pl.FP32], flags: pl.Tensor[[32, 1], pl.IN
 def test_batch_with_data_guards_undoes_the_blocks_that_took_another_path():
     flags = torch.ones(32, 1, dtype=torch.int32)
     flags[[3, 4, 17, 30]] = 0
-    info, _ = _both(skip_masked, lambda: (torch.randn(128, 8), flags.clone(), torch.zeros(128, 8)))
+    info, _ = C.both(skip_masked, lambda: (torch.randn(128, 8), flags.clone(), torch.zeros(128, 8)))
     assert info["batched"] == 26 and info["restarts"] == 0  # blocks 1..30 at once, but 3, 4, 17 and 30
