@@ -239,17 +239,14 @@ def _bind_fast(spec: list, args, seen: list) -> list | None:
         out = []
         for (name, ann, kind, tdtype, dims, written), value, shape in zip(spec, args, last):
             if kind == 0:
-                if (type(value) is not torch.Tensor or not value.is_cpu or value.dtype != tdtype
-                        or written and value.requires_grad):
+                if not _fast_tensor(value, tdtype, written):
                     return None
                 if value.shape != shape:
                     break  # another shape: the full check below
             elif kind == 1:
-                if not (type(value) is int and ann.dtype.is_int and ann.dtype.min <= value <= ann.dtype.max):
-                    try:
-                        value = _bind_scalar("", name, ann, value)
-                    except BindError:
-                        return None
+                value = _fast_scalar(name, ann, value)
+                if value is _NO:
+                    return None
             out.append(Param(name, ann, value))
         else:
             return out
@@ -259,8 +256,7 @@ def _bind_fast(spec: list, args, seen: list) -> list | None:
     for (name, ann, kind, tdtype, dims, written), value in zip(spec, args):
         shapes.append(None)
         if kind == 0:
-            if (type(value) is not torch.Tensor or not value.is_cpu or value.dtype != tdtype
-                    or written and value.requires_grad):
+            if not _fast_tensor(value, tdtype, written):
                 return None
             shape = shapes[-1] = value.shape
             if dims is not None:
@@ -277,14 +273,33 @@ def _bind_fast(spec: list, args, seen: list) -> list | None:
                         if prev != got:
                             return None
         elif kind == 1:
-            if not (type(value) is int and ann.dtype.is_int and ann.dtype.min <= value <= ann.dtype.max):
-                try:
-                    value = _bind_scalar("", name, ann, value)
-                except BindError:
-                    return None
+            value = _fast_scalar(name, ann, value)
+            if value is _NO:
+                return None
         out.append(Param(name, ann, value))
     seen[0] = shapes
     return out
+
+
+_NO = object()  # _fast_scalar: the value does not bind
+
+
+def _fast_tensor(value, tdtype, written: bool) -> bool:
+    """True when ``value`` is a plain CPU tensor of dtype ``tdtype`` that may be bound (an
+    Out/InOut parameter, ``written``, takes no tensor requiring grad)."""
+    return (type(value) is torch.Tensor and value.is_cpu and value.dtype == tdtype
+            and not (written and value.requires_grad))
+
+
+def _fast_scalar(name: str, ann, value):
+    """``value`` bound to scalar parameter ``name`` (an in-range int as it is), or ``_NO`` when it
+    does not bind (the general path then raises its error)."""
+    if type(value) is int and ann.dtype.is_int and ann.dtype.min <= value <= ann.dtype.max:
+        return value
+    try:
+        return _bind_scalar("", name, ann, value)
+    except BindError:
+        return _NO
 
 
 def _bind_scalar(kernel: str, name: str, ann: ScalarType, value):
