@@ -81,3 +81,28 @@ def test_arguments_sharing_storage_replay_on_private_copies():
         assert torch.equal(y, ry) and torch.equal(z, rz), call
     assert cache_info()["replayed"] == 2
     clear_program_cache()
+
+
+def test_an_interrupted_replay_puts_the_callers_tensors_back(monkeypatch):
+    set_program_cache(True)
+    clear_program_cache()
+    x = torch.randn(8, 16)
+    for _ in range(2):  # plain, recorded
+        write_then_steer(_flag(0), x, torch.zeros(8, 16), torch.ones(8, 16))
+    trace = _entry().trace
+    run = trace.run
+
+    def interrupted(regs):  # the whole replay writes y and z, then the user presses Ctrl-C
+        run(regs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trace, "run", interrupted)
+    y, z = torch.full((8, 16), 7.0), torch.full((8, 16), 5.0)
+    try:
+        write_then_steer(_flag(0), x, y, z)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the KeyboardInterrupt was swallowed")
+    assert torch.equal(y, torch.full((8, 16), 7.0)) and torch.equal(z, torch.full((8, 16), 5.0))
+    clear_program_cache()

@@ -1516,6 +1516,10 @@ def _replay(trace: _Trace, jf, params, cfg) -> Program | None:
             t.copy_(v)
         _count("errors")
         return None
+    except BaseException:  # KeyboardInterrupt, SystemExit: the caller's tensors as they were, then on up
+        for t, v in saved:
+            t.copy_(v)
+        raise
     finally:
         _gc_resume()
         heap.release()
