@@ -106,3 +106,27 @@ def test_an_interrupted_replay_puts_the_callers_tensors_back(monkeypatch):
         raise AssertionError("the KeyboardInterrupt was swallowed")
     assert torch.equal(y, torch.full((8, 16), 7.0)) and torch.equal(z, torch.full((8, 16), 5.0))
     clear_program_cache()
+
+
+def test_outputs_overlapping_through_two_storages_replay_on_private_copies():
+    """y and z are two torch storages over the same numpy memory (torch.from_numpy of overlapping
+    views): storage identity does not see it, their bytes do; the replay must give the plain run's
+    values (it wrote y in place before z read it)."""
+    import numpy as np
+
+    x = torch.arange(128, dtype=torch.float32).reshape(8, 16)
+    results = {}
+    for cache in (False, True):
+        set_program_cache(cache)
+        clear_program_cache()
+        for _ in range(4):  # plain, recorded, replayed twice
+            a = np.zeros((12, 16), dtype=np.float32)
+            a[:, :] = 1.0
+            y, z = torch.from_numpy(a[:8]), torch.from_numpy(a[4:12])  # y rows 4..7 are z rows 0..3
+            write_then_steer(_flag(0), x, y, z)
+        results[cache] = a.copy()
+        if cache:
+            assert cache_info()["replayed"] == 2
+    set_program_cache(True)
+    clear_program_cache()
+    assert np.array_equal(results[True], results[False])

@@ -558,14 +558,7 @@ class Program:
                         return False
                     any_written = True
                 spans.append((t.data_ptr(), t.nbytes, written))
-        if not any_written:
-            return False
-        for i, (w0, wn, written) in enumerate(spans):
-            if written and wn:
-                for j, (s0, sn, _) in enumerate(spans):
-                    if j != i and sn and s0 < w0 + wn and w0 < s0 + sn:
-                        return False  # shares bytes with another argument
-        return True
+        return any_written and not written_overlap(spans)
 
     def _undo_stores(self) -> None:
         """Give the arguments written in place back their values from before the run: the saved
@@ -952,6 +945,19 @@ FREEZE_IMPORTS = os.environ.get("PTO_GC_FREEZE", "1").strip() != "0"
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc malloc.h
 MALLOC_TRIM_BYTES = 128 << 20
 MALLOC_MMAP_BYTES = 32 << 20
+
+
+def written_overlap(spans) -> bool:
+    """True when a written span shares bytes with another span. ``spans``: ``(first byte
+    (data_ptr), bytes (nbytes), written)`` of every tensor argument of a call; tensor arguments
+    are contiguous, so ``nbytes`` is a tensor's extent. Two tensors over the same memory through
+    different storages (``torch.from_numpy`` of overlapping numpy views) overlap here too."""
+    for i, (w0, wn, written) in enumerate(spans):
+        if written and wn:
+            for j, (s0, sn, _) in enumerate(spans):
+                if j != i and sn and s0 < w0 + wn and w0 < s0 + sn:
+                    return True
+    return False
 
 
 def tune_malloc() -> bool:

@@ -115,11 +115,11 @@ from pto.language import distributed as _pld
 from pto.language.dtypes import DType
 from pto.language.jit import bind_arguments
 from pto.language.tensor_ops import GMTensor
-from pto.language.typing import INOUT, OUT, ScalarType, TensorType
+from pto.language.typing import IN, INOUT, OUT, ScalarType, TensorType
 from pto.runtime.deps import LazyDerivation, group_footprints
 from pto.runtime.graph import Block, Task, TaskGraph
 from pto.runtime.heap import RingHeap
-from pto.runtime.program import _COUNTED, Program, ProgramStats, RunConfig, _gc_pause, _gc_resume
+from pto.runtime.program import _COUNTED, Program, ProgramStats, RunConfig, _gc_pause, _gc_resume, written_overlap
 from pto.runtime.sanitizer import active_drop_init as _active_drop_init
 from pto.runtime.symbolic import NAMESPACE as _SYM_NS
 from pto.runtime.symbolic import Sym, concrete_of, evaluate, has_sym, observes_identity, source
@@ -1467,17 +1467,12 @@ def _replay(trace: _Trace, jf, params, cfg) -> Program | None:
     regs = [None] * trace.nregs
     gm = []
     tparams = []
-    # Out/InOut arguments are written in place, as by a plain run, when none shares storage with
-    # another tensor argument (and pypto compatibility is off): the replay writes the caller's
-    # tensor and keeps a copy of its values to put back if it stops (was: a private copy, copied
-    # back at the end); otherwise every one gets a private copy
-    in_place = not _compat.mode.pypto
-    storages = []
-    for p in params:
-        if isinstance(p.ann, TensorType):
-            storages.append(p.value.untyped_storage().data_ptr())
-    if len(set(storages)) < len(storages):
-        in_place = False
+    # Out/InOut arguments are written in place, as by a plain run, when none shares bytes with
+    # another tensor argument (storages or not: two from_numpy views of one array are two
+    # storages) and pypto compatibility is off: the replay writes the caller's tensor and keeps a
+    # copy of its values to put back if it stops; otherwise every one gets a private copy
+    in_place = not _compat.mode.pypto and not written_overlap(
+        [(p.value.data_ptr(), p.value.nbytes, p.ann.direction != IN) for p in params if isinstance(p.ann, TensorType)])
     saved = []  # (caller tensor written in place, its values before the replay)
     k = 0
     for p in params:
