@@ -1366,6 +1366,10 @@ def write(dst, idx, value):
             return dst
         if aliases_readonly(dst.data):
             dst.data = dst.data.clone()
+        if type(v) is float and dst.data.dtype.is_floating_point:
+            # rounded to the dtype as a GM write and pl.write_values round it (past FP32's range:
+            # inf); torch's own float -> FP32 element assignment raises on overflow instead
+            v = torch.tensor(v, dtype=dst.data.dtype)
         dst.data[idx] = v
         if dst.mask is not None or undefined:
             dst.own_mask()[tuple(idx)] = oid
