@@ -151,7 +151,8 @@ def bind_arguments(jf: JitFunction, args, kwargs, gm: bool) -> list[Param]:
         BindError: a missing or extra argument, a tensor whose rank, static
             dim, dynamic dim or dtype does not match, a non-tensor for a
             tensor parameter, a tensor not on the CPU, an Out/InOut tensor that
-            requires grad, or a bad scalar — naming the parameter.
+            requires grad or is an inference tensor outside inference mode, or a
+            bad scalar — naming the parameter.
     """
     sig, anns = jf.signature()
     if not gm and not kwargs:
@@ -195,6 +196,12 @@ def bind_arguments(jf: JitFunction, args, kwargs, gm: bool) -> list[Param]:
                     raise BindError(f"kernel {jf.__name__}: parameter {name!r} ({ann}) requires grad; the program "
                                     "writes its results into it in place, which autograd forbids for such a "
                                     "tensor: pass a tensor without requires_grad (e.g. .detach())")
+                if ann.direction != IN and value.is_inference() and not torch.is_inference_mode_enabled():
+                    raise BindError(f"kernel {jf.__name__}: parameter {name!r} ({ann}) is an inference tensor "
+                                    "(made under torch.inference_mode()) and the call is outside inference mode; "
+                                    "the program writes its results into it in place, which torch forbids there: "
+                                    "call the kernel under torch.inference_mode() or pass a normal tensor (.clone() "
+                                    "outside inference mode)")
                 data = value
             _check_tensor(jf.__name__, name, ann, tuple(data.shape), data.dtype, dyn)
         elif isinstance(ann, ScalarType):
@@ -286,9 +293,10 @@ _NO = object()  # _fast_scalar: the value does not bind
 
 def _fast_tensor(value, tdtype, written: bool) -> bool:
     """True when ``value`` is a plain CPU tensor of dtype ``tdtype`` that may be bound (an
-    Out/InOut parameter, ``written``, takes no tensor requiring grad)."""
+    Out/InOut parameter, ``written``, takes no tensor requiring grad, and an inference tensor
+    only under inference mode)."""
     return (type(value) is torch.Tensor and value.is_cpu and value.dtype == tdtype
-            and not (written and value.requires_grad))
+            and not (written and (value.requires_grad or value.is_inference() and not torch.is_inference_mode_enabled())))
 
 
 def _fast_scalar(name: str, ann, value):
