@@ -112,6 +112,14 @@ def test_bad_input_is_one_error_line_and_exit_2(capsys, argv, message):
     assert "Traceback" not in err + out
 
 
+def test_kernel_file_without_py_suffix_is_one_error_line(capsys, tmp_path):
+    f = tmp_path / "kernel_file"  # exists, but importlib finds no loader without .py
+    f.write_text("x = 1\n")
+    code, out, err = run_cli(capsys, "run", f"{f}:fn")
+    assert code == 2 and "is not a Python file" in err and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err + out and "NoneType" not in err
+
+
 def test_parse_options():
     assert cli.parse_options(["T=128", "flag=True", "name=abc", "xs=[1, 2]"]) == {
         "T": 128, "flag": True, "name": "abc", "xs": [1, 2]}

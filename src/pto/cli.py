@@ -137,6 +137,8 @@ def _load_attr(spec: str):
         path = Path(mod_part)
         if not path.is_file():
             raise ConfigError(f"no such file {mod_part!r}")
+        if path.suffix != ".py":  # importlib finds no loader for it
+            raise ConfigError(f"{mod_part!r} is not a Python file: a kernel file's name ends in .py")
         try:
             module = import_file(path, f"pto_cli_target.{path.stem}")
         except PtoError:
