@@ -90,12 +90,17 @@ class JitFunction:
         return self.run(*args, **kwargs).result
 
     def run(self, *args, config=None, **kwargs):
-        """Run as an entry program and return the ``pto.runtime.Program``."""
+        """Run as an entry program and return the ``pto.runtime.Program``. The program runs with
+        autograd off: an In tensor that requires grad does not pull the Out/InOut tensors the
+        program writes into its autograd graph."""
         factory = _ctx.state.program_factory
         if factory is None:
             raise DslError("no runtime installed; import pto")
         if _ctx.state.program is not None:
             raise DslError(f"{self.__name__}.run() called inside a running program")
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return factory(self, args, kwargs, config)
         return factory(self, args, kwargs, config)
 
     def __repr__(self) -> str:
