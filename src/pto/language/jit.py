@@ -98,13 +98,22 @@ class JitFunction:
             raise DslError("no runtime installed; import pto")
         if _ctx.state.program is not None:
             raise DslError(f"{self.__name__}.run() called inside a running program")
-        if torch.is_grad_enabled():
-            with torch.no_grad():
-                return factory(self, args, kwargs, config)
-        return factory(self, args, kwargs, config)
+        if not torch.is_grad_enabled():
+            return factory(self, args, kwargs, config)
+        # the C switch, not ``with torch.no_grad()``: its exit allocates Python objects after the
+        # run has turned the GC back on, which would start a collection inside the call
+        # (Program.execute resumes the GC as its very last step; see program._gc_resume)
+        _set_grad_enabled(False)
+        try:
+            return factory(self, args, kwargs, config)
+        finally:
+            _set_grad_enabled(True)
 
     def __repr__(self) -> str:
         return f"<pl.jit{'.inline' if self.inline else ''} {self.__qualname__}>"
+
+
+_set_grad_enabled = torch._C._set_grad_enabled  # autograd on/off without a Python object
 
 
 def _dtype_name(tdtype) -> str:
