@@ -1495,26 +1495,23 @@ def _replay(trace: _Trace, jf, params, cfg) -> Program | None:
     _gc_pause()  # as a plain run: no collection rescans the caller's objects meanwhile
     try:
         trace.run(regs)
-    except _Diverged as e:
-        if _DEBUG:
-            _DIVERGED_AT.append((jf.__name__, trace.sites.get(e.args[0], f"op {e.args[0]}")))
-            del _DIVERGED_AT[:-200]
-        for t, v in saved:
+    except BaseException as e:
+        for t, v in saved:  # the caller's tensors written in place get their values back first
             t.copy_(v)
-        return None
-    except Exception as e:  # noqa: BLE001 - whatever failed, the plain run reproduces it with its context
+        if isinstance(e, _Diverged):
+            if _DEBUG:
+                _DIVERGED_AT.append((jf.__name__, trace.sites.get(e.args[0], f"op {e.args[0]}")))
+                del _DIVERGED_AT[:-200]
+            return None
+        if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: on up
+            raise
+        # whatever failed, the plain run reproduces it with its context
         if _DEBUG:
             import traceback
             _DIVERGED_AT.append((jf.__name__, "replay raised: " + "".join(
                 traceback.format_exception(type(e), e, e.__traceback__)[-4:])))
-        for t, v in saved:
-            t.copy_(v)
         _count("errors")
         return None
-    except BaseException:  # KeyboardInterrupt, SystemExit: the caller's tensors as they were, then on up
-        for t, v in saved:
-            t.copy_(v)
-        raise
     finally:
         _gc_resume()
         heap.release()
