@@ -81,15 +81,21 @@ class GMTensor:
 
     __slots__ = ("data", "buf", "name", "_off", "_strides", "_smask", "_shape", "_rows", "_itemsize", "_fast")
 
-    def __init__(self, data: torch.Tensor, buf, name: str):
+    def __init__(self, data: torch.Tensor, buf, name: str, facts=None):
+        """``facts``: ``(storage offset, strides, shape, element size)`` of ``data`` when the
+        caller knows them (a view it just made), saving the metadata reads."""
         self.data = data
         self.buf = buf
         self.name = name
-        self._off = data.storage_offset() - buf.base_off
-        self._strides = data.stride()
+        if facts is None:
+            self._off = data.storage_offset() - buf.base_off
+            self._strides = data.stride()
+            self._shape = tuple(data.shape)
+            self._itemsize = data.element_size()
+        else:
+            off, self._strides, self._shape, self._itemsize = facts
+            self._off = off - buf.base_off
         self._smask = None
-        self._shape = tuple(data.shape)
-        self._itemsize = data.element_size()
         # (base row, base column, rows per dim-0 step) of a 2-D view whose rows are root rows
         C = buf.C
         st = self._strides
@@ -654,8 +660,19 @@ def _load_padded_rows(t: GMTensor, a0: int, a1: int, s0: int, s1: int, v0, v1):
     if not (0 <= a0 and 0 < v0 <= s0 and b0 <= shape[0] and 0 <= a1 and 0 < v1 <= s1 and b1 <= shape[1]
             and bc + b1 <= buf.C and (q == 1 or v0 == 1)):
         return None
+    d = t.data
+    n0, n1 = shape
+    if (v0 < s0 or v1 < s1) and (b0 == n0 or v0 == s0) and (b1 == n1 or v1 == s1):
+        # the window reaches the view's end on every dim it pads: one constant_pad_nd of the view
+        # itself, cropping (negative pads) what lies outside the window: the same padded tile
+        if d.is_meta:
+            return None
+        blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))
+        blk.bytes += v0 * v1 * t._itemsize
+        blk.ld += 1
+        return Tile(torch.constant_pad_nd(d, [-a1, s1 - v1 + b1 - n1, -a0, s0 - v0 + b0 - n0], 0), None, (v0, v1))
     st0, st1 = t._strides
-    src = t.data.as_strided((v0, v1), t._strides, buf.base_off + t._off + a0 * st0 + a1 * st1)
+    src = d.as_strided((v0, v1), t._strides, buf.base_off + t._off + a0 * st0 + a1 * st1)
     if src.is_meta:
         return None
     blk.fp.append((buf, (br + a0 * q, br + (b0 - 1) * q + 1, bc + a1, bc + b1), R))
@@ -1562,7 +1579,26 @@ def reshape(x, shape):
         v = x.data.view(shape)
     except RuntimeError:
         raise DslError(f"pl.reshape: {x.name} view {list(x.shape)} is not contiguous; cannot reshape to {shape}") from None
-    return GMTensor(v, x.buf, x.name)
+    facts = None
+    if x._strides == _row_major(x._shape) and 0 not in x._shape and all(type(s) is int for s in shape):
+        # a view of a row-major view keeps its storage offset and is row-major: its facts
+        # without reading them back (the same values as GMTensor.__init__ reads)
+        facts = (x.buf.base_off + x._off, _row_major(shape), tuple(shape), x._itemsize)
+    return GMTensor(v, x.buf, x.name, facts)
+
+
+def _row_major(shape) -> tuple:
+    """The strides (in elements) of a row-major tensor of ``shape``: what ``view`` gives a
+    view of a row-major tensor (a unit dim's stride is the next dim's stride times its extent)."""
+    n = len(shape)
+    if n == 2:
+        return (shape[1], 1)
+    if n == 1:
+        return (1,)
+    st = [1] * n
+    for i in range(n - 2, -1, -1):
+        st[i] = st[i + 1] * shape[i + 1]
+    return tuple(st)
 
 
 def dim(t, axis: int) -> int:

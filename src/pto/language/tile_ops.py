@@ -40,6 +40,7 @@ import numbers
 import operator
 
 import torch
+from torch.nn.functional import linear as _linear
 
 from pto.errors import DslError
 from pto.language import _ctx
@@ -49,6 +50,7 @@ from pto.language.dtypes import (BF16, FP16, FP32, INT8, INT16, INT32, INT64, UI
 from pto.language.typing import ScalarValue, as_int, concrete
 
 _meta = _go.meta  # a shape-only tile value (graph-only mode)
+_state = _ctx.state  # the per-thread DSL state (one object for the process; its attributes are per thread)
 _MetaScalar = _go.MetaScalar
 
 __all__ = [
@@ -73,7 +75,7 @@ class PadValue:
 def _count(flops: int = 0, kind: str | None = None) -> None:
     """Count one tile op of ``flops`` in the current block; ``kind`` (the op's name, ``"add_s"``
     for a tile-number form) is also counted in ``Block.vk`` (the simulator's per-kind latency)."""
-    blk = _ctx.state.block
+    blk = _state.block
     if blk is not None:
         blk.ops += 1
         blk.flops += flops
@@ -120,19 +122,22 @@ class Tile:
     (``pl.matmul``) and the bitwise ``& | ^ ~ << >>``.
     """
 
-    __slots__ = ("data", "mask", "valid", "_mown", "_vals")
+    # _vals: see tensor_ops._tile_value; _ib: (data, data._version, bound) of an integer tile whose
+    # values are known to satisfy |v| <= bound while data is that tensor at that version (set by
+    # the INT8 matmuls; never set by __init__, read with getattr)
+    __slots__ = ("data", "mask", "valid", "_mown", "_vals", "_ib")
     __array_priority__ = 100
 
     def __init__(self, data: torch.Tensor, mask: torch.Tensor | None = None, valid=None):
         self.data = data
         self.mask = mask
         self.valid = valid
-        self._mown = False  # ops pass masks through by reference; mutate only an owned copy
+        # _mown (unset: False): ops pass masks through by reference; mutate only an owned copy
 
     def own_mask(self) -> torch.Tensor:
         """This tile's mask as a private tensor, ready for in-place updates
         (created all-defined when absent, copied once when possibly shared)."""
-        if not self._mown:
+        if not getattr(self, "_mown", False):
             self.mask = (torch.zeros(self.data.shape, dtype=torch.int32) if self.mask is None
                          else self.mask.clone())
             self._mown = True
@@ -415,7 +420,7 @@ def _as_tile(x, op: str) -> Tile:
         from_torch(x.dtype)  # DslError for a dtype with no pto dtype (float64)
         return Tile(x)
     if hasattr(x, "buf") and hasattr(x, "name"):  # a GMTensor (tensor_ops imports this module)
-        blk = _ctx.state.block
+        blk = _state.block
         hint = ("load a tile from it first (" if blk is not None else
                 "tile math runs inside a task (pl.at / pl.spmd) on tiles loaded there (")
         raise DslError(f"{op}: expected a tile, got GM tensor {x.name!r} {list(x.shape)}; {hint}"
@@ -472,7 +477,15 @@ def _binary(op: str, a, b, fn):
             out = _meta(ad.shape, dt) if ad.is_meta or bd.is_meta else fn(ad, bd)  # meta: graph-only mode
             if out.dtype is not dt:
                 out = _to(out, dt)
-            _count(out.numel(), op)
+            blk = _state.block
+            if blk is not None:  # _count(out.numel(), op), inlined
+                blk.ops += 1
+                blk.flops += out.numel()
+                vk = blk.vk
+                if vk is None:
+                    blk.vk = {op: 1}
+                else:
+                    vk[op] = vk.get(op, 0) + 1
             am, bm = a.mask, b.mask
             return Tile(out, bm if am is None else am if bm is None else torch.maximum(am, bm), a.valid)
     elif type(a) is Tile and (type(b) is int or (type(b) is float and a.data.dtype.is_floating_point)):
@@ -484,7 +497,16 @@ def _binary(op: str, a, b, fn):
             out = fn(ad, _number_operand(ad, b) if fn in _FP32_SCALAR_FNS else b)
             if out.dtype is not ad.dtype:
                 out = _to(out, ad.dtype)
-            _count(out.numel(), op + "_s")
+            blk = _state.block
+            if blk is not None:  # _count(out.numel(), op + "_s"), inlined
+                blk.ops += 1
+                blk.flops += out.numel()
+                kind = _SCALAR_KIND.get(op) or op + "_s"
+                vk = blk.vk
+                if vk is None:
+                    blk.vk = {kind: 1}
+                else:
+                    vk[kind] = vk.get(kind, 0) + 1
             return Tile(out, a.mask, a.valid)
     if not isinstance(a, Tile):
         if isinstance(b, Tile):
@@ -518,6 +540,8 @@ def _binary(op: str, a, b, fn):
     _count(out.numel(), op if isinstance(b, Tile) else op + "_s")
     return Tile(out, mask, a.valid)
 
+
+_SCALAR_KIND = {op: op + "_s" for op in ("add", "sub", "mul", "div", "maximum", "minimum")}  # Block.vk kinds
 
 # an FP32 tensor op (add, sub, mul, div, a comparison) with a Python number operand wraps the
 # number in a 0-dim tensor per call (and casts it to FP32 in the op): a kept 0-dim FP32 tensor of
@@ -654,13 +678,23 @@ def minimum(a, b) -> Tile:
 
 
 def _unary(op: str, x, fn, float_only: bool = True) -> Tile:
-    x = _as_tile(x, f"pl.{op}")
-    if float_only and not x.data.dtype.is_floating_point:
+    if type(x) is not Tile:
+        x = _as_tile(x, f"pl.{op}")
+    d = x.data
+    if float_only and not d.dtype.is_floating_point:
         raise DslError(f"pl.{op}: needs a float tile, got {x.dtype}")
-    _count(x.data.numel(), op)
-    if x.data.is_meta:  # graph-only mode
-        return Tile(_meta(x.data.shape, x.data.dtype), x.mask, x.valid)
-    return Tile(fn(x.data), x.mask, x.valid)
+    blk = _state.block
+    if blk is not None:  # _count(d.numel(), op), inlined
+        blk.ops += 1
+        blk.flops += d.numel()
+        vk = blk.vk
+        if vk is None:
+            blk.vk = {op: 1}
+        else:
+            vk[op] = vk.get(op, 0) + 1
+    if d.is_meta:  # graph-only mode
+        return Tile(_meta(d.shape, d.dtype), x.mask, x.valid)
+    return Tile(fn(d), x.mask, x.valid)
 
 
 def neg(x) -> Tile:
@@ -981,7 +1015,15 @@ def cast(x, target_type, mode="round") -> Tile:
         src = x.data
         conv = _ONE_CALL_CASTS.get((src.dtype, target_type.torch, mode))
         if conv is not None and not src.is_meta:
-            _count(src.numel(), "cast")
+            blk = _state.block
+            if blk is not None:  # _count(src.numel(), "cast"), inlined
+                blk.ops += 1
+                blk.flops += src.numel()
+                vk = blk.vk
+                if vk is None:
+                    blk.vk = {"cast": 1}
+                else:
+                    vk["cast"] = vk.get("cast", 0) + 1
             return Tile(conv(src), x.mask, x.valid)
     if isinstance(x, (int, float, ScalarValue)) and not isinstance(x, bool):
         from pto.language.compat_ops import cast_scalar  # the scalar form (pl.cast(idx, pl.INDEX))
@@ -1007,8 +1049,12 @@ def cast(x, target_type, mode="round") -> Tile:
         if not exact and dst.torch == torch.float32 and src.dtype in (torch.int32, torch.int64) and src.numel():
             # an integer of magnitude <= 2^24 is exact in FP32: the common INT32 matmul accumulator
             # takes one conversion (the general path below gives the same values, at 8x the cost)
-            lo, hi = torch.aminmax(src)
-            exact = -(1 << 24) <= lo.item() and hi.item() <= 1 << 24
+            bound = _int_bound(x)
+            if bound is not None and bound <= 1 << 24:
+                exact = True  # the values are known to lie in [-2^24, 2^24] (an INT8 matmul's)
+            else:
+                lo, hi = torch.aminmax(src)
+                exact = -(1 << 24) <= lo.item() and hi.item() <= 1 << 24
         if exact or (src.dtype.is_floating_point and mode in ("none", "rint")):
             out = _to(src, dst.torch)  # float -> narrower float: one correctly rounded (RNE) conversion
         else:
@@ -1029,6 +1075,15 @@ def cast(x, target_type, mode="round") -> Tile:
 
 # ---- reductions and expands --------------------------------------------------
 
+def _int_bound(x: Tile):
+    """The known bound ``B`` of the integer tile ``x`` (``|v| <= B`` for every element) while its
+    data is unchanged since the bound was set (``Tile._ib``), else None."""
+    ib = getattr(x, "_ib", None)
+    if ib is not None and ib[0] is x.data and ib[1] == x.data._version:
+        return ib[2]
+    return None
+
+
 def _need_rank2(op: str, x) -> Tile:
     x = _as_tile(x, f"pl.{op}")
     if x.data.dim() != 2:
@@ -1044,9 +1099,18 @@ def _reduce(op: str, x, dim: int, fn) -> Tile:
         shape[dim] = 1
         _count(x.data.numel(), op)
         return Tile(_meta(shape, x.data.dtype))
-    out = fn(x.data, dim)
+    d = x.data
+    out = fn(d, dim)
     mask = None if x.mask is None else x.mask.amax(dim=dim, keepdim=True)
-    _count(x.data.numel(), op)
+    blk = _state.block
+    if blk is not None:  # _count(d.numel(), op), inlined
+        blk.ops += 1
+        blk.flops += d.numel()
+        vk = blk.vk
+        if vk is None:
+            blk.vk = {op: 1}
+        else:
+            vk[op] = vk.get(op, 0) + 1
     return Tile(out, mask)
 
 
@@ -1086,16 +1150,26 @@ def col_max(x, tmp_tile=None) -> Tile:
 def _expand(op: str, lhs, rhs, axis: str, fn) -> Tile:
     if type(lhs) is Tile and type(rhs) is Tile:  # fast path: rank-2 tiles of one dtype, rhs [M, 1] / [1, N]
         ld, rd = lhs.data, rhs.data
-        if ld.dim() == 2 and rd.dim() == 2 and ld.dtype is rd.dtype and not (ld.is_meta or rd.is_meta):
-            m, n = ld.shape
-            r0, r1 = rd.shape
+        ls, rs = ld.shape, rd.shape
+        dt = ld.dtype
+        if len(ls) == 2 and len(rs) == 2 and rd.dtype is dt and not (ld.is_meta or rd.is_meta):
+            m, n = ls
+            r0, r1 = rs
             if (r0 == m and r1 == 1) if axis == "row" else (r0 == 1 and r1 == n):
-                out = fn(ld, rd)
+                out = fn(ld, rd)  # [m, n]
                 mask = lhs.mask
                 if rhs.mask is not None:
                     mask = _and(mask, rhs.mask.expand(m, n).contiguous())
-                _count(out.numel(), op)
-                return Tile(out if out.dtype is ld.dtype else _to(out, ld.dtype), mask, lhs.valid)
+                blk = _state.block
+                if blk is not None:  # _count(out.numel(), op), inlined
+                    blk.ops += 1
+                    blk.flops += m * n
+                    vk = blk.vk
+                    if vk is None:
+                        blk.vk = {op: 1}
+                    else:
+                        vk[op] = vk.get(op, 0) + 1
+                return Tile(out if out.dtype is dt else _to(out, dt), mask, lhs.valid)
     lhs = _need_rank2(op, lhs)
     rhs = _need_rank2(op, rhs)
     m, n = lhs.shape
@@ -1387,29 +1461,41 @@ def matmul(a, b, out_dtype=None, a_trans: bool = False, b_trans: bool = False) -
     """
     if type(a) is Tile and type(b) is Tile and a.mask is None and b.mask is None:
         # fast path: rank-2 all-defined operands of one dtype whose K agree (the general path below
-        # computes the same product with the same calls: torch.matmul of 2-D operands is torch.mm)
+        # computes the same product with the same kernels: torch.matmul of 2-D operands is torch.mm,
+        # F.linear(x, w) without a bias is torch.mm(x, w.t()), and .float() of an FP32 tensor is itself)
         ad, bd = a.data, b.data
-        if ad.dim() == 2 and bd.dim() == 2 and ad.dtype is bd.dtype and not (ad.is_meta or bd.is_meta):
-            A = ad.t() if a_trans else ad
-            B = bd.t() if b_trans else bd
-            k = A.shape[1]
-            if k == B.shape[0]:
-                dt = ad.dtype
+        sa, sb = ad.shape, bd.shape
+        dt = ad.dtype
+        if len(sa) == 2 and len(sb) == 2 and bd.dtype is dt and not (ad.is_meta or bd.is_meta):
+            m, k = (sa[1], sa[0]) if a_trans else sa
+            kb, n = (sb[1], sb[0]) if b_trans else sb
+            if k == kb:
                 out = None
-                if dt in _FLOAT_MM:
+                if dt is torch.float32 or dt in _FLOAT_MM:
                     if out_dtype is None or out_dtype is FP32:
-                        out = torch.mm(A.float(), B.float())
-                elif dt is torch.int8 and k <= (1 << 17) and A.numel() and B.numel():
+                        if dt is not torch.float32:
+                            ad, bd = ad.float(), bd.float()  # = A.float(), B.float() of the views below
+                        if b_trans and not a_trans:
+                            out = _linear(ad, bd)
+                        else:
+                            out = torch.mm(ad.t() if a_trans else ad, bd.t() if b_trans else bd)
+                elif dt is torch.int8 and k <= (1 << 17) and m and k and n:
                     if out_dtype is None or out_dtype is INT32:
-                        out = torch._int_mm(A, B)
+                        out = torch._int_mm(ad.t() if a_trans else ad, bd.t() if b_trans else bd)
                 if out is not None:
-                    blk = _ctx.state.block
+                    blk = _state.block
                     if blk is not None:  # _count, then the cube counters, as below
                         blk.ops += 1
-                        blk.flops += 2 * out.numel() * k
+                        blk.flops += 2 * m * n * k
                         blk.cube = True
                         blk.mm += 1
-                    return Tile(out)
+                    t = Tile(out)
+                    if dt is torch.int8:
+                        try:
+                            t._ib = (out, out._version, k << 14)  # |int8 x int8| <= 2^14 per product
+                        except RuntimeError:  # an inference-mode tensor has no version counter
+                            pass
+                    return t
     a = _as_tile(a, "pl.matmul")
     b = _as_tile(b, "pl.matmul")
     if {a.data.dim(), b.data.dim()} == {2, 3} and (a if a.data.dim() == 3 else b).shape[0] == 1:
@@ -1460,7 +1546,7 @@ def matmul(a, b, out_dtype=None, a_trans: bool = False, b_trans: bool = False) -
         cols = torch.zeros(B.shape[:-2] + B.shape[-1:], dtype=torch.int32) if mb is None else mb.amax(dim=-2)
         mask = torch.maximum(rows.unsqueeze(-1), cols.unsqueeze(-2))
     _count(2 * out.numel() * A.shape[-1])
-    blk = _ctx.state.block
+    blk = _state.block
     if blk is not None:
         blk.cube = True
         blk.mm += 1
@@ -1481,7 +1567,7 @@ def _meta_matmul(a: Tile, b: Tile, A: torch.Tensor, B: torch.Tensor, out_dtype) 
         raise DslError(f"pl.matmul: out_dtype must be the accumulator dtype {acc}, got {as_dtype(out_dtype)}")
     shape = list(A.shape[:-1]) + [B.shape[-1]]
     _count(2 * math.prod(shape) * A.shape[-1])
-    blk = _ctx.state.block
+    blk = _state.block
     if blk is not None:
         blk.cube = True
         blk.mm += 1
@@ -1505,7 +1591,14 @@ def matmul_acc(acc, a, b, a_trans: bool = False, b_trans: bool = False, init_con
         return part
     if acc.data.is_meta or part.data.is_meta:  # graph-only mode
         return Tile(_meta(acc.data.shape, acc.data.dtype))
-    return Tile(acc.data + part.data, _and(acc.mask, part.mask))
+    out = Tile(acc.data + part.data, _and(acc.mask, part.mask))
+    ba, bp = _int_bound(acc), _int_bound(part)
+    if ba is not None and bp is not None:  # |acc + part| <= |acc| + |part|
+        try:
+            out._ib = (out.data, out.data._version, ba + bp)
+        except RuntimeError:  # an inference-mode tensor has no version counter
+            pass
+    return out
 
 
 # ---- valid shape -----------------------------------------------------------------
