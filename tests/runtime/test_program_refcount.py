@@ -79,6 +79,45 @@ def test_edges_of_a_held_task_after_its_program_is_dropped(no_gc):
     assert [t.preds for t in eager.graph.tasks] == [set(), set(), {0, 1}]
 
 
+@pl.jit
+def _held_scopes(a: pl.Tensor[[8, 64], pl.FP32], c: pl.Out[pl.Tensor[[8, 64], pl.FP32]]):
+    s = pl.create_tensor([8, 64], pl.FP32)
+    first = pl.spmd(2, name_hint="copy")  # a task scope held in a local of the kernel's frame
+    for b in first:
+        s[b * 4:b * 4 + 4, 0:64] = a[b * 4:b * 4 + 4, 0:64]
+    one = pl.at(name_hint="last")
+    with one:
+        c[0:8, 0:64] = s[0:8, 0:64] + a[0:8, 0:64]
+    return c
+
+
+def _alive(cls) -> int:
+    return sum(type(o) is cls for o in gc.get_objects())
+
+
+@pytest.mark.parametrize("read_edges", [False, True])
+def test_task_graph_is_freed_by_refcount(read_edges, no_gc):
+    from pto.runtime.graph import Block
+    from pto.runtime.heap import Buffer
+    was = pto.runtime.program_cache_enabled()
+    pto.runtime.set_program_cache(False)  # a plain run (a recording would keep its own graph)
+    a, c = torch.randn(8, 64), torch.zeros(8, 64)
+    before = (_alive(Block), _alive(Buffer))
+    try:
+        prog = _held_scopes.run(a, c)
+    finally:
+        pto.runtime.set_program_cache(was)
+    assert torch.equal(c, a + a)
+    graph, stats = prog.graph, prog.stats
+    refs = [weakref.ref(graph), weakref.ref(graph.tasks[1]), weakref.ref(prog.buffers[-1].data)]
+    assert graph.tasks[0].blocks[1].task is graph.tasks[0] and _alive(Block) == before[0] + 3
+    if read_edges:
+        assert stats.edges == 1 and graph.tasks[1].preds == {0}
+    del prog, graph, stats
+    assert [r() for r in refs] == [None] * len(refs)  # no cycle: freed with the GC off
+    assert (_alive(Block), _alive(Buffer)) == before
+
+
 def test_malloc_tuning_is_set_on_glibc_and_can_be_turned_off(monkeypatch):
     import sys
 

@@ -98,6 +98,9 @@ class spmd:
         the generator ``phased_body`` in phases, yielding nothing), then close the task."""
         prog = _ctx.program("pl.spmd")
         task = prog.begin_task(self.name, self.n, _deps_list(self.deps), self._site)
+        # keep the site, not the frame: a kernel holding the spmd object in a local (``g = pl.spmd(n)``)
+        # would otherwise form a frame <-> spmd cycle, keeping every caller frame's locals alive until a collection
+        self._site = task.site
         self.tid = task.id
         ok = False
         try:
@@ -126,6 +129,7 @@ class spmd:
                            "or the decorator form for more than one block")
         prog = _ctx.program("pl.spmd")
         self._task = prog.begin_task(self.name, 1, _deps_list(self.deps), self._site)
+        self._site = self._task.site  # the site, not the frame (see _blocks)
         self.tid = self._task.id
         prog.begin_block(self._task, 0)
         return self.tid
@@ -201,6 +205,7 @@ class at:
         if prog is None:
             _ctx.program("pl.at")  # raises: outside a program
         self._task = prog.begin_task(self.name, 1, _deps_list(self.deps) if self.deps else [], self._site, True)
+        self._site = self._task.site  # the site, not the frame: no frame <-> task-scope reference cycle
         self._prog = prog
         self.tid = self._task.id
         return self.tid

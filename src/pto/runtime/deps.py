@@ -386,30 +386,42 @@ def derive_task(tracker: DepTracker, task) -> set:
 
 
 class LazyDerivation:
-    """Derivation on demand (a plain run: no check mode): finished tasks wait in ``pending``
-    with ``task._preds`` None; the first read of any such task's ``preds`` derives every
-    pending task in submission order through the program's tracker. Derivation is a function of
+    """Derivation on demand (a plain run: no check mode): finished tasks wait with
+    ``task._preds`` None, their ``(id, grouped, manual, explicit)`` in ``pending``; the first read
+    of any such task's ``preds`` derives every pending task in submission order through the
+    program's tracker into ``derived`` ({task id: preds}), from where each task takes its own on
+    its first read. ``pending`` holds the tasks' footprints, not the tasks, so tasks and this
+    record form no reference cycle (a graph is freed by refcount). Derivation is a function of
     the footprints, the order and the manual flags only, so the edges equal an eager derivation's."""
 
-    __slots__ = ("tracker", "pending")
+    __slots__ = ("tracker", "pending", "derived")
 
     def __init__(self, tracker: DepTracker):
         self.tracker = tracker
         self.pending: list = []
+        self.derived: dict = {}
 
     def add(self, task) -> None:
-        """Queue the finished ``task`` (its ``grouped`` footprints are set)."""
+        """Queue the finished ``task`` (its ``grouped`` footprints are set and stay as they are)."""
         task._preds = None
         task._lazy = self
-        self.pending.append(task)
+        self.pending.append((task.id, task.grouped, task.manual, task.explicit))
 
     def run(self) -> None:
-        """Derive the preds of every pending task, in order."""
+        """Derive the preds of every pending task, in order, into ``derived`` (as :func:`derive_task`)."""
         pending, self.pending = self.pending, []
         tracker = self.tracker
-        for t in pending:
-            t._preds = derive_task(tracker, t)
-            t._lazy = None
+        derived = self.derived
+        for tid, g, manual, explicit in pending:
+            if not g:
+                preds = set()
+            elif type(g) is list:
+                preds = tracker.derive_raw(tid, g, manual)
+            else:
+                preds = tracker.derive(tid, g, manual)
+            if explicit:
+                preds.update(explicit)
+            derived[tid] = preds
 
 
 def derive_kinds(tasks) -> dict:

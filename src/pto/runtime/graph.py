@@ -10,6 +10,7 @@ trace (docs/dsl.md).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 from pto.runtime.deps import derive_kinds
@@ -34,10 +35,28 @@ class Footprint:
         return f"{self.kind} {self.buffer}[{r0}:{r1}, {c0}:{c1}]"
 
 
-class Block:
+class _TaskRef:
+    """The weak link of a :class:`Block` to its task (a base class, so that ``Block.__slots__``
+    lists the block's own record: index, phase, counters, footprints)."""
+
+    __slots__ = ("_task",)
+
+    @property
+    def task(self):
+        """The Task this block belongs to (None once that task is freed)."""
+        return self._task()
+
+    @task.setter
+    def task(self, task) -> None:
+        self._task = task._ref
+
+
+class Block(_TaskRef):
     """One block of a task: counters for the cost model and its footprints.
 
     Attributes:
+        task: the Task of the block, held weakly (the task holds its blocks, so the graph has no
+            reference cycle and is freed by refcount); None once that task is freed.
         idx: block index; phase: barrier phase (0 without syncall).
         ops, flops, bytes: tile ops (matmuls included), floating/integer ops, GM bytes moved.
         ld, st, mm: GM loads (tile loads and scalar reads), GM stores (tile stores, atomic
@@ -49,10 +68,10 @@ class Block:
         fp: list of ``(buffer, box, kind)`` (kind 0 read, 1 write, 2 atomic).
     """
 
-    __slots__ = ("task", "idx", "phase", "ops", "flops", "bytes", "ld", "st", "mm", "vk", "cube", "fp")
+    __slots__ = ("idx", "phase", "ops", "flops", "bytes", "ld", "st", "mm", "vk", "cube", "fp")
 
     def __init__(self, task, idx, phase=0):
-        self.task = task
+        self._task = task._ref
         self.idx = idx
         self.phase = phase
         self.ops = 0
@@ -84,7 +103,7 @@ class Task:
     """
 
     __slots__ = ("id", "name", "kind", "site", "n_blocks", "blocks", "_preds", "explicit", "manual", "_fps",
-                 "wall_ns", "_bufs", "t0", "grouped", "_lazy")
+                 "wall_ns", "_bufs", "t0", "grouped", "_lazy", "_ref", "__weakref__")
 
     def __init__(self, tid, name, kind, site, n_blocks, explicit, manual):
         self.id = tid
@@ -102,6 +121,7 @@ class Task:
         self._bufs = None
         self.t0 = 0
         self.grouped = None
+        self._ref = weakref.ref(self)  # what its blocks hold (Block.task)
 
     @property
     def preds(self) -> set:
@@ -109,8 +129,11 @@ class Task:
         ``preds`` is read (deps.LazyDerivation), in submission order, as an eager derivation would."""
         p = self._preds
         if p is None:
-            self._lazy.run()
-            p = self._preds
+            lazy = self._lazy
+            if lazy.pending:
+                lazy.run()
+            p = self._preds = lazy.derived.pop(self.id)
+            self._lazy = None
         return p
 
     @preds.setter

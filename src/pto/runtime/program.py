@@ -10,9 +10,10 @@ are exactly as before the call: nothing is lost or half-written. Check mode,
 graph-only mode, ``block_order`` runs, pypto compatibility, ``pld`` windows and an
 Out/InOut tensor sharing memory with another argument work on private copies,
 copied back at the end (``_writes_in_place``). At its end a program's buffers stop
-pointing back to it (a sentinel), so the Program is freed by refcount; its task graph
-(tasks and blocks point at each other) is left to the cyclic GC: freeing it by refcount
-cost more at the end of a 10k-task program than the collection it saves.
+pointing back to it (a sentinel), so the Program is freed by refcount, and so is its task
+graph: it holds no reference cycle (a block holds its task weakly, the pending derivation
+holds footprints, not tasks, and a task scope keeps its site string, not the kernel's frame),
+so it is freed when its last holder drops it, without a collection.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from pto.runtime.graph import KIND_NAMES, Block, Footprint, Task, TaskGraph
 from pto.runtime.graph_only import GraphOnlyState
 from pto.runtime.heap import POISON_BYTE, Buffer, RingHeap, validate_init_value
 
-__all__ = ["RunConfig", "Program", "ProgramStats"]
+__all__ = ["RunConfig", "Program", "ProgramStats", "gc_paused"]
 
 
 @dataclass
@@ -228,6 +229,8 @@ _SITES: dict = {}
 def _site(frame) -> str:
     if frame is None:
         return "<unknown>"
+    if type(frame) is str:
+        return frame
     code = frame.f_code
     hit = _SITES.get((id(code), frame.f_lasti))
     if hit is None:
@@ -722,7 +725,7 @@ class Program:
                 if self.races is None:  # _close_task of a plain run, inline
                     lazy = self.lazy
                     task._preds, task._lazy = None, lazy
-                    lazy.pending.append(task)
+                    lazy.pending.append((task.id, fp, task.manual, task.explicit))
                     if not self.config.keep_footprints:
                         blocks[0].fp = None
                     return
@@ -1004,16 +1007,35 @@ def _gc_resume() -> None:
 
     The objects the run allocated (its task graph: about 11 per single-block task) are all in the
     youngest generation then, and its count is far past the threshold: the next allocation of a
-    tracked object runs that collection. ``Program.execute`` calls this last, so that the
-    collection comes after the caller has taken the result (and, usually, dropped the Program):
-    one pass frees the graph, instead of one promoting it while the Program is still referenced
-    and another one freeing it later. That pass costs about 1.5 us per task, and up to three times
-    as much when the object allocator's pools are fragmented (after a program-cache recording's
-    objects were freed): the run's objects are then scattered over them."""
+    tracked object runs a collection. ``Program.execute`` calls this last, so that the
+    collection comes after the caller has taken the result: a caller that dropped the Program
+    freed its graph by refcount (it holds no cycle), so that pass finds next to nothing; one that
+    keeps the Program while it allocates (reading its statistics) has the pass move the live
+    graph to an older generation, about 1.5 us per task, up to three times as much when the
+    object allocator's pools are fragmented. :func:`gc_paused` around the call and the reads
+    avoids it."""
     with _GC_LOCK:
         _GC_STATE[0] -= 1
         if _GC_STATE[0] == 0 and _GC_STATE[1]:
             gc.enable()
+
+
+class gc_paused:
+    """``with gc_paused(): prog = kernel.run(...); read prog.stats; del prog``: the cyclic GC
+    stays paused (as inside a program) until the block ends, so a caller that reads a program's
+    statistics and then drops it never has a collection scan the live task graph; the graph is
+    freed by refcount when dropped. Nests with running programs and other such blocks, in any
+    thread."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> "gc_paused":
+        _gc_pause()
+        return self
+
+    def __exit__(self, et, ev, tb) -> bool:
+        _gc_resume()
+        return False
 
 
 def _record_block_error(err: PtoError) -> None:

@@ -54,6 +54,7 @@ from pto.models.deepseek_v4.tiling import token_capacity
 from pto.models.deepseek_v4.weight_format import torch_weight_dtype
 from pto.models.deepseek_v4.weights import Checkpoint, attention_inputs, moe_inputs
 from pto.runtime import RunConfig
+from pto.runtime.program import gc_paused
 
 __all__ = ["KernelModel", "KernelState", "KernelStats", "layer_kernels"]
 
@@ -132,19 +133,7 @@ def _forward(cfg: DeepSeekV4Config, layers: list, emb, head, args, prefill: bool
     def stream(name):
         return pl.create_tensor([t, HC, D], pl.FP32, capacity=cap, name=name)
 
-    def run(lo, hi, x_in, x_out):  # layers lo .. hi-1: x_in -> x_out
-        if hi - lo == 1:
-            mark(f"L{lo} attention {_FAMILY[cfg.compress_ratios[lo]]}")
-            with pl.scope():
-                layers[lo](x_in, args[at[lo]:at[lo + 1]], input_ids, x_out, lo, num_tokens,
-                           mark=lambda: mark(f"L{lo} moe"))
-            return
-        mid = (lo + hi) // 2
-        with pl.scope():
-            x_m = stream(f"x_layer{mid - 1}")
-            run(lo, mid, x_in, x_m)
-            run(mid, hi, x_m, x_out)
-
+    run = _LayerRange(cfg, layers, args, at, input_ids, num_tokens, mark, stream)
     x_last = stream(f"x_layer{len(layers) - 1}")
     with pl.scope():
         mark("embedding")
@@ -156,6 +145,31 @@ def _forward(cfg: DeepSeekV4Config, layers: list, emb, head, args, prefill: bool
     head(x_last, hc_fn, hc_scale, hc_base, norm_w, head_w, logits)
     mark(None)
     return logits
+
+
+class _LayerRange:
+    """The layers of :func:`_forward`: ``run(lo, hi, x_in, x_out)`` runs layers ``lo .. hi-1``
+    (``x_in`` -> ``x_out``), halving the range with the middle stream in a scope around it. A
+    callable object, not a closure calling itself, so the step's arguments are in no reference
+    cycle and are freed by refcount when the program ends."""
+
+    def __init__(self, cfg, layers, args, at, input_ids, num_tokens, mark, stream):
+        self.cfg, self.layers, self.args, self.at = cfg, layers, args, at
+        self.input_ids, self.num_tokens, self.mark, self.stream = input_ids, num_tokens, mark, stream
+
+    def __call__(self, lo: int, hi: int, x_in, x_out) -> None:
+        mark, at = self.mark, self.at
+        if hi - lo == 1:
+            mark(f"L{lo} attention {_FAMILY[self.cfg.compress_ratios[lo]]}")
+            with pl.scope():
+                self.layers[lo](x_in, self.args[at[lo]:at[lo + 1]], self.input_ids, x_out, lo, self.num_tokens,
+                                mark=lambda: mark(f"L{lo} moe"))
+            return
+        mid = (lo + hi) // 2
+        with pl.scope():
+            x_m = self.stream(f"x_layer{mid - 1}")
+            self(lo, mid, x_in, x_m)
+            self(mid, hi, x_m, x_out)
 
 
 def _jit(name: str, doc: str, names: list[str], annotations: dict, body):
@@ -389,9 +403,13 @@ class KernelModel:
             self.cache.release(state.rid)
 
     def _run(self, name: str, entry, *args) -> None:
-        t0 = time.perf_counter()
-        prog = entry.run(*args, config=self.run_config)
-        self.stats.add(name, prog, time.perf_counter() - t0)
+        # the GC stays paused until the program is counted and dropped: its graph is then freed by
+        # refcount, where a collection at the first allocation after the run would scan it live
+        with gc_paused():
+            t0 = time.perf_counter()
+            prog = entry.run(*args, config=self.run_config)
+            self.stats.add(name, prog, time.perf_counter() - t0)
+            del prog
 
     def layer_args(self, i: int, rids: list[int], pos, prefill: bool, memo: dict | None = None) -> list:
         """Layer ``i``'s program arguments after ``x_hc`` (the attention block's, then the
