@@ -31,7 +31,7 @@ from pto.language.tile_ops import (_INT_RANGE, PadValue, Tile, _int_fits, _int_r
 from pto.language.typing import ScalarValue, as_int, concrete
 
 __all__ = ["GMTensor", "AtomicType", "create_tensor", "slice", "reshape", "assemble", "read",
-           "write", "write_values", "arange_runs", "load", "gather_rows", "store", "dim", "max", "min", "R", "W", "A"]
+           "write", "write_values", "arange_runs", "store_rows", "load", "gather_rows", "store", "dim", "max", "min", "R", "W", "A"]
 
 R, W, A = 0, 1, 2  # footprint kinds: read, plain write, atomic add
 _pyslice = slice
@@ -1651,3 +1651,103 @@ def min(a, b):  # noqa: A001 - DSL name
         DslError: an operand that is not a scalar (a tile: use ``pl.minimum`` / ``pl.row_min``).
     """
     return _extreme("min", a, b, lambda x, y: x if x <= y else y)
+
+
+def store_rows(dst, rows, src, col=0, src_rows=None):
+    """Tile rows into rows ``rows`` of the rank-2 GM tensor ``dst`` (inside a task), in one call;
+    returns ``dst``.
+
+    ``pl.store_rows(y, rows, t, c, src_rows)`` is ``for k, r in enumerate(rows): pl.assemble(y,
+    pl.slice(t, [1, w], [src_rows[k], 0]), [r, c])`` with ``w = t.shape[1]`` (``src_rows``
+    defaults to ``0 .. len(rows) - 1``); with a list of ``[1, w]`` tiles as ``src`` it is
+    ``pl.assemble(y, src[k], [rows[k], c])`` (``src_rows`` then not given). The same effects in
+    the same order: per row one write footprint box, one GM store and its bytes (the simulator's
+    per-store latency), a repeated row keeps the later one, and the same errors, raised at the
+    first row that fails after the ones before it were stored. In-bounds int rows and plain
+    all-defined tiles into a plain tensor take one torch row copy; anything else (check mode,
+    graph-only, a repeated row, symbolic values) goes row by row. For scatters of rows through an
+    index map (state rows by slot, cache rows by destination) built in Python.
+
+    Args:
+        dst: rank-2 GM tensor (a view whose rows are root rows takes the one-copy path).
+        rows: list or tuple of destination row indices (ints, or scalars read with ``pl.read``).
+        src: a rank-2 tile, or a list or tuple of ``[1, w]`` tiles (one per row).
+        col: the first destination column (int).
+        src_rows: with a tile ``src``: the tile row stored at each ``rows[k]``, ``len(rows)``
+            entries (default ``0 .. len(rows) - 1``).
+
+    Raises:
+        DslError: ``rows`` / ``src_rows`` not a list or tuple or of different lengths, ``src_rows``
+            with a list ``src``, and what ``pl.slice`` and ``pl.assemble`` raise for a row (a store
+            outside a task, a window out of bounds, dtypes that differ).
+    """
+    if type(rows) not in (list, tuple):
+        raise DslError(f"pl.store_rows: rows must be a list or tuple of row indices, got {type(rows).__name__}"
+                       f"{_where()}")
+    listed = type(src) in (list, tuple)
+    if listed:
+        if src_rows is not None:
+            raise DslError(f"pl.store_rows: src_rows goes with a tile source, got a list of tiles{_where()}")
+        if len(src) != len(rows):
+            raise DslError(f"pl.store_rows: {len(src)} source tiles for {len(rows)} rows{_where()}")
+    elif src_rows is None:
+        src_rows = range(len(rows))
+    elif type(src_rows) not in (list, tuple) or len(src_rows) != len(rows):
+        raise DslError(f"pl.store_rows: src_rows must be a list or tuple of {len(rows)} tile rows, got {src_rows!r}"
+                       f"{_where()}")
+    if not listed and not isinstance(src, Tile):
+        raise DslError(f"pl.store_rows: src must be a tile or a list of tiles, got {type(src).__name__}{_where()}")
+    n = len(rows)
+    if n == 0:
+        return dst
+    if type(dst) is GMTensor and dst._rows is not None and len(dst._shape) == 2 and type(col) is int:
+        buf = dst.buf
+        blk = buf.program.cur_block
+        d = dst.data
+        data = None
+        if listed:
+            t0 = src[0]
+            if all(type(t) is Tile and t.mask is None and t.valid is None for t in src):
+                parts = [t.data for t in src]
+                w = t0.data.shape[-1] if t0.data.dim() == 2 else -1
+                if all(p.dim() == 2 and p.shape[0] == 1 and p.shape[1] == w and p.dtype == d.dtype and not p.is_meta
+                       for p in parts):
+                    data = torch.cat(parts)
+        elif (type(src) is Tile and src.mask is None and src.data.dim() == 2 and src.data.dtype == d.dtype
+              and not src.data.is_meta):
+            w = src.data.shape[1]
+            m = src.data.shape[0]
+            if set(map(type, src_rows)) == _INT_ONLY and 0 <= builtins.min(src_rows) and builtins.max(src_rows) < m:
+                data = src.data if list(src_rows) == list(range(m)) else src.data.index_select(
+                    0, torch.tensor(list(src_rows), dtype=torch.int64))
+        shape = dst._shape
+        br, bc, q = dst._rows
+        if (data is not None and blk is not None and not buf.slow and not buf.readonly and buf.go is None
+                and buf.shadow is None and not d.is_meta and set(map(type, rows)) == _INT_ONLY
+                and 0 <= builtins.min(rows) and builtins.max(rows) < shape[0] and 0 <= col and 0 < w
+                and col + w <= shape[1] and bc + col + w <= buf.C and len(set(rows)) == n):
+            # fast path: distinct in-bounds rows of a view whose rows are root rows, a plain
+            # buffer: the rows in one index copy, a box, a store and its bytes per row, as the
+            # one-row stores (_store_rows) record them
+            st0, st1 = dst._strides
+            off = buf.base_off + dst._off + col * st1
+            if buf.undo is not None:  # an argument written in place: keep what the stores overwrite,
+                k = 0  # one window per run of consecutive rows (the same elements as a save per row)
+                while k < n and buf.undo is not None:
+                    j = k + 1
+                    while j < n and rows[j] == rows[k] + (j - k):
+                        j += 1
+                    buf.save_window((j - k, w), dst._strides, off + rows[k] * st0)
+                    k = j
+            d.as_strided((shape[0], w), (st0, st1), off).index_copy_(0, torch.tensor(rows, dtype=torch.int64), data)
+            c0, c1 = bc + col, bc + col + w
+            blk.fp.extend([(buf, (br + r * q, br + r * q + 1, c0, c1), W) for r in rows])
+            blk.bytes += n * w * dst._itemsize
+            blk.st += n
+            return dst
+    for k, r in enumerate(rows):  # the general path: row by row
+        if listed:
+            assemble(dst, src[k], [r, col])
+        else:
+            assemble(dst, slice(src, [1, src.shape[-1]], [src_rows[k], 0]), [r, col])
+    return dst
