@@ -469,13 +469,14 @@ def prefill_compressor_ratio128(
         slot_t = pl.slice(state_slot_mapping, [ST], [t0], valid_shape=[active])
         pos_t = pl.slice(position_ids, [ST], [t0], valid_shape=[active])
         slots, positions = pl.read_values(slot_t, [0], active), pl.read_values(pos_t, [0], active)
-        for i in pl.range(active):
-            slot = slots[i]
-            if slot < 0:
-                continue
-            a = positions[i] % M
-            state_rows[slot:slot + 1, 0:d] = pl.slice(kv_t, [1, d], [i, 0])
-            state_rows[slot:slot + 1, d:2 * d] = pl.slice(score_t, [1, d], [i, 0]) + ape[a:a + 1, 0:d]
+        keep = [i for i in range(active) if slots[i] >= 0]  # a token with slot -1 has no state row
+        dst = [slots[i] for i in keep]
+        # per kept token: its kv row, then its score row + ape[pos % 128] (one load and one add
+        # per token), each one row store into its state slot (pl.store_rows: the one-row stores
+        # in one call)
+        pl.store_rows(state_rows, dst, kv_t, 0, src_rows=keep)
+        pl.store_rows(state_rows, dst, [score_t[i:i + 1, :] + ape[positions[i] % M:positions[i] % M + 1, 0:d]
+                                        for i in keep], d)
 
     PH = tl.pool_h
     n_head = d // PH

@@ -335,13 +335,14 @@ def ratio4_compress_tasks(x, compress_state, state_block_table, wkv, wgate, ape,
         slot_t = pl.slice(state_slot_mapping, [ST], [t0], valid_shape=[active])
         pos_t = pl.slice(position_ids, [ST], [t0], valid_shape=[active])
         slots, positions = pl.read_values(slot_t, [0], active), pl.read_values(pos_t, [0], active)
-        for i in pl.range(active):
-            slot = slots[i]
-            if slot < 0:
-                continue
-            a = positions[i] % m
-            state_rows[slot:slot + 1, 0:2 * c] = pl.slice(kv_t, [1, 2 * c], [i, 0])
-            state_rows[slot:slot + 1, 2 * c:4 * c] = pl.slice(score_t, [1, 2 * c], [i, 0]) + ape[a:a + 1, 0:2 * c]
+        keep = [i for i in range(active) if slots[i] >= 0]  # a token with slot -1 has no state row
+        dst = [slots[i] for i in keep]
+        # per kept token: its kv row, then its score row + ape[pos % 4] (one load and one add per
+        # token), each one row store into its state slot (pl.store_rows: the one-row stores in
+        # one call)
+        pl.store_rows(state_rows, dst, kv_t, 0, src_rows=keep)
+        scored = [score_t[i:i + 1, :] + ape[positions[i] % m:positions[i] % m + 1, 0:2 * c] for i in keep]
+        pl.store_rows(state_rows, dst, scored, 2 * c)
 
     n_head = c // PH
     for blk in pl.spmd(n_writes * n_head, name_hint=f"{prefix}_softmax_pool"):
