@@ -172,16 +172,19 @@ def prefill_attention_hca_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
         swa.swa_window_indices(position_ids, block_table, num_tokens, swa_indices)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_hca_cmp_indices"):
             positions = pl.read_values(position_ids, [0], active)  # the active tokens' positions, one call
+            rows = []
             for tok in pl.range(t):
-                row = pl.full([1, TOPK], pl.INT32, -1)
+                runs = []
                 if tok < active:
                     n_vis = (positions[tok] + 1) // HCA_RATIO
                     if n_vis > NCC:
                         raise BindError(f"prefill_attention_hca: token {tok} sees {n_vis} compressed entries, the "
                                         f"sparse-attention core attends {NCC} (config {cfg.name!r})")
                     if n_vis > 0:
-                        row = pl.assemble(row, pl.arange(0, [1, n_vis], dtype=pl.INT32), [0, 0])
-                pl.assemble(cmp_indices, row, [tok, 0])
+                        runs = [(0, 0, n_vis)]
+                # pl.full(-1), then pl.arange(0, [1, n_vis]) at column 0 when the token sees an entry
+                rows.append(pl.arange_runs([1, TOPK], pl.INT32, -1, runs))
+            pl.store_rows(cmp_indices, list(range(t)), rows)  # row tok into cmp_indices[tok]: one store per row
         attn(f.q, kv_cache, swa_indices, cmp_kv, cmp_block_table, cmp_indices, attn_sink, num_tokens, f.rope_cos_t,
              f.rope_sin_t, wo_a, wo_b, wo_b_scale, attn_out)
         hc_post_prefill(attn_out, x_hc, f.post, f.comb, x_out, num_tokens)

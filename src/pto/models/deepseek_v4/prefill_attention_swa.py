@@ -135,16 +135,17 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
         active = check_num_tokens("prefill_attention_swa", num_tokens, t)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_window_indices") as tid:
             positions = pl.read_values(position_ids, [0], active)  # the active tokens' positions, one call
+            rows = []
             for tok in pl.range(t):
                 if tok < active:
                     pos = positions[tok]
                     if pos < 0:
                         raise BindError(f"prefill_attention_swa: position_ids[{tok}] = {pos} is negative")
-                    row = window_row("prefill_attention_swa", tok, pos, block_table, (), window=W, block_size=BS,
-                                     n_blocks=NBLK, n_pages=P)
+                    rows.append(window_row("prefill_attention_swa", tok, pos, block_table, (), window=W,
+                                           block_size=BS, n_blocks=NBLK, n_pages=P))
                 else:
-                    row = pl.full([1, W], pl.INT32, -1)
-                pl.assemble(swa_indices, row, [tok, 0])
+                    rows.append(pl.full([1, W], pl.INT32, -1))
+            pl.store_rows(swa_indices, list(range(t)), rows)  # row tok into swa_indices[tok]: one store per row
         return tid
 
     @pl.jit

@@ -512,9 +512,10 @@ def prefill_compressor_ratio128(
                                                           eps=cfg.rms_norm_eps, n_nope=n_nope)
 
     with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_hca_c128_kv_finalize"):
-        for i, dst in enumerate(pl.read_values(write_dst_map, [0, 0], n_writes)):
-            if dst >= 0:
-                cmp_rows[dst:dst + 1, 0:d] = pl.cast(normed_kv_pad[i:i + 1, 0:d], pl.BF16, mode="rint")
+        kept = [(i, dst) for i, dst in enumerate(pl.read_values(write_dst_map, [0, 0], n_writes)) if dst >= 0]
+        # per kept slot: its pad row loaded and cast (one load, one cast), then one row store each
+        pl.store_rows(cmp_rows, [dst for _, dst in kept],
+                      [pl.cast(normed_kv_pad[i:i + 1, 0:d], pl.BF16, mode="rint") for i, _ in kept])
     return cmp_kv, compress_state
 
 

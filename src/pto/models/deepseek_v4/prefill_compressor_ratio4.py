@@ -385,9 +385,10 @@ def ratio4_cache_write(normed_kv_pad, write_dst_map, n_writes: int, cmp_kv, widt
     row ``i`` for every write slot with a destination (one ``at`` task ``<prefix>_cache_write``)."""
     cmp_rows = pl.reshape(cmp_kv, [cmp_kv.shape[0] * cmp_kv.shape[1], width])
     with pl.at(level=pl.Level.CORE_GROUP, name_hint=f"{prefix}_cache_write"):
-        for i, dst in enumerate(pl.read_values(write_dst_map, [0, 0], n_writes)):
-            if dst >= 0:
-                cmp_rows[dst:dst + 1, 0:width] = pl.cast(normed_kv_pad[i:i + 1, 0:width], pl.BF16, mode="rint")
+        kept = [(i, dst) for i, dst in enumerate(pl.read_values(write_dst_map, [0, 0], n_writes)) if dst >= 0]
+        # per kept slot: its pad row loaded and cast (one load, one cast), then one row store each
+        pl.store_rows(cmp_rows, [dst for _, dst in kept],
+                      [pl.cast(normed_kv_pad[i:i + 1, 0:width], pl.BF16, mode="rint") for i, _ in kept])
 
 
 def _check_cache(kernel: str, cache, cfg, width: int) -> None:

@@ -98,11 +98,16 @@ def indexer_cache_write(normed_kv_pad, write_dst_map, n_writes: int, hadamard, i
         else:
             codes, s = int8_quantize_rows(pl.cast(k, pl.FP32))
             dq = pl.recip(s)
-        for i, dst in enumerate(pl.read_values(write_dst_map, [0, 0], n_writes)):
-            if dst >= 0:
-                cache_rows[dst:dst + 1, 0:width] = pl.slice(codes, [1, width], [i, 0])
-                # a [1, 1] store is below the DMA minimum
-                pl.write(scale_rows, [dst, 0], 1.0 if dq is None else pl.read(dq, [i, 0]))
+        kept = [(i, dst) for i, dst in enumerate(pl.read_values(write_dst_map, [0, 0], n_writes)) if dst >= 0]
+        rows, slots = [dst for _, dst in kept], [i for i, _ in kept]
+        pl.store_rows(cache_rows, rows, codes, 0, src_rows=slots)  # one row store per kept slot
+        # a [1, 1] store is below the DMA minimum: one scalar store per kept slot (pl.write of the
+        # scale, a [1, 1] element store; pl.store_rows of dq's rows records the same)
+        if dq is None:
+            for dst in rows:
+                pl.write(scale_rows, [dst, 0], 1.0)
+        else:
+            pl.store_rows(scale_rows, rows, dq, 0, src_rows=slots)
 
 
 def _check_idx_cache(kernel: str, cache, scale, cfg) -> None:
