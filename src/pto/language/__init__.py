@@ -10,8 +10,8 @@ from pto.language.control import Level, at, manual_scope, parallel, pipeline, ra
 from pto.language.dtypes import (BF16, BOOL, FP16, FP32, INDEX, INT8, INT16, INT32, INT64, TASK_ID, UINT8,
                                  UINT32, DType)
 from pto.language.jit import jit
-from pto.language.tensor_ops import (AtomicType, GMTensor, arange_runs, assemble, create_tensor, gather_rows, load,
-                                     read, read_values, reshape, slice, store, store_rows, write,
+from pto.language.tensor_ops import (AtomicType, GMTensor, arange_rows, arange_runs, assemble, create_tensor,
+                                     gather_rows, load, read, read_values, reshape, slice, store, store_rows, write,
                                      write_values)
 from pto.language.tensor_ops import dim as _dim
 from pto.language.tensor_ops import max, min  # noqa: A004 - DSL names

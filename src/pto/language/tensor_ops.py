@@ -31,7 +31,7 @@ from pto.language.tile_ops import (_INT_RANGE, PadValue, Tile, _int_fits, _int_r
 from pto.language.typing import ScalarValue, as_int, concrete
 
 __all__ = ["GMTensor", "AtomicType", "create_tensor", "slice", "reshape", "assemble", "read",
-           "write", "write_values", "arange_runs", "store_rows", "load", "gather_rows", "store", "dim", "max", "min", "R", "W", "A"]
+           "write", "write_values", "arange_runs", "arange_rows", "store_rows", "load", "gather_rows", "store", "dim", "max", "min", "R", "W", "A"]
 
 R, W, A = 0, 1, 2  # footprint kinds: read, plain write, atomic add
 _pyslice = slice
@@ -1751,3 +1751,66 @@ def store_rows(dst, rows, src, col=0, src_rows=None):
         else:
             assemble(dst, slice(src, [1, src.shape[-1]], [src_rows[k], 0]), [r, col])
     return dst
+
+
+def arange_rows(shape, dtype, fill, rows) -> list:
+    """``[pl.arange_runs(shape, dtype, fill, runs) for runs in rows]`` in one call: a list of
+    ``len(rows)`` ``[1, N]`` integer tiles, row ``m`` the fill with the runs ``rows[m]``.
+
+    The same tiles, counted as those tile ops (``1 + len(rows[m])`` per row: one ``pl.full`` and
+    one ``pl.arange`` per run, no kind), the same errors (raised at the first row that fails
+    after the ones before it were built). When every row takes :func:`arange_runs`' one-call path
+    the rows are built in one numpy array and one torch tensor, each tile a row view of it
+    (disjoint rows: a write into one tile is not seen by another). For the index rows of many
+    tokens at once (sliding-window rows through a block table), to be stored with
+    :func:`store_rows`.
+
+    Args:
+        shape: ``[1, N]``, ints (any other shape is the composition above).
+        dtype: an integer dtype.
+        fill: int, the value outside the runs.
+        rows: list or tuple of run lists, each as :func:`arange_runs`' ``runs`` (``(col, start, n)``
+            int triples).
+
+    Raises:
+        DslError: ``rows`` not a list or tuple, and what :func:`arange_runs` raises for a row.
+    """
+    if type(rows) not in (list, tuple):
+        raise DslError(f"pl.arange_rows: rows must be a list of run lists, got {type(rows).__name__}{_where()}")
+    if not rows:
+        return []
+    dt = as_dtype(dtype)
+    r = _INT_RANGE.get(dt.torch)
+    if (r is not None and type(shape) in (list, tuple) and len(shape) == 2 and type(shape[0]) is int
+            and shape[0] == 1 and type(shape[1]) is int and shape[1] >= 0 and type(fill) is int
+            and r[0] <= fill <= r[1] and dt.torch in _NP_DTYPE):
+        width = shape[1]
+        lo, hi = r
+        arr = _np.full((len(rows), width), fill, dtype=_NP_DTYPE[dt.torch])
+        n_ops = 0
+        ok = True
+        for m, runs in enumerate(rows):
+            if type(runs) not in (list, tuple):
+                ok = False
+                break
+            n_ops += 1 + len(runs)
+            for run in runs:  # arange_runs' checks of its one-call path
+                if type(run) is not tuple or len(run) != 3:
+                    ok = False
+                    break
+                col, start, n = run
+                if not (type(col) is int and type(start) is int and type(n) is int and 0 <= n and 0 <= col
+                        and col + n <= width and lo <= start and start + n - 1 <= hi):
+                    ok = False
+                    break
+                if n:
+                    arr[m, col:col + n] = _np.arange(start, start + n)
+            if not ok:
+                break
+        if ok:
+            data = torch.from_numpy(arr).clone()  # a tensor of its own (not the recording's constant)
+            blk = _ctx.state.block
+            if blk is not None:  # per row one pl.full and one pl.arange per run (tile_ops._count, no kind)
+                blk.ops += n_ops
+            return [Tile(row) for row in data.split(1)]
+    return [arange_runs(shape, dtype, fill, runs) for runs in rows]  # the general path: row by row
