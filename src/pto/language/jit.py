@@ -61,6 +61,9 @@ class JitFunction:
         # the tensor shapes of the latest entry call that bound by the fast path, per parameter
         # (None for a non-tensor): a call with the same shapes needs no dims check (_bind_fast)
         self._seen = [None]
+        # the same for calls inside a program (GM tensor arguments): _bind_gm_fast's plan and shapes
+        self._gspec = None
+        self._gseen = [None]
 
     def signature(self):
         """(inspect.Signature, {name: annotation}) with annotations evaluated.
@@ -85,6 +88,10 @@ class JitFunction:
 
     def __call__(self, *args, **kwargs):
         if _ctx.state.program is not None:
+            if not kwargs:
+                values = _bind_gm_fast(self, args)
+                if values is not None:
+                    return self.fn(*values)
             params = bind_arguments(self, args, kwargs, gm=True)
             return self.fn(*[p.value for p in params])
         return self.run(*args, **kwargs).result
@@ -303,6 +310,75 @@ def _bind_fast(spec: list, args, seen: list) -> list | None:
 
 
 _NO = object()  # _fast_scalar: the value does not bind
+_GM = []  # [GMTensor], imported on first use (tensor_ops is imported after this module)
+
+
+def _bind_gm_fast(jf: JitFunction, args) -> list | None:
+    """The argument values of a call of ``jf`` inside a program with every argument given
+    positionally (the missing trailing ones taking their defaults), when each binds (GM tensors of
+    the annotated dtype and dims, valid scalars): ``[p.value for p in bind_arguments(jf, args, {},
+    gm=True)]`` without the Params. None when anything is off (a bare ``pl.Tensor`` parameter,
+    another type, a mismatch): the general path then binds or raises its error.
+
+    As for entry calls (:func:`_bind_fast`), a call whose GM tensors all have the shapes of the
+    latest call that bound here has its dims checked already; ``jf._gseen[0]`` holds those."""
+    spec = jf._gspec
+    if spec is None:
+        jf.signature()
+        spec = jf._gspec = _bind_spec(jf, jf._anns)
+    if not spec:
+        return None
+    if len(args) != len(spec):
+        plain = jf._positional
+        if len(args) > len(spec) or any(d is inspect.Parameter.empty for _, d in plain[len(args):]):
+            return None
+        args = (*args, *[d for _, d in plain[len(args):]])  # the defaults, as the general path applies them
+    if not _GM:
+        from pto.language.tensor_ops import GMTensor
+        _GM.append(GMTensor)
+    gm = _GM[0]
+    last = jf._gseen[0]
+    values = list(args)
+    if last is not None:
+        for i, ((name, ann, kind, tdtype, dims, _w), value, shape) in enumerate(zip(spec, args, last)):
+            if kind == 0:
+                if type(value) is not gm or value.data.dtype != tdtype:
+                    return None
+                if value._shape != shape:
+                    break  # another shape: the full check below
+            elif kind == 1:
+                v = _fast_scalar(name, ann, value)
+                if v is _NO:
+                    return None
+                values[i] = v
+        else:
+            return values
+    dyn = None
+    shapes = []
+    for i, ((name, ann, kind, tdtype, dims, _w), value) in enumerate(zip(spec, args)):
+        shapes.append(None)
+        if kind == 0:
+            if type(value) is not gm or value.data.dtype != tdtype:
+                return None
+            shape = shapes[-1] = value._shape
+            if dims is not None:
+                if len(shape) != len(dims):
+                    return None
+                for want, got in zip(dims, shape):
+                    if isinstance(want, DynVar):  # the same extent wherever it appears
+                        if dyn is None:
+                            dyn = {}
+                        if dyn.setdefault(id(want), got) != got:
+                            return None
+                    elif want != got:
+                        return None
+        elif kind == 1:
+            v = _fast_scalar(name, ann, value)
+            if v is _NO:
+                return None
+            values[i] = v
+    jf._gseen[0] = shapes
+    return values
 
 
 def _fast_tensor(value, tdtype, written: bool) -> bool:
