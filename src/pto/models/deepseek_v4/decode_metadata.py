@@ -251,6 +251,17 @@ def window_row(kernel: str, tok: int, pos: int, block_table, table_row: tuple, *
         BindError: naming ``kernel``, a position past the block table, or a table entry naming a
             page outside the ``n_pages`` of the cache.
     """
+    return pl.arange_runs([1, window], pl.INT32, -1, window_runs(kernel, tok, pos, block_table, table_row,
+                                                                 window=window, block_size=block_size,
+                                                                 n_blocks=n_blocks, n_pages=n_pages))
+
+
+def window_runs(kernel: str, tok: int, pos: int, block_table, table_row: tuple, *, window: int, block_size: int,
+                n_blocks: int, n_pages: int) -> list:
+    """The ``pl.arange_runs`` runs ``[(column, first physical row, length), ...]`` of
+    :func:`window_row` (same arguments and errors): the table entries of the token's page
+    segments are read here, in one ``pl.read_values``; build the row (or many tokens' rows, with
+    ``pl.arange_rows``) from them."""
     valid = min(window, pos + 1)
     key = pos + 1 - valid
     if pos // block_size >= n_blocks:
@@ -269,7 +280,7 @@ def window_row(kernel: str, tok: int, pos: int, block_table, table_row: tuple, *
         if phys >= 0:
             runs.append((col, phys * block_size + off, seg))
         key, col = key + seg, col + seg
-    return pl.arange_runs([1, window], pl.INT32, -1, runs)  # pl.full(-1), then one pl.arange per segment
+    return runs  # the row: pl.full(-1), then one pl.arange per segment
 
 
 def scatter_rows_by_slot(rows, slot_mapping, n: int, cache_flat) -> None:
