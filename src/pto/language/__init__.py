@@ -11,8 +11,8 @@ from pto.language.dtypes import (BF16, BOOL, FP16, FP32, INDEX, INT8, INT16, INT
                                  UINT32, DType)
 from pto.language.jit import jit
 from pto.language.tensor_ops import (AtomicType, GMTensor, arange_rows, arange_runs, assemble, create_tensor,
-                                     gather_rows, load, read, read_values, reshape, slice, store, store_rows, write,
-                                     write_values)
+                                     gather_rows, load, read, read_elements, read_values, reshape, slice, store,
+                                     store_rows, write, write_values)
 from pto.language.tensor_ops import dim as _dim
 from pto.language.tensor_ops import max, min  # noqa: A004 - DSL names
 from pto.language.tile_ops import (CAST_MODES, PadValue, Tile, abs, add, arange, cast, col_expand,  # noqa: A004

@@ -31,7 +31,7 @@ from pto.language.tile_ops import (_INT_RANGE, PadValue, Tile, _int_fits, _int_r
 from pto.language.typing import ScalarValue, as_int, concrete
 
 __all__ = ["GMTensor", "AtomicType", "create_tensor", "slice", "reshape", "assemble", "read",
-           "write", "write_values", "arange_runs", "arange_rows", "store_rows", "load", "gather_rows", "store", "dim", "max", "min", "R", "W", "A"]
+           "write", "write_values", "arange_runs", "arange_rows", "store_rows", "read_elements", "load", "gather_rows", "store", "dim", "max", "min", "R", "W", "A"]
 
 R, W, A = 0, 1, 2  # footprint kinds: read, plain write, atomic add
 _pyslice = slice
@@ -1814,3 +1814,66 @@ def arange_rows(shape, dtype, fill, rows) -> list:
                 blk.ops += n_ops
             return [Tile(row) for row in data.split(1)]
     return [arange_runs(shape, dtype, fill, runs) for runs in rows]  # the general path: row by row
+
+
+def read_elements(src, idxs) -> list:
+    """``[pl.read(src, i) for i in idxs]`` in one call: the elements of a GM tensor at the indices
+    ``idxs`` (each a list or tuple of ints, one per dim; repeats allowed), as a Python list.
+
+    The same numbers and effects in the same order: inside a task one element footprint, one GM
+    load and its bytes per index, in orchestration one orchestration read per index; check mode,
+    graph-only tensors, symbolic indices and views without a box fast path go index by index
+    through ``pl.read`` (its errors, raised at the first index that fails). In-bounds int
+    indices of a plain rank-1 or rank-2 view take one indexed gather of the view. For the table
+    entries a kernel reads at data-dependent places (a block table per token).
+
+    Raises:
+        DslError: ``idxs`` not a list or tuple, and what ``pl.read`` raises for an index.
+    """
+    if type(idxs) not in (list, tuple):
+        raise DslError(f"pl.read_elements: idxs must be a list or tuple of indices, got {type(idxs).__name__}"
+                       f"{_where()}")
+    n = len(idxs)
+    if n == 0:
+        return []
+    if type(src) is GMTensor:
+        buf = src.buf
+        d = src.data
+        shape = src._shape
+        rank = len(shape)
+        if (not buf.slow and buf.go is None and (buf.shadow is None or buf.id in buf.program.sanitizer.clean)
+                and not d.is_meta and rank in (1, 2)
+                and all(type(i) in (list, tuple) and len(i) == rank for i in idxs)):
+            cols = [i[-1] for i in idxs]
+            boxes = None
+            if rank == 1 and src._fast is not None and len(src._fast) == 2:
+                if set(map(type, cols)) == _INT_ONLY and 0 <= builtins.min(cols) and builtins.max(cols) < shape[0]:
+                    br, bc = src._fast
+                    if bc + builtins.max(cols) < buf.C:
+                        boxes = [(buf, (br, br + 1, bc + c, bc + c + 1), R) for c in cols]
+                        sel = torch.tensor(cols, dtype=torch.int64)
+                        values = d.as_strided((shape[0],), src._strides, buf.base_off + src._off).index_select(
+                            0, sel).tolist()
+            elif rank == 2 and src._rows is not None:
+                rws = [i[0] for i in idxs]
+                if (set(map(type, cols)) == _INT_ONLY and set(map(type, rws)) == _INT_ONLY
+                        and 0 <= builtins.min(cols) and builtins.max(cols) < shape[1]
+                        and 0 <= builtins.min(rws) and builtins.max(rws) < shape[0]):
+                    br, bc, q = src._rows
+                    if bc + builtins.max(cols) < buf.C:
+                        boxes = [(buf, (br + r * q, br + r * q + 1, bc + c, bc + c + 1), R) for r, c in zip(rws, cols)]
+                        st0, st1 = src._strides
+                        flat = torch.tensor([r * st0 + c * st1 for r, c in zip(rws, cols)], dtype=torch.int64)
+                        span = (shape[0] - 1) * st0 + (shape[1] - 1) * st1 + 1  # the view's elements, flat
+                        values = d.as_strided((span,), (1,), buf.base_off + src._off).index_select(0, flat).tolist()
+            if boxes is not None:
+                blk = _ctx.state.block
+                if blk is None:  # orchestration: n orchestration reads
+                    for _, box, _ in boxes:
+                        buf.program.orchestration_read(buf, box)
+                    return values
+                blk.fp.extend(boxes)
+                blk.bytes += n * src._itemsize
+                blk.ld += n
+                return values
+    return [read(src, list(i) if type(i) in (list, tuple) else i) for i in idxs]  # the general path
