@@ -260,17 +260,56 @@ def window_runs(kernel: str, tok: int, pos: int, block_table, table_row: tuple, 
                 n_blocks: int, n_pages: int) -> list:
     """The ``pl.arange_runs`` runs ``[(column, first physical row, length), ...]`` of
     :func:`window_row` (same arguments and errors): the table entries of the token's page
-    segments are read here, in one ``pl.read_values``; build the row (or many tokens' rows, with
-    ``pl.arange_rows``) from them."""
-    valid = min(window, pos + 1)
-    key = pos + 1 - valid
+    segments are read here, in one ``pl.read_values``; build the row from them (many tokens:
+    :func:`window_runs_many`)."""
+    p0, n = _window_pages(kernel, tok, pos, table_row, window, block_size, n_blocks)
+    return _window_segments(kernel, tok, pos, pl.read_values(block_table, [*table_row, p0], n), table_row, window,
+                            block_size, n_pages)
+
+
+def window_runs_many(kernel: str, tokens: list, block_table, table_row: tuple, *, window: int, block_size: int,
+                     n_blocks: int, n_pages: int) -> list:
+    """:func:`window_runs` of every ``(tok, pos)`` of ``tokens`` (each ``pos >= 0``), in order: the
+    same table entries read in the same order (one ``pl.read_elements`` for all tokens) and the
+    same errors (the first failing token's, after the tokens before it were read), as a list
+    of run lists (``pl.arange_rows`` builds the rows)."""
+    spans, late = [], None
+    for tok, pos in tokens:
+        try:
+            spans.append(_window_pages(kernel, tok, pos, table_row, window, block_size, n_blocks))
+        except BindError as e:  # raised once the tokens before it are done, as one call per token would
+            late = e
+            break
+    phys = pl.read_elements(block_table, [[*table_row, p] for p0, n in spans for p in range(p0, p0 + n)])
+    out, k = [], 0
+    for (tok, pos), (_, n) in zip(tokens, spans):
+        out.append(_window_segments(kernel, tok, pos, phys[k:k + n], table_row, window, block_size, n_pages))
+        k += n
+    if late is not None:
+        raise late
+    return out
+
+
+def _window_pages(kernel: str, tok: int, pos: int, table_row: tuple, window: int, block_size: int,
+                  n_blocks: int) -> tuple:
+    """``(first page, page count)`` of the window of token ``tok`` at ``pos``: the table entries
+    its row reads. Raises the BindError of a position past the block table."""
     if pos // block_size >= n_blocks:
         raise BindError(f"{kernel}: position_ids[{tok}] = {pos} needs page {pos // block_size}, block_table "
                         f"{'rows have' if table_row else 'has'} {n_blocks} entries")
+    p0 = (pos + 1 - min(window, pos + 1)) // block_size
+    return p0, pos // block_size - p0 + 1
+
+
+def _window_segments(kernel: str, tok: int, pos: int, pages: list, table_row: tuple, window: int, block_size: int,
+                     n_pages: int) -> list:
+    """The runs of the window row of token ``tok`` at ``pos`` from its table entries ``pages``
+    (:func:`_window_pages`). Raises the BindError of an entry outside the ``n_pages`` pages."""
+    valid = min(window, pos + 1)
+    key = pos + 1 - valid
     runs = []  # (column, first physical row, length) of each page segment with a page
     col = 0
-    p0 = key // block_size  # one table entry per page segment (pages p0 .. pos // block_size), read in one call
-    for phys in pl.read_values(block_table, [*table_row, p0], pos // block_size - p0 + 1):
+    for phys in pages:
         off = key % block_size
         seg = min(block_size - off, valid - col)
         if phys >= n_pages:

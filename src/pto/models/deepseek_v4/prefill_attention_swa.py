@@ -30,7 +30,7 @@ from pto.golden import (CaseRun, KernelCase, ScalarSpec, TensorSpec, ratio_allcl
                         valid_ratio_reldiff)
 from pto.models.deepseek_v4.attention_front import attention_front, golden_attention_front
 from pto.models.deepseek_v4.config import DeepSeekV4Config, get_config
-from pto.models.deepseek_v4.decode_metadata import scatter_rows_by_slot, window_runs
+from pto.models.deepseek_v4.decode_metadata import scatter_rows_by_slot, window_runs_many
 from pto.models.deepseek_v4.hc_post import golden_hc_post_prefill, hc_post_kernels
 from pto.models.deepseek_v4.hc_pre import HC_BASE_REF, HC_SCALE_REF
 from pto.models.deepseek_v4.prefill_sparse_attn import (golden_prefill_sparse_attn, prefill_sparse_attn_kernels,
@@ -135,16 +135,19 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
         active = check_num_tokens("prefill_attention_swa", num_tokens, t)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_window_indices") as tid:
             positions = pl.read_values(position_ids, [0], active)  # the active tokens' positions, one call
-            runs = []  # per token the page segments of its row (an inactive token's row is all -1)
-            for tok in pl.range(t):
-                if tok < active:
-                    pos = positions[tok]
-                    if pos < 0:
-                        raise BindError(f"prefill_attention_swa: position_ids[{tok}] = {pos} is negative")
-                    runs.append(window_runs("prefill_attention_swa", tok, pos, block_table, (), window=W,
-                                            block_size=BS, n_blocks=NBLK, n_pages=P))
-                else:
-                    runs.append([])
+            tokens, late = [], None
+            for tok in pl.range(active):
+                pos = positions[tok]
+                if pos < 0:  # raised once the tokens before it are done
+                    late = BindError(f"prefill_attention_swa: position_ids[{tok}] = {pos} is negative")
+                    break
+                tokens.append((tok, pos))
+            # per active token the page segments of its row, its table entries read in token order
+            runs = window_runs_many("prefill_attention_swa", tokens, block_table, (), window=W, block_size=BS,
+                                    n_blocks=NBLK, n_pages=P)
+            if late is not None:
+                raise late
+            runs += [[] for _ in range(t - active)]  # an inactive token's row is all -1
             # per token pl.full(-1) and one pl.arange per segment (pl.arange_rows: the rows in one
             # call), then row tok into swa_indices[tok], one store per row
             pl.store_rows(swa_indices, list(range(t)), pl.arange_rows([1, W], pl.INT32, -1, runs))
