@@ -63,17 +63,23 @@ class Buffer:
                  "readonly", "no_copy", "data", "scope", "partial", "tasks_before", "slow", "pending", "go", "undo")
 
     def __init__(self, bid, name, site, kind, data: torch.Tensor, program, direction="in", offset=None,
-                 init_value=None, untracked=False):
+                 init_value=None, untracked=False, facts=None):
+        """``facts``: ``(shape tuple, torch dtype, nbytes, storage offset)`` of ``data`` when the
+        caller knows them (a heap view it just made), saving the metadata reads."""
         self.id = bid
         self.name = name
         self.site = site
         self.kind = kind
         self.direction = direction
-        self.shape = shape = tuple(data.shape)
-        self.dtype = data.dtype
-        self.nbytes = data.nbytes  # numel * element size
+        if facts is None:
+            self.shape = shape = tuple(data.shape)
+            self.dtype = data.dtype
+            self.nbytes = data.nbytes  # numel * element size
+            self.base_off = data.storage_offset()
+        else:
+            self.shape, self.dtype, self.nbytes, self.base_off = facts
+            shape = self.shape
         self.offset = offset
-        self.base_off = data.storage_offset()
         self.C = (shape[-1] or 1) if shape else 1
         self.shadow = None
         self.untracked = untracked
@@ -209,26 +215,39 @@ class RingHeap:
             return 0 if size <= first else None
         return end if end + size <= first else None
 
-    def alloc(self, nbytes: int, what: str) -> int:
+    def alloc(self, nbytes: int, what) -> int:
         """Reserve ``nbytes`` (rounded up to 512) and return the byte offset.
+
+        Args:
+            what: the request for the error message: a string, or a callable returning one
+                (called only when the request does not fit).
 
         Raises:
             HeapExhaustedError: naming ``what``, the request, the heap size, the
                 bytes in use and the high-water mark.
         """
-        size = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
-        off = self._fits(size)
+        size = -(-nbytes // _ALIGN) * _ALIGN or _ALIGN
+        live = self.live
+        if live:  # after the newest allocation (_fits, inline for the common case)
+            last = live[-1]
+            end = last[0] + last[1]
+            off = end if last[0] >= live[0][0] and end + size <= self.size else self._fits(size)
+        else:
+            off = 0 if size <= self.size else None
         if off is None:
+            if callable(what):
+                what = what()
             raise HeapExhaustedError(
                 f"heap exhausted: request {what} of {nbytes} bytes does not fit; heap {self.size} bytes, "
                 f"{self.in_use} in use by {sum(1 for e in self.live if not e[2])} live tensors, "
                 f"high-water mark {self.peak} bytes (raise RunConfig(heap_bytes=...))")
         e = [off, size, False]
-        self.live.append(e)
+        live.append(e)
         self._unfreed[off] = e
         self.head = off + size
-        self.in_use += size
-        self.peak = max(self.peak, self.in_use)
+        self.in_use = in_use = self.in_use + size
+        if in_use > self.peak:
+            self.peak = in_use
         self.total += size
         self.count += 1
         return off
@@ -260,16 +279,36 @@ class RingHeap:
 
     def view(self, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
         """The typed tensor of ``shape`` at byte ``offset``."""
+        shape = tuple(shape)
+        return self.view_at(shape, contiguous_strides(shape), offset // dtype.itemsize, dtype)
+
+    def view_at(self, shape: tuple, strides: tuple, elem_offset: int, dtype: torch.dtype) -> torch.Tensor:
+        """The typed tensor of ``shape`` with ``strides`` (:func:`contiguous_strides`) at element
+        offset ``elem_offset`` (the byte offset divided by the element size)."""
         typed = self._typed.get(dtype)
         if typed is None:  # the whole backing buffer as ``dtype`` elements (one view per dtype)
             isz = dtype.itemsize
             typed = self._typed[dtype] = self.storage[:self.size // isz * isz].view(dtype)
         # one as_strided view: the same sizes, contiguous strides and storage offset (in elements)
         # as slicing the bytes, reinterpreting them and reshaping (offsets are 512-byte aligned)
-        strides = []
+        return typed.as_strided(shape, strides, elem_offset)
+
+
+_STRIDES: dict = {}  # shape tuple -> its contiguous strides (contiguous_strides)
+
+
+def contiguous_strides(shape: tuple) -> tuple:
+    """The contiguous strides (in elements) of ``shape``, as torch gives them (a dim of extent 0
+    or 1 counts as 1); cached per shape."""
+    strides = _STRIDES.get(shape)
+    if strides is None:
+        out = []
         st = 1
         for s in reversed(shape):
-            strides.append(st)
+            out.append(st)
             st *= s if s > 1 else 1
-        strides.reverse()
-        return typed.as_strided(list(shape), strides, offset // dtype.itemsize)
+        strides = tuple(reversed(out))
+        if len(_STRIDES) > 10_000:
+            _STRIDES.clear()
+        _STRIDES[shape] = strides
+    return strides

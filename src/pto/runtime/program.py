@@ -41,7 +41,7 @@ from pto.runtime import sanitizer as _sanitizer
 from pto.runtime.deps import DepTracker, LazyDerivation, derive_task, group_footprints
 from pto.runtime.graph import KIND_NAMES, Block, Footprint, Task, TaskGraph
 from pto.runtime.graph_only import GraphOnlyState
-from pto.runtime.heap import POISON_BYTE, Buffer, RingHeap, validate_init_value
+from pto.runtime.heap import POISON_BYTE, Buffer, RingHeap, contiguous_strides, validate_init_value
 
 __all__ = ["RunConfig", "Program", "ProgramStats", "gc_paused"]
 
@@ -606,21 +606,28 @@ class Program:
         for s in shape:
             n *= s
         nbytes = n * dtype.itemsize
-        off = self.heap.alloc(nbytes, f"{name!r} {list(shape)} {dtype} at {site}")
-        assumption = None
+        off = self.heap.alloc(nbytes, lambda: f"{name!r} {list(shape)} {dtype} at {site}")
+        stats = self.stats
+        assumption = facts = None
         if self.go is not None:  # graph-only: planned in the heap, stored elsewhere (or shape-only)
             data, assumption = self.go.allocate(name, site, shape, dtype, init_value)
             if init_value is not None:
-                self.stats.init_bytes += nbytes
+                stats.init_bytes += nbytes
         else:
-            data = self.heap.view(off, shape, dtype.torch)
+            tdt = dtype.torch
+            shape_t = tuple(shape)
+            strides = contiguous_strides(shape_t)
+            elem_off = off // tdt.itemsize
+            data = self.heap.view_at(shape_t, strides, elem_off, tdt)
+            facts = (elem_off, strides, shape_t, tdt.itemsize)  # what GMTensor would read from data
             if init_value is not None:
                 data.fill_(init_value)
-                self.stats.init_bytes += nbytes
+                stats.init_bytes += nbytes
             elif self.check:
                 _poison(data)
         buf = Buffer(len(self.buffers) + 1, name, site, "scratch", data, self, offset=off,
-                     init_value=init_value, untracked=manual_dep)
+                     init_value=init_value, untracked=manual_dep,
+                     facts=None if facts is None else (shape_t, tdt, n * tdt.itemsize, elem_off))
         buf.init_dropped = dropped
         buf.tasks_before = len(self.graph.tasks)
         if self.go is not None:
@@ -630,9 +637,9 @@ class Program:
         buf.scope = len(self.scopes) - 1
         self.scopes[-1].append(buf)
         self.buffers.append(buf)
-        self.stats.scratch_bytes += nbytes
-        self.stats.scratch_tensors += 1
-        return GMTensor(data, buf, name)
+        stats.scratch_bytes += nbytes
+        stats.scratch_tensors += 1
+        return GMTensor(data, buf, name, facts)
 
     def push_scope(self) -> None:
         """Open a heap scope."""
