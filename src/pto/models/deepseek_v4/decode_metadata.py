@@ -326,16 +326,26 @@ def scatter_rows_by_slot(rows, slot_mapping, n: int, cache_flat) -> None:
     """Copy ``rows[t]`` (``rows [T, W]``) to row ``slot_mapping[t]`` of ``cache_flat [R, W]``
     for ``t < n`` inside a block (the raw-cache write of every attention block, pypto-lib
     `prefill_attention_swa.py` step 4): ``-1`` skips a token, a run of consecutive slots is
-    one copy, a repeated slot keeps the later token. ``slot_mapping [T]`` INT64."""
+    one copy, a repeated slot keeps the later token. ``slot_mapping [T]`` INT64.
+
+    The scan reads every token's slot once and the token that ends a run of slots (``-1`` or not
+    the next row) once more, as its check and then as the next run's start: one
+    ``pl.read_values`` of the ``n`` slots and one ``pl.read_elements`` of those run ends, the
+    same element reads as a ``pl.read`` per step."""
+    slots = pl.read_values(slot_mapping, [0], n)
+    runs = []  # (first token, end token, first slot) of each run of consecutive slots
     tok = 0
     while tok < n:
-        slot = pl.read(slot_mapping, [tok])
+        slot = slots[tok]
         end = tok + 1
         if slot >= 0:
-            while end < n and pl.read(slot_mapping, [end]) == slot + (end - tok):
+            while end < n and slots[end] == slot + (end - tok):
                 end += 1
-            pl.assemble(cache_flat, rows[tok:end, :], [slot, 0])
+            runs.append((tok, end, slot))
         tok = end
+    pl.read_elements(slot_mapping, [[end] for _, end, _ in runs if end < n])
+    for tok, end, slot in runs:
+        pl.assemble(cache_flat, rows[tok:end, :], [slot, 0])
 
 
 T_DYN = pl.dynamic("T")
