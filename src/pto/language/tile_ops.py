@@ -1690,8 +1690,16 @@ def cmp(lhs, rhs, cmp_mode: str = "eq") -> Tile:
         out = _meta(lhs.data.shape, torch.bool) if unknown else fn(lhs.data, rhs.data)
         mask = _and(lhs.mask, rhs.mask)
     else:
-        v, oid = _scalar(rhs, "pl.cmp")
-        if not oid and not lhs.data.dtype.is_floating_point:  # the scalar takes the tile's dtype
+        if isinstance(rhs, ScalarValue) and rhs.symbolic and type(rhs.v) is int and not lhs.data.dtype.is_floating_point:
+            # an int symbol (program cache, block templates: runtime/symbolic.py) stays one: the torch
+            # op records its expression; the range check below compares it (guards on its outcome)
+            r = _INT_RANGE.get(lhs.data.dtype)
+            if r is not None and not (r[0] <= rhs and rhs <= r[1]):
+                _int_range_error("pl.cmp", rhs.value, lhs.data.dtype, _SCALAR_HINT)
+            v, oid = rhs, 0
+        else:
+            v, oid = _scalar(rhs, "pl.cmp")
+        if not oid and not lhs.data.dtype.is_floating_point and not getattr(v, "symbolic", False):
             if isinstance(v, float) and not v.is_integer():
                 raise DslError(f"pl.cmp: fractional scalar {v} with a {lhs.dtype} tile (no implicit promotion; "
                                "cast the tile to a float dtype first)")
