@@ -15,24 +15,33 @@ of at least ``MIN_BLOCKS`` blocks in a plain run
    stores, matmuls, vector op kinds, cube) as expressions of the index and the reads;
 2. turns that into straight-line Python (one call per torch operation, guards in place, the
    footprints and counters computed from the expressions) and runs it for blocks 1 .. n-2;
-   where the block's operations allow it, the longest run of those blocks whose guards on the
-   index hold (at least 8, footprints not overlapping where one writes) runs *batched*
-   (:class:`_Batch`, ``PTO_BLOCK_BATCH=0`` turns it off): each operation once for all blocks,
-   with a leading block dimension: GM loads and stores as ``as_strided`` views with a block
-   stride (offsets affine in the index), elementwise ops broadcast, reductions along a dim and
-   matmuls batched, each new (op, per-block shapes, dtypes) checked once against its per-block
-   results bit for bit (never batched again if they differ). Values read from data may decide
-   guards there (each block's outcome from the batched read); a block whose guard fails has its
-   stores undone (the batch saves every store's window first) and runs on its own afterwards
-   (the program reruns plainly if that block then touches a window a later block of the batch
-   touched, one of them writing). A batch that cannot run (an operation it cannot batch) turns
-   batching off for the task site; one whose every block failed a guard on data does not (the
-   data of a later task may take block 0's path);
+   where the block's operations allow it, each run of consecutive blocks whose guards on the
+   index hold for one of the task's templates (block 0's or a variant recorded later: at least
+   8 blocks, footprints not overlapping where one writes) runs *batched* (:class:`_Batch`,
+   ``PTO_BLOCK_BATCH=0`` turns it off): each operation once for all blocks, with a leading
+   block dimension: GM loads and stores as ``as_strided`` views with a block stride (offsets
+   affine in the index), elementwise ops broadcast, reductions along a dim (or over a block's
+   whole tile: ``any``, ``all``, ``aminmax``), sorts, gathers, concatenations and matmuls
+   batched, each new (op, per-block shapes, dtypes) checked once against its per-block results
+   bit for bit (never batched again if they differ). A number argument computed from the index
+   in another way (``(k + c) // 4``) or from values read from data takes its value per block:
+   one number for the whole batch, or affine in the index, or (a comparison's bound) a column
+   of numbers exact in the tile's dtype; anything else stops the batch. Values read from data
+   may decide guards there (each block's outcome from the batched read; a tensor's truth
+   value too) and give footprints (computed per block after the batch ran; the stores undone
+   if they overlap); a block whose guard fails has its stores undone (the batch saves every
+   store's window first) and runs on its own afterwards, its run of such blocks batched again
+   where another template holds (the program reruns plainly if such a block touched a window a
+   later block of the batch touched, one of them writing). A batch that cannot run (an
+   operation it cannot batch) turns batching off for the task site; one whose every block
+   failed a guard on data does not (the data of a later task may take block 0's path);
 3. runs the last block plainly (so that the loop variable and whatever the body left in the
    kernel's variables are those of a plain run).
 
-A block whose guard fails (another path: a partial last tile, a masked key block, an index
-past a table) is undone and run plainly: the stores the template made into GM before the guard
+Block 0's template is kept when its index guards hold for few blocks (the first tokens of a
+chunk that see nothing): the blocks past it record their own paths. A block whose guard fails
+(another path: a partial last tile, a masked key block, an index past a table) is undone and
+run plainly: the stores the template made into GM before the guard
 are saved first (a clone of each window) and written back. Such a block is recorded as another
 variant of the template (up to ``MAX_VARIANTS``); a task whose blocks keep diverging stops
 using templates and its site is remembered for later programs (``_SITE_OFF``). A site whose
@@ -226,71 +235,105 @@ def _blocks(prog, task, n: int):
     tpl = yield from _record(prog, task, 0, variants)
     if _worth(tpl, 1, n):
         variants.append(tpl)
+    elif tpl is not None and (tpl.ok(1) or tpl.batch is not None):
+        # block 0's path holds for a few blocks only (the first tokens of a chunk see nothing):
+        # kept, the blocks past it record their own paths (a later run of them may batch)
+        if _DEBUG:
+            _log((task.name, n, "index guards hold for a few blocks"))
+        variants.append(tpl)
     else:
         if _DEBUG and tpl is not None:
             _log((task.name, n, "index guards hold for too few blocks"))
         _SITE_OFF.add(task.site)  # the blocks' paths differ by their index: plain (and plain next time)
-    misses = 0
-    hits = 0
-    plain = 1
-    start = 1
-    todo = None
+    st = {"hits": 0, "misses": 0, "plain": 1, "variants": variants}
     if _DEBUG and variants:
         _log((task.name, n, "no batched form: " + str(variants[0].why) if variants[0].batch is None
                            else "site not batched" if task.site in _NO_BATCH else "batched"))
     if variants and variants[0].batch is None:
         _UNBATCHED.add(task.site)
-    if variants and variants[0].batch is not None and task.site not in _NO_BATCH:
-        m, failed = _batched(prog, task, variants[0], n)
-        if _DEBUG:
-            _log((task.name, n, f"ran {m} blocks batched, {len(failed)} failed"))
-        if m:
-            hits = m - len(failed)
-            start = m + 1
-            if failed:  # blocks of the batch that took another path: on their own, then the rest
-                todo = failed + list(range(start, n - 1))
-                batch_fp = [(b.idx, b.fp) for b in task.blocks[1:]]
-    for k in (range(start, n - 1) if todo is None else todo):
-        done = False
-        if variants:
-            prog.begin_block(task, k)
-            blk = prog.cur_block
-            for j, v in enumerate(variants):
-                if v.run(k, blk):
-                    done = True
-                    if j:  # blocks come in runs of one path: the variant that served this one goes first
-                        variants.insert(0, variants.pop(j))
-                    break
-            if done:
-                hits += 1
-                _ctx.state.block = prog.cur_block = None
-                continue
-            misses += 1
-            _INFO["diverged"] += 1
-            task.blocks.pop()
-            _ctx.state.block = prog.cur_block = None
-            if misses > 2 * hits + 8:  # the blocks keep taking other paths: plain from here on
-                variants = []
-                _SITE_OFF.add(task.site)
-        if variants and len(variants) < MAX_VARIANTS and n - 1 - k >= MIN_BLOCKS:  # enough blocks left to pay
-            tpl = yield from _record(prog, task, k, variants)
-            if _worth(tpl, k + 1, n):
-                variants.append(tpl)
-            plain += 1
-            continue
-        prog.begin_block(task, k)
-        yield k
-        prog.end_block()
-        plain += 1
-    if todo is not None:
-        _after_batch(task, batch_fp, start)
+    sort = yield from _run_range(prog, task, 1, n - 1, n, st)
+    if sort:
+        task.blocks.sort(key=lambda b: b.idx)
     if n > 1:
         prog.begin_block(task, n - 1)
         yield n - 1
         prog.end_block()
-        plain += 1
-    _INFO["templated"] += hits
-    _INFO["plain"] += plain
+        st["plain"] += 1
+    _INFO["templated"] += st["hits"]
+    _INFO["plain"] += st["plain"]
+
+
+def _run_range(prog, task, k: int, stop: int, n: int, st: dict, avoid=None):
+    """Run blocks ``k .. stop - 1`` of ``task`` (``n`` blocks; a generator, as :func:`_blocks`):
+    each run of blocks whose index guards of a variant with a batched form hold, at once; the
+    others on their own (:func:`_one`); ``avoid``: a variant not to batch with (these blocks just
+    failed its guards on data). Returns True when blocks ran out of index order (the task's
+    blocks must be sorted)."""
+    sort = False
+    while k < stop:
+        # a variant with a batched form whose index guards hold from block k: the run of such
+        # blocks at once (a path other than block 0's may start anywhere: a later run of tokens)
+        v = None
+        if task.site not in _NO_BATCH:
+            for w in st["variants"]:
+                if w.batch is not None and w is not avoid and w.ok(k):
+                    v = w
+                    break
+        if v is not None:
+            m, failed, batch_fp = _batched(prog, task, v, k, stop)
+            if _DEBUG:
+                _log((task.name, n, f"ran {m} blocks batched from {k}, {len(failed)} failed"))
+            if m:
+                st["hits"] += m - len(failed)
+                if failed:  # blocks of the batch that took another path: now, by runs of consecutive ones
+                    sort = True
+                    i = 0
+                    while i < len(failed):
+                        j = i + 1
+                        while j < len(failed) and failed[j] == failed[i] + (j - i):
+                            j += 1
+                        yield from _run_range(prog, task, failed[i], failed[j - 1] + 1, n, st, v)
+                        i = j
+                    _after_batch(task, batch_fp, failed)
+                k += m
+                continue
+        yield from _one(prog, task, k, n, st)
+        k += 1
+    return sort
+
+
+def _one(prog, task, k: int, n: int, st: dict):
+    """Run block ``k`` of ``n`` on its own (a generator, as :func:`_blocks`): from the first of
+    ``st["variants"]`` whose guards hold, else recorded as a new variant (when enough blocks are
+    left to pay for it), else plainly. ``st`` holds the task's variants and counters."""
+    variants = st["variants"]
+    if variants:
+        prog.begin_block(task, k)
+        blk = prog.cur_block
+        for j, v in enumerate(variants):
+            if v.run(k, blk):
+                if j:  # blocks come in runs of one path: the variant that served this one goes first
+                    variants.insert(0, variants.pop(j))
+                st["hits"] += 1
+                _ctx.state.block = prog.cur_block = None
+                return
+        st["misses"] += 1
+        _INFO["diverged"] += 1
+        task.blocks.pop()
+        _ctx.state.block = prog.cur_block = None
+        if st["misses"] > 2 * st["hits"] + 8:  # the blocks keep taking other paths: plain from here on
+            variants = st["variants"] = []
+            _SITE_OFF.add(task.site)
+    if variants and len(variants) < MAX_VARIANTS and n - 1 - k >= MIN_BLOCKS:  # enough blocks left to pay
+        tpl = yield from _record(prog, task, k, variants)
+        if _worth(tpl, k + 1, n):
+            variants.append(tpl)
+        st["plain"] += 1
+        return
+    prog.begin_block(task, k)
+    yield k
+    prog.end_block()
+    st["plain"] += 1
 
 
 def _fixed_view(op):
@@ -304,56 +347,68 @@ def _fixed_view(op):
     return op
 
 
-def _batched(prog, task, tpl, n: int) -> int:
-    """Run blocks ``1 .. m`` of ``task`` at once from ``tpl``'s batched form (the longest run of
-    blocks from 1 whose index guards hold, at least 8, whose footprints do not overlap where one
-    writes); returns ``(m, failed)``: ``m`` 0 when nothing ran (the blocks run one by one), and
-    the blocks of the run whose guards on data failed (undone: they still have to run)."""
-    m = 1
-    while m <= n - 2 and tpl.ok(m):
+def _batched(prog, task, tpl, k0: int, stop: int):
+    """Run blocks ``k0 .. k0 + m - 1`` of ``task`` at once from ``tpl``'s batched form (the
+    longest run of blocks from ``k0`` whose index guards hold, at least 8, before block ``stop``,
+    whose footprints do not overlap where one writes); returns ``(m, failed, footprints)``: ``m``
+    0 when nothing ran (the blocks run one by one), the blocks of the run whose guards on data
+    failed (undone: they still have to run), and ``(index, footprints)`` of the run's blocks."""
+    m = k0
+    while m < stop and tpl.ok(m):
         m += 1
-    nb = m - 1
+    nb = m - k0
     if nb < 8:
-        return 0, []
+        return 0, [], None
     blocks = []
-    for j in range(1, m):
+    for j in range(k0, m):
         blk = Block(task, j)
-        tpl.book(j, blk)
+        if not tpl.batch.fp_reads:
+            tpl.book(j, blk)
         blocks.append(blk)
-    if _cross_overlap(blocks):
+    if not tpl.batch.fp_reads and _cross_overlap(blocks):
         if _DEBUG:
             _DIVERGED_AT.append((task.name, -1, "batch: footprints overlap"))
         _NO_BATCH.add(task.site)
-        return 0, []
+        return 0, [], None
     try:
-        failed = tpl.batch.run(1, nb)
+        failed, undo, reads = tpl.batch.run(k0, nb)
     except _Abort as e:
         if _DEBUG:
             _DIVERGED_AT.append((task.name, -1, f"batch: {e}"))
         if type(e) is not _AllDiverged:  # the data of another program may take block 0's path
             _NO_BATCH.add(task.site)
-        return 0, []
+        return 0, [], None
+    skip = set(failed)
+    if tpl.batch.fp_reads:  # footprints from values read from data: known now (the stores undone on overlap)
+        for j, blk in enumerate(blocks):
+            if j not in skip:
+                tpl.bookr(k0 + j, blk, _Reads(reads, j, k0 + j))
+        if _cross_overlap([b for j, b in enumerate(blocks) if j not in skip]):
+            for dst, saved in reversed(undo):
+                dst.copy_(saved)
+            if _DEBUG:
+                _DIVERGED_AT.append((task.name, -1, "batch: footprints overlap"))
+            _NO_BATCH.add(task.site)
+            return 0, [], None
     if failed:
-        skip = set(failed)
         blocks = [b for j, b in enumerate(blocks) if j not in skip]
-        failed = [1 + j for j in failed]
+        failed = [k0 + j for j in failed]
     task.blocks.extend(blocks)
     _INFO["batched"] += len(blocks)
-    return nb, failed
+    return nb, failed, [(b.idx, b.fp) for b in blocks]
 
 
-def _after_batch(task, batch_fp, start: int) -> None:
-    """After the blocks of a batch whose guards failed ran on their own (later than the batch's
-    blocks with higher indices): put the task's blocks back in index order, and rerun the program
-    plainly (Restart) if such a block touched a window that a later block of the batch touched
-    too, one of them writing (then the order could matter)."""
-    blocks = task.blocks
-    late = [b for b in blocks if b.idx < start and all(b.idx != i for i, _ in batch_fp) and b.idx != 0]
-    for b in late:
-        probe = [b] + [_FpBlock(i, fp) for i, fp in batch_fp if i > b.idx]
-        if _cross_overlap(probe):
-            raise Restart(task.site)
-    blocks.sort(key=lambda b: b.idx)
+def _after_batch(task, batch_fp, failed: list) -> None:
+    """After the blocks ``failed`` of a batch (whose guards on data failed) ran on their own,
+    later than the batch's blocks with higher indices (``batch_fp``: their indices and
+    footprints): rerun the program plainly (Restart) if such a block touched a window that a
+    later block of the batch touched too, one of them writing (then the order could matter)."""
+    late = set(failed)
+    for b in task.blocks:
+        if b.idx in late:
+            probe = [b] + [_FpBlock(i, fp) for i, fp in batch_fp if i > b.idx]
+            if _cross_overlap(probe):
+                raise Restart(task.site)
 
 
 class _FpBlock:
@@ -496,6 +551,15 @@ def _src(node, sub) -> str:
     return f"({sub(node[1])} {op} {sub(node[2])})"
 
 
+def _leaves(node) -> list:
+    """The read leaves (``("R", k)``, ``("L", k, path)``) of expression ``node``."""
+    if type(node) is not tuple:
+        return []
+    if node[0] == "R" or node[0] == "L":
+        return [node]
+    return [leaf for x in node[1:] for leaf in _leaves(x)]
+
+
 def _index_only(node) -> bool:
     """True when expression ``node`` reads nothing but the block index (leaf ``("R", 0)``)."""
     if type(node) is not tuple:
@@ -625,7 +689,7 @@ class _Template:
     record ``blk`` (footprints, counters) and returns True, or undoes its GM writes and returns
     False when a guard fails."""
 
-    __slots__ = ("fn", "ok", "book", "batch", "undo", "unlogged", "src", "why")
+    __slots__ = ("fn", "ok", "book", "bookr", "batch", "undo", "unlogged", "src", "why")
 
     def __init__(self, rec: _BlockRecorder, blk):
         P: list = []
@@ -801,6 +865,8 @@ class _Template:
                 raise _Unsupported("a footprint that is not one box")
             fps.append(f"({par(buf)}, ({', '.join(num(x) for x in box)}), {kind})")
         book = [f"B.fp = [{', '.join(fps)}]"]
+        fp_reads = sorted({leaf[1] for _buf, box, _kind in blk.fp for x in box if type(x) is Sym and x.rec is rec
+                           for leaf in _leaves(x.n) if leaf[1] != 0})
         for a in _COUNTERS:
             book.append(f"B.{a} = {num(getattr(blk, a))}")
         if blk.vk is not None:
@@ -812,7 +878,9 @@ class _Template:
         unpack = ", ".join(f"c{j}" for j in range(len(P)))
         src = (f"def make(P):\n    {unpack}{',' if len(P) == 1 else ''} = P\n" if P else "def make(P):\n") + \
               f"    def blk(R0, B, U):\n        {body}\n    def ok(R0):\n        return {ok}\n" \
-              f"    def book(R0, B):\n        {book_body}\n    return blk, ok, book\n"
+              f"    def book(R0, B):\n        {book_body}\n" \
+              f"    def bookr(R0, B, RD):\n        {''.join(f'R{v} = RD[{v}]; ' for v in fp_reads)}{book_body}\n" \
+              "    return blk, ok, book, bookr\n"
         factory = _CODE.get(src)
         if factory is None:
             if len(_CODE) > 4096:
@@ -820,7 +888,7 @@ class _Template:
             ns = {"D": _Diverged, "Z": _replay._same_signed, **_SYM_NS}
             exec(compile(src, "<pto block template>", "exec"), ns)  # noqa: S102 - generated
             factory = _CODE[src] = ns["make"]
-        self.fn, self.ok, self.book = factory(tuple(P))
+        self.fn, self.ok, self.book, self.bookr = factory(tuple(P))
         _WHY[0] = None
         self.batch = _Batch.of(rec, ops[len(pure):], writes, len(pure), blk) if _BATCH[0] else None
         self.why = _WHY[0]
@@ -896,6 +964,27 @@ class _AllDiverged(_Abort):
     path than block 0's, the site may still batch in later tasks."""
 
 
+class _TS:
+    """A sequence argument of tensors: ``items`` of ``(tensor, batched)``."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items):
+        self.items = items
+
+
+class _PB:
+    """A number argument with a value per block of the batch (``vals``)."""
+
+    __slots__ = ("vals",)
+
+    def __init__(self, vals):
+        self.vals = vals
+
+
+_COMPARE = frozenset(("eq", "ne", "lt", "le", "gt", "ge", "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__"))
+
+
 class _A:
     """An integer argument affine in the block index: ``a * k + b``."""
 
@@ -912,37 +1001,30 @@ class _Batch:
     kind and shape checked once against per-block results: kept only when bit-identical).
     Built only for a template that reads no data and whose guards are on the block index alone."""
 
-    __slots__ = ("rec", "ops", "writes", "used", "_k0")
+    __slots__ = ("rec", "ops", "writes", "used", "fp_reads", "_k0", "_nb", "_reads")
 
     @staticmethod
     def of(rec, ops, writes, shift, blk):
         """The batched form of the template's operations ``ops`` (guards on the index alone
-        removed), or None. Values read from data may only decide guards (not feed an argument,
-        a footprint or a counter): a block whose guard fails is undone after the batch and run
-        on its own."""
-        reads = set()
+        removed), or None. Values read from data may decide guards (a block whose guard fails
+        is undone after the batch and run on its own), feed an argument (at run time: the same
+        value in every block of the batch, else the batch gives up) and a footprint (computed
+        per block after the batch ran, ``fp_reads``), not a counter."""
         for f, a, kw, outs, gk, g, big in ops:
-            if gk == 5:
-                reads.add(outs)
-            elif gk not in (0, 6, 7, 8):  # a data-dependent shape, a tracked list, a register
+            if gk == 1 and getattr(f, "__name__", "") == "__bool__" and type(g) is bool:
+                continue  # a tensor's truth value checked (a guard per block)
+            if gk not in (0, 5, 6, 7, 8):  # a data-dependent shape, a tracked list, a register
                 _why(f"op kind {gk} {getattr(f, '__name__', '')}")
                 return None
-            elif gk == 0 or gk == 8:
-                for x in list(a) + list(kw.values()):
-                    if _holds_expr(x) and not all(_index_only(n) for n in _exprs(x)):
-                        _why(f"{getattr(f, '__name__', '')}: an argument computed from a value read from data")
-                        return None
-        for buf, box, kind in blk.fp:
-            if any(type(x) is Sym and x.rec is rec and not _index_only(x.n) for x in box):
-                _why(f"a footprint on {buf.name} computed from a value read from data")
-                return None
+        fp_reads = any(type(x) is Sym and x.rec is rec and not _index_only(x.n) for _buf, box, _k in blk.fp
+                       for x in box)
         for a in _COUNTERS:
             v = getattr(blk, a)
             if type(v) is Sym and v.rec is rec and not _index_only(v.n):
                 _why(f"counter {a} computed from a value read from data")
                 return None
         b = _Batch()
-        b.rec, b.ops = rec, ops
+        b.rec, b.ops, b.fp_reads = rec, ops, fp_reads
         used: list = []
         for op in ops:
             for x in op[1]:
@@ -953,17 +1035,20 @@ class _Batch:
         b.writes = {i - shift: w for i, w in writes.items()}
         return b
 
-    def run(self, k0: int, nb: int) -> list:
-        """Run blocks ``k0 .. k0 + nb - 1``; returns the positions (0 .. nb-1) of the blocks whose
-        guards on data failed: their stores are undone, they must run on their own. Raises
-        _Abort (after undoing every store) when an operation cannot be batched."""
+    def run(self, k0: int, nb: int):
+        """Run blocks ``k0 .. k0 + nb - 1``; returns ``(failed, undo, reads)``: the positions (0 ..
+        nb-1) of the blocks whose guards on data failed (their stores are undone, they must run on
+        their own), the saved windows of the batch's stores (``(view, its old values)``, to undo
+        them all) and the values read (read number -> its value per block). Raises _Abort (after
+        undoing every store) when an operation cannot be batched."""
         rec = self.rec
         consts = rec.consts
         meta = rec.meta
-        self._k0 = k0
+        self._k0, self._nb = k0, nb
         env: dict = {}  # value number -> (tensor, batched)
         undo: list = []
         reads: dict = {}  # read number -> its value in each block
+        self._reads = reads
         failed: set = set()
         try:
             for i, (f, a, kw, outs, gk, g, big) in enumerate(self.ops):
@@ -982,12 +1067,21 @@ class _Batch:
                         raise _AllDiverged("every block took another path")
                     continue
                 name = getattr(f, "__name__", "")
-                if gk == 5:  # a read: its value in every block (tolist of the per-block elements)
+                if gk == 5 or gk == 1:  # a read / a truth value: its value in every block
                     t, bt = self._arg(a[0], env, consts, k0)
-                    if len(a) != 1 or kw or name not in ("item", "tolist"):
+                    if len(a) != 1 or kw or name not in ("item", "tolist", "__bool__"):
                         raise _Abort(f"read {name} with arguments")
                     if not bt:
                         t = t.expand((nb,) + tuple(t.shape))
+                    if gk == 1:
+                        if t[0].numel() != 1:
+                            raise _Abort("the truth value of a tile")
+                        for j, x in enumerate(t.reshape(nb).tolist()):
+                            if bool(x) != g:
+                                failed.add(j)
+                        if len(failed) == nb:
+                            raise _AllDiverged("every block took another path")
+                        continue
                     reads[outs] = t.reshape(nb).tolist() if name == "item" else t.tolist()
                     continue
                 if name == "__get__":
@@ -1008,7 +1102,10 @@ class _Batch:
                                 raise _Abort(f"{name}: shape {shape} != recorded {m[0]}")
                     env[outs] = (res, batched)
                 elif outs:
-                    raise _Abort(f"{name} with several results")
+                    if not batched or not isinstance(res, tuple) or len(res) != len(outs):
+                        raise _Abort(f"{name} with several results")
+                    for o, r in zip(outs, res):
+                        env[o] = (r, True)
         except Exception as e:  # noqa: BLE001 - whatever failed: undo the stores, run block by block
             for dst, saved in reversed(undo):
                 dst.copy_(saved)
@@ -1017,10 +1114,9 @@ class _Batch:
             for dst, saved in reversed(undo):
                 for j in failed:
                     dst[j].copy_(saved[j])
-        return sorted(failed)
+        return sorted(failed), undo, reads
 
-    @staticmethod
-    def _arg(x, env, consts, k0):
+    def _arg(self, x, env, consts, k0):
         t = type(x)
         if t is _replay._V:
             c = consts.get(x.i)
@@ -1032,18 +1128,37 @@ class _Batch:
             return e
         if t is _replay._X:
             lf = _lin(x.n)
-            if lf is None or any(leaf != ("R", 0) for leaf in lf[0]):
-                raise _Abort("an argument that is not affine in the block index")
-            a = lf[0].get(("R", 0), 0)
-            return _A(a, lf[1]) if a else lf[1]
+            if lf is not None and all(leaf == ("R", 0) for leaf in lf[0]):
+                a = lf[0].get(("R", 0), 0)
+                return _A(a, lf[1]) if a else lf[1]
+            # another expression (of the index, of values read): its value in every block of the
+            # batch -- one number, affine in the index (ints), or a value per block (_PB)
+            reads, nb = self._reads, self._nb
+            vals = [evaluate(x.n, _Reads(reads, j, k0 + j)) for j in range(nb)]
+            v0 = vals[0]
+            tv = type(v0)
+            if tv is not int and tv is not float or any(type(v) is not tv for v in vals):
+                raise _Abort("an argument of another type than int or float")
+            if all(v == v0 for v in vals) and (tv is int or all(_replay._same_signed(v, v0) for v in vals)):
+                return v0
+            if tv is int and nb > 1:
+                step = vals[1] - v0
+                if all(v == v0 + step * j for j, v in enumerate(vals)):
+                    return _A(step, v0 - step * k0)
+            return _PB(vals)
         if t is _replay._Seq:
-            items = [_Batch._arg(y, env, consts, k0) for y in x.items]
+            items = [self._arg(y, env, consts, k0) for y in x.items]
+            if items and all(type(y) is tuple and len(y) == 2 and isinstance(y[0], torch.Tensor) for y in items):
+                return _TS(items)
             if any(type(y) is tuple and len(y) == 2 and isinstance(y[0], torch.Tensor) for y in items) or any(
-                    type(y) is _A for y in items):
+                    type(y) is _A or type(y) is _PB for y in items):
                 raise _Abort("a sequence argument holding tensors or index expressions")
             return x.kind(items)
         if t is _replay._Sl:
-            return slice(*(_Batch._arg(y, env, consts, k0) for y in (x.start, x.stop, x.step)))
+            items = [self._arg(y, env, consts, k0) for y in (x.start, x.stop, x.step)]
+            if any(type(y) is _PB for y in items):
+                raise _Abort("a slice bound per block")
+            return slice(*items)
         return x
 
     def _call(self, f, name, args, kwargs, nb, meta, a, env, w, undo):
@@ -1078,7 +1193,78 @@ class _Batch:
             return (view.clone() if name == "as_strided_copy" else view), True
         if name in ("narrow_copy", "narrow") and len(plain) == 4 and not kw:
             return self._narrow(f, name, args[0], plain[1:], nb)
-        if has_a:
+        if len(plain) == 2 and not kw and type(plain[1]) in (_A, _PB) and name in _COMPARE and tens and tens[0][0] == 0:
+            return self._compare_per_block(f, name, args[0], plain[1], nb)
+        if name in ("cat", "stack") and type(plain[0]) is _TS and len(plain) <= 2 and set(kw) <= {"dim"}:
+            dim = kw.get("dim", plain[1] if len(plain) > 1 else 0)
+            if type(dim) is not int:
+                raise _Abort(f"{name} without an int dim")
+            items = [t if bt else t.expand((nb,) + tuple(t.shape)) for t, bt in plain[0].items]
+            return f(items, dim=dim + 1 if dim >= 0 else dim), True
+        if name == "_int_mm" and len(plain) == 2 and not kw and any_b:
+            # int8 x int8 -> int32 sums (exact): as one int32 matmul with a block dimension
+            res = torch.matmul(plain[0].to(torch.int32), plain[1].to(torch.int32))
+            self._verify(f, name, args, kwargs, res, nb)
+            return res, True
+        if any(type(x) is _TS for x in plain) or any(type(v) is _TS for v in kw.values()):
+            raise _Abort(f"{name} of a sequence of tensors")
+        if name == "sort" and len(plain) == 1 and set(kw) <= {"dim", "descending", "stable"} and args[0][1]:
+            dim = kw.get("dim", -1)
+            if type(dim) is not int:
+                raise _Abort("sort without an int dim")
+            return f(plain[0], **dict(kw, dim=dim + 1 if dim >= 0 else dim)), True
+        if name == "gather" and len(plain) == 3 and not kw and type(plain[1]) is int and args[0][1] and args[2][1]:
+            d = plain[1]
+            return f(plain[0], d + 1 if d >= 0 else d, plain[2]), True
+        if name == "expand" and args[0][1] and not kw and all(type(d) is int for d in plain[1:]):
+            return f(plain[0], -1, *plain[1:]), True
+        if name == "view" and args[0][1] and len(plain) == 2 and isinstance(plain[1], torch.dtype) and not kw:
+            if plain[1].itemsize != plain[0].dtype.itemsize:
+                raise _Abort("view as a dtype of another size")
+            return f(plain[0], plain[1]), True
+        if name == "__getitem__" and args[0][1] and len(plain) == 2 and not kw:
+            key = plain[1] if type(plain[1]) is tuple else (plain[1],)
+            if not all(k is Ellipsis or type(k) is int or type(k) is slice and all(
+                    type(b) is int or b is None for b in (k.start, k.stop, k.step)) for k in key):
+                raise _Abort("a subscript of a block tile by tensors or None")
+            if Ellipsis not in key:
+                key = (slice(None),) + key
+            return plain[0][key], True
+        if name == "as_strided_scatter" and len(plain) in (4, 5) and not kw and any_b:
+            # into a tile of each block: the tiles contiguous one after another (block stride = a tile)
+            x, bx = args[0]
+            src, bs_ = args[1]
+            size, stride = plain[2], plain[3]
+            off = plain[4] if len(plain) > 4 else 0
+            if type(size) not in (list, tuple) or type(stride) not in (list, tuple) or type(off) is not int:
+                raise _Abort("as_strided_scatter with computed sizes")
+            per = x.shape[1:] if bx else x.shape
+            if bx:
+                if not x.is_contiguous() or x.storage_offset():
+                    raise _Abort("as_strided_scatter into a strided tile")
+            else:
+                if not x.is_contiguous() or x.storage_offset():
+                    raise _Abort("as_strided_scatter into a strided tile")
+                x = x.expand((nb,) + tuple(per)).contiguous()
+            if not bs_:
+                src = src.expand((nb,) + tuple(src.shape))
+            numel = 1
+            for d in per:
+                numel *= d
+            return f(x, src, (nb,) + tuple(size), (numel,) + tuple(stride), off), True
+        if name == "linear" and len(plain) == 2 and not kw and any_b:
+            # x @ w^T: a shared weight takes the leading block dim of x as is; a weight per block
+            # as a batched matmul (each checked once against per-block results, bit for bit)
+            x, w = plain
+            res = f(x, w) if not args[1][1] else torch.matmul(x, w.transpose(-1, -2))
+            self._verify(f, name, args, kwargs, res, nb)
+            return res, True
+        if name in ("any", "all", "aminmax") and len(plain) == 1 and not kw and args[0][1]:
+            return f(plain[0].reshape(nb, -1), dim=1), True  # over each block's whole tile (exact)
+        if name in ("full_like", "zeros_like", "ones_like") and args[0][1] and len(plain) <= 2 and \
+                set(kw) <= {"dtype"}:
+            return f(*plain, **kw), True
+        if has_a or any(type(x) is _PB for x in plain) or any(type(v) is _PB for v in kw.values()):
             raise _Abort(f"{name} with an index-dependent argument")
         if not any_b and w is None:
             if name in _FILL or name.endswith("_"):
@@ -1140,6 +1326,27 @@ class _Batch:
                 raise _Abort(f"{name} to a computed shape")
             return f(plain[0], (nb,) + tuple(shape)), True
         raise _Abort(f"{name} is not batched")
+
+    def _compare_per_block(self, f, name, src, num, nb):
+        """``f(tile, number)`` (a comparison) where the number differs per block (``_A`` or
+        ``_PB``): the numbers as a ``[nb, 1, ..]`` tensor of the tile's dtype (each must convert
+        exactly, else _Abort), checked once per (op, per-block shape, dtype) against per-block
+        results bit for bit (never batched again if they differ)."""
+        x, bx = src
+        vals = [num.a * (self._k0 + j) + num.b for j in range(nb)] if type(num) is _A else num.vals
+        rank = x.dim() - 1 if bx else x.dim()
+        col = torch.tensor(vals, dtype=x.dtype)
+        if col.tolist() != vals:
+            raise _Abort(f"{name}: per-block numbers not exact in {x.dtype}")
+        res = f(x, col.view((nb,) + (1,) * rank))
+        sig = (name, tuple(x.shape[1:] if bx else x.shape), x.dtype, bx, "per-block number")
+        ok = _VERIFIED.get(sig)
+        if ok is None:
+            ok = all(torch.equal(f(x[j] if bx else x, vals[j]), res[j]) for j in range(nb))
+            _VERIFIED[sig] = ok
+        if not ok:
+            raise _Abort(f"batched {name} with per-block numbers differs from per-block results")
+        return res, True
 
     def _narrow(self, f, name, src, dsl, nb):
         """``narrow`` / ``narrow_copy(src, dim, start, length)`` for all blocks: of a block tile

@@ -105,6 +105,33 @@ def _bind(kernel: str, msg: str) -> BindError:
     return BindError(f"kernel {kernel}: {msg}")
 
 
+def _visible_rows(pos: list, nt: int, S: int, B: int):
+    """How a block of the score / top-k tasks finds its token's visible index keys: returns
+    ``vis_of(t, n_vis) -> int``, ``n_vis[t]`` (``max(0, (pos[t] + 1) // CSA_RATIO)``, the
+    orchestration's list over the ``nt`` active tokens, ``S`` per request, ``B`` requests).
+
+    Where each request's positions run on by one (``pos[t] = pos[b * S] + t - b * S``, every
+    position >= 0: a prefill chunk), the count is computed from ``t`` itself, ``(t + off[b]) //
+    CSA_RATIO``, the same int in a plain run; a block template (runtime/blocks.py) keeps it an
+    expression of its block index instead of the exact value a list subscript pins (which holds
+    for one block only). Otherwise ``n_vis[t]``."""
+    offs = []
+    for b in range(B):
+        t0 = b * S
+        if t0 >= nt:
+            break
+        p0 = pos[t0]
+        # comparisons, not an exact list: under the program cache's recording the positions are
+        # symbols, and these stay guards on their outcome (any chunk whose positions run on)
+        if p0 < 0 or not all(pos[t] == p0 + (t - t0) for t in range(t0 + 1, min(nt, t0 + S))):
+            return lambda t, n_vis: n_vis[t]
+        offs.append(p0 - t0 + 1)
+    if B == 1 or len(offs) == 1:
+        off = offs[0] if offs else 0
+        return lambda t, n_vis: (t + off) // CSA_RATIO
+    return lambda t, n_vis: (t + offs[t // S]) // CSA_RATIO
+
+
 def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_table, sin_table, hadamard,
                        idx_kv_cache, idx_kv_scale, idx_block_table, position_ids, num_tokens, cmp_topk_indices,
                        cfg, prefix: str, seed_scopes: bool = False):
@@ -152,7 +179,9 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
     if not 0 <= nt <= T:
         raise _bind(kernel, f"num_tokens={nt} outside [0, T={T}]")
     # orchestration-level read of the positions (as the reference's visible-length scalars)
-    n_vis = [max(0, (p + 1) // CSA_RATIO) for p in pl.read_values(position_ids, [0], nt)]
+    pos = pl.read_values(position_ids, [0], nt)
+    n_vis = [max(0, (p + 1) // CSA_RATIO) for p in pos]
+    vis_of = _visible_rows(pos, nt, S, B)
     n_vis_max = max(n_vis, default=0)
     cap = indexer_score_capacity(cfg)
     L = indexer_sort_width(n_vis_max, bs)
@@ -241,14 +270,17 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
     scale_rows = pl.reshape(idx_kv_scale, [pages * bs, 1])
     col = pl.arange(0, [1, bs], pl.INT32)
     for t in pl.spmd(T, name_hint=f"{prefix}_score"):
-        if t >= nt or n_vis[t] == 0:
+        if t >= nt:
             continue
-        b = t // S
+        nv = vis_of(t, n_vis)
+        if nv == 0:
+            continue
+        b = 0 if B == 1 else t // S
         q8 = q_i8[t * HI:(t + 1) * HI, 0:c]  # [HI, c]
         # [1, HI]: q_dq rows t*HI .. as a column tile (the same load), reshaped
         sq = None if bf16 else pl.reshape(q_dq[t * HI:(t + 1) * HI, 0:1], [1, HI])
         w = weights[t:t + 1, 0:HI]
-        n_pg = -(-n_vis[t] // bs)
+        n_pg = -(-nv // bs)
         pages_t = pl.read_values(idx_block_table, [b, 0], min(n_pg, n_tab))  # the token's pages, one call
         for pg in pl.range(n_pg):
             phys = pages_t[pg] if pg < n_tab else -1
@@ -263,7 +295,7 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
                 dots = pl.cast(pl.matmul(k8, q8, b_trans=True), pl.FP32)  # [bs, HI]
                 hs = pl.col_expand_mul(pl.maximum(pl.col_expand_mul(dots, sq), 0.0), w)
                 sc = pl.transpose(pl.mul(pl.row_sum(hs), scale_rows[phys * bs:(phys + 1) * bs, 0:1]), 0, 1)
-            visible = pl.cmp(col, n_vis[t] - pg * bs, "lt")
+            visible = pl.cmp(col, nv - pg * bs, "lt")
             score_wide[t:t + 1, pg * bs:(pg + 1) * bs] = pl.select(visible, sc, -FP32_MAX)
 
     # 6. top-k by sort32 + mrgsort
@@ -272,7 +304,7 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
     kcol = pl.arange(0, [1, Kc], pl.INT32)
     for t in pl.spmd(T, name_hint=f"{prefix}_topk"):
         out = pl.full([1, K], pl.INT32, -1)
-        nv = n_vis[t] if t < nt else 0
+        nv = vis_of(t, n_vis) if t < nt else 0
         if nv > 0:
             pairs = pl.sort32(score_wide[t:t + 1, 0:L], seed_idx)
             run = 2 * SORT_RUN
