@@ -458,7 +458,8 @@ def _load_rows(t: GMTensor, a0, b0, a1, b1):
         if n0 > 1:  # the clone below of such a view is contiguous, as as_strided_copy's result
             return Tile(torch.as_strided_copy(d, (n0, n1), t._strides, off))
     src = d.as_strided((n0, n1), t._strides, off)  # the view data[key], one call
-    return Tile(src if buf.no_copy and src.is_contiguous() else src.clone())  # as _load
+    # as _load; the view (n0, n1 > 0) is contiguous iff (n1 == 1 or st1 == 1) and (n0 == 1 or st0 == n1)
+    return Tile(src if buf.no_copy and (n1 == 1 or st1 == 1) and (n0 == 1 or st0 == n1) else src.clone())
 
 
 def _omitted_bounds(a0, b0, a1, b1, shape) -> tuple:
@@ -597,9 +598,14 @@ def _store_rows(t: GMTensor, a0: int, a1: int, tile: Tile, atomic) -> bool:
         if len(v) != 2:
             return False
         n0, n1 = v
-        if type(n0) is not int or type(n1) is not int or not (0 < n0 <= src.shape[0] and 0 < n1 <= src.shape[1]):
+        m0, m1 = src.shape
+        if type(n0) is not int or type(n1) is not int or not (0 < n0 <= m0 and 0 < n1 <= m1):
             return False
-        src = src.as_strided((n0, n1), src.stride(), src.storage_offset())  # the view src[:n0, :n1]
+        if n1 == m1:  # the view src[:n0, :n1] (the whole tile when n0 == m0: the same values to copy)
+            if n0 < m0:
+                src = src[:n0]
+        else:
+            src = src.as_strided((n0, n1), src.stride(), src.storage_offset())
     b0, b1 = a0 + n0, a1 + n1
     shape = t._shape
     if not (0 <= a0 < b0 <= shape[0] and 0 <= a1 < b1 <= shape[1]):

@@ -488,15 +488,16 @@ def _binary(op: str, a, b, fn):
                     vk[op] = vk.get(op, 0) + 1
             am, bm = a.mask, b.mask
             return Tile(out, bm if am is None else am if bm is None else torch.maximum(am, bm), a.valid)
-    elif type(a) is Tile and (type(b) is int or (type(b) is float and a.data.dtype.is_floating_point)):
+    elif type(a) is Tile and (type(b) is int or type(b) is float):
         ad = a.data  # fast path: a tile and a plain int (or a float with a float tile)
-        if not ad.is_meta:
+        dt = ad.dtype
+        if (type(b) is int or dt.is_floating_point) and not ad.is_meta:
             # an int not in every integer dtype's range (0 .. 127) is checked against this tile's
-            if type(b) is int and not 0 <= b <= 127 and not _int_fits(b, ad.dtype):
-                _int_range_error(f"pl.{op}", b, ad.dtype, _SCALAR_HINT)
-            out = fn(ad, _number_operand(ad, b) if fn in _FP32_SCALAR_FNS else b)
-            if out.dtype is not ad.dtype:
-                out = _to(out, ad.dtype)
+            if type(b) is int and not 0 <= b <= 127 and not _int_fits(b, dt):
+                _int_range_error(f"pl.{op}", b, dt, _SCALAR_HINT)
+            out = fn(ad, _fp32_number(b) if dt is torch.float32 and fn in _FP32_SCALAR_FNS else b)
+            if out.dtype is not dt:
+                out = _to(out, dt)
             blk = _state.block
             if blk is not None:  # _count(out.numel(), op + "_s"), inlined
                 blk.ops += 1
@@ -557,9 +558,13 @@ def _number_operand(d: torch.Tensor, v):
     """The number ``v`` as the second operand of a torch op on ``d``: for an FP32 ``d`` and a plain
     int or float other than 0, -0 and NaN (and ints torch takes: 64 bits), the kept 0-dim FP32
     tensor ``torch.tensor(v, dtype=torch.float32)`` (never written); otherwise ``v`` itself."""
+    return v if d.dtype is not torch.float32 else _fp32_number(v)
+
+
+def _fp32_number(v):
+    """:func:`_number_operand` of ``v`` for an FP32 tensor operand."""
     tv = type(v)
-    if d.dtype is not torch.float32 or not (tv is float or (tv is int and -(1 << 63) <= v < (1 << 63))) \
-            or v != v or v == 0:
+    if not (tv is float or (tv is int and -(1 << 63) <= v < (1 << 63))) or v != v or v == 0:
         return v
     t = _FP32_SCALARS.get(v)
     if t is None:
