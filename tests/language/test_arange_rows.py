@@ -8,9 +8,7 @@ from hypothesis import strategies as st
 
 import pto
 import pto.language as pl
-import pto.runtime as rt
 from pto.errors import DslError
-from pto.runtime import blocks as B
 
 KEEP = pto.RunConfig(keep_footprints=True)
 
@@ -126,23 +124,14 @@ POSITIONS = [[3, 1, -1, 7, 0, 2, 5, 4], [3, 1, -1, 7, 0, 2, 5, 4], [3, 1, -1, 7,
 
 
 @pytest.mark.parametrize("parametric", [False, True], ids=["cache", "parametric"])
-def test_replays_match_plain_runs(parametric):
-    def want(p):
-        return torch.tensor([[4 * q, 4 * q + 1, 4 * q + 2, -1, -1, 100 + t, 101 + t] + [-1] * 9 if q >= 0 else [-1] * 16
-                             for t, q in enumerate(p)], dtype=torch.int32)
-    was = rt.program_cache_enabled()
-    rt.set_program_cache(True)
-    rt.clear_program_cache()
-    try:
-        with rt.parametric_replay(parametric):
-            for p in POSITIONS:
-                y = torch.zeros(8, 16, dtype=torch.int32)
-                _windows.run(torch.tensor(p, dtype=torch.int32), y)
-                assert torch.equal(y, want(p))
-            assert rt.cache_info()["replayed"] >= 1
-    finally:
-        rt.clear_program_cache()
-        rt.set_program_cache(was)
+def test_replays_match_plain_runs(parametric, replays_match):
+    def one(p):
+        want = torch.tensor([[4 * q, 4 * q + 1, 4 * q + 2, -1, -1, 100 + t, 101 + t] + [-1] * 9 if q >= 0
+                             else [-1] * 16 for t, q in enumerate(p)], dtype=torch.int32)
+        y = torch.zeros(8, 16, dtype=torch.int32)
+        _windows.run(torch.tensor(p, dtype=torch.int32), y)
+        assert torch.equal(y, want)
+    replays_match(parametric, POSITIONS, one)
 
 
 @pl.jit
@@ -154,9 +143,7 @@ def _block_rows(y: pl.Out[pl.Tensor[[64, 8], pl.INT32]]):
     return y
 
 
-def test_templated_blocks_get_rows_of_their_own(monkeypatch):
-    monkeypatch.setattr(B, "MIN_BLOCKS", 4)
-    B.reset_templates()
+def test_templated_blocks_get_rows_of_their_own(templated_runs_match):
     want = []
     for b in range(16):
         want += [[-1, -1, -1, -1, -1, -1, -1, -1] for _ in range(4)]
@@ -164,10 +151,9 @@ def test_templated_blocks_get_rows_of_their_own(monkeypatch):
         want[4 * b + 1][1:3] = [b, b + 1]
         want[4 * b + 2][0] = b
         want[4 * b + 3][7] = 4 * b
-    want = torch.tensor(want, dtype=torch.int32)
-    for templates in (False, True, True):
-        with rt.block_templates(templates):
-            y = torch.zeros(64, 8, dtype=torch.int32)
-            _block_rows.run(y)
-        assert torch.equal(y, want)
-    B.reset_templates()
+
+    def run():
+        y = torch.zeros(64, 8, dtype=torch.int32)
+        _block_rows.run(y)
+        return y
+    templated_runs_match(run, torch.tensor(want, dtype=torch.int32))

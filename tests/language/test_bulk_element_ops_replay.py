@@ -6,8 +6,6 @@ import pytest
 import torch
 
 import pto.language as pl
-import pto.runtime as rt
-from pto.runtime import blocks as B
 
 
 @pl.jit
@@ -22,14 +20,9 @@ def rows(pos: pl.Tensor[[8], pl.INT32], y: pl.Out[pl.Tensor[[8, 16], pl.INT32]])
     return y
 
 
-def _plain(pos):
-    was = rt.program_cache_enabled()
-    rt.set_program_cache(False)
-    try:
-        y = torch.zeros(8, 16, dtype=torch.int32)
-        rows.run(pos, y)
-    finally:
-        rt.set_program_cache(was)
+def _rows_into_zeros(p):
+    y = torch.zeros(8, 16, dtype=torch.int32)
+    rows.run(torch.tensor(p, dtype=torch.int32), y)
     return y
 
 
@@ -38,21 +31,10 @@ POSITIONS = [[3, 1, -1, 7, 0, 2, 5, 4], [3, 1, -1, 7, 0, 2, 5, 4], [3, 1, -1, 7,
 
 
 @pytest.mark.parametrize("parametric", [False, True], ids=["cache", "parametric"])
-def test_replays_match_plain_runs(parametric):
-    want = [_plain(torch.tensor(p, dtype=torch.int32)) for p in POSITIONS]
-    was = rt.program_cache_enabled()
-    rt.set_program_cache(True)
-    rt.clear_program_cache()
-    try:
-        with rt.parametric_replay(parametric):
-            for p, w in zip(POSITIONS, want):
-                y = torch.zeros(8, 16, dtype=torch.int32)
-                rows.run(torch.tensor(p, dtype=torch.int32), y)
-                assert torch.equal(y, w)
-            assert rt.cache_info()["replayed"] >= 1
-    finally:
-        rt.clear_program_cache()
-        rt.set_program_cache(was)
+def test_replays_match_plain_runs(parametric, plain_run, replays_match):
+    want = {tuple(p): plain_run(lambda: _rows_into_zeros(p)) for p in POSITIONS}
+    replays_match(parametric, POSITIONS, lambda p: torch.testing.assert_close(_rows_into_zeros(p), want[tuple(p)],
+                                                                             rtol=0, atol=0))
 
 
 @pl.jit
@@ -65,13 +47,9 @@ def blocks(y: pl.Out[pl.Tensor[[32, 8], pl.INT32]]):
     return y
 
 
-def test_templated_blocks_get_rows_of_their_own(monkeypatch):
-    monkeypatch.setattr(B, "MIN_BLOCKS", 4)
-    B.reset_templates()
-    want = torch.tensor([[3, 4, 5, 6, -1, b, b, 9] for b in range(32)], dtype=torch.int32)
-    for templates in (False, True, True):
-        with rt.block_templates(templates):
-            y = torch.zeros(32, 8, dtype=torch.int32)
-            blocks.run(y)
-        assert torch.equal(y, want)
-    B.reset_templates()
+def test_templated_blocks_get_rows_of_their_own(templated_runs_match):
+    def run():
+        y = torch.zeros(32, 8, dtype=torch.int32)
+        blocks.run(y)
+        return y
+    templated_runs_match(run, torch.tensor([[3, 4, 5, 6, -1, b, b, 9] for b in range(32)], dtype=torch.int32))

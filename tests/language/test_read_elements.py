@@ -6,7 +6,6 @@ import torch
 
 import pto
 import pto.language as pl
-import pto.runtime as rt
 from pto.errors import DslError
 
 KEEP = pto.RunConfig(keep_footprints=True)
@@ -102,19 +101,12 @@ def _gather(table: pl.Tensor[[8], pl.INT32], pos: pl.Tensor[[4], pl.INT32], y: p
 
 
 @pytest.mark.parametrize("parametric", [False, True], ids=["cache", "parametric"])
-def test_replays_match_plain_runs(parametric):
+def test_replays_match_plain_runs(parametric, replays_match):
     table = torch.tensor([70, 71, 72, 73, 74, 75, 76, 77], dtype=torch.int32)
-    seq = [[0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3], [15, 3, 3, 8], [0, 1, 2, 3], [9, 9, 9, 9]]
-    was = rt.program_cache_enabled()
-    rt.set_program_cache(True)
-    rt.clear_program_cache()
-    try:
-        with rt.parametric_replay(parametric):
-            for p in seq:
-                y = torch.zeros(1, 4, dtype=torch.int32)
-                _gather.run(table, torch.tensor(p, dtype=torch.int32), y)
-                assert y.tolist() == [[70 + q // 2 for q in p]]
-            assert rt.cache_info()["replayed"] >= 1
-    finally:
-        rt.clear_program_cache()
-        rt.set_program_cache(was)
+
+    def one(p):
+        y = torch.zeros(1, 4, dtype=torch.int32)
+        _gather.run(table, torch.tensor(p, dtype=torch.int32), y)
+        assert y.tolist() == [[70 + q // 2 for q in p]]
+    replays_match(parametric, [[0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3], [15, 3, 3, 8], [0, 1, 2, 3], [9, 9, 9, 9]],
+                  one)

@@ -7,9 +7,7 @@ import torch
 
 import pto
 import pto.language as pl
-import pto.runtime as rt
 from pto.errors import DslError
-from pto.runtime import blocks as B
 
 KEEP = pto.RunConfig(keep_footprints=True)
 CHECK = pto.RunConfig(check=True, keep_footprints=True)
@@ -170,34 +168,18 @@ SCATTERS = [[0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 4, 
             [0, 1, 2, 3, 4, 5, 6, 7], [5, -1, -1, 2, 0, 1, 3, 4]]
 
 
-def _plain_scatter(src, idx):
-    was = rt.program_cache_enabled()
-    rt.set_program_cache(False)
-    try:
-        y = torch.zeros(8, 4)
-        _scatter.run(src, idx, y)
-    finally:
-        rt.set_program_cache(was)
+def _scatter_into_zeros(src, p):
+    y = torch.zeros(8, 4)
+    _scatter.run(src, torch.tensor(p, dtype=torch.int32), y)
     return y
 
 
 @pytest.mark.parametrize("parametric", [False, True], ids=["cache", "parametric"])
-def test_replays_match_plain_runs(parametric):
+def test_replays_match_plain_runs(parametric, plain_run, replays_match):
     src = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
-    want = [_plain_scatter(src, torch.tensor(p, dtype=torch.int32)) for p in SCATTERS]
-    was = rt.program_cache_enabled()
-    rt.set_program_cache(True)
-    rt.clear_program_cache()
-    try:
-        with rt.parametric_replay(parametric):
-            for p, w in zip(SCATTERS, want):
-                y = torch.zeros(8, 4)
-                _scatter.run(src, torch.tensor(p, dtype=torch.int32), y)
-                assert torch.equal(y, w)
-            assert rt.cache_info()["replayed"] >= 1
-    finally:
-        rt.clear_program_cache()
-        rt.set_program_cache(was)
+    want = {tuple(p): plain_run(lambda: _scatter_into_zeros(src, p)) for p in SCATTERS}
+    replays_match(parametric, SCATTERS, lambda p: torch.testing.assert_close(_scatter_into_zeros(src, p),
+                                                                            want[tuple(p)], rtol=0, atol=0))
 
 
 @pl.jit
@@ -208,14 +190,11 @@ def _block_rows(src: pl.Tensor[[64, 4], pl.FP32], y: pl.InOut[pl.Tensor[[64, 4],
     return y
 
 
-def test_templated_blocks_store_rows_of_their_own(monkeypatch):
-    monkeypatch.setattr(B, "MIN_BLOCKS", 4)
-    B.reset_templates()
+def test_templated_blocks_store_rows_of_their_own(templated_runs_match):
     src = torch.randn(64, 4, generator=torch.Generator().manual_seed(2))
-    want = src.flip(0)
-    for templates in (False, True, True):
-        with rt.block_templates(templates):
-            y = torch.zeros(64, 4)
-            _block_rows.run(src, y)
-        assert torch.equal(y, want)
-    B.reset_templates()
+
+    def run():
+        y = torch.zeros(64, 4)
+        _block_rows.run(src, y)
+        return y
+    templated_runs_match(run, src.flip(0))

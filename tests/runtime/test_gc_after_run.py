@@ -25,6 +25,14 @@ def _rows(a: pl.Tensor[[ROWS, 16], pl.FP32], c: pl.Out[pl.Tensor[[ROWS, 16], pl.
     return c
 
 
+def _inputs():
+    """A (ROWS, 16) FP32 input and a zero output of that shape, then a full collection, so that
+    the collections counted afterwards are the run's."""
+    a, c = torch.randn(ROWS, 16), torch.zeros(ROWS, 16)
+    gc.collect()
+    return a, c
+
+
 @pytest.fixture
 def collections():
     """The GC on, the program cache off; yields (phase, events): set ``phase[0]`` to label the
@@ -67,9 +75,7 @@ def test_no_collection_inside_a_plain_call(collections):
 
 def test_a_kept_program_is_not_collected_inside_the_call(collections):
     phase, events = collections
-    a = torch.randn(ROWS, 16)
-    c = torch.zeros(ROWS, 16)
-    gc.collect()
+    a, c = _inputs()
     phase[0] = "inside"
     prog = _rows.run(a, c)
     phase[0] = "after"
@@ -80,9 +86,7 @@ def test_a_kept_program_is_not_collected_inside_the_call(collections):
 
 def test_a_kept_program_read_under_gc_paused_is_never_scanned(collections):
     phase, events = collections
-    a = torch.randn(ROWS, 16)
-    c = torch.zeros(ROWS, 16)
-    gc.collect()
+    a, c = _inputs()
     phase[0] = "inside"
     with pto.runtime.program.gc_paused():
         prog = _rows.run(a, c)
