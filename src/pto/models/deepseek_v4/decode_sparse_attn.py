@@ -167,13 +167,18 @@ def grouped_o_proj_tasks(o_packed, wo_a, wo_b, wo_b_scale, attn_out, t: int, dep
     # on how many requests share the step (torch's b-transposed GEMM rounds rows differently
     # below 4; EP ranks decode fewer requests than one rank). INT8 products are exact anyway.
     mp = round_up(t, MATMUL_M_TILE) if bf16 else t
+    GIN = o_packed.shape[1]
+    # wo_a [G, o_lora, GIN] as [G * o_lora, GIN] rows: group g's N-tile is a 2-D row window (the
+    # same elements as wo_a[g, rows, :], a rank-2 load and the matmul's 2-D path, no unit batch)
+    wo_a_rows = pl.reshape(wo_a, [G * LO, GIN])
     with pl.manual_scope():
         for g in pl.parallel(G):
             pa = pl.spmd(LO // NA, name_hint="proj_a_mm", deps=deps)
             for nf in pa:
-                a = pl.slice(o_packed, [mp, o_packed.shape[1]], [g * t, 0], valid_shape=[t, o_packed.shape[1]]) \
-                    if bf16 else o_packed[g * t:(g + 1) * t, 0:o_packed.shape[1]]
-                acc = pl.matmul(a, wo_a[g, nf * NA:(nf + 1) * NA, :], b_trans=True)
+                a = pl.slice(o_packed, [mp, GIN], [g * t, 0], valid_shape=[t, GIN]) \
+                    if bf16 else o_packed[g * t:(g + 1) * t, 0:GIN]
+                w0 = g * LO + nf * NA
+                acc = pl.matmul(a, wo_a_rows[w0:w0 + NA, 0:GIN], b_trans=True)
                 pl.assemble(o_r, pl.set_validshape(acc, t, NA) if bf16 else acc, [0, g * LO + nf * NA])
             with pl.at(level=pl.Level.CORE_GROUP, name_hint="quant", deps=[pa.tid]) as q_tid:
                 for tc in pl.range(n_qt):
@@ -297,6 +302,9 @@ def decode_sparse_attn_kernels(cfg: DeepSeekV4Config, n_cmp: int) -> SimpleNames
             x = pl.slice(o, [H, R], [0, N])
             rot = pl.add(pl.col_expand_mul(x, cos_il), pl.col_expand_mul(pl.gather(x, index=swap), sin_signed))
             packed = pl.assemble(pl.cast(o, pl.BF16, mode="rint"), pl.cast(rot, pl.BF16, mode="rint"), [0, N])
+            if t == 1:  # the G groups' rows g*HPG .. are consecutive: the whole [H, HD] tile in one store
+                pl.assemble(o_head_rows, packed, [0, 0])
+                continue
             for g in pl.range(G):  # group g's heads into rows (g*T + tok)*HPG .. of the [G*T*HPG, HD] view
                 pl.assemble(o_head_rows, pl.slice(packed, [HPG, HD], [g * HPG, 0]), [(g * t + tok) * HPG, 0])
 
