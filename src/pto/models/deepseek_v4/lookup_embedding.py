@@ -11,7 +11,9 @@ Kernel (:func:`lookup_embedding`): the orchestration reads every id once and rai
 task is submitted (nothing half-written); then one task ``embedding_lookup`` of
 ``ceil(T / EMB_T_TILE)`` blocks, each loading its ids as a tile (so the read footprint on
 ``input_ids`` is recorded) and gathering its tokens' table rows into one ``[tokens, D]`` tile
-(``pl.gather_rows``: one footprint per row), cast to FP32 and stored once per stream. No GM scratch. The reference has no
+(``pl.gather_rows``: one footprint per row), cast to FP32, repeated ``hc_mult`` times side by
+side (``pl.concat``) and stored as the block's ``[tokens, hc_mult * D]`` rows of ``x_hc`` in one
+store (one contiguous window; was one strided store per stream). No GM scratch. The reference has no
 embedding kernel (the table lookup is host-side in pypto-lib); this one follows the
 layer's conventions.
 """
@@ -76,15 +78,16 @@ def lookup_embedding_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
         """``x_hc[t, h] = fp32(embed[input_ids[t]])`` for every stream ``h``; returns the task id."""
         t = check_token_ids("lookup_embedding", input_ids, V)
         TT = token_tile(t, EMB_T_TILE)
+        x_rows = pl.reshape(x_hc, [t, HC * D])  # token t's streams: one contiguous row of HC * D
         task = pl.spmd(-(-t // TT), name_hint="embedding_lookup", allow_early_resolve=True)
         for b in task:
             t0 = b * TT
             rows = min(TT, t - t0)
             ids = input_ids[t0:t0 + rows]
             toks = pl.read_values(ids, [0], rows)
-            x = pl.reshape(pl.cast(pl.gather_rows(embed, toks), pl.FP32, mode="none"), [rows, 1, D])
-            for h in pl.range(HC):
-                pl.assemble(x_hc, x, [t0, h, 0])
+            x = pl.cast(pl.gather_rows(embed, toks), pl.FP32, mode="none")  # [rows, D]
+            # the HC stream copies side by side: the block's [rows, HC * D] window in one store
+            pl.assemble(x_rows, x if HC == 1 else pl.concat([x] * HC), [t0, 0])
         return task.tid
 
     lookup_embedding_test = pl.jit.entry(lookup_embedding, name="lookup_embedding_test")
