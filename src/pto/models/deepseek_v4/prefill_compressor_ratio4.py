@@ -307,22 +307,23 @@ def ratio4_compress_tasks(x, compress_state, state_block_table, wkv, wgate, ape,
     for blk in pl.spmd(-(-t_len // PT) * n_col, name_hint=f"{prefix}_kv_score_proj"):
         r0, c0 = (blk // n_col) * PT, (blk % n_col) * PN
         rows = min(PT, t_len - r0)
-        # the block's x rows and its wkv / wgate rows loaded once (BF16); each K chunk is a
-        # [*, PK] sub-tile of them; kv and score are separate [PT, PN] products
+        # the block's x rows and its wkv / wgate rows loaded once (BF16), the weight rows side
+        # by side in one [2 * PN, D] tile (wkv rows 0..PN-1, wgate rows PN..2PN-1): each K chunk is
+        # one [PT, PK] x [PK, 2 * PN] product whose columns 0..PN-1 are kv and PN.. the score
+        # (the same FP32 sums, column by column, as two [PT, PN] products)
         x_rows = pl.slice(x, [PT, D], [r0, 0], valid_shape=[rows, D])
-        wk_rows, wg_rows = wkv[c0:c0 + PN, 0:D], wgate[c0:c0 + PN, 0:D]
-        acc_kv = acc_sc = None
+        w_rows = pl.slice(wkv, [2 * PN, D], [c0, 0], valid_shape=[PN, D])  # wkv rows, then room for wgate's
+        w_rows[PN:2 * PN, 0:D] = wgate[c0:c0 + PN, 0:D]
+        w_rows = pl.set_validshape(w_rows, 2 * PN, D)
+        acc = None
         for kc in pl.range(D // PK):
             k0 = kc * PK
-            xt = x_rows[:, k0:k0 + PK]
-            if acc_kv is None:
-                acc_kv = pl.matmul(xt, wk_rows[:, k0:k0 + PK], b_trans=True)
-                acc_sc = pl.matmul(xt, wg_rows[:, k0:k0 + PK], b_trans=True)
+            if acc is None:
+                acc = pl.matmul(x_rows[:, k0:k0 + PK], w_rows[:, k0:k0 + PK], b_trans=True)
             else:
-                acc_kv = pl.matmul_acc(acc_kv, xt, wk_rows[:, k0:k0 + PK], b_trans=True)
-                acc_sc = pl.matmul_acc(acc_sc, xt, wg_rows[:, k0:k0 + PK], b_trans=True)
-        pl.assemble(kv_proj, pl.set_validshape(acc_kv, rows, PN), [r0, c0])
-        pl.assemble(score_proj, pl.set_validshape(acc_sc, rows, PN), [r0, c0])
+                acc = pl.matmul_acc(acc, x_rows[:, k0:k0 + PK], w_rows[:, k0:k0 + PK], b_trans=True)
+        pl.assemble(kv_proj, pl.set_validshape(acc[:, 0:PN], rows, PN), [r0, c0])
+        pl.assemble(score_proj, pl.set_validshape(acc[:, PN:2 * PN], rows, PN), [r0, c0])
 
     ST = C4_SCATTER_T_TILE
     for blk in pl.spmd(-(-t_len // ST), name_hint=f"{prefix}_state_scatter"):
