@@ -148,9 +148,9 @@ def _check_tensor(kernel: str, name: str, ann: TensorType, shape, dtype, dyn: di
                         f"match annotation rank {len(ann.dims)} {ann}")
     for d, (want, got) in enumerate(zip(ann.dims, shape)):
         if isinstance(want, DynVar):
-            seen = dyn.get(id(want))
+            seen = dyn.get(want.name)  # by name: two pl.dynamic("N") annotations tie
             if seen is None:
-                dyn[id(want)] = (got, name, d)
+                dyn[want.name] = (got, name, d)
             elif seen[0] != got:
                 raise BindError(f"kernel {kernel}: parameter {name!r}: dynamic dim {want.name} (dim {d}) is {got}, "
                                 f"but parameter {seen[1]!r} bound it to {seen[0]} (dim {seen[2]})")
@@ -297,7 +297,7 @@ def _bind_fast(spec: list, args, seen: list) -> list | None:
                     else:  # a pl.dynamic dim: the same extent wherever it appears
                         if dyn is None:
                             dyn = {}
-                        prev = dyn.setdefault(id(want), got)
+                        prev = dyn.setdefault(want.name, got)
                         if prev != got:
                             return None
         elif kind == 1:
@@ -368,7 +368,7 @@ def _bind_gm_fast(jf: JitFunction, args) -> list | None:
                     if isinstance(want, DynVar):  # the same extent wherever it appears
                         if dyn is None:
                             dyn = {}
-                        if dyn.setdefault(id(want), got) != got:
+                        if dyn.setdefault(want.name, got) != got:
                             return None
                     elif want != got:
                         return None

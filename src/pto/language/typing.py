@@ -21,8 +21,9 @@ IN, OUT, INOUT = "in", "out", "inout"
 
 
 class DynVar:
-    """A symbolic dimension. The same object used in several annotations must
-    bind to the same extent within one call."""
+    """A symbolic dimension. Every dim of a kernel's annotations with this name (the same
+    object, or another ``pl.dynamic`` of the same name) must bind to the same extent within one
+    call, as ``pto run --dim NAME=N`` and ``Program.dyn_dims`` name them."""
 
     __slots__ = ("name",)
 
