@@ -76,3 +76,59 @@ def test_a_batch_whose_every_block_took_another_path_does_not_stop_later_batches
     x, y = torch.randn(128, 8), torch.zeros(128, 8)
     C.run_args(flagged, x, torch.ones(32, 1, dtype=torch.int32), y)  # a later program of the site: batched
     assert B.template_info()["batched"] == 28 + 30 and torch.equal(y, torch.exp(x))
+
+
+@pl.jit
+def early_path(x: pl.Tensor[[256, 8], pl.FP32], rows: pl.Tensor[[256, 1], pl.INT32],
+               y: pl.Out[pl.Tensor[[256, 8], pl.FP32]], n: pl.Scalar[pl.INT32]):
+    for b in pl.spmd(n, name_hint="early_path"):
+        if b < 3:  # the first blocks: a long chain of integer steps on a read (a register: no batched form)
+            c = pl.read(rows, [b, 0])
+            for _ in range(40):
+                c = (c * 3 + 1) // 2 % 1000
+            y[b * 4:(b + 1) * 4, 0:8] = pl.add(pl.exp(x[b * 4:(b + 1) * 4, 0:8]), c)
+        else:  # the others: a variant recorded at block 3, batched
+            y[b * 4:(b + 1) * 4, 0:8] = pl.exp(x[b * 4:(b + 1) * 4, 0:8])
+    return y
+
+
+def _early_path_args(n: int):
+    return (torch.randn(256, 8), torch.randint(0, 1000, (256, 1), dtype=torch.int32), torch.zeros(256, 8), n)
+
+
+def _early_path_expected(a) -> torch.Tensor:
+    x, rows, _, n = a
+    want = torch.zeros(256, 8)
+    want[:4 * n] = torch.exp(x[:4 * n])
+    for b in range(3):
+        c = int(rows[b, 0])
+        for _ in range(40):
+            c = (c * 3 + 1) // 2 % 1000
+        want[b * 4:(b + 1) * 4] = torch.exp(x[b * 4:(b + 1) * 4]) + c
+    return want
+
+
+def test_block_zero_without_batched_form_does_not_stop_later_programs_when_variants_batched():
+    # block 0's path (blocks 0-2) has no batched form, the variant of blocks 3.. batches: the site
+    # stays templated in later programs (it used to run plainly there below MIN_UNBATCHED blocks)
+    info = C.both(early_path, lambda: _early_path_args(32))[0]
+    assert info["tasks"] == 1 and info["batched"] == 27 and info["restarts"] == 0
+    a = _early_path_args(32)
+    C.run_args(early_path, *a)
+    after = B.template_info()
+    assert after["tasks"] == 2 and after["batched"] == 54
+    assert torch.equal(a[2], _early_path_expected(a))
+
+
+def test_unbatched_memory_is_per_block_count():
+    # a task of 5 blocks batches nothing (only blocks 3 and 4 take the batched path, fewer than 8):
+    # later 5-block tasks of the site run plainly, a 32-block task there still uses templates
+    info = C.both(early_path, lambda: _early_path_args(5))[0]
+    assert info["tasks"] == 1 and info["batched"] == 0
+    a = _early_path_args(5)
+    C.run_args(early_path, *a)
+    assert B.template_info()["tasks"] == 1 and torch.equal(a[2], _early_path_expected(a))
+    a = _early_path_args(32)
+    C.run_args(early_path, *a)
+    assert B.template_info()["tasks"] == 2 and B.template_info()["batched"] == 27
+    assert torch.equal(a[2], _early_path_expected(a))

@@ -44,10 +44,11 @@ chunk that see nothing): the blocks past it record their own paths. A block whos
 run plainly: the stores the template made into GM before the guard
 are saved first (a clone of each window) and written back. Such a block is recorded as another
 variant of the template (up to ``MAX_VARIANTS``); a task whose blocks keep diverging stops
-using templates and its site is remembered for later programs (``_SITE_OFF``). A site whose
-blocks did not run batched (no batched form, or the batch gave up) uses templates in later
-programs only for tasks of at least ``MIN_UNBATCHED`` blocks (``PTO_BLOCK_TEMPLATES_MIN_UNBATCHED``,
-256): block by block, a template does not pay for its recordings on fewer.
+using templates and its site is remembered for later programs (``_SITE_OFF``). A task none
+of whose blocks ran batched (no variant with a batched form) makes later tasks of its site
+and block count, and a batch that gave up makes later tasks of its site, use templates only
+with at least ``MIN_UNBATCHED`` blocks (``PTO_BLOCK_TEMPLATES_MIN_UNBATCHED``, 256): block by
+block, a template does not pay for its recordings on fewer.
 
 What stays as in a plain run: the results (the same torch operations on the same values in
 the same order), the task graph (per-block footprints, grouped and coalesced by
@@ -205,7 +206,7 @@ def _usable(prog, task, n: int) -> bool:
         return False
     if prog.config.drop_init or prog._drop_init or task.site in _SITE_OFF:
         return False
-    if n < MIN_UNBATCHED and (task.site in _UNBATCHED or task.site in _NO_BATCH):
+    if n < MIN_UNBATCHED and ((task.site, n) in _UNBATCHED or task.site in _NO_BATCH):
         return False
     if sys.gettrace() is not None:  # the recording's identity watch needs the trace hook
         return False
@@ -249,9 +250,15 @@ def _blocks(prog, task, n: int):
     if _DEBUG and variants:
         _log((task.name, n, "no batched form: " + str(variants[0].why) if variants[0].batch is None
                            else "site not batched" if task.site in _NO_BATCH else "batched"))
-    if variants and variants[0].batch is None:
-        _UNBATCHED.add(task.site)
+    batched0 = _INFO["batched"]
     sort = yield from _run_range(prog, task, 1, n - 1, n, st)
+    if variants and variants[0].batch is None and _INFO["batched"] == batched0:
+        # no block of the task ran batched (block 0's template has no batched form, nor had any
+        # variant recorded later): tasks of this site and block count run plainly from here on.
+        # A block 0 whose path holds for a few blocks only (a chunk's first tokens, which see no
+        # key) does not mark it when later variants batched; nor does a task of another block
+        # count (a prompt's last, shorter chunk) mark the full chunks' tasks
+        _UNBATCHED.add((task.site, n))
     if sort:
         task.blocks.sort(key=lambda b: b.idx)
     if n > 1:
@@ -941,7 +948,7 @@ class _Template:
 # ---- batched blocks ---------------------------------------------------------------------------------
 _BATCH = [os.environ.get("PTO_BLOCK_BATCH", "1").strip().lower() not in ("0", "", "false", "off", "no")]
 _NO_BATCH: set = set()  # task sites whose batched run failed (their templates run block by block)
-_UNBATCHED: set = set()  # task sites whose template had no batched form
+_UNBATCHED: set = set()  # (task site, blocks) of tasks none of whose blocks ran batched
 _VERIFIED: dict = {}  # (op, per-block shapes, dtypes, arguments) -> batched result equals per-block (bool)
 _ELEMENTWISE = frozenset((
     "add", "sub", "mul", "div", "true_divide", "maximum", "minimum", "exp", "neg", "abs", "sqrt", "rsqrt",
