@@ -124,9 +124,11 @@ def hc_head_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleN
             z = pl.row_expand_mul(pl.slice(mixes_raw, [TT, N], [t0, 0], valid_shape=[rows, N]), inv)
             z = pl.col_expand_add(z * pl.read(hc_scale, [0]), base_row[0:1, 0:N])
             pre = pl.recip(pl.exp(pl.neg(z)) + 1.0) + hc_eps
-            # each stream loaded as its own [TT, D] column window of x_flat (no whole-token load + split)
-            terms = [pl.row_expand_mul(pl.slice(x_flat, [TT, D], [t0, h * D], valid_shape=[rows, D]),
-                                       pl.slice(pre, [TT, 1], [0, h])) for h in range(N)]
+            # the tokens' whole rows in one load (a view of the unwritten input, one footprint box),
+            # each stream a [TT, D] column window of it (one copy, as a strided load would make)
+            xt = pl.slice(x_flat, [TT, HCD], [t0, 0], valid_shape=[rows, HCD])
+            terms = [pl.row_expand_mul(pl.slice(xt, [TT, D], [0, h * D]), pl.slice(pre, [TT, 1], [0, h]))
+                     for h in range(N)]
             while len(terms) > 1:  # pairwise tree, as the golden
                 terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
                          for i in range(0, len(terms), 2)]

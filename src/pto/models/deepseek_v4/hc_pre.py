@@ -311,9 +311,13 @@ def hc_pre(
         d0 = (b % n_d) * DT
         rows = min(MT, t - t0)
         pre = pl.slice(pre_val_store, [MT, hc_pad], [t0, 0], valid_shape=[rows, hc])
-        # each stream's [MT, DT] window of x_flat loaded on its own (no whole-token load + split)
-        terms = [pl.row_expand_mul(pl.slice(x_flat, [MT, DT], [t0, h * D + d0], valid_shape=[rows, DT]),
-                                   pl.slice(pre, [MT, 1], [0, h])) for h in range(hc)]
+        if n_d == 1:  # the tokens' whole rows in one load (a view of the unwritten input, one
+            # footprint box), each stream a [MT, D] column window of it (one copy, as a strided load)
+            xt = pl.slice(x_flat, [MT, hc_dim], [t0, 0], valid_shape=[rows, hc_dim])
+            xs = [pl.slice(xt, [MT, DT], [0, h * D]) for h in range(hc)]
+        else:  # each stream's [MT, DT] window of x_flat loaded on its own
+            xs = [pl.slice(x_flat, [MT, DT], [t0, h * D + d0], valid_shape=[rows, DT]) for h in range(hc)]
+        terms = [pl.row_expand_mul(xs[h], pl.slice(pre, [MT, 1], [0, h])) for h in range(hc)]
         while len(terms) > 1:  # pairwise tree, as the golden
             terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
         pl.assemble(x_mixed, pl.set_validshape(pl.cast(terms[0], pl.BF16, mode="rint"), rows, DT), [t0, d0])
