@@ -66,20 +66,21 @@ def _hc_post_block(x2, res2, post, comb, y2, t0: int, rows: int, N: int, D: int)
     post_t = pl.slice(post, [rows, N], [t0, 0])
     comb_t = pl.slice(comb, [rows, N * N], [t0, 0])
     res_t = pl.slice(res2, [rows, N * D], [t0, 0])
+    # sub-tiles by pl.slice (one copying call each) rather than tile subscripts
     if rows * N * D > HC_POST_VEC_ELEMS:  # large tiles: stream by stream (no N-fold copies)
-        res = [res_t[:, i * D:(i + 1) * D] for i in range(N)]
+        res = [pl.slice(res_t, [rows, D], [0, i * D]) for i in range(N)]
         streams = []
         for j in range(N):
-            acc = pl.row_expand_mul(xf, post_t[:, j:j + 1])
+            acc = pl.row_expand_mul(xf, pl.slice(post_t, [rows, 1], [0, j]))
             for i in range(N):
-                acc = pl.add(acc, pl.row_expand_mul(res[i], comb_t[:, i * N + j:i * N + j + 1]))
+                acc = pl.add(acc, pl.row_expand_mul(res[i], pl.slice(comb_t, [rows, 1], [0, i * N + j])))
             streams.append(acc)
         pl.assemble(y2, pl.concat(streams), [t0, 0])
         return
     acc = pl.row_expand_mul(pl.reshape(pl.concat([xf] * N), [rows * N, D]), pl.reshape(post_t, [rows * N, 1]))
     for i in range(N):
-        res_i = pl.reshape(pl.concat([res_t[:, i * D:(i + 1) * D]] * N), [rows * N, D])
-        comb_i = pl.reshape(comb_t[:, i * N:(i + 1) * N], [rows * N, 1])
+        res_i = pl.reshape(pl.concat([pl.slice(res_t, [rows, D], [0, i * D])] * N), [rows * N, D])
+        comb_i = pl.reshape(pl.slice(comb_t, [rows, N], [0, i * N]), [rows * N, 1])
         acc = pl.add(acc, pl.row_expand_mul(res_i, comb_i))
     pl.assemble(y2, pl.reshape(acc, [rows, N * D]), [t0, 0])
 
