@@ -253,6 +253,11 @@ class Cache:
         ``swa_kv``, ``[cmp_kv_block_num]`` for ``*_cmp``, ``[ctx / page]`` ring tables for
         ``*_state`` (``ctx`` = ``max_context`` rounded up to a page); ``-1`` where no page is
         owned."""
+        return torch.tensor(self._table_list(rid, kind), dtype=torch.int32)
+
+    def _table_list(self, rid: int, kind: str) -> list[int]:
+        """:meth:`block_table` as a Python list (the same entries; built without per-entry
+        tensor writes)."""
         req = self._req(rid)
         dep = self.dep
         if kind.endswith("_state"):
@@ -260,12 +265,11 @@ class Cache:
             n = -(-self.ctx // page)
             ring = req.rings[kind]
             if kind == "csa_state":  # one window per page: logical page = window
-                return torch.tensor([ring[w % len(ring)] for w in range(n)], dtype=torch.int32)
+                return [ring[w % len(ring)] for w in range(n)]
             per_window = HCA_RATIO // page  # ring slots follow the window, then the page in it
-            return torch.tensor([ring[((b // per_window) % 2) * per_window + b % per_window]
-                                 for b in range(n)], dtype=torch.int32)
+            return [ring[((b // per_window) % 2) * per_window + b % per_window] for b in range(n)]
         n = dep.max_blocks_per_seq if kind == "swa_kv" else dep.cmp_kv_block_num
-        t = torch.full((n,), -1, dtype=torch.int32)
+        t = [-1] * n
         for b, p in req.pages[kind].items():
             if b < n:
                 t[b] = p
@@ -275,24 +279,32 @@ class Cache:
         """INT64 cache row of each position (``-1`` without a page): raw rows for
         ``swa_kv``, state rows for ``*_state``; for ``*_cmp`` the entry row of a position
         that closes a window (``(p + 1) % ratio == 0``), ``-1`` elsewhere. A negative position
-        (an inactive decode token) maps to ``-1``."""
-        table = self.block_table(rid, kind).to(torch.int64)
-        pos = positions.to(torch.int64)
+        (an inactive decode token) maps to ``-1``. Computed in Python ints from the block
+        table (the rows fit an INT64)."""
+        table = self._table_list(rid, kind)
+        nt = len(table)
         if kind.endswith("_cmp"):
             ratio = CSA_RATIO if kind == "csa_cmp" else HCA_RATIO
-            closes = (pos + 1) % ratio == 0
-            key = torch.where(closes, pos // ratio, torch.zeros_like(pos))
             page = self.dep.block_size
         else:
-            closes = torch.ones_like(pos, dtype=torch.bool)
-            key = pos
+            ratio = 0
             page = {"swa_kv": self.dep.block_size, "csa_state": CSA_STATE_PAGE,
                     "hca_state": self.dep.hca_state_block_size}[kind]
-        blk = key // page
-        phys = torch.where(blk < table.numel(), table[blk.clamp(max=table.numel() - 1)],
-                           torch.full_like(blk, -1))
-        row = phys * page + key % page
-        return torch.where(closes & (phys >= 0) & (pos >= 0), row, torch.full_like(row, -1))
+        out = []
+        for p in positions.reshape(-1).tolist():
+            p = int(p)
+            if p < 0:  # an inactive token
+                out.append(-1)
+                continue
+            if ratio:
+                closes = (p + 1) % ratio == 0
+                key = p // ratio if closes else 0
+            else:
+                closes, key = True, p
+            blk = key // page  # floor division, as torch's on INT64
+            phys = table[min(blk, nt - 1)] if blk < nt else -1
+            out.append(phys * page + key % page if closes and phys >= 0 else -1)
+        return torch.tensor(out, dtype=torch.int64).reshape(positions.shape)
 
     def kv_rows(self, layer: int, rid: int, positions: torch.Tensor) -> torch.Tensor:
         """``[n, d]`` FP32 raw kv rows of ``positions`` from layer ``layer``'s SWA cache.
