@@ -815,6 +815,7 @@ def arange(start, shape, dtype=INT32, descending: bool = False) -> Tile:
     """Consecutive integers ``start, start+1, ...`` (or descending) in a ``[1, N]`` tile.
 
     Leading dims must be 1 (hw-native-sys/pypto `docs/en/user/`). Dtypes INT16, INT32, UINT32.
+    Numbers past the dtype's range wrap (two's complement, as integer ``add`` does), INT64 too.
 
     Raises:
         DslError: a shape that is not a non-empty list of non-negative ints, leading dims
@@ -839,7 +840,15 @@ def arange(start, shape, dtype=INT32, descending: bool = False) -> Tile:
     key = (start, tuple(shape), bool(descending), dt.torch)
     v = _ARANGE.get(key)
     if v is None:  # the first tile of this kind: made as always, then kept as a template
-        v = torch.arange(start, start - n, -1) if descending else torch.arange(start, start + n)
+        lo, hi = (start - n + 1, start) if descending else (start, start + n - 1)
+        if n and (lo < -(1 << 63) or hi >= 1 << 63):
+            # numbers past INT64 (torch.arange raises): the same two's complement wrap as below,
+            # reduced mod 2^64 first (the cast to a narrower dtype then keeps the low bits)
+            v = torch.tensor([(x + (1 << 63)) % (1 << 64) - (1 << 63)
+                              for x in (range(start, start - n, -1) if descending else range(start, start + n))],
+                             dtype=torch.int64)
+        else:
+            v = torch.arange(start, start - n, -1) if descending else torch.arange(start, start + n)
         v = v.reshape(shape).to(dt.torch)
         if len(_ARANGE) >= _ARANGE_MAX:
             _ARANGE.clear()
