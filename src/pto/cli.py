@@ -534,10 +534,19 @@ def _demo_args(p):
 
 
 def _fmt_margin(m) -> str:
-    """A margin for tables: two decimals, ``-`` when the compare function defines none."""
+    """A margin for tables: two decimals, ``-`` when the compare function defines none; a
+    nonzero margin below 0.005 in two significant digits (``8.1e-04``, not ``0.00``, which is
+    an exact match), and one just past 1 as ``>1.00`` (a failing output, not ``1.00``)."""
     if m is None:
         return "-"
-    return str(m) if isinstance(m, float) and not math.isfinite(m) else f"{m:.2f}"
+    if isinstance(m, float) and not math.isfinite(m):
+        return str(m)
+    s = f"{m:.2f}"
+    if m and s in ("0.00", "-0.00"):
+        return f"{m:.1e}"
+    if m > 1 and s == "1.00":
+        return ">1.00"
+    return s
 
 
 def _worst_output(outputs: list) -> dict | None:
