@@ -1827,10 +1827,12 @@ def read_elements(src, idxs) -> list:
     ``idxs`` (each a list or tuple of ints, one per dim; repeats allowed), as a Python list.
 
     The same numbers and effects in the same order: inside a task one element footprint, one GM
-    load and its bytes per index, in orchestration one orchestration read per index; check mode,
-    graph-only tensors, symbolic indices and views without a box fast path go index by index
-    through ``pl.read`` (its errors, raised at the first index that fails). In-bounds int
-    indices of a plain rank-1 or rank-2 view take one indexed gather of the view. For the table
+    load and its bytes per index, in orchestration one orchestration read per index; graph-only
+    tensors, symbolic indices, views without a box fast path and, in check mode, a buffer not
+    known all defined (its shadow) go index by index through ``pl.read`` (its errors, raised at
+    the first index that fails; an undefined element comes back as an undefined scalar).
+    In-bounds int indices of a plain rank-1 or rank-2 view take one indexed gather of the view,
+    in check mode too when the buffer is all defined (as ``pl.read``'s own fast path). For the table
     entries a kernel reads at data-dependent places (a block table per token).
 
     Raises:
