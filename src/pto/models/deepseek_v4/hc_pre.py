@@ -27,10 +27,11 @@ the reference, all value-preserving except the K association of the linear: tile
 CPU-sized (token tiles of up to 32 rows for rms / mix_x and up to 128 for split and
 Sinkhorn, whose 20 rounds then run as ~8 tile ops on the whole token tile; the linear
 takes 128 rows and its whole 4096-wide K-slice per matmul); the comb logits are loaded as one ``[tt, 16]`` tile and
-re-laid out as ``[tt*4 (token, i), 8 (j, 4 valid)]`` rows of a tile whose pad columns hold the
-FP32 minimum (``fillpad(min)``'s value, filled with the tile) before the row softmax (the
-reference loads four ``[8, 8]`` tiles, valid 4); Sinkhorn's column pass is a row pass on the
-transposed ``[tt*8 (token, j), 4 (i)]`` layout.
+viewed as ``[tt*4 (token, i), 4 (j)]`` rows for the row softmax (the reference loads four
+``[8, 8]`` tiles, valid 4, with FP32-minimum pads: the same row max, and the same row sum, in
+order, as over the 4 valid columns); Sinkhorn runs on the transposed ``[4 (i), tt*4 (token, j)]``
+layout, its column pass one column reduction, its row pass a row reduction of the
+``[4*tt (i, token), 4 (j)]`` view.
 """
 
 import functools
@@ -148,16 +149,16 @@ def hc_pre_tiling(cfg: DeepSeekV4Config) -> SimpleNamespace:
                            comb_t=HC_COMB_T_TILE, mix_t=HC_MIX_T_TILE)
 
 
-def _sinkhorn_rows(c, tt: int, hc: int, hc_pad: int, eps: float):
-    """Row pass on ``c [hc, tt*hc_pad]`` (rows = input stream i, columns = (token, output
-    stream j), zero pad columns): ``c / (sum_j c + eps)`` per (i, token), a row pass on the
-    ``[hc*tt, hc_pad]`` view."""
-    cr = pl.reshape(c, [hc * tt, hc_pad])
-    return pl.reshape(pl.row_expand_div(cr, pl.row_sum(cr) + eps), [hc, tt * hc_pad])
+def _sinkhorn_rows(c, tt: int, hc: int, w: int, eps: float):
+    """Row pass on ``c [hc, tt*w]`` (rows = input stream i, columns = (token, output stream j),
+    ``w`` columns per token; columns past ``hc`` are zero pads): ``c / (sum_j c + eps)`` per
+    (i, token), a row pass on the ``[hc*tt, w]`` view."""
+    cr = pl.reshape(c, [hc * tt, w])
+    return pl.reshape(pl.row_expand_div(cr, pl.row_sum(cr) + eps), [hc, tt * w])
 
 
 def _sinkhorn_cols(c, eps: float):
-    """Column pass on ``c [hc, tt*hc_pad]``: ``c / (sum_i c + eps)`` per (token, j), one column
+    """Column pass on ``c [hc, tt*w]``: ``c / (sum_i c + eps)`` per (token, j), one column
     reduction over the ``hc`` rows (sums in row order, as a row sum of the transposed layout;
     zero pad columns stay zero)."""
     return pl.col_expand_div(c, pl.col_sum(c) + eps)
@@ -287,20 +288,18 @@ def hc_pre(
         s_comb = pl.read(hc_scale, [2])
         z = pl.row_expand_mul(pl.slice(mixes_raw, [CT, hc * hc], [t0, 2 * hc], valid_shape=[rows, hc * hc]), inv)
         z = pl.col_expand_add(z * s_comb, pl.slice(base_row, [1, hc * hc], [0, 2 * hc]))
-        # rows = (token, input stream i), columns = output stream j padded to hc_pad
-        # pad columns hold fillpad(min)'s value from the start: exp(pad - max) = 0
-        zp = pl.assemble(pl.full([CT * hc, hc_pad], pl.FP32, FP32_LOWEST), pl.reshape(z, [CT * hc, hc]), [0, 0])
-        e = pl.exp(pl.row_expand_sub(zp, pl.row_max(zp)))
+        # rows = (token, input stream i), columns = output stream j (no pad columns: a row max,
+        # and a row sum in order, over hc columns is the value over hc_pad with FP32-minimum / zero pads)
+        zr = pl.reshape(z, [CT * hc, hc])
+        e = pl.exp(pl.row_expand_sub(zr, pl.row_max(zr)))
         c = pl.row_expand_div(e, pl.row_sum(e)) + hc_eps
-        c = pl.fillpad(pl.set_validshape(c, CT * hc, hc), pl.PadValue.zero)
-        # Sinkhorn on the [hc (i), CT*hc_pad (token, j)] layout: the column pass is one column
+        # Sinkhorn on the [hc (i), CT*hc (token, j)] layout: the column pass is one column
         # reduction, the row pass a row reduction of a reshaped view (no transposes per round)
-        c = pl.reshape(pl.transpose(pl.reshape(c, [CT, hc, hc_pad]), 0, 1), [hc, CT * hc_pad])
+        c = pl.reshape(pl.transpose(pl.reshape(c, [CT, hc, hc]), 0, 1), [hc, CT * hc])
         c = _sinkhorn_cols(c, hc_eps)
         for _ in pl.range(iters - 1):
-            c = _sinkhorn_cols(_sinkhorn_rows(c, CT, hc, hc_pad, hc_eps), hc_eps)
-        c = pl.reshape(pl.transpose(pl.reshape(c, [hc, CT, hc_pad]), 0, 1), [CT * hc, hc_pad])
-        out = pl.reshape(pl.slice(c, [CT * hc, hc], [0, 0]), [CT, hc * hc])
+            c = _sinkhorn_cols(_sinkhorn_rows(c, CT, hc, hc, hc_eps), hc_eps)
+        out = pl.reshape(pl.transpose(pl.reshape(c, [hc, CT, hc]), 0, 1), [CT, hc * hc])
         pl.assemble(comb, pl.set_validshape(out, rows, hc * hc), [t0, 0])
 
     # 5. x_mixed = bf16_rne((x0*pre0 + x1*pre1) + (x2*pre2 + x3*pre3))
