@@ -165,10 +165,15 @@ def _scan_tokens(kernel, nt, S, pos_t, cmp_t, slot_t, table, n_state_rows, n_cmp
     m = CSA_RATIO
     L = pl.tensor.dim(table, 1)
     seen, owner, chunk, closing, first = set(), {}, set(), [], {}
-    rows = zip(pl.read_values(pos_t, [0], nt), pl.read_values(cmp_t, [0], nt), pl.read_values(slot_t, [0], nt))
-    for t, (p, dst, slot) in enumerate(rows):
+    pos, dsts, slots = pl.read_values(pos_t, [0], nt), pl.read_values(cmp_t, [0], nt), pl.read_values(slot_t, [0], nt)
+    pos, dsts, slots = [int(v) for v in pos], [int(v) for v in dsts], [int(v) for v in slots]
+    # the state page of every token with a state row, read in token order in one call (the reads
+    # the checks below would make one by one: pl.read_elements keeps their footprints and loads)
+    want = [(t // S, p // m) for t, (p, dst, slot) in enumerate(zip(pos, dsts, slots))
+            if slot >= 0 and p >= 0 and p // m < L]
+    pages = iter(pl.read_elements(table, want))
+    for t, (p, dst, slot) in enumerate(zip(pos, dsts, slots)):
         b = t // S
-        p, dst, slot = int(p), int(dst), int(slot)
         if p < 0 and dst < 0 and slot < 0:
             continue  # an inactive request's row (decode_metadata: position -1, no slots)
         if p < 0 or (b, p) in seen:
@@ -184,7 +189,7 @@ def _scan_tokens(kernel, nt, S, pos_t, cmp_t, slot_t, table, n_state_rows, n_cmp
                                 f"({n_cmp_rows} / {n_state_rows} rows)")
         if slot >= 0:
             blk = p // m
-            phys = int(pl.read(table, [b, blk])) if blk < L else -1
+            phys = int(next(pages)) if blk < L else -1
             if phys < 0 or slot != phys * m + p % m:
                 raise _bind(kernel, f"state_slot_mapping[{t}] = {slot} is not the state row of position {p} "
                                     f"through state_block_table[{b}] (page {blk} -> {phys})")
@@ -197,6 +202,7 @@ def _scan_tokens(kernel, nt, S, pos_t, cmp_t, slot_t, table, n_state_rows, n_cmp
     if len(closing) > n_writes:
         raise CapacityError(f"kernel {kernel}: {len(closing)} active tokens close a window, the write maps "
                             f"hold {n_writes}")
+    want = []  # the pages of the windows the pool reads (checked first, then read in one call)
     for p, dst, b in closing:
         if dst < 0:
             continue
@@ -207,12 +213,12 @@ def _scan_tokens(kernel, nt, S, pos_t, cmp_t, slot_t, table, n_state_rows, n_cmp
             if q >= first[b] and (b, q) not in chunk:
                 raise _bind(kernel, f"position {q} of the window closing at {p} (request {b}) is in this call "
                                     "without a state row (the pool reads it back from the state)")
-        for blk in (w - 1, w):
-            if blk >= 0:
-                phys = int(pl.read(table, [b, blk]))
-                if phys >= 0 and owner.get(phys, (b, blk)) != (b, blk):
-                    raise _bind(kernel, f"window page {blk} of request {b} reads physical page {phys}, which "
-                                        f"this call overwrites with page {owner[phys]}")
+        want += [(b, blk) for blk in (w - 1, w) if blk >= 0]
+    for (b, blk), phys in zip(want, pl.read_elements(table, want)):
+        phys = int(phys)
+        if phys >= 0 and owner.get(phys, (b, blk)) != (b, blk):
+            raise _bind(kernel, f"window page {blk} of request {b} reads physical page {phys}, which "
+                                f"this call overwrites with page {owner[phys]}")
     return closing
 
 
@@ -332,17 +338,19 @@ def ratio4_compress_tasks(x, compress_state, state_block_table, wkv, wgate, ape,
         if active <= 0:
             continue
         kv_t = pl.slice(kv_proj, [ST, 2 * c], [t0, 0], valid_shape=[active, 2 * c])
-        score_t = pl.slice(score_proj, [ST, 2 * c], [t0, 0], valid_shape=[active, 2 * c])
         slot_t = pl.slice(state_slot_mapping, [ST], [t0], valid_shape=[active])
         pos_t = pl.slice(position_ids, [ST], [t0], valid_shape=[active])
         slots, positions = pl.read_values(slot_t, [0], active), pl.read_values(pos_t, [0], active)
         keep = [i for i in range(active) if slots[i] >= 0]  # a token with slot -1 has no state row
+        if not keep:
+            continue
         dst = [slots[i] for i in keep]
-        # per kept token: its kv row, then its score row + ape[pos % 4] (one load and one add per
-        # token), each one row store into its state slot (pl.store_rows: the one-row stores in
-        # one call)
+        # the kept tokens' kv rows, then their score rows + ape[pos % 4]: the score rows and the ape
+        # rows gathered as [k, 2c] tiles (one GM load per run of consecutive rows), one add, each
+        # row stored into its state slot (pl.store_rows: the one-row stores in one call)
         pl.store_rows(state_rows, dst, kv_t, 0, src_rows=keep)
-        scored = [score_t[i:i + 1, :] + ape[positions[i] % m:positions[i] % m + 1, 0:2 * c] for i in keep]
+        scored = (pl.gather_rows(score_proj, [t0 + i for i in keep], 0, 2 * c)
+                  + pl.gather_rows(ape, [positions[i] % m for i in keep], 0, 2 * c))
         pl.store_rows(state_rows, dst, scored, 2 * c)
 
     n_head = c // PH
@@ -372,8 +380,16 @@ def ratio4_compress_tasks(x, compress_state, state_block_table, wkv, wgate, ape,
         cos_w = pl.full([w_pad, r], pl.FP32, 0.0)
         sin_w = pl.full([w_pad, r], pl.FP32, 0.0)
         dsts = pl.read_values(write_dst_map, [0, 0], n_writes)
-        for i in pl.range(n_writes):
-            if dsts[i] >= 0:
+        kept = [i for i in range(n_writes) if dsts[i] >= 0]
+        if kept and kept == list(range(len(kept))):
+            # the usual case, the slots with a destination first: their window starts 4w read at
+            # once, the table rows gathered as one [k, r] tile each (a GM load per row, as one load
+            # per slot) and cast once, set at row 0
+            starts = [p + 1 - m for p in pl.read_values(write_pos_map, [0, 0], len(kept))]  # RoPE at 4w
+            cos_w = pl.assemble(cos_w, pl.cast(pl.gather_rows(cos_table, starts, 0, r), pl.FP32), [0, 0])
+            sin_w = pl.assemble(sin_w, pl.cast(pl.gather_rows(sin_table, starts, 0, r), pl.FP32), [0, 0])
+        else:
+            for i in kept:
                 w0 = pl.read(write_pos_map, [0, i]) + 1 - m  # RoPE at the window start 4w
                 cos_w = pl.assemble(cos_w, pl.cast(cos_table[w0:w0 + 1, 0:r], pl.FP32), [i, 0])
                 sin_w = pl.assemble(sin_w, pl.cast(sin_table[w0:w0 + 1, 0:r], pl.FP32), [i, 0])
@@ -387,9 +403,15 @@ def ratio4_cache_write(normed_kv_pad, write_dst_map, n_writes: int, cmp_kv, widt
     cmp_rows = pl.reshape(cmp_kv, [cmp_kv.shape[0] * cmp_kv.shape[1], width])
     with pl.at(level=pl.Level.CORE_GROUP, name_hint=f"{prefix}_cache_write"):
         kept = [(i, dst) for i, dst in enumerate(pl.read_values(write_dst_map, [0, 0], n_writes)) if dst >= 0]
-        # per kept slot: its pad row loaded and cast (one load, one cast), then one row store each
-        pl.store_rows(cmp_rows, [dst for _, dst in kept],
-                      [pl.cast(normed_kv_pad[i:i + 1, 0:width], pl.BF16, mode="rint") for i, _ in kept])
+        if kept and all(i == k for k, (i, _) in enumerate(kept)):
+            # the slots with a destination first (the usual case): their pad rows as one load and
+            # one cast, then one row store each
+            pl.store_rows(cmp_rows, [dst for _, dst in kept],
+                          pl.cast(normed_kv_pad[0:len(kept), 0:width], pl.BF16, mode="rint"))
+        else:
+            # per kept slot: its pad row loaded and cast (one load, one cast), then one row store each
+            pl.store_rows(cmp_rows, [dst for _, dst in kept],
+                          [pl.cast(normed_kv_pad[i:i + 1, 0:width], pl.BF16, mode="rint") for i, _ in kept])
 
 
 def _check_cache(kernel: str, cache, cfg, width: int) -> None:
