@@ -33,6 +33,7 @@ import inspect
 import math
 import os
 import sys
+import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -1339,11 +1340,13 @@ def _generate_args(p):
 def _parse_ids(text: str, where: str) -> list[int]:
     """``"5 17 300"`` (spaces or commas) -> ``[5, 17, 300]``; ConfigError naming ``where``."""
     items = text.replace(",", " ").split()
-    try:
-        return [int(t) for t in items]
-    except ValueError:
-        bad = next(t for t in items if not t.lstrip("-").isdigit())
-        raise ConfigError(f"{where}: {bad!r} is not an integer token id") from None
+    for t in items:  # ASCII decimal digits with an optional sign: not int()'s '1_000' or other scripts' digits
+        if not _ID_RE.fullmatch(t):
+            raise ConfigError(f"{where}: {t!r} is not an integer token id")
+    return [int(t) for t in items]
+
+
+_ID_RE = re.compile(r"[+-]?[0-9]+")
 
 
 @command("generate", "greedy generation with a DeepSeek-V4 checkpoint (chunked prefill, batched decode)",
@@ -1380,6 +1383,9 @@ def cmd_generate(args) -> int:
                                   f"{e.reason})") from None
             prompts = [_parse_ids(ln, f"{args.input_ids_file} line {k + 1}")
                        for k, ln in enumerate(lines) if ln.strip()]
+            if not prompts:
+                raise ConfigError(f"--input-ids-file: {args.input_ids_file} holds no prompt (no line with a token id; "
+                                  "one prompt per line)")
         else:
             tok_file = Path(args.checkpoint) / "tokenizer.json"
             if not tok_file.is_file():
