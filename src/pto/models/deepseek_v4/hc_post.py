@@ -78,8 +78,11 @@ def _hc_post_block(x2, res2, post, comb, y2, t0: int, rows: int, N: int, D: int)
         pl.assemble(y2, pl.concat(streams), [t0, 0])
         return
     acc = pl.row_expand_mul(pl.reshape(pl.concat([xf] * N), [rows * N, D]), pl.reshape(post_t, [rows * N, 1]))
+    # every token's N input streams repeated N times: row t*N + j of the [rows*N, N*D] view is
+    # residual[t] (all streams), so its columns i*D .. (i+1)*D are input stream i for every j
+    res_rep = pl.reshape(pl.concat([res_t] * N), [rows * N, N * D])
     for i in range(N):
-        res_i = pl.reshape(pl.concat([pl.slice(res_t, [rows, D], [0, i * D])] * N), [rows * N, D])
+        res_i = pl.slice(res_rep, [rows * N, D], [0, i * D])
         comb_i = pl.reshape(pl.slice(comb_t, [rows, N], [0, i * N]), [rows * N, 1])
         acc = pl.add(acc, pl.row_expand_mul(res_i, comb_i))
     pl.assemble(y2, pl.reshape(acc, [rows, N * D]), [t0, 0])
