@@ -73,8 +73,10 @@ def run_args(fn, *args, templates=True):
 
 @pytest.fixture
 def small_tasks(monkeypatch):
-    """Templates for small test tasks too (by default only tasks of >= 24 blocks); a test module
+    """Templates for small test tasks too (by default only tasks of >= 24 blocks, and later tasks of a
+    site only where the batches paid for the recordings: ``RECORD_BLOCKS``); a test module
     uses it with ``pytestmark = pytest.mark.usefixtures("small_tasks")`` after importing it."""
     monkeypatch.setattr(B, "MIN_BLOCKS", 4)
+    monkeypatch.setattr(B, "RECORD_BLOCKS", 0)  # later tasks of a site keep their templates however small
     yield
     B.reset_templates()

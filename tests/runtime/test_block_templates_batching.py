@@ -108,11 +108,13 @@ def _early_path_expected(a) -> torch.Tensor:
     return want
 
 
-def test_block_zero_without_batched_form_does_not_stop_later_programs_when_variants_batched():
+def test_block_zero_without_batched_form_does_not_stop_later_programs_when_variants_batched(monkeypatch):
     # block 0's path (blocks 0-2) has no batched form, the variant of blocks 3.. batches: the site
     # stays templated in later programs (it used to run plainly there below MIN_UNBATCHED blocks)
+    # when the batches pay for the recordings (a recording at 1 block, 27 batched blocks)
+    monkeypatch.setattr(B, "RECORD_BLOCKS", 1)
     info = C.both(early_path, lambda: _early_path_args(32))[0]
-    assert info["tasks"] == 1 and info["batched"] == 27 and info["restarts"] == 0
+    assert info["tasks"] == 1 and info["recorded"] >= 2 and info["batched"] == 27 and info["restarts"] == 0
     a = _early_path_args(32)
     C.run_args(early_path, *a)
     after = B.template_info()
@@ -120,9 +122,21 @@ def test_block_zero_without_batched_form_does_not_stop_later_programs_when_varia
     assert torch.equal(a[2], _early_path_expected(a))
 
 
-def test_unbatched_memory_is_per_block_count():
+def test_recordings_that_cost_more_than_the_batches_saved_stop_later_tasks(monkeypatch):
+    # recordings (block 0, the diverging blocks 1-2, block 3) at RECORD_BLOCKS (50, the default) against 27 batched blocks:
+    # later 32-block tasks of the site run plainly (below MIN_UNBATCHED), with the same results
+    monkeypatch.setattr(B, "RECORD_BLOCKS", 50)
+    info = C.both(early_path, lambda: _early_path_args(32))[0]
+    assert info["tasks"] == 1 and info["recorded"] >= 2 and info["batched"] == 27
+    a = _early_path_args(32)
+    C.run_args(early_path, *a)
+    assert B.template_info()["tasks"] == 1 and torch.equal(a[2], _early_path_expected(a))
+
+
+def test_unbatched_memory_is_per_block_count(monkeypatch):
     # a task of 5 blocks batches nothing (only blocks 3 and 4 take the batched path, fewer than 8):
     # later 5-block tasks of the site run plainly, a 32-block task there still uses templates
+    monkeypatch.setattr(B, "RECORD_BLOCKS", 1)
     info = C.both(early_path, lambda: _early_path_args(5))[0]
     assert info["tasks"] == 1 and info["batched"] == 0
     a = _early_path_args(5)

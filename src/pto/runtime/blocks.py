@@ -45,10 +45,12 @@ run plainly: the stores the template made into GM before the guard
 are saved first (a clone of each window) and written back. Such a block is recorded as another
 variant of the template (up to ``MAX_VARIANTS``); a task whose blocks keep diverging stops
 using templates and its site is remembered for later programs (``_SITE_OFF``). A task none
-of whose blocks ran batched (no variant with a batched form) makes later tasks of its site
-and block count, and a batch that gave up makes later tasks of its site, use templates only
-with at least ``MIN_UNBATCHED`` blocks (``PTO_BLOCK_TEMPLATES_MIN_UNBATCHED``, 256): block by
-block, a template does not pay for its recordings on fewer.
+of whose blocks ran batched (no variant with a batched form), or whose recordings times
+``RECORD_BLOCKS`` (``PTO_BLOCK_TEMPLATES_RECORD_BLOCKS``, 50: what a recording costs in plain
+blocks) exceed its batched blocks, makes later tasks of its site and block count, and a batch
+that gave up makes later tasks of its site, use templates only with at least ``MIN_UNBATCHED``
+blocks (``PTO_BLOCK_TEMPLATES_MIN_UNBATCHED``, 256): block by block, a template does not pay for
+its recordings on fewer.
 
 What stays as in a plain run: the results (the same torch operations on the same values in
 the same order), the task graph (per-block footprints, grouped and coalesced by
@@ -98,6 +100,10 @@ MIN_BLOCKS = int(os.environ.get("PTO_BLOCK_TEMPLATES_MIN", "24"))  # fewer block
 # hook) costs ~50 plain blocks and each diverging path records again: at 64 blocks
 # (prefill_c4_softmax_pool, tiny) such a task took ~3x its plain time
 MIN_UNBATCHED = int(os.environ.get("PTO_BLOCK_TEMPLATES_MIN_UNBATCHED", "256"))
+# a recording costs about this many plain blocks (recorder and identity watch; tiny prefill, 2-core
+# machine: prefill_idx_score ~20 ms against a ~0.36 ms plain block), a batched block a small
+# fraction of one: a task whose recordings times this exceed its batched blocks did not pay for them
+RECORD_BLOCKS = int(os.environ.get("PTO_BLOCK_TEMPLATES_RECORD_BLOCKS", "50"))
 MAX_VARIANTS = 4  # templates per task (paths through the block)
 _SITE_OFF: set = set()  # task sites whose blocks could not be templated (later programs run them plainly)
 _CODE: dict = {}  # generated source -> compiled factory
@@ -250,14 +256,16 @@ def _blocks(prog, task, n: int):
     if _DEBUG and variants:
         _log((task.name, n, "no batched form: " + str(variants[0].why) if variants[0].batch is None
                            else "site not batched" if task.site in _NO_BATCH else "batched"))
-    batched0 = _INFO["batched"]
+    batched0, recorded0 = _INFO["batched"], _INFO["recorded"] - 1
     sort = yield from _run_range(prog, task, 1, n - 1, n, st)
-    if variants and variants[0].batch is None and _INFO["batched"] == batched0:
+    batched, recorded = _INFO["batched"] - batched0, _INFO["recorded"] - recorded0
+    if variants and ((variants[0].batch is None and not batched) or recorded * RECORD_BLOCKS > batched):
         # no block of the task ran batched (block 0's template has no batched form, nor had any
-        # variant recorded later): tasks of this site and block count run plainly from here on.
-        # A block 0 whose path holds for a few blocks only (a chunk's first tokens, which see no
-        # key) does not mark it when later variants batched; nor does a task of another block
-        # count (a prompt's last, shorter chunk) mark the full chunks' tasks
+        # variant recorded later), or its recordings cost more than the batches saved (a path per
+        # visible page count: prefill_idx_score's three recordings per task for ~122 batched
+        # blocks): tasks of this site and block count run plainly from here on (below
+        # MIN_UNBATCHED blocks). A task of another block count (a prompt's last, shorter chunk)
+        # does not mark the full chunks' tasks
         _UNBATCHED.add((task.site, n))
     if sort:
         task.blocks.sort(key=lambda b: b.idx)
