@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 import torch
 
 from pto.errors import BindError, CapacityError
+from pto.models.deepseek_v4.decode_metadata import HCA_RATIO, hca_cmp_cols
+from pto.models.deepseek_v4.prefill_sparse_attn import sparse_attn_tiling
 
-__all__ = ["GenerateResult", "generate", "check_prompts"]
+__all__ = ["GenerateResult", "generate", "check_prompts", "hca_context"]
 
 
 @dataclass
@@ -83,6 +85,25 @@ class GenerateResult:
         return self.new_tokens / wall if wall > 0 else 0.0
 
 
+def hca_context(cfg) -> int | None:
+    """Longest request, in tokens (prompt + generated), that the HCA (ratio-128) attention cores
+    of ``cfg`` see whole, or None for a model without HCA layers.
+
+    A token at position ``p`` sees ``(p + 1) // 128`` compressed entries
+    (prefill_attention_hca.py); the prefill core attends ``sparse_attn_tiling(cfg).cmp_cols`` of
+    them and the decode core ``hca_cmp_cols(cfg)``, so with ``n`` the smaller the last position
+    is ``(n + 1) * 128 - 2`` and the request length ``(n + 1) * 128 - 1`` (2175 tokens for the
+    ``tiny`` preset, whose prefill core attends 16 entries).
+
+    Raises:
+        ConfigError: from :func:`sparse_attn_tiling` for a config it cannot tile.
+    """
+    if HCA_RATIO not in cfg.compress_ratios:
+        return None
+    n = min(sparse_attn_tiling(cfg).cmp_cols, hca_cmp_cols(cfg))
+    return (n + 1) * HCA_RATIO - 1
+
+
 def check_prompts(prompts, cfg, deployment, max_new_tokens: int) -> list[list[int]]:
     """Validate a batch of prompts; returns them as lists of Python ints.
 
@@ -90,7 +111,8 @@ def check_prompts(prompts, cfg, deployment, max_new_tokens: int) -> list[list[in
         BindError: an empty batch, an empty prompt, a non-integer id, an id outside
             ``[0, vocab_size)`` (naming the request and index), or a bad ``max_new_tokens``.
         CapacityError: more requests than ``deployment.max_requests``, or a prompt plus
-            ``max_new_tokens`` longer than ``deployment.max_context`` (naming the request).
+            ``max_new_tokens`` longer than ``deployment.max_context`` or than
+            :func:`hca_context` (naming the request).
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise BindError(f"generate: max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -106,6 +128,7 @@ def check_prompts(prompts, cfg, deployment, max_new_tokens: int) -> list[list[in
                             f"max_requests={deployment.max_requests}")
     out = []
     V = cfg.vocab_size
+    reach = hca_context(cfg)
     for r, p in enumerate(prompts):
         if isinstance(p, torch.Tensor):
             p = p.tolist()
@@ -121,6 +144,11 @@ def check_prompts(prompts, cfg, deployment, max_new_tokens: int) -> list[list[in
             raise CapacityError(f"generate: request {r} needs {len(p)} prompt + {max_new_tokens} new "
                                 f"tokens, more than the deployment's max_context="
                                 f"{deployment.max_context}")
+        if reach is not None and len(p) + max_new_tokens > reach:
+            raise CapacityError(f"generate: request {r} needs {len(p)} prompt + {max_new_tokens} new "
+                                f"tokens, more than the {reach} the HCA attention cores of config "
+                                f"{cfg.name!r} see whole (a token at position p sees (p + 1) // "
+                                f"{HCA_RATIO} compressed entries; the cores attend {reach // HCA_RATIO})")
         out.append([int(t) for t in p])
     return out
 
