@@ -91,9 +91,11 @@ def hca_context(cfg) -> int | None:
 
     A token at position ``p`` sees ``(p + 1) // 128`` compressed entries
     (prefill_attention_hca.py); the prefill core attends ``sparse_attn_tiling(cfg).cmp_cols`` of
-    them and the decode core ``hca_cmp_cols(cfg)``, so with ``n`` the smaller the last position
-    is ``(n + 1) * 128 - 2`` and the request length ``(n + 1) * 128 - 1`` (2175 tokens for the
-    ``tiny`` preset, whose prefill core attends 16 entries).
+    them and the decode core ``hca_cmp_cols(cfg)``, so with ``n`` the smaller, positions up to
+    ``(n + 1) * 128 - 2`` are seen whole. The limit counts every token of the request as one that
+    may be processed (greedy decode never feeds the last new token; MTP drafts can run past it):
+    ``(n + 1) * 128 - 1`` tokens, 2175 for the ``tiny`` preset, whose prefill core attends 16
+    entries.
 
     Raises:
         ConfigError: from :func:`sparse_attn_tiling` for a config it cannot tile.
