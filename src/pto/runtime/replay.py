@@ -125,10 +125,12 @@ from pto.runtime.symbolic import NAMESPACE as _SYM_NS
 from pto.runtime.symbolic import Sym, concrete_of, evaluate, has_sym, observes_identity, source
 
 __all__ = ["run", "set_program_cache", "set_program_cache_size", "program_cache_enabled", "clear_program_cache",
-           "cache_info", "set_parametric_replay", "parametric_replay", "parametric_replay_enabled"]
+           "cache_info", "set_parametric_replay", "parametric_replay", "parametric_replay_enabled",
+           "program_cache_bypass"]
 
 _ENABLED = [os.environ.get("PTO_PROGRAM_CACHE", "1") not in ("0", "false", "off", "no")]
 _PARAMETRIC = [os.environ.get("PTO_PARAMETRIC_REPLAY", "0") not in ("0", "false", "off", "no", "")]
+_BYPASS = [False]  # program_cache_bypass: calls run plainly, the cache kept as it is
 _MAX_ENTRIES = [256]  # keys kept, least recently used forgotten first (set_program_cache_size)
 _MAX_DIVERGED = 3
 _GUARD_BUDGET = 8_000  # guards on values read from data a parametric recording may take (else it gives up)
@@ -212,6 +214,20 @@ class parametric_replay(_Switch):  # noqa: N801 - used like a function: ``with p
     """
 
     _flag, _what = _PARAMETRIC, "parametric_replay"
+
+
+class program_cache_bypass(_Switch):  # noqa: N801 - used like a function: ``with program_cache_bypass():``
+    """``with pto.runtime.replay.program_cache_bypass():`` runs the calls inside the block as plain
+    runs without the program cache's key and lookup (``enabled=False``: through the cache as
+    usual), keeping every recording (``set_program_cache(False)`` forgets them) and counting
+    nothing in :func:`cache_info`. For calls whose exact key cannot hit (a decode step's positions
+    and tables change every step): the key's hashing is all they would get from the cache.
+
+    Raises:
+        TypeError: ``enabled`` is not a bool.
+    """
+
+    _flag, _what = _BYPASS, "program_cache_bypass"
 
 
 def set_program_cache_size(max_entries: int) -> None:
@@ -434,7 +450,7 @@ def _lookup(key, keep, param: bool):
 def run(jf, args, kwargs, config) -> Program:
     """Run ``@pl.jit`` function ``jf`` (the runtime's program factory): a plain run, a recorded
     run or a replay (see the module docstring). Raises what a plain run raises."""
-    cfg = _cacheable_config(config) if _ENABLED[0] else None
+    cfg = _cacheable_config(config) if _ENABLED[0] and not _BYPASS[0] else None
     if cfg is None or _ctx.state.program is not None:
         return Program(jf, config).execute(args, kwargs)
     if _active_drop_init() or _world_size() > 1:

@@ -53,33 +53,13 @@ from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
 from pto.models.deepseek_v4.tiling import token_capacity
 from pto.models.deepseek_v4.weight_format import torch_weight_dtype
 from pto.models.deepseek_v4.weights import Checkpoint, attention_inputs, moe_inputs
-from pto.errors import DslError
-from pto.language import _ctx as _lang_ctx
 from pto.runtime import RunConfig, parametric_replay_enabled
-from pto.runtime.program import Program, gc_paused
+from pto.runtime.program import gc_paused
+from pto.runtime.replay import program_cache_bypass
 
 __all__ = ["KernelModel", "KernelState", "KernelStats", "layer_kernels"]
 
 _HEAP_BYTES = 256 << 20  # ring heap of one kernel program (tiny: < 10 MiB peak)
-
-
-def _plain_run(entry, args, config) -> Program:
-    """``entry.run(*args, config=config)`` as a plain run, the program cache left out (what
-    ``runtime/replay.run`` does for a key it has not seen): autograd off for the run, as
-    ``jit.run`` turns it off.
-
-    Raises:
-        DslError: called inside a running program; what the run raises.
-    """
-    if _lang_ctx.state.program is not None:
-        raise DslError(f"{entry.__name__}.run() called inside a running program")
-    if not torch.is_grad_enabled():
-        return Program(entry, config).execute(args, {})
-    torch._C._set_grad_enabled(False)
-    try:
-        return Program(entry, config).execute(args, {})
-    finally:
-        torch._C._set_grad_enabled(True)
 
 
 # ---- kernel ----
@@ -425,19 +405,20 @@ class KernelModel:
 
     def _run(self, name: str, entry, *args, cached: bool = True) -> None:
         """Run program ``entry`` on ``args`` and count it under ``name``. ``cached=False`` (a
-        decode step): a plain run that skips the program cache's key and lookup while the cache
-        keys on exact values (no parametric replay) and the default program factory is installed:
-        a decode step's positions and tables change every step, so its exact key never hits
-        (docs/performance.md, parametric recordings) and only costs its hashing (about 1.3 ms per
-        tiny decode step). The same program, results and statistics as a plain ``entry.run``."""
+        decode step): a plain run that skips the program cache's key and lookup
+        (``replay.program_cache_bypass``) while the cache keys on exact values (no parametric
+        replay): a decode step's positions and tables change every step, so its exact key never
+        hits (docs/performance.md, parametric recordings) and only costs its hashing (about 1.3 ms
+        per tiny decode step). The same program, results and statistics as a plain ``entry.run``."""
         # the GC stays paused until the program is counted and dropped: its graph is then freed by
         # refcount, where a collection at the first allocation after the run would scan it live
         with gc_paused():
             t0 = time.perf_counter()
-            if cached or parametric_replay_enabled() or _lang_ctx.state.program_factory is not _lang_ctx.default_factory:
+            if cached or parametric_replay_enabled():
                 prog = entry.run(*args, config=self.run_config)
             else:
-                prog = _plain_run(entry, args, self.run_config)
+                with program_cache_bypass():
+                    prog = entry.run(*args, config=self.run_config)
             self.stats.add(name, prog, time.perf_counter() - t0)
             del prog
 
