@@ -81,7 +81,6 @@ TOLERANCES: dict[str, tuple[float, float, float]] = {
 }
 
 # ---- kernel ----
-FP32_LOWEST = float(torch.finfo(torch.float32).min)  # the value pl.fillpad(..., PadValue.min) writes
 
 
 def inv_rms_rows(x_flat, inv_rms, t: int, t0: int, tile: int, eps: float) -> None:
@@ -149,18 +148,16 @@ def hc_pre_tiling(cfg: DeepSeekV4Config) -> SimpleNamespace:
                            comb_t=HC_COMB_T_TILE, mix_t=HC_MIX_T_TILE)
 
 
-def _sinkhorn_rows(c, tt: int, hc: int, w: int, eps: float):
-    """Row pass on ``c [hc, tt*w]`` (rows = input stream i, columns = (token, output stream j),
-    ``w`` columns per token; columns past ``hc`` are zero pads): ``c / (sum_j c + eps)`` per
-    (i, token), a row pass on the ``[hc*tt, w]`` view."""
-    cr = pl.reshape(c, [hc * tt, w])
-    return pl.reshape(pl.row_expand_div(cr, pl.row_sum(cr) + eps), [hc, tt * w])
+def _sinkhorn_rows(c, tt: int, hc: int, eps: float):
+    """Row pass on ``c [hc, tt*hc]`` FP32 (rows = input stream i, columns = (token, output
+    stream j)): ``c / (sum_j c + eps)`` per (i, token), a row pass on the ``[hc*tt, hc]`` view."""
+    cr = pl.reshape(c, [hc * tt, hc])
+    return pl.reshape(pl.row_expand_div(cr, pl.row_sum(cr) + eps), [hc, tt * hc])
 
 
 def _sinkhorn_cols(c, eps: float):
-    """Column pass on ``c [hc, tt*w]``: ``c / (sum_i c + eps)`` per (token, j), one column
-    reduction over the ``hc`` rows (sums in row order, as a row sum of the transposed layout;
-    zero pad columns stay zero)."""
+    """Column pass on ``c [hc, tt*hc]`` FP32: ``c / (sum_i c + eps)`` per (token, j), one column
+    reduction over the ``hc`` rows (sums in row order, as a row sum of the transposed layout)."""
     return pl.col_expand_div(c, pl.col_sum(c) + eps)
 
 
@@ -298,7 +295,7 @@ def hc_pre(
         c = pl.reshape(pl.transpose(pl.reshape(c, [CT, hc, hc]), 0, 1), [hc, CT * hc])
         c = _sinkhorn_cols(c, hc_eps)
         for _ in pl.range(iters - 1):
-            c = _sinkhorn_cols(_sinkhorn_rows(c, CT, hc, hc, hc_eps), hc_eps)
+            c = _sinkhorn_cols(_sinkhorn_rows(c, CT, hc, hc_eps), hc_eps)
         out = pl.reshape(pl.transpose(pl.reshape(c, [hc, CT, hc]), 0, 1), [CT, hc * hc])
         pl.assemble(comb, pl.set_validshape(out, rows, hc * hc), [t0, 0])
 

@@ -159,6 +159,12 @@ def _bind(kernel: str, msg: str) -> BindError:
     return BindError(f"kernel {kernel}: {msg}")
 
 
+def _leading(slots: list[int]) -> bool:
+    """Whether ascending write-map slot numbers ``slots`` are ``0, 1, ..., len - 1``, not none:
+    the slots with a destination come first, as the write map lays them out."""
+    return bool(slots) and slots[-1] == len(slots) - 1
+
+
 def _scan_tokens(kernel, nt, S, pos_t, cmp_t, slot_t, table, n_state_rows, n_cmp_rows, rope_rows, n_writes):
     """Write-map task body: validate the active tokens, return the closing ones as
     ``[(position, cmp destination, request), ...]`` in token order (scalar reads)."""
@@ -381,7 +387,7 @@ def ratio4_compress_tasks(x, compress_state, state_block_table, wkv, wgate, ape,
         sin_w = pl.full([w_pad, r], pl.FP32, 0.0)
         dsts = pl.read_values(write_dst_map, [0, 0], n_writes)
         kept = [i for i in range(n_writes) if dsts[i] >= 0]
-        if kept and kept == list(range(len(kept))):
+        if _leading(kept):
             # the usual case, the slots with a destination first: their window starts 4w read at
             # once, the table rows gathered as one [k, r] tile each (a GM load per row, as one load
             # per slot) and cast once, set at row 0
@@ -403,7 +409,7 @@ def ratio4_cache_write(normed_kv_pad, write_dst_map, n_writes: int, cmp_kv, widt
     cmp_rows = pl.reshape(cmp_kv, [cmp_kv.shape[0] * cmp_kv.shape[1], width])
     with pl.at(level=pl.Level.CORE_GROUP, name_hint=f"{prefix}_cache_write"):
         kept = [(i, dst) for i, dst in enumerate(pl.read_values(write_dst_map, [0, 0], n_writes)) if dst >= 0]
-        if kept and all(i == k for k, (i, _) in enumerate(kept)):
+        if _leading([i for i, _ in kept]):
             # the slots with a destination first (the usual case): their pad rows as one load and
             # one cast, then one row store each
             pl.store_rows(cmp_rows, [dst for _, dst in kept],
