@@ -32,8 +32,8 @@ import importlib
 import inspect
 import math
 import os
-import sys
 import re
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -1337,6 +1337,9 @@ def _generate_args(p):
                    help="self-speculative decoding with the checkpoint's MTP layer (same tokens, fewer decode steps)")
 
 
+_ID_RE = re.compile(r"[+-]?[0-9]+")  # a token id as _parse_ids takes it
+
+
 def _parse_ids(text: str, where: str) -> list[int]:
     """``"5 17 300"`` (spaces or commas) -> ``[5, 17, 300]``; ConfigError naming ``where``."""
     items = text.replace(",", " ").split()
@@ -1344,9 +1347,6 @@ def _parse_ids(text: str, where: str) -> list[int]:
         if not _ID_RE.fullmatch(t):
             raise ConfigError(f"{where}: {t!r} is not an integer token id")
     return [int(t) for t in items]
-
-
-_ID_RE = re.compile(r"[+-]?[0-9]+")
 
 
 @command("generate", "greedy generation with a DeepSeek-V4 checkpoint (chunked prefill, batched decode)",

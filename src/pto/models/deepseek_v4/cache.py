@@ -302,7 +302,7 @@ class Cache:
             else:
                 closes, key = True, p
             blk = key // page  # floor division, as torch's on INT64
-            phys = table[min(blk, nt - 1)] if blk < nt else -1
+            phys = table[blk] if blk < nt else -1
             out.append(phys * page + key % page if closes and phys >= 0 else -1)
         return torch.tensor(out, dtype=torch.int64).reshape(positions.shape)
 
