@@ -38,11 +38,13 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import os
+import time
 
 import torch
 from torch.nn.functional import linear as _linear
 
-from pto.errors import DslError
+from pto.errors import ConfigError, DslError
 from pto.language import _ctx
 from pto.language import graph_only as _go
 from pto.language.dtypes import (BF16, FP16, FP32, INT8, INT16, INT32, INT64, UINT8, UINT32, DType, as_dtype,
@@ -1460,6 +1462,63 @@ def tile_assemble(dst, src, offsets) -> Tile:
 
 _FLOAT_MM = (torch.bfloat16, torch.float16, torch.float32)
 
+# INT8 x INT8 -> INT32 GEMM backend: "int" (torch._int_mm) or "float" (the operands widened to
+# FP32, or FP64 past K = 1024, and one floating-point GEMM): both give the exact integer sums, so
+# the choice changes speed only. torch._int_mm is 10-30x faster than the float GEMM on some CPUs
+# and 10-30x slower on others (an AMD EPYC without its fast int8 kernels), so by default a probe
+# times both once per process; PTO_INT8_GEMM=int|float fixes it.
+_INT8_GEMM = [os.environ.get("PTO_INT8_GEMM", "").strip().lower() or None]
+
+
+def _int8_gemm_backend() -> str:
+    """``"int"`` or ``"float"``: the faster exact INT8 GEMM on this machine (``_INT8_GEMM``),
+    probed once on a ``[64, 256] x [256, 64]`` product (a few ms) unless PTO_INT8_GEMM set it.
+
+    Raises:
+        ConfigError: PTO_INT8_GEMM set to anything but ``int`` or ``float``.
+    """
+    mode = _INT8_GEMM[0]
+    if mode is None:
+        with torch._C.DisableTorchFunction():
+            g = torch.Generator().manual_seed(0)
+            a = torch.randint(-128, 128, (64, 256), dtype=torch.int8, generator=g)
+            b = torch.randint(-128, 128, (256, 64), dtype=torch.int8, generator=g)
+
+        def best(f) -> float:
+            f()
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                f()
+                times.append(time.perf_counter() - t0)
+            return min(times)
+
+        with torch._C.DisableTorchFunction():  # unseen by a recorder (replay, block templates)
+            t_int = best(lambda: torch._int_mm(a, b))
+            t_float = best(lambda: _int8_mm_float(a, b))
+        mode = _INT8_GEMM[0] = "int" if t_int <= t_float else "float"
+    elif mode not in ("int", "float"):
+        raise ConfigError(f"PTO_INT8_GEMM must be 'int' or 'float', got {mode!r}")
+    return mode
+
+
+def _int8_mm_float(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a [M, K] @ b [K, N]`` of INT8 tensors as INT32, through a floating-point GEMM: each
+    product is at most ``2^14`` in magnitude, so with ``K <= 1024`` every partial sum is an
+    integer of at most ``2^24``, which FP32 holds exactly in any summation order; past that FP64
+    (exact to ``2^53``). Equal to ``torch._int_mm(a, b)`` bit for bit."""
+    wide = torch.float32 if a.shape[-1] << 14 <= 1 << 24 else torch.float64
+    return torch.mm(a.to(wide), b.to(wide)).to(torch.int32)
+
+
+def _int8_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Exact ``a [M, K] @ b [K, N]`` of INT8 tensors as INT32 (``K <= 2^17``, no empty dim), on
+    the faster backend of :func:`_int8_gemm_backend`."""
+    mode = _INT8_GEMM[0]
+    if mode != "int" and mode != "float":
+        mode = _int8_gemm_backend()  # the probe, or the ConfigError of a bad PTO_INT8_GEMM
+    return torch._int_mm(a, b) if mode == "int" else _int8_mm_float(a, b)
+
 
 def matmul(a, b, out_dtype=None, a_trans: bool = False, b_trans: bool = False) -> Tile:
     """``a[M, K] @ b[K, N]`` on the cube unit (``b_trans``: b stored ``[N, K]``).
@@ -1495,7 +1554,7 @@ def matmul(a, b, out_dtype=None, a_trans: bool = False, b_trans: bool = False) -
                             out = torch.mm(ad.t() if a_trans else ad, bd.t() if b_trans else bd)
                 elif dt is torch.int8 and k <= (1 << 17) and m and k and n:
                     if out_dtype is None or out_dtype is INT32:
-                        out = torch._int_mm(ad.t() if a_trans else ad, bd.t() if b_trans else bd)
+                        out = _int8_mm(ad.t() if a_trans else ad, bd.t() if b_trans else bd)
                 if out is not None:
                     blk = _state.block
                     if blk is not None:  # _count, then the cube counters, as below
@@ -1539,9 +1598,8 @@ def matmul(a, b, out_dtype=None, a_trans: bool = False, b_trans: bool = False) -
     elif A.dtype == torch.int8 and B.dtype == torch.int8:
         acc = INT32
         if A.dim() == 2 and A.numel() and B.numel() and A.shape[-1] <= (1 << 17):
-            # integer GEMM accumulating in INT32 (|sum| <= K * 2^14 < 2^31): exact, and
-            # 10-30x faster on CPU than the floating-point paths below
-            out = torch._int_mm(A, B)
+            # exact INT32 sums (|sum| <= K * 2^14 < 2^31) on this machine's faster backend
+            out = _int8_mm(A, B)
         else:
             # |int8 * int8| <= 2^14: with K <= 1024 every partial sum is an integer of at most
             # 2^24, which FP32 holds exactly in any summation order; beyond that FP64 (exact to 2^53)
