@@ -265,10 +265,14 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
             rows = min(IDX_SEED_T_TILE, T - r0)
             score_wide[r0:r0 + rows, 0:L] = pl.full([rows, L], pl.FP32, -FP32_MAX)
 
-    # 5. scores over the visible key pages
+    # 5. scores over the visible key pages: a token's key rows in one row gather and one product /
+    # dequant / head sum over all of them; every op is row-wise (exact INT32 dots, elementwise
+    # FP32, a row sum over the HI heads), so each key's score is a page-by-page loop's bit for bit
     cache_rows = pl.reshape(idx_kv_cache, [pages * bs, c])
     scale_rows = pl.reshape(idx_kv_scale, [pages * bs, 1])
-    col = pl.arange(0, [1, bs], pl.INT32)
+    page_rows = range(bs)
+    page_counts = sorted({-(-v // bs) for v in n_vis if v > 0})
+    cols = {n: pl.arange(0, [1, n * bs], pl.INT32) for n in page_counts}  # column numbers of n pages
     for t in pl.spmd(T, name_hint=f"{prefix}_score"):
         if t >= nt:
             continue
@@ -282,28 +286,31 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
         w = weights[t:t + 1, 0:HI]
         n_pg = -(-nv // bs)
         pages_t = pl.read_values(idx_block_table, [b, 0], min(n_pg, n_tab))  # the token's pages, one call
-        for pg in pl.range(n_pg):
-            phys = pages_t[pg] if pg < n_tab else -1
-            if phys < 0:
+        for pg in range(n_pg):
+            if pg >= n_tab or pages_t[pg] < 0:
                 raise _bind(kernel, f"token {t} (request {b}) sees index key page {pg}, which its idx_block_table "
                                     "row does not map")
-            k8 = cache_rows[phys * bs:(phys + 1) * bs, 0:c]
-            if bf16:  # BF16 x BF16 -> FP32 dots, no query / key scale
-                hs = pl.col_expand_mul(pl.maximum(pl.matmul(k8, q8, b_trans=True), 0.0), w)
-                sc = pl.transpose(pl.row_sum(hs), 0, 1)  # [1, bs]
-            else:
-                dots = pl.cast(pl.matmul(k8, q8, b_trans=True), pl.FP32)  # [bs, HI]
-                hs = pl.col_expand_mul(pl.maximum(pl.col_expand_mul(dots, sq), 0.0), w)
-                sc = pl.transpose(pl.mul(pl.row_sum(hs), scale_rows[phys * bs:(phys + 1) * bs, 0:1]), 0, 1)
-            visible = pl.cmp(col, nv - pg * bs, "lt")
-            score_wide[t:t + 1, pg * bs:(pg + 1) * bs] = pl.select(visible, sc, -FP32_MAX)
+        n_k = n_pg * bs
+        rows = [phys * bs + i for phys in pages_t for i in page_rows]
+        if bf16:  # BF16 x BF16 -> FP32 dots page by page (a float GEMM's rounding may depend on M), no scales
+            dots = pl.full([n_k, HI], pl.FP32, 0.0)
+            for pg in range(n_pg):
+                k16 = cache_rows[pages_t[pg] * bs:(pages_t[pg] + 1) * bs, 0:c]
+                dots = pl.assemble(dots, pl.matmul(k16, q8, b_trans=True), [pg * bs, 0])
+            hs = pl.col_expand_mul(pl.maximum(dots, 0.0), w)
+            sc = pl.reshape(pl.row_sum(hs), [1, n_k])
+        else:
+            dots = pl.cast(pl.matmul(pl.gather_rows(cache_rows, rows), q8, b_trans=True), pl.FP32)  # [n_k, HI]
+            hs = pl.col_expand_mul(pl.maximum(pl.col_expand_mul(dots, sq), 0.0), w)
+            sc = pl.reshape(pl.mul(pl.row_sum(hs), pl.gather_rows(scale_rows, rows)), [1, n_k])
+        visible = pl.cmp(cols[n_pg], nv, "lt")
+        score_wide[t:t + 1, 0:n_k] = pl.select(visible, sc, -FP32_MAX)
 
     # 6. top-k by sort32 + mrgsort
     Kc = min(K, L)
     seed_idx = pl.arange(0, [1, L], pl.UINT32)
     kcol = pl.arange(0, [1, Kc], pl.INT32)
     for t in pl.spmd(T, name_hint=f"{prefix}_topk"):
-        out = pl.full([1, K], pl.INT32, -1)
         nv = vis_of(t, n_vis) if t < nt else 0
         if nv > 0:
             pairs = pl.sort32(score_wide[t:t + 1, 0:L], seed_idx)
@@ -311,10 +318,15 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
             while run < 2 * L:
                 pairs = pl.mrgsort(pairs, block_len=run)
                 run *= MERGE_WAYS
-            idx = pl.gather(pl.slice(pairs, [1, 2 * Kc], [0, 0]), mask_pattern=pl.MaskPattern.P1010,
-                            output_dtype=pl.INT32)
-            causal = pl.select(pl.cmp(idx, nv, "lt"), idx, -1)  # never an entry past (p + 1) // 4
-            out = pl.assemble(out, pl.select(pl.cmp(kcol, nv, "lt"), causal, -1), [0, 0])
+            idx = pl.gather(pairs if Kc == L else pl.slice(pairs, [1, 2 * Kc], [0, 0]),
+                            mask_pattern=pl.MaskPattern.P1010, output_dtype=pl.INT32)
+            # -1 in columns k >= n_vis and for picks >= n_vis (never an entry past (p + 1) // 4):
+            # both bounds at once, max(idx, k) < n_vis
+            out = pl.select(pl.cmp(pl.maximum(idx, kcol), nv, "lt"), idx, -1)
+            if Kc < K:
+                out = pl.assemble(pl.full([1, K], pl.INT32, -1), out, [0, 0])
+        else:
+            out = pl.full([1, K], pl.INT32, -1)
         cmp_topk_indices[t:t + 1, 0:K] = out
     return cmp_topk_indices
 
