@@ -215,17 +215,21 @@ def rope_index_rows(r: int):
 
 
 # ---- block bodies shared with decode_sparse_attn (same ops in the same order) ----
-def _gather_rows(src_flat, rows: list, stage, head_dim: int):
-    """Copy flat rows ``rows[i]`` of ``src_flat`` into stage row ``i`` (``-1`` skips: the row
-    keeps the stage's zeros): every valid row in one ``pl.gather_rows`` (read footprints per
-    run), placed in the stage by runs of consecutive stage rows. A single run covering the whole
-    stage is the gathered tile itself (the assemble would overwrite every element)."""
+def _gather_rows(src_flat, rows: list, n_stage: int, head_dim: int):
+    """The ``[n_stage, head_dim]`` stage whose row ``i`` is flat row ``rows[i]`` of ``src_flat``
+    (``-1``, and rows past ``len(rows)``, are zero): every valid row in one ``pl.gather_rows``
+    (read footprints per run), placed in a zeroed stage by runs of consecutive stage rows. A
+    single run covering the whole stage is the gathered tile itself (no zeroed stage is made:
+    the assemble would overwrite every element)."""
     cols = [k for k, r in enumerate(rows) if r >= 0]
     if not cols:
-        return stage
+        return pl.full([n_stage, head_dim], pl.BF16, 0)
     got = pl.gather_rows(src_flat, [rows[k] for k in cols], cols=head_dim)  # [len(cols), head_dim]
+    if len(cols) == n_stage:  # every row valid (so one run from row 0)
+        return got
+    stage = pl.full([n_stage, head_dim], pl.BF16, 0)
     if cols[-1] - cols[0] == len(cols) - 1:  # one run of consecutive columns
-        return got if len(cols) == stage.shape[0] else pl.assemble(stage, got, [cols[0], 0])
+        return pl.assemble(stage, got, [cols[0], 0])
     i = 0
     while i < len(cols):
         j = i + 1
@@ -234,6 +238,44 @@ def _gather_rows(src_flat, rows: list, stage, head_dim: int):
         stage = pl.assemble(stage, pl.slice(got, [j - i, head_dim], [i, 0]), [cols[i], 0])
         i = j
     return stage
+
+
+def _cmp_rows(kernel: str, tok: int, c0: int, slots: list, cmp_block_table, table_row: tuple, *,
+              cmp_pages: int, block_size: int) -> list:
+    """Flat ``cmp_kv`` rows of the logical ``slots`` (``cmp_indices[tok, c0 ..]``; ``-1`` for a
+    negative slot): ``cmp_block_table[*table_row, slot // block_size] * block_size + slot %
+    block_size``. Each distinct page's entry is read once, in first-use order, in one
+    ``pl.read_elements`` (the reads, footprints and loads of one ``pl.read`` per page); the
+    errors are those of the slot-by-slot walk (the first bad slot raises, BindError)."""
+    first_bad = len(slots)
+    order, seen = [], set()
+    for k, slot in enumerate(slots):
+        if slot < 0:
+            continue
+        page = slot // block_size
+        if page >= cmp_pages:
+            first_bad = k
+            break
+        if page not in seen:
+            seen.add(page)
+            order.append(page)
+    phys_of = dict(zip(order, pl.read_elements(cmp_block_table, [[*table_row, pg] for pg in order])))
+    rows = []
+    for k, slot in enumerate(slots):
+        if slot < 0:
+            rows.append(-1)
+            continue
+        if k == first_bad:
+            raise BindError(f"{kernel}: cmp_indices[{tok}, {c0 + k}] = {slot} is past the compressed "
+                            f"block table ({cmp_pages} pages of {block_size})")
+        page = slot // block_size
+        phys = phys_of[page]
+        if not 0 <= phys < cmp_pages:
+            entry = "cmp_block_table[" + "".join(f"{r}, " for r in table_row)
+            raise BindError(f"{kernel}: cmp_indices[{tok}, {c0 + k}] = {slot} maps to {entry}{page}] = "
+                            f"{phys}, not a page of cmp_kv")
+        rows.append(phys * block_size + slot % block_size)
+    return rows
 
 
 def gather_key_block(kernel: str, tok: int, kb: int, swa_indices, cmp_indices, ori_flat, cmp_flat, cmp_block_table,
@@ -247,9 +289,11 @@ def gather_key_block(kernel: str, tok: int, kb: int, swa_indices, cmp_indices, o
     Blocks ``kb < swa_blocks`` take ``key_tile`` window columns of ``swa_indices [T, W]`` INT32
     (physical flat rows of ``ori_flat``); the others take compressed columns of ``cmp_indices
     [T, >= n_cmp]`` (logical slots, lowered through ``cmp_block_table[*table_row, slot //
-    block_size]``). A zeroed ``[key_tile, head_dim]`` BF16 stage receives the valid rows in runs;
-    a block past ``n_cmp`` or whose every index is ``-1`` writes nothing (the core's ``qk_pv``
-    skips it by its bias row).
+    block_size]``). A ``[key_tile, head_dim]`` BF16 stage holds the valid rows (gathered in one
+    ``pl.gather_rows``, placed in a zeroed stage by runs; a block whose every row is valid stores
+    the gathered tile itself); a block past ``n_cmp`` or whose every index is ``-1`` (its index
+    row is read once, ``pl.read_values``) writes nothing (the core's ``qk_pv`` skips it by its
+    bias row).
 
     Raises:
         BindError: a compressed slot past the table (``cmp_pages`` pages), or one whose table
@@ -261,35 +305,20 @@ def gather_key_block(kernel: str, tok: int, kb: int, swa_indices, cmp_indices, o
     if n <= 0:
         return  # padding block past the attended compressed columns
     idx = pl.slice(swa_indices if swa else cmp_indices, [1, n], [tok, c0])
-    if pl.read(pl.row_max(idx), [0, 0]) < 0:
+    vals = pl.read_values(idx, [0, 0], n)  # the block's index columns as numbers, one conversion
+    if max(vals) < 0:
         return
     p, parts = part
     sub = key_tile // parts
     r0, r1 = p * sub, min(n, (p + 1) * sub)  # this part's index columns (none past n: zero rows)
-    stage = pl.full([sub, head_dim], pl.BF16, 0)
-    if r1 > r0:
-        vals = pl.read_values(idx, [0, r0], r1 - r0)  # this part's index columns, one read
-        if swa:
-            stage = _gather_rows(ori_flat, vals, stage, head_dim)
-        else:  # logical slots lowered through the block table (each page's entry read once)
-            rows, pages = [], {}
-            for k, slot in enumerate(vals, r0):
-                if slot < 0:
-                    rows.append(-1)
-                    continue
-                page = slot // block_size
-                if page >= cmp_pages:
-                    raise BindError(f"{kernel}: cmp_indices[{tok}, {c0 + k}] = {slot} is past the compressed "
-                                    f"block table ({cmp_pages} pages of {block_size})")
-                if page not in pages:
-                    pages[page] = pl.read(cmp_block_table, [*table_row, page])
-                phys = pages[page]
-                if not 0 <= phys < cmp_pages:
-                    entry = "cmp_block_table[" + "".join(f"{r}, " for r in table_row)
-                    raise BindError(f"{kernel}: cmp_indices[{tok}, {c0 + k}] = {slot} maps to {entry}{page}] = "
-                                    f"{phys}, not a page of cmp_kv")
-                rows.append(phys * block_size + slot % block_size)
-            stage = _gather_rows(cmp_flat, rows, stage, head_dim)
+    if r1 <= r0:
+        stage = pl.full([sub, head_dim], pl.BF16, 0)
+    elif swa:
+        stage = _gather_rows(ori_flat, vals[r0:r1], sub, head_dim)
+    else:  # logical slots lowered through the block table (each page's entry read once)
+        rows = _cmp_rows(kernel, tok, c0 + r0, vals[r0:r1], cmp_block_table, table_row, cmp_pages=cmp_pages,
+                         block_size=block_size)
+        stage = _gather_rows(cmp_flat, rows, sub, head_dim)
     pl.assemble(sparse_kv, stage, [(tok * key_blocks + kb) * key_tile + r0, 0])
 
 
@@ -311,20 +340,33 @@ def bias_block(b: int, t: int, swa_indices, cmp_indices, sparse_bias, *, window:
 
 
 def key_block_stats(load_q, tok: int, kb: int, sparse_kv, sparse_bias, blk_m, blk_l, blk_o, *, scale: float,
-                    key_tile: int, key_blocks: int, heads: int, head_dim: int) -> None:
+                    key_tile: int, key_blocks: int, heads: int, head_dim: int, bias_row: tuple | None = None,
+                    skip_masked: bool = False) -> None:
     """Online-softmax statistics of key block ``kb`` of token ``tok``, every head at once:
     ``s = q @ kv^T * scale + bias`` FP32 ``[H, KT]``, ``m = row_max s``, ``p = exp(s - m)``,
     ``l = row_sum p``, ``o = bf16(p) @ kv`` into rows ``(tok * key_blocks + kb) * heads ..`` of
     ``blk_m / blk_l [.., 1]`` and ``blk_o [.., head_dim]``. ``load_q()`` returns the token's
     ``[H, head_dim]`` BF16 query tile (called only for a block with a valid key). A fully
     masked block (its bias row all ``-FP32_MAX``) is not loaded: it stores ``(-FP32_MAX, 0,
-    0)``, which the merge weighs by ``exp(-FP32_MAX - m) = 0`` (alone: ``o / inf = 0``)."""
+    0)``, which the merge weighs by ``exp(-FP32_MAX - m) = 0`` (alone: ``o / inf = 0``); with
+    ``skip_masked`` only its ``m`` (the mark :func:`merge_key_blocks` ``skip_masked`` skips by).
+
+    ``bias_row = (tile, values)``: the token's whole ``sparse_bias`` row, loaded once for all
+    its key blocks (``[1, key_blocks * key_tile]`` FP32 tile and its numbers); the block takes
+    its columns of the tile and tests them in Python instead of loading and reducing them."""
     hr = (tok * key_blocks + kb) * heads
-    bias = sparse_bias[tok:tok + 1, kb * key_tile:(kb + 1) * key_tile]
-    if pl.read(pl.row_max(bias), [0, 0]) < 0:
+    if bias_row is None:
+        bias = sparse_bias[tok:tok + 1, kb * key_tile:(kb + 1) * key_tile]
+        masked = pl.read(pl.row_max(bias), [0, 0]) < 0
+    else:
+        tile, values = bias_row
+        masked = max(values[kb * key_tile:(kb + 1) * key_tile]) < 0
+        bias = None if masked else pl.slice(tile, [1, key_tile], [0, kb * key_tile])
+    if masked:
         blk_m[hr:hr + heads, 0:1] = pl.full([heads, 1], pl.FP32, -FP32_MAX)
-        blk_l[hr:hr + heads, 0:1] = pl.full([heads, 1], pl.FP32, 0.0)
-        blk_o[hr:hr + heads, 0:head_dim] = pl.full([heads, head_dim], pl.FP32, 0.0)
+        if not skip_masked:
+            blk_l[hr:hr + heads, 0:1] = pl.full([heads, 1], pl.FP32, 0.0)
+            blk_o[hr:hr + heads, 0:head_dim] = pl.full([heads, head_dim], pl.FP32, 0.0)
         return
     r0 = (tok * key_blocks + kb) * key_tile
     kv = sparse_kv[r0:r0 + key_tile, 0:head_dim]
@@ -336,22 +378,37 @@ def key_block_stats(load_q, tok: int, kb: int, sparse_kv, sparse_bias, blk_m, bl
     blk_o[hr:hr + heads, 0:head_dim] = pl.matmul(pl.cast(p, pl.BF16, mode="rint"), kv)
 
 
-def merge_key_blocks(tok: int, blk_m, blk_l, blk_o, sink_row, *, key_blocks: int, heads: int):
+def merge_key_blocks(tok: int, blk_m, blk_l, blk_o, sink_row, *, key_blocks: int, heads: int,
+                     skip_masked: bool = False):
     """Merge token ``tok``'s key blocks in order (``alpha = exp(m - m_new)``, ``beta = exp(m_b -
     m_new)``) and normalise with the sink in the denominator: ``o / (l + exp(sink - m))``;
     returns the ``[H, head_dim]`` FP32 tile. ``sink_row [1, H]`` FP32 (a view of ``attn_sink``: its
-    ``[1, H]`` load is the footprint and bytes of the ``[H, 1]`` column, reshaped as a tile)."""
+    ``[1, H]`` load is the footprint and bytes of the ``[H, 1]`` column, reshaped as a tile).
+
+    ``skip_masked`` (with :func:`key_block_stats` ``skip_masked``): a block whose ``m`` is
+    ``-FP32_MAX`` (fully masked; only its ``m`` was stored) is left out -- its merge step is
+    ``alpha = 1, beta = 0`` (or ``alpha = 0, beta = 1`` before the first valid block), the same
+    values; its ``l`` / ``o`` rows are not loaded. With no valid block the state is ``(-FP32_MAX,
+    0, 0)`` as the stored blocks would give."""
     h0 = tok * key_blocks * heads
     hd = blk_o.shape[1]  # explicit int bounds below: the subscripts' fast path (same loads as [a:b, :])
-    m, l, o = blk_m[h0:h0 + heads, 0:1], blk_l[h0:h0 + heads, 0:1], blk_o[h0:h0 + heads, 0:hd]
-    for kb in pl.range(1, key_blocks):
+    m = l = o = None
+    for kb in pl.range(key_blocks):
         hr = h0 + kb * heads
         m_b = blk_m[hr:hr + heads, 0:1]
+        if skip_masked and pl.read(m_b, [0, 0]) == -FP32_MAX:
+            continue  # a fully masked block: weight exactly 0
+        if m is None:
+            m, l, o = m_b, blk_l[hr:hr + heads, 0:1], blk_o[hr:hr + heads, 0:hd]
+            continue
         m_new = pl.maximum(m, m_b)
         alpha, beta = pl.exp(pl.sub(m, m_new)), pl.exp(pl.sub(m_b, m_new))
         l = pl.add(pl.mul(alpha, l), pl.mul(beta, blk_l[hr:hr + heads, 0:1]))
         o = pl.add(pl.row_expand_mul(o, alpha), pl.row_expand_mul(blk_o[hr:hr + heads, 0:hd], beta))
         m = m_new
+    if m is None:
+        m, l, o = (pl.full([heads, 1], pl.FP32, -FP32_MAX), pl.full([heads, 1], pl.FP32, 0.0),
+                   pl.full([heads, hd], pl.FP32, 0.0))
     sink = pl.reshape(sink_row[0:1, 0:heads], [heads, 1])
     return pl.row_expand_div(o, pl.add(l, pl.exp(pl.sub(sink, m))))
 
@@ -408,17 +465,20 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
     Tasks (pypto-lib `models/deepseek/v4-flash/prefill_sparse_attn.py`; ``NB = key_blocks``, ``KT = key_tile``, ``T`` dynamic):
 
     1. ``gather_kv`` ``spmd(ceil(T/4) * NB)``: block = (4 tokens, key block); per active
-       token a zeroed ``[KT, head_dim]`` stage receives the valid rows (raw rows from
-       ``swa_indices``; compressed slots lowered through ``cmp_block_table``), copied in
-       runs of consecutive rows; a ``-1`` column copies nothing (the row stays zero); a block
-       whose every index is ``-1`` is not written at all.
+       token a ``[KT, head_dim]`` stage of the valid rows (raw rows from ``swa_indices``;
+       compressed slots lowered through ``cmp_block_table``, each page's entry read once),
+       gathered in one ``pl.gather_rows`` and placed in a zeroed stage by runs of consecutive
+       rows; a ``-1`` column copies nothing (the row stays zero); a block whose every index is
+       ``-1`` is not written at all.
     2. ``build_bias`` ``spmd(ceil(T/16))``: additive mask ``[T, sparse_pad]``.
     3. ``qk_pv`` ``spmd(T)``: per active token and key block, all heads at once: scores,
        ``* softmax_scale``, ``+ bias``, row max, ``exp``, row sum, BF16 probabilities @ kv;
-       ``(m, l, o)`` per block to scratch. A fully masked block (its bias row is all
-       ``-FP32_MAX``) is not loaded: it stores ``(-FP32_MAX, 0, 0)``, which the merge weighs by
-       ``exp(-FP32_MAX - m) = 0`` exactly as the computed block (bit-identical results).
-    4. ``merge_norm`` ``spmd(T)``: online-softmax merge of the blocks in order, sink in the
+       ``(m, l, o)`` per block to scratch. The token's bias row is loaded once (one load and
+       one ``pl.read_values`` for its key blocks). A fully masked block (its bias row is all
+       ``-FP32_MAX``) is not loaded: it stores only ``m = -FP32_MAX``, the mark by which the
+       merge leaves it out (its weight ``exp(-FP32_MAX - m)`` is exactly 0: the same values).
+    4. ``merge_norm`` ``spmd(T)``: online-softmax merge of the unmasked blocks in order (each
+       block's ``m`` loaded, its ``l`` / ``o`` only when it is not masked), sink in the
        denominator, ``o / (l + exp(sink - m))``; nope part BF16 into ``o_packed``
        (group-major: row ``g*T + t``), rope part FP32 to a stage; inactive tokens zero.
     5. ``rope_cs`` ``spmd(ceil(T/64))``: interleaved cos and sign-folded sin rows.
@@ -518,15 +578,19 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
         for tok in pl.spmd(t, name_hint="qk_pv"):
             if tok < active:
                 qt = q_rows[tok * H:(tok + 1) * H, 0:HD]  # [H, HD]
+                bias = sparse_bias[tok:tok + 1, 0:PAD]  # the token's bias row, one load for its key blocks
+                row = (bias, pl.read_values(bias, [0, 0], PAD))
                 for kb in pl.range(NB):
                     key_block_stats(lambda: qt, tok, kb, sparse_kv, sparse_bias, blk_m, blk_l, blk_o, scale=scale,
-                                    key_tile=KT, key_blocks=NB, heads=H, head_dim=HD)
+                                    key_tile=KT, key_blocks=NB, heads=H, head_dim=HD, bias_row=row,
+                                    skip_masked=True)
 
         # 4. merge the key blocks (golden order), attention sink, split nope / rope parts
         merge = pl.spmd(t, name_hint="merge_norm")
         for tok in merge:
             if tok < active:
-                o = merge_key_blocks(tok, blk_m, blk_l, blk_o, sink_row, key_blocks=NB, heads=H)
+                o = merge_key_blocks(tok, blk_m, blk_l, blk_o, sink_row, key_blocks=NB, heads=H,
+                                     skip_masked=True)
                 nope = pl.cast(pl.slice(o, [H, N], [0, 0]), pl.BF16, mode="rint")
                 rope = pl.slice(o, [H, R], [0, N])
             else:
