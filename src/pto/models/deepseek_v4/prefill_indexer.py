@@ -225,21 +225,27 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
     q_rows = pl.reshape(q_proj, [t_pad * HI, c])
     TT = max(1, IDX_QROW_TILE // HI)  # tokens per block
     R = TT * HI
+    # per block of act tokens, the column numbers that repeat each of its act cos / sin rows
+    # (flattened, [1, act * r]) HI times: row i of the [act * HI, r] result is token i // HI's
+    repeat = {a: pl.arange_runs([1, a * HI * r], pl.INT32, 0, [(i * r, (i // HI) * r, r) for i in range(a * HI)])
+              for a in {TT, nt % TT} if a > 0}
+
+    def head_rows(table, rows: list, act: int):
+        """``[R, r]`` FP32: row ``i < act * HI`` is ``table[rows[i // HI]]``, then zeros."""
+        one = pl.cast(pl.gather_rows(table, rows, 0, r), pl.FP32)  # [act, r], one row per token
+        out = pl.reshape(pl.gather(pl.reshape(one, [1, act * r]), index=repeat[act]), [act * HI, r])
+        return out if act == TT else pl.assemble(pl.full([R, r], pl.FP32, 0.0), out, [0, 0])
+
     for blk in pl.spmd(-(-max(nt, 1) // TT), name_hint=f"{prefix}_q_rope_hadamard_quant"):
         t0 = blk * TT
         act = min(TT, nt - t0)
         if act <= 0:
             continue
         q = pl.slice(q_rows, [R, c], [t0 * HI, 0], valid_shape=[act * HI, c])
-        cos_r = pl.full([R, r], pl.FP32, 0.0)
-        sin_r = pl.full([R, r], pl.FP32, 0.0)
         positions = pl.read_values(position_ids, [t0], act)  # the block's positions, one call
-        for i in pl.range(act):
-            p = max(0, positions[i])
-            cos_r = pl.assemble(cos_r, pl.col_expand(pl.full([HI, r], pl.FP32, 0.0),
-                                                     pl.cast(cos_table[p:p + 1, 0:r], pl.FP32)), [i * HI, 0])
-            sin_r = pl.assemble(sin_r, pl.col_expand(pl.full([HI, r], pl.FP32, 0.0),
-                                                     pl.cast(sin_table[p:p + 1, 0:r], pl.FP32)), [i * HI, 0])
+        rows = [max(0, p) for p in positions]
+        cos_r = head_rows(cos_table, rows, act)
+        sin_r = head_rows(sin_table, rows, act)
         q = rope_rotate_rows(pl.fillpad(q), cos_r, sin_r, c - r, r)
         qh = pl.matmul(pl.cast(q, pl.BF16, mode="rint"), hadamard[0:c, 0:c])
         if bf16:  # the rotated query in BF16, no scale
