@@ -34,7 +34,7 @@ _ALIGN = 512
 _STORAGE: dict[int, torch.Tensor] = {}
 _STORAGE_LOCK = threading.Lock()
 # what one undo-log save costs besides its bytes, in bytes (a clone call is about 1 µs, a few KB of
-# copying): Buffer.save_view saves the whole buffer once the window saves would cost as much
+# copying): Buffer.save_view saves the whole buffer once the window saves would cost twice as much
 _UNDO_SAVE_BYTES = 4096
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 
@@ -126,8 +126,10 @@ class Buffer:
         order if the program raises (``Program.execute``). The whole buffer is saved instead (and
         its later stores save nothing) when the window is a quarter of it or more (a kernel writing
         that much of an output usually writes all of it) or once the saves of this buffer, with an
-        allowance of ``_UNDO_SAVE_BYTES`` per save for the call, would cost its whole size (at most
-        about twice the cheaper choice). The copies are made with torch function modes off (a
+        allowance of ``_UNDO_SAVE_BYTES`` per save for the call, would cost twice its size (at most
+        about three times the cheaper choice; a kernel whose windows each write a part of the
+        buffer once saves each window, the buffer's size in all, not the windows and then the whole
+        buffer again at the last one). The copies are made with torch function modes off (a
         program-cache recording does not see them)."""
         with _NO_TORCH_FUNCTION():
             n = view.numel() * view.element_size()
@@ -140,7 +142,7 @@ class Buffer:
 
     def _saves_whole(self, n: int) -> bool:
         """Whether saving a window of ``n`` bytes saves the whole buffer instead (:meth:`save_view`)."""
-        return 4 * n >= self.nbytes or self.undo + _UNDO_SAVE_BYTES + n >= self.nbytes
+        return 4 * n >= self.nbytes or self.undo + _UNDO_SAVE_BYTES + n >= 2 * self.nbytes
 
     def __repr__(self) -> str:
         return f"Buffer(#{self.id} {self.name!r} {list(self.shape)} {self.dtype} at {self.site})"
