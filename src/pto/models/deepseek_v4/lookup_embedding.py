@@ -11,9 +11,10 @@ Kernel (:func:`lookup_embedding`): the orchestration reads every id once and rai
 task is submitted (nothing half-written); then one task ``embedding_lookup`` of
 ``ceil(T / EMB_T_TILE)`` blocks, each loading its ids as a tile (so the read footprint on
 ``input_ids`` is recorded) and gathering its tokens' table rows into one ``[tokens, D]`` tile
-(``pl.gather_rows``: one footprint per row), cast to FP32, repeated ``hc_mult`` times side by
-side (``pl.concat``) and stored as the block's ``[tokens, hc_mult * D]`` rows of ``x_hc`` in one
-store (one contiguous window; was one strided store per stream). No GM scratch. The reference has no
+(``pl.gather_rows``: one footprint per row), cast to FP32 and stored once per stream, each
+store the ``[tokens, D]`` column window of stream ``h`` in the block's rows of ``x_hc`` viewed
+as ``[T, hc_mult * D]`` (no ``[tokens, hc_mult * D]`` concatenated tile: one write of the
+output instead of a tile build and its copy). No GM scratch. The reference has no
 embedding kernel (the table lookup is host-side in pypto-lib); this one follows the
 layer's conventions.
 """
@@ -86,8 +87,8 @@ def lookup_embedding_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
             ids = input_ids[t0:t0 + rows]
             toks = pl.read_values(ids, [0], rows)
             x = pl.cast(pl.gather_rows(embed, toks), pl.FP32, mode="none")  # [rows, D]
-            # the HC stream copies side by side: the block's [rows, HC * D] window in one store
-            pl.assemble(x_rows, x if HC == 1 else pl.concat([x] * HC), [t0, 0])
+            for h in pl.range(HC):  # stream h: columns h * D .. (h + 1) * D - 1 of the block's rows
+                pl.assemble(x_rows, x, [t0, h * D])
         return task.tid
 
     lookup_embedding_test = pl.jit.entry(lookup_embedding, name="lookup_embedding_test")
