@@ -194,3 +194,61 @@ def test_num_tokens_outside_the_chunk_is_a_bind_error(num_tokens):
     d["num_tokens"] = num_tokens
     with pytest.raises(BindError, match="num_tokens"):
         _kernel(d)
+
+
+def _stats_merge_kernel(skip: bool, nb: int, kt: int, heads: int, hd: int):
+    """qk_pv + merge_norm alone (key_block_stats / merge_key_blocks) over given ``sparse_kv`` /
+    ``sparse_bias``, with or without the bias row loaded once and masked blocks skipped."""
+    import pto.language as pl
+    from pto.models.deepseek_v4.prefill_sparse_attn import key_block_stats, merge_key_blocks
+
+    @pl.jit
+    def stats_merge(q_rows: pl.Tensor, sparse_kv: pl.Tensor, sparse_bias: pl.Tensor, sink_row: pl.Tensor,
+                    out: pl.Out[pl.Tensor]):
+        t = pl.tensor.dim(sparse_bias, 0)
+        blk_m = pl.create_tensor([t * nb * heads, 1], pl.FP32)
+        blk_l = pl.create_tensor([t * nb * heads, 1], pl.FP32)
+        blk_o = pl.create_tensor([t * nb * heads, hd], pl.FP32)
+        for tok in pl.spmd(t, name_hint="qk_pv"):
+            qt = q_rows[tok * heads:(tok + 1) * heads, 0:hd]
+            row = None
+            if skip:
+                bias = sparse_bias[tok:tok + 1, 0:nb * kt]
+                row = (bias, pl.read_values(bias, [0, 0], nb * kt))
+            for kb in range(nb):
+                key_block_stats(lambda: qt, tok, kb, sparse_kv, sparse_bias, blk_m, blk_l, blk_o, scale=0.25,
+                                key_tile=kt, key_blocks=nb, heads=heads, head_dim=hd, bias_row=row,
+                                skip_masked=skip)
+        for tok in pl.spmd(t, name_hint="merge_norm"):
+            out[tok * heads:(tok + 1) * heads, 0:hd] = merge_key_blocks(tok, blk_m, blk_l, blk_o, sink_row,
+                                                                        key_blocks=nb, heads=heads,
+                                                                        skip_masked=skip)
+    return stats_merge
+
+
+def test_skipping_masked_key_blocks_is_bit_identical():
+    # masked blocks (bias all -FP32_MAX) first, in the middle, last, every block, none
+    nb, kt, heads, hd = 3, 8, 4, 16
+    masked = [(), (0,), (1,), (2,), (0, 1), (0, 1, 2), (1, 2)]
+    t = len(masked)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(t * heads, hd, generator=gen).to(torch.bfloat16)
+    kv = torch.randn(t * nb * kt, hd, generator=gen).to(torch.bfloat16)
+    bias = torch.zeros(t, nb * kt)
+    bias[:, 5:kt] = -torch.finfo(torch.float32).max  # a partly valid block too
+    for tok, blocks in enumerate(masked):
+        for kb in blocks:
+            bias[tok, kb * kt:(kb + 1) * kt] = -torch.finfo(torch.float32).max
+    sink = (torch.rand(1, heads, generator=gen) * 2 - 1)
+    outs, progs = [], []
+    for skip in (False, True):
+        out = torch.full((t * heads, hd), float("nan"))
+        progs.append(_stats_merge_kernel(skip, nb, kt, heads, hd).run(q, kv, bias, sink, out,
+                                                                      config=pto.RunConfig(check=True)))
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    assert torch.count_nonzero(outs[1][5 * heads:6 * heads]) == 0  # no valid key: a zero row
+    # skipped: the masked blocks' l / o rows are neither stored nor loaded (and none of their kv rows)
+    n_masked = sum(len(b) for b in masked)
+    st = {p: {tk.name: sum(b.st for b in tk.blocks) for tk in p.graph.tasks} for p in progs}
+    assert st[progs[0]]["qk_pv"] - st[progs[1]]["qk_pv"] == 2 * n_masked
