@@ -958,20 +958,37 @@ def _float_to_int32_range(src: torch.Tensor, dst, mode: str) -> torch.Tensor:
     FP32 may round the top bound up (2^31 - 1 -> 2^31); the INT64 clamp after it restores it. A
     target of at most 2 bytes has bounds FP32 holds exactly: the clamped values convert directly."""
     v = src.float()
-    if mode == "round":
-        t = torch.trunc(v)
-        v = torch.where((v - t).abs_() >= 0.5, t + torch.sign(v), t)
+    if mode == "trunc":  # the conversions below truncate toward zero: torch.trunc first gives the same values
+        v = torch.nan_to_num(v, 0.0).clamp_(float(dst.min), float(dst.max))
     else:
-        v = _round_to_int(v, mode)
-        if v is src:
-            v = v.clone()
-    v = v.nan_to_num_(0.0).clamp_(float(dst.min), float(dst.max))
+        if mode == "round":
+            t = torch.trunc(v)
+            v = torch.where((v - t).abs_() >= 0.5, t + torch.sign(v), t)
+        else:
+            v = _round_to_int(v, mode)
+            if v is src:
+                v = v.clone()
+        v = v.nan_to_num_(0.0).clamp_(float(dst.min), float(dst.max))
     if dst.itemsize <= 2:
         return _to(v, dst.torch)
     return _to(v.long().clamp_(dst.min, dst.max), dst.torch)
 
 
 _EXACT_CASTS: dict = {}  # (source torch dtype, float target torch dtype) -> every value converts exactly
+
+
+_INT_ROUND_MODES = frozenset(("none", "rint", "round", "floor", "ceil", "trunc"))  # cast's mode names but odd
+
+
+def _int_in_fp32(x: Tile) -> bool:
+    """Whether every value of the non-empty INT32 / INT64 tile ``x`` lies in ``[-2^24, 2^24]``
+    (so converts to FP32 exactly): its known bound (``Tile._ib``, an INT8 matmul's), else its
+    extrema."""
+    bound = _int_bound(x)
+    if bound is not None and bound <= 1 << 24:
+        return True
+    lo, hi = torch.aminmax(x.data)
+    return -(1 << 24) <= lo.item() and hi.item() <= 1 << 24
 
 
 def _exact_float_cast(src: torch.dtype, dst: torch.dtype) -> bool:
@@ -990,7 +1007,8 @@ def _exact_float_cast(src: torch.dtype, dst: torch.dtype) -> bool:
 def _one_call_casts() -> dict:
     """``{(source torch dtype, target torch dtype, mode name): conversion}`` for the casts
     :func:`cast`'s general path does in one torch call: a copy to the same dtype, and a float
-    target the source converts to exactly or, from a float, in a nearest-even mode (``.to``)."""
+    target the source converts to exactly or, from a float (or INT32 to FP32), in a nearest-even
+    mode (``.to``)."""
     out = {}
     dts = [d.torch for d in (BF16, FP16, FP32, INT8, INT16, INT32, INT64, UINT8, UINT32)] + [torch.bool]
     for s in dts:
@@ -1001,7 +1019,9 @@ def _one_call_casts() -> dict:
                 if s == d:
                     out[(s, d, mode)] = torch.Tensor.clone
                 elif d.is_floating_point and d in _TO and (
-                        _exact_float_cast(s, d) or (s.is_floating_point and mode in ("none", "rint"))):
+                        _exact_float_cast(s, d) or (s.is_floating_point and mode in ("none", "rint"))
+                        or (s == torch.int32 and d == torch.float32 and mode in ("none", "rint"))):
+                    # INT32 -> FP32 is one correctly rounded (RNE) conversion, as INT32 -> FP64 (exact) -> FP32
                     out[(s, d, mode)] = _TO[d]
     return out
 
@@ -1027,20 +1047,33 @@ def cast(x, target_type, mode="round") -> Tile:
             scalar ``x`` is a scalar cast (see ``compat_ops.cast_scalar``).
     """
     if type(x) is Tile and type(target_type) is DType:
-        # fast path: a cast the general path below does in one conversion (or a copy)
+        # fast paths: a cast the general path below does in one conversion (or a copy); a float
+        # to a narrow integer and an integer known in [-2^24, 2^24] to FP32, as the general path
+        # does them (the same torch calls) without its dispatch
         src = x.data
-        conv = _ONE_CALL_CASTS.get((src.dtype, target_type.torch, mode))
-        if conv is not None and not src.is_meta:
-            blk = _state.block
-            if blk is not None:  # _count(src.numel(), "cast"), inlined
-                blk.ops += 1
-                blk.flops += src.numel()
-                vk = blk.vk
-                if vk is None:
-                    blk.vk = {"cast": 1}
-                else:
-                    vk["cast"] = vk.get("cast", 0) + 1
-            return Tile(conv(src), x.mask, x.valid)
+        sdt = src.dtype
+        conv = _ONE_CALL_CASTS.get((sdt, target_type.torch, mode))
+        if not src.is_meta:
+            if conv is not None:
+                out = conv(src)
+            elif mode in _INT_ROUND_MODES and sdt in _FP32_ROUNDABLE and target_type.is_int and target_type.itemsize <= 4:
+                out = _float_to_int32_range(src, target_type, mode)
+            elif (target_type is FP32 and (sdt is torch.int32 or sdt is torch.int64) and mode in _INT_ROUND_MODES
+                  and src.numel() and _int_in_fp32(x)):
+                out = src.float()
+            else:
+                out = None
+            if out is not None:
+                blk = _state.block
+                if blk is not None:  # _count(src.numel(), "cast"), inlined
+                    blk.ops += 1
+                    blk.flops += src.numel()
+                    vk = blk.vk
+                    if vk is None:
+                        blk.vk = {"cast": 1}
+                    else:
+                        vk["cast"] = vk.get("cast", 0) + 1
+                return Tile(out, x.mask, x.valid)
     if isinstance(x, (int, float, ScalarValue)) and not isinstance(x, bool):
         from pto.language.compat_ops import cast_scalar  # the scalar form (pl.cast(idx, pl.INDEX))
         return cast_scalar(x, target_type, mode)
@@ -1065,12 +1098,7 @@ def cast(x, target_type, mode="round") -> Tile:
         if not exact and dst.torch == torch.float32 and src.dtype in (torch.int32, torch.int64) and src.numel():
             # an integer of magnitude <= 2^24 is exact in FP32: the common INT32 matmul accumulator
             # takes one conversion (the general path below gives the same values, at 8x the cost)
-            bound = _int_bound(x)
-            if bound is not None and bound <= 1 << 24:
-                exact = True  # the values are known to lie in [-2^24, 2^24] (an INT8 matmul's)
-            else:
-                lo, hi = torch.aminmax(src)
-                exact = -(1 << 24) <= lo.item() and hi.item() <= 1 << 24
+            exact = _int_in_fp32(x)
         if exact or (src.dtype.is_floating_point and mode in ("none", "rint")):
             out = _to(src, dst.torch)  # float -> narrower float: one correctly rounded (RNE) conversion
         else:
