@@ -27,9 +27,11 @@ Shared core (:func:`indexer_topk_tasks`), prefill and decode (tokens request-maj
 4. (``seed_scopes`` only) ``spmd`` ``<p>_score_init``: ``score_wide`` rows set to the most
    negative finite FP32 (the reference's 8 seed tasks, pypto-lib `prefill_indexer.py`); by default ``score_wide`` is
    created with that ``init_value`` instead (pypto-lib commit 3b6971a3 style), bit-identical results.
-5. ``spmd(T)`` ``<p>_score``: per active token, per visible key page: INT8 product, dequant,
-   relu, head weights, head sum, key scale; columns ``>= n_vis`` masked (``pl.cmp`` /
-   ``pl.select``) into ``score_wide [T, L]``.
+5. ``spmd(T)`` ``<p>_score``: per active token, over all its visible key pages at once (one
+   ``pl.gather_rows`` of their rows; BF16 weights: one product per page): INT8 product,
+   dequant, relu, head weights, head sum, key scale; columns ``>= n_vis`` masked (``pl.cmp`` /
+   ``pl.select``) into ``score_wide [T, L]``. Every step is row-wise, so a key's score does
+   not depend on how many pages are computed together.
 6. ``spmd(T)`` ``<p>_topk``: ``pl.sort32`` + ``pl.mrgsort`` chain over the ``L``-wide row,
    ``pl.gather(P1010)`` indices, ``-1`` in columns past ``n_vis``, for picks ``>= n_vis``
    and for inactive tokens: the output never names an entry past the causal bound ``(p +
@@ -226,9 +228,13 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
     TT = max(1, IDX_QROW_TILE // HI)  # tokens per block
     R = TT * HI
     # per block of act tokens, the column numbers that repeat each of its act cos / sin rows
-    # (flattened, [1, act * r]) HI times: row i of the [act * HI, r] result is token i // HI's
-    repeat = {a: pl.arange_runs([1, a * HI * r], pl.INT32, 0, [(i * r, (i // HI) * r, r) for i in range(a * HI)])
-              for a in {TT, nt % TT} if a > 0}
+    # (flattened, [1, act * r]) HI times: column j of the [1, act * HI * r] index (row j // r of
+    # the [act * HI, r] result, of token j // (HI * r)) is (j // (HI * r)) * r + j % r
+    def repeat_index(a: int):
+        j = pl.arange(0, [1, a * HI * r], pl.INT32)
+        return pl.div(j, HI * r) * r + (j - pl.div(j, r) * r)
+
+    repeat = {a: repeat_index(a) for a in {TT, nt % TT} if a > 0}
 
     def head_rows(table, rows: list, act: int):
         """``[R, r]`` FP32: row ``i < act * HI`` is ``table[rows[i // HI]]``, then zeros."""
@@ -309,8 +315,9 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
             dots = pl.cast(pl.matmul(pl.gather_rows(cache_rows, rows), q8, b_trans=True), pl.FP32)  # [n_k, HI]
             hs = pl.col_expand_mul(pl.maximum(pl.col_expand_mul(dots, sq), 0.0), w)
             sc = pl.reshape(pl.mul(pl.row_sum(hs), pl.gather_rows(scale_rows, rows)), [1, n_k])
-        visible = pl.cmp(cols[n_pg], nv, "lt")
-        score_wide[t:t + 1, 0:n_k] = pl.select(visible, sc, -FP32_MAX)
+        if nv < n_k:  # the last page's columns past the visible count: the most negative finite FP32
+            sc = pl.select(pl.cmp(cols[n_pg], nv, "lt"), sc, -FP32_MAX)
+        score_wide[t:t + 1, 0:n_k] = sc
 
     # 6. top-k by sort32 + mrgsort
     Kc = min(K, L)
