@@ -198,7 +198,7 @@ def test_num_tokens_outside_the_chunk_is_a_bind_error(num_tokens):
 
 def _stats_merge_kernel(skip: bool, nb: int, kt: int, heads: int, hd: int):
     """qk_pv + merge_norm alone (key_block_stats / merge_key_blocks) over given ``sparse_kv`` /
-    ``sparse_bias``, with or without the bias row loaded once and masked blocks skipped."""
+    ``sparse_bias``, with or without fully masked blocks skipped."""
     import pto.language as pl
     from pto.models.deepseek_v4.prefill_sparse_attn import key_block_stats, merge_key_blocks
 
@@ -211,14 +211,9 @@ def _stats_merge_kernel(skip: bool, nb: int, kt: int, heads: int, hd: int):
         blk_o = pl.create_tensor([t * nb * heads, hd], pl.FP32)
         for tok in pl.spmd(t, name_hint="qk_pv"):
             qt = q_rows[tok * heads:(tok + 1) * heads, 0:hd]
-            row = None
-            if skip:
-                bias = sparse_bias[tok:tok + 1, 0:nb * kt]
-                row = (bias, pl.read_values(bias, [0, 0], nb * kt))
             for kb in range(nb):
                 key_block_stats(lambda: qt, tok, kb, sparse_kv, sparse_bias, blk_m, blk_l, blk_o, scale=0.25,
-                                key_tile=kt, key_blocks=nb, heads=heads, head_dim=hd, bias_row=row,
-                                skip_masked=skip)
+                                key_tile=kt, key_blocks=nb, heads=heads, head_dim=hd, skip_masked=skip)
         for tok in pl.spmd(t, name_hint="merge_norm"):
             out[tok * heads:(tok + 1) * heads, 0:hd] = merge_key_blocks(tok, blk_m, blk_l, blk_o, sink_row,
                                                                         key_blocks=nb, heads=heads,

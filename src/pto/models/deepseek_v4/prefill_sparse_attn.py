@@ -244,32 +244,21 @@ def _cmp_rows(kernel: str, tok: int, c0: int, slots: list, cmp_block_table, tabl
               cmp_pages: int, block_size: int) -> list:
     """Flat ``cmp_kv`` rows of the logical ``slots`` (``cmp_indices[tok, c0 ..]``; ``-1`` for a
     negative slot): ``cmp_block_table[*table_row, slot // block_size] * block_size + slot %
-    block_size``. Each distinct page's entry is read once, in first-use order, in one
-    ``pl.read_elements`` (the reads, footprints and loads of one ``pl.read`` per page); the
-    errors are those of the slot-by-slot walk (the first bad slot raises, BindError)."""
-    first_bad = len(slots)
-    order, seen = [], set()
-    for k, slot in enumerate(slots):
-        if slot < 0:
-            continue
-        page = slot // block_size
-        if page >= cmp_pages:
-            first_bad = k
-            break
-        if page not in seen:
-            seen.add(page)
-            order.append(page)
-    phys_of = dict(zip(order, pl.read_elements(cmp_block_table, [[*table_row, pg] for pg in order])))
-    rows = []
+    block_size``, each page's entry read once (``pl.read``: cheaper than ``pl.read_elements``
+    for the few pages of a key block). Raises BindError for a slot past the table or on an entry
+    that is not a page of ``cmp_kv`` (the message names ``kernel``)."""
+    rows, pages = [], {}
     for k, slot in enumerate(slots):
         if slot < 0:
             rows.append(-1)
             continue
-        if k == first_bad:
+        page = slot // block_size
+        if page >= cmp_pages:
             raise BindError(f"{kernel}: cmp_indices[{tok}, {c0 + k}] = {slot} is past the compressed "
                             f"block table ({cmp_pages} pages of {block_size})")
-        page = slot // block_size
-        phys = phys_of[page]
+        if page not in pages:
+            pages[page] = pl.read(cmp_block_table, [*table_row, page])
+        phys = pages[page]
         if not 0 <= phys < cmp_pages:
             entry = "cmp_block_table[" + "".join(f"{r}, " for r in table_row)
             raise BindError(f"{kernel}: cmp_indices[{tok}, {c0 + k}] = {slot} maps to {entry}{page}] = "
@@ -340,8 +329,7 @@ def bias_block(b: int, t: int, swa_indices, cmp_indices, sparse_bias, *, window:
 
 
 def key_block_stats(load_q, tok: int, kb: int, sparse_kv, sparse_bias, blk_m, blk_l, blk_o, *, scale: float,
-                    key_tile: int, key_blocks: int, heads: int, head_dim: int, bias_row: tuple | None = None,
-                    skip_masked: bool = False) -> None:
+                    key_tile: int, key_blocks: int, heads: int, head_dim: int, skip_masked: bool = False) -> None:
     """Online-softmax statistics of key block ``kb`` of token ``tok``, every head at once:
     ``s = q @ kv^T * scale + bias`` FP32 ``[H, KT]``, ``m = row_max s``, ``p = exp(s - m)``,
     ``l = row_sum p``, ``o = bf16(p) @ kv`` into rows ``(tok * key_blocks + kb) * heads ..`` of
@@ -350,19 +338,12 @@ def key_block_stats(load_q, tok: int, kb: int, sparse_kv, sparse_bias, blk_m, bl
     masked block (its bias row all ``-FP32_MAX``) is not loaded: it stores ``(-FP32_MAX, 0,
     0)``, which the merge weighs by ``exp(-FP32_MAX - m) = 0`` (alone: ``o / inf = 0``); with
     ``skip_masked`` only its ``m`` (the mark :func:`merge_key_blocks` ``skip_masked`` skips by).
-
-    ``bias_row = (tile, values)``: the token's whole ``sparse_bias`` row, loaded once for all
-    its key blocks (``[1, key_blocks * key_tile]`` FP32 tile and its numbers); the block takes
-    its columns of the tile and tests them in Python instead of loading and reducing them."""
+    (Loading the token's whole bias row once and slicing it per block costs more on the CPU
+    than the per-block load + ``row_max`` + read: a tile slice and a tile's ``pl.read_values``
+    each cost more than a load.)"""
     hr = (tok * key_blocks + kb) * heads
-    if bias_row is None:
-        bias = sparse_bias[tok:tok + 1, kb * key_tile:(kb + 1) * key_tile]
-        masked = pl.read(pl.row_max(bias), [0, 0]) < 0
-    else:
-        tile, values = bias_row
-        masked = max(values[kb * key_tile:(kb + 1) * key_tile]) < 0
-        bias = None if masked else pl.slice(tile, [1, key_tile], [0, kb * key_tile])
-    if masked:
+    bias = sparse_bias[tok:tok + 1, kb * key_tile:(kb + 1) * key_tile]
+    if pl.read(pl.row_max(bias), [0, 0]) < 0:
         blk_m[hr:hr + heads, 0:1] = pl.full([heads, 1], pl.FP32, -FP32_MAX)
         if not skip_masked:
             blk_l[hr:hr + heads, 0:1] = pl.full([heads, 1], pl.FP32, 0.0)
@@ -473,8 +454,7 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
     2. ``build_bias`` ``spmd(ceil(T/16))``: additive mask ``[T, sparse_pad]``.
     3. ``qk_pv`` ``spmd(T)``: per active token and key block, all heads at once: scores,
        ``* softmax_scale``, ``+ bias``, row max, ``exp``, row sum, BF16 probabilities @ kv;
-       ``(m, l, o)`` per block to scratch. The token's bias row is loaded once (one load and
-       one ``pl.read_values`` for its key blocks). A fully masked block (its bias row is all
+       ``(m, l, o)`` per block to scratch. A fully masked block (its bias row is all
        ``-FP32_MAX``) is not loaded: it stores only ``m = -FP32_MAX``, the mark by which the
        merge leaves it out (its weight ``exp(-FP32_MAX - m)`` is exactly 0: the same values).
     4. ``merge_norm`` ``spmd(T)``: online-softmax merge of the unmasked blocks in order (each
@@ -578,12 +558,9 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
         for tok in pl.spmd(t, name_hint="qk_pv"):
             if tok < active:
                 qt = q_rows[tok * H:(tok + 1) * H, 0:HD]  # [H, HD]
-                bias = sparse_bias[tok:tok + 1, 0:PAD]  # the token's bias row, one load for its key blocks
-                row = (bias, pl.read_values(bias, [0, 0], PAD))
                 for kb in pl.range(NB):
                     key_block_stats(lambda: qt, tok, kb, sparse_kv, sparse_bias, blk_m, blk_l, blk_o, scale=scale,
-                                    key_tile=KT, key_blocks=NB, heads=H, head_dim=HD, bias_row=row,
-                                    skip_masked=True)
+                                    key_tile=KT, key_blocks=NB, heads=H, head_dim=HD, skip_masked=True)
 
         # 4. merge the key blocks (golden order), attention sink, split nope / rope parts
         merge = pl.spmd(t, name_hint="merge_norm")
