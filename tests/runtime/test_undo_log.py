@@ -116,6 +116,37 @@ def test_window_saves_of_a_large_inout_stay_small():
     assert torch.equal(cache[3], x[0]) and torch.equal(cache[4], x[0]) and torch.equal(cache[5:], c0[5:])
 
 
+def test_windows_covering_an_output_once_save_each_window_not_the_whole_again():
+    # 8 row blocks, each an eighth of the output: every window saved once (the buffer's size in
+    # all), not 7 windows and then the whole buffer at the last one
+    @pl.jit
+    def blocks(x: pl.Tensor[[64, 256], pl.FP32], y: pl.Out[pl.Tensor[[64, 256], pl.FP32]],
+               fail: pl.Scalar[pl.INT32]):
+        for b in pl.spmd(8, name_hint="blk"):
+            y[8 * b:8 * b + 8, 0:256] = x[8 * b:8 * b + 8, 0:256]
+        if fail:
+            raise ValueError("fail")
+
+    x, y = torch.randn(64, 256), torch.randn(64, 256)
+    y0 = y.clone()
+    saved = []
+    orig = pto.runtime.program.Program._undo_stores
+
+    def spy(self):
+        saved.extend(s.numel() for _, s in self.undo)
+        orig(self)
+    pto.runtime.program.Program._undo_stores = spy
+    try:
+        with pytest.raises(ValueError):
+            blocks.run(x, y, 1)
+    finally:
+        pto.runtime.program.Program._undo_stores = orig
+    assert saved == [8 * 256] * 8
+    assert torch.equal(y, y0)
+    blocks.run(x, y, 0)
+    assert torch.equal(y, x)
+
+
 def test_aliased_arguments_keep_private_copy_semantics():
     @pl.jit
     def alias(x: pl.Tensor[[4, 8], pl.FP32], y: pl.Out[pl.Tensor[[4, 8], pl.FP32]], fail: pl.Scalar[pl.INT32]):
