@@ -303,7 +303,6 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
                 raise _bind(kernel, f"token {t} (request {b}) sees index key page {pg}, which its idx_block_table "
                                     "row does not map")
         n_k = n_pg * bs
-        rows = [phys * bs + i for phys in pages_t for i in page_rows]
         if bf16:  # BF16 x BF16 -> FP32 dots page by page (a float GEMM's rounding may depend on M), no scales
             dots = pl.full([n_k, HI], pl.FP32, 0.0)
             for pg in range(n_pg):
@@ -312,6 +311,7 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
             hs = pl.col_expand_mul(pl.maximum(dots, 0.0), w)
             sc = pl.reshape(pl.row_sum(hs), [1, n_k])
         else:
+            rows = [phys * bs + i for phys in pages_t for i in page_rows]  # the token's key rows, page by page
             dots = pl.cast(pl.matmul(pl.gather_rows(cache_rows, rows), q8, b_trans=True), pl.FP32)  # [n_k, HI]
             hs = pl.col_expand_mul(pl.maximum(pl.col_expand_mul(dots, sq), 0.0), w)
             sc = pl.reshape(pl.mul(pl.row_sum(hs), pl.gather_rows(scale_rows, rows)), [1, n_k])
