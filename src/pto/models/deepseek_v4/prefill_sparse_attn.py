@@ -329,25 +329,20 @@ def bias_block(b: int, t: int, swa_indices, cmp_indices, sparse_bias, *, window:
 
 
 def key_block_stats(load_q, tok: int, kb: int, sparse_kv, sparse_bias, blk_m, blk_l, blk_o, *, scale: float,
-                    key_tile: int, key_blocks: int, heads: int, head_dim: int, skip_masked: bool = False) -> None:
+                    key_tile: int, key_blocks: int, heads: int, head_dim: int) -> None:
     """Online-softmax statistics of key block ``kb`` of token ``tok``, every head at once:
     ``s = q @ kv^T * scale + bias`` FP32 ``[H, KT]``, ``m = row_max s``, ``p = exp(s - m)``,
     ``l = row_sum p``, ``o = bf16(p) @ kv`` into rows ``(tok * key_blocks + kb) * heads ..`` of
     ``blk_m / blk_l [.., 1]`` and ``blk_o [.., head_dim]``. ``load_q()`` returns the token's
     ``[H, head_dim]`` BF16 query tile (called only for a block with a valid key). A fully
     masked block (its bias row all ``-FP32_MAX``) is not loaded: it stores ``(-FP32_MAX, 0,
-    0)``, which the merge weighs by ``exp(-FP32_MAX - m) = 0`` (alone: ``o / inf = 0``); with
-    ``skip_masked`` only its ``m`` (the mark :func:`merge_key_blocks` ``skip_masked`` skips by).
-    (Loading the token's whole bias row once and slicing it per block costs more on the CPU
-    than the per-block load + ``row_max`` + read: a tile slice and a tile's ``pl.read_values``
-    each cost more than a load.)"""
+    0)``, which the merge weighs by ``exp(-FP32_MAX - m) = 0`` (alone: ``o / inf = 0``)."""
     hr = (tok * key_blocks + kb) * heads
     bias = sparse_bias[tok:tok + 1, kb * key_tile:(kb + 1) * key_tile]
     if pl.read(pl.row_max(bias), [0, 0]) < 0:
         blk_m[hr:hr + heads, 0:1] = pl.full([heads, 1], pl.FP32, -FP32_MAX)
-        if not skip_masked:
-            blk_l[hr:hr + heads, 0:1] = pl.full([heads, 1], pl.FP32, 0.0)
-            blk_o[hr:hr + heads, 0:head_dim] = pl.full([heads, head_dim], pl.FP32, 0.0)
+        blk_l[hr:hr + heads, 0:1] = pl.full([heads, 1], pl.FP32, 0.0)
+        blk_o[hr:hr + heads, 0:head_dim] = pl.full([heads, head_dim], pl.FP32, 0.0)
         return
     r0 = (tok * key_blocks + kb) * key_tile
     kv = sparse_kv[r0:r0 + key_tile, 0:head_dim]
@@ -359,37 +354,22 @@ def key_block_stats(load_q, tok: int, kb: int, sparse_kv, sparse_bias, blk_m, bl
     blk_o[hr:hr + heads, 0:head_dim] = pl.matmul(pl.cast(p, pl.BF16, mode="rint"), kv)
 
 
-def merge_key_blocks(tok: int, blk_m, blk_l, blk_o, sink_row, *, key_blocks: int, heads: int,
-                     skip_masked: bool = False):
+def merge_key_blocks(tok: int, blk_m, blk_l, blk_o, sink_row, *, key_blocks: int, heads: int):
     """Merge token ``tok``'s key blocks in order (``alpha = exp(m - m_new)``, ``beta = exp(m_b -
     m_new)``) and normalise with the sink in the denominator: ``o / (l + exp(sink - m))``;
     returns the ``[H, head_dim]`` FP32 tile. ``sink_row [1, H]`` FP32 (a view of ``attn_sink``: its
-    ``[1, H]`` load is the footprint and bytes of the ``[H, 1]`` column, reshaped as a tile).
-
-    ``skip_masked`` (with :func:`key_block_stats` ``skip_masked``): a block whose ``m`` is
-    ``-FP32_MAX`` (fully masked; only its ``m`` was stored) is left out -- its merge step is
-    ``alpha = 1, beta = 0`` (or ``alpha = 0, beta = 1`` before the first valid block), the same
-    values; its ``l`` / ``o`` rows are not loaded. With no valid block the state is ``(-FP32_MAX,
-    0, 0)`` as the stored blocks would give."""
+    ``[1, H]`` load is the footprint and bytes of the ``[H, 1]`` column, reshaped as a tile)."""
     h0 = tok * key_blocks * heads
     hd = blk_o.shape[1]  # explicit int bounds below: the subscripts' fast path (same loads as [a:b, :])
-    m = l = o = None
-    for kb in pl.range(key_blocks):
+    m, l, o = blk_m[h0:h0 + heads, 0:1], blk_l[h0:h0 + heads, 0:1], blk_o[h0:h0 + heads, 0:hd]
+    for kb in pl.range(1, key_blocks):
         hr = h0 + kb * heads
         m_b = blk_m[hr:hr + heads, 0:1]
-        if skip_masked and pl.read(m_b, [0, 0]) == -FP32_MAX:
-            continue  # a fully masked block: weight exactly 0
-        if m is None:
-            m, l, o = m_b, blk_l[hr:hr + heads, 0:1], blk_o[hr:hr + heads, 0:hd]
-            continue
         m_new = pl.maximum(m, m_b)
         alpha, beta = pl.exp(pl.sub(m, m_new)), pl.exp(pl.sub(m_b, m_new))
         l = pl.add(pl.mul(alpha, l), pl.mul(beta, blk_l[hr:hr + heads, 0:1]))
         o = pl.add(pl.row_expand_mul(o, alpha), pl.row_expand_mul(blk_o[hr:hr + heads, 0:hd], beta))
         m = m_new
-    if m is None:
-        m, l, o = (pl.full([heads, 1], pl.FP32, -FP32_MAX), pl.full([heads, 1], pl.FP32, 0.0),
-                   pl.full([heads, hd], pl.FP32, 0.0))
     sink = pl.reshape(sink_row[0:1, 0:heads], [heads, 1])
     return pl.row_expand_div(o, pl.add(l, pl.exp(pl.sub(sink, m))))
 
@@ -455,10 +435,9 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
     3. ``qk_pv`` ``spmd(T)``: per active token and key block, all heads at once: scores,
        ``* softmax_scale``, ``+ bias``, row max, ``exp``, row sum, BF16 probabilities @ kv;
        ``(m, l, o)`` per block to scratch. A fully masked block (its bias row is all
-       ``-FP32_MAX``) is not loaded: it stores only ``m = -FP32_MAX``, the mark by which the
-       merge leaves it out (its weight ``exp(-FP32_MAX - m)`` is exactly 0: the same values).
-    4. ``merge_norm`` ``spmd(T)``: online-softmax merge of the unmasked blocks in order (each
-       block's ``m`` loaded, its ``l`` / ``o`` only when it is not masked), sink in the
+       ``-FP32_MAX``) is not loaded: it stores ``(-FP32_MAX, 0, 0)``, which the merge weighs by
+       ``exp(-FP32_MAX - m) = 0`` exactly as the computed block (bit-identical results).
+    4. ``merge_norm`` ``spmd(T)``: online-softmax merge of the blocks in order, sink in the
        denominator, ``o / (l + exp(sink - m))``; nope part BF16 into ``o_packed``
        (group-major: row ``g*T + t``), rope part FP32 to a stage; inactive tokens zero.
     5. ``rope_cs`` ``spmd(ceil(T/64))``: interleaved cos and sign-folded sin rows.
@@ -560,14 +539,13 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
                 qt = q_rows[tok * H:(tok + 1) * H, 0:HD]  # [H, HD]
                 for kb in pl.range(NB):
                     key_block_stats(lambda: qt, tok, kb, sparse_kv, sparse_bias, blk_m, blk_l, blk_o, scale=scale,
-                                    key_tile=KT, key_blocks=NB, heads=H, head_dim=HD, skip_masked=True)
+                                    key_tile=KT, key_blocks=NB, heads=H, head_dim=HD)
 
         # 4. merge the key blocks (golden order), attention sink, split nope / rope parts
         merge = pl.spmd(t, name_hint="merge_norm")
         for tok in merge:
             if tok < active:
-                o = merge_key_blocks(tok, blk_m, blk_l, blk_o, sink_row, key_blocks=NB, heads=H,
-                                     skip_masked=True)
+                o = merge_key_blocks(tok, blk_m, blk_l, blk_o, sink_row, key_blocks=NB, heads=H)
                 nope = pl.cast(pl.slice(o, [H, N], [0, 0]), pl.BF16, mode="rint")
                 rope = pl.slice(o, [H, R], [0, N])
             else:
