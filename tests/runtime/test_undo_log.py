@@ -85,6 +85,24 @@ def test_whole_buffer_saved_once_many_stores_restored():
     assert torch.equal(y, y0)
 
 
+def undo_saves(call) -> list[int]:
+    """Elements of each window the undo log saved and restored while ``call()`` raised its
+    ValueError (the test kernels raise one after their stores)."""
+    saved = []
+    orig = pto.runtime.program.Program._undo_stores
+
+    def spy(self):
+        saved.extend(s.numel() for _, s in self.undo)
+        orig(self)
+    pto.runtime.program.Program._undo_stores = spy
+    try:
+        with pytest.raises(ValueError):
+            call()
+    finally:
+        pto.runtime.program.Program._undo_stores = orig
+    return saved
+
+
 def test_window_saves_of_a_large_inout_stay_small():
     @pl.jit
     def one_row(x: pl.Tensor[[1, 256], pl.FP32], cache: pl.InOut[pl.Tensor[[4096, 256], pl.FP32]],
@@ -98,18 +116,7 @@ def test_window_saves_of_a_large_inout_stay_small():
 
     x, cache = torch.randn(1, 256), torch.randn(4096, 256)
     c0 = cache.clone()
-    saved = []
-    orig = pto.runtime.program.Program._undo_stores
-
-    def spy(self):
-        saved.extend(s.numel() for _, s in self.undo)
-        orig(self)
-    pto.runtime.program.Program._undo_stores = spy
-    try:
-        with pytest.raises(ValueError):
-            one_row.run(x, cache, 7)
-    finally:
-        pto.runtime.program.Program._undo_stores = orig
+    saved = undo_saves(lambda: one_row.run(x, cache, 7))
     assert saved == [256, 256]  # two row windows, not the 4 MiB cache
     assert torch.equal(cache, c0)
     one_row.run(x, cache, 3)
@@ -129,19 +136,7 @@ def test_windows_covering_an_output_once_save_each_window_not_the_whole_again():
 
     x, y = torch.randn(64, 256), torch.randn(64, 256)
     y0 = y.clone()
-    saved = []
-    orig = pto.runtime.program.Program._undo_stores
-
-    def spy(self):
-        saved.extend(s.numel() for _, s in self.undo)
-        orig(self)
-    pto.runtime.program.Program._undo_stores = spy
-    try:
-        with pytest.raises(ValueError):
-            blocks.run(x, y, 1)
-    finally:
-        pto.runtime.program.Program._undo_stores = orig
-    assert saved == [8 * 256] * 8
+    assert undo_saves(lambda: blocks.run(x, y, 1)) == [8 * 256] * 8
     assert torch.equal(y, y0)
     blocks.run(x, y, 0)
     assert torch.equal(y, x)
