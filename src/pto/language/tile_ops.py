@@ -1493,7 +1493,7 @@ _FLOAT_MM = (torch.bfloat16, torch.float16, torch.float32)
 # INT8 x INT8 -> INT32 GEMM backend: "int" (torch._int_mm) or "float" (the operands widened to
 # FP32, or FP64 past K = 1024, and one floating-point GEMM): both give the exact integer sums, so
 # the choice changes speed only. torch._int_mm is 10-30x faster than the float GEMM on some CPUs
-# and 10-30x slower on others (an AMD EPYC without its fast int8 kernels), so by default a probe
+# and 10-30x slower on others (measured on an AMD EPYC), so by default a probe
 # times both once per process; PTO_INT8_GEMM=int|float fixes it.
 _INT8_GEMM = [os.environ.get("PTO_INT8_GEMM", "").strip().lower() or None]
 
