@@ -977,7 +977,7 @@ def _float_to_int32_range(src: torch.Tensor, dst, mode: str) -> torch.Tensor:
 _EXACT_CASTS: dict = {}  # (source torch dtype, float target torch dtype) -> every value converts exactly
 
 
-_INT_ROUND_MODES = frozenset(("none", "rint", "round", "floor", "ceil", "trunc"))  # cast's mode names but odd
+_INT_ROUND_MODES = frozenset(("none", "rint", "round", "floor", "ceil", "trunc"))  # CAST_MODES except "odd"
 
 
 def _int_in_fp32(x: Tile) -> bool:
@@ -1507,11 +1507,6 @@ def _int8_gemm_backend() -> str:
     """
     mode = _INT8_GEMM[0]
     if mode is None:
-        with torch._C.DisableTorchFunction():
-            g = torch.Generator().manual_seed(0)
-            a = torch.randint(-128, 128, (64, 256), dtype=torch.int8, generator=g)
-            b = torch.randint(-128, 128, (256, 64), dtype=torch.int8, generator=g)
-
         def best(f) -> float:
             f()
             times = []
@@ -1522,6 +1517,9 @@ def _int8_gemm_backend() -> str:
             return min(times)
 
         with torch._C.DisableTorchFunction():  # unseen by a recorder (replay, block templates)
+            g = torch.Generator().manual_seed(0)
+            a = torch.randint(-128, 128, (64, 256), dtype=torch.int8, generator=g)
+            b = torch.randint(-128, 128, (256, 64), dtype=torch.int8, generator=g)
             t_int = best(lambda: torch._int_mm(a, b))
             t_float = best(lambda: _int8_mm_float(a, b))
         mode = _INT8_GEMM[0] = "int" if t_int <= t_float else "float"
@@ -1531,12 +1529,13 @@ def _int8_gemm_backend() -> str:
 
 
 def _int8_mm_float(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a [M, K] @ b [K, N]`` of INT8 tensors as INT32, through a floating-point GEMM: each
-    product is at most ``2^14`` in magnitude, so with ``K <= 1024`` every partial sum is an
-    integer of at most ``2^24``, which FP32 holds exactly in any summation order; past that FP64
-    (exact to ``2^53``). Equal to ``torch._int_mm(a, b)`` bit for bit."""
+    """``a [..., M, K] @ b [..., K, N]`` of INT8 tensors as INT32, through a floating-point GEMM
+    (``torch.matmul``: ``torch.mm`` for 2-D operands): each product is at most ``2^14`` in
+    magnitude, so with ``K <= 1024`` every partial sum is an integer of at most ``2^24``, which
+    FP32 holds exactly in any summation order; past that FP64 (exact to ``2^53``). Equal to
+    ``torch._int_mm(a, b)`` bit for bit."""
     wide = torch.float32 if a.shape[-1] << 14 <= 1 << 24 else torch.float64
-    return torch.mm(a.to(wide), b.to(wide)).to(torch.int32)
+    return torch.matmul(a.to(wide), b.to(wide)).to(torch.int32)
 
 
 def _int8_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -1628,11 +1627,8 @@ def matmul(a, b, out_dtype=None, a_trans: bool = False, b_trans: bool = False) -
         if A.dim() == 2 and A.numel() and B.numel() and A.shape[-1] <= (1 << 17):
             # exact INT32 sums (|sum| <= K * 2^14 < 2^31) on this machine's faster backend
             out = _int8_mm(A, B)
-        else:
-            # |int8 * int8| <= 2^14: with K <= 1024 every partial sum is an integer of at most
-            # 2^24, which FP32 holds exactly in any summation order; beyond that FP64 (exact to 2^53)
-            wide = torch.float32 if A.shape[-1] * (1 << 14) <= (1 << 24) else torch.float64
-            out = torch.matmul(A.to(wide), B.to(wide)).to(torch.int32)
+        else:  # batched, empty or K past 2^17: the exact floating-point form
+            out = _int8_mm_float(A, B)
     else:
         raise DslError(f"pl.matmul: unsupported operand dtypes {a.dtype} x {b.dtype} "
                        "(BF16/FP16/FP32 pairs or INT8 x INT8)")
