@@ -156,3 +156,36 @@ def test_forward_programs_pass_check_mode(tmp_path, n):
         runs.append([km.forward(ids[:128], a), *([km.forward(ids[128:], a)] if n > 128 else []),
                      km.forward(ids[:5], b), km.decode([3, 4], [a, b])])
     assert all(torch.equal(x, y) for x, y in zip(*runs))
+
+
+def test_block_templates_default_on_same_logits_and_stats(tmp_path, monkeypatch):
+    """KernelModel runs its programs with block templates unless told otherwise (or unless
+    PTO_BLOCK_TEMPLATES is set): a 40-token prefill chunk (tasks of >= 24 blocks) and a decode
+    step give the plain runs' logits, caches and statistics bit for bit, and templates ran."""
+    from pto.runtime import blocks, block_templates_enabled
+
+    monkeypatch.delenv("PTO_BLOCK_TEMPLATES", raising=False)
+    d = write_tiny_checkpoint(tmp_path / "tiny", seed=3)
+    dep = get_deployment("tiny").replace(max_context=128, rope_max_pos=128)
+    ids = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    runs = {}
+    outside = block_templates_enabled()
+    for flag in (None, False):
+        km = KernelModel(open_checkpoint(d, "int8"), dep, block_templates=flag)
+        assert km.block_templates is (flag is not False)
+        before = blocks.template_info()["tasks"]
+        st = km.new_state()
+        logits = [km.forward(ids, st), km.decode([7], [st])]
+        used = blocks.template_info()["tasks"] - before
+        runs[flag] = (logits, _caches(km), km.stats, used)
+        assert block_templates_enabled() is outside  # the switch holds for the model's runs only
+    (la, ca, sa, ua), (lb, cb, sb, ub) = runs[None], runs[False]
+    assert ua > 0 and ub == 0
+    assert all(torch.equal(a, b) for a, b in zip(la, lb))
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(ca, cb) for k in a)
+    assert (sa.programs, sa.tasks, sa.edges, sa.heap_peak_bytes) == (sb.programs, sb.tasks, sb.edges,
+                                                                     sb.heap_peak_bytes)
+    monkeypatch.setenv("PTO_BLOCK_TEMPLATES", "0")  # the environment decides: the global setting holds
+    assert KernelModel(open_checkpoint(d, "int8"), dep).block_templates is None
+    with pytest.raises(TypeError, match="block_templates"):
+        KernelModel(open_checkpoint(d, "int8"), dep, block_templates="yes")

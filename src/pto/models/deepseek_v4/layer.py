@@ -28,8 +28,10 @@ for a prefill chunk, ``decode`` for one batched decode step, ``release_state``);
 :attr:`KernelModel.stats` counts the programs, tasks, edges, heap peaks and wall time.
 """
 
+import contextlib
 import functools
 import inspect
+import os
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -53,13 +55,19 @@ from pto.models.deepseek_v4.rope import profile_for_ratio, rope_tables
 from pto.models.deepseek_v4.tiling import token_capacity
 from pto.models.deepseek_v4.weight_format import torch_weight_dtype
 from pto.models.deepseek_v4.weights import Checkpoint, attention_inputs, moe_inputs
-from pto.runtime import RunConfig, parametric_replay_enabled
+from pto.runtime import RunConfig, block_templates, parametric_replay_enabled
 from pto.runtime.program import gc_paused
 from pto.runtime.replay import program_cache_bypass
 
 __all__ = ["KernelModel", "KernelState", "KernelStats", "layer_kernels"]
 
 _HEAP_BYTES = 256 << 20  # ring heap of one kernel program (tiny: < 10 MiB peak)
+
+
+def _templates(enabled: bool | None):
+    """``block_templates(enabled)`` for one program run, or no switch at all (None: the global
+    setting holds)."""
+    return contextlib.nullcontext() if enabled is None else block_templates(enabled)
 
 
 # ---- kernel ----
@@ -330,13 +338,25 @@ class KernelModel:
         deployment: pools and context (default: :class:`GoldenModel`'s).
         check: run every kernel program in check mode (sanitizer and race checker).
         per_layer: run one program per layer instead of one per step.
+        block_templates: run the programs with block templates (``pto.runtime.blocks``: an
+            SPMD task of many blocks runs its blocks from a recording of the first, batched
+            where the operations allow; the same results, graph and statistics). None (the
+            default): on, unless ``PTO_BLOCK_TEMPLATES`` is set in the environment, which then
+            decides as it does for every program. The model's kernels keep their state in GM,
+            as the templates require (docs/performance.md, block templates).
 
     Raises:
         ConfigError: a config the kernels cannot tile.
+        TypeError: ``block_templates`` is not None, True or False.
     """
 
     def __init__(self, checkpoint: Checkpoint, deployment: DeploymentConfig | None = None,
-                 check: bool = False, per_layer: bool = False):
+                 check: bool = False, per_layer: bool = False, block_templates: bool | None = None):
+        if block_templates is not None and not isinstance(block_templates, bool):
+            raise TypeError(f"KernelModel(block_templates): expected None, True or False, got {block_templates!r}")
+        if block_templates is None and "PTO_BLOCK_TEMPLATES" not in os.environ:
+            block_templates = True
+        self.block_templates = block_templates
         self.golden = GoldenModel(checkpoint, deployment)  # id / context checks
         self.ckpt = checkpoint
         self.weight_format = fmt = checkpoint.weight_format
@@ -412,7 +432,7 @@ class KernelModel:
         per tiny decode step). The same program, results and statistics as a plain ``entry.run``."""
         # the GC stays paused until the program is counted and dropped: its graph is then freed by
         # refcount, where a collection at the first allocation after the run would scan it live
-        with gc_paused():
+        with gc_paused(), _templates(self.block_templates):
             t0 = time.perf_counter()
             if cached or parametric_replay_enabled():
                 prog = entry.run(*args, config=self.run_config)
