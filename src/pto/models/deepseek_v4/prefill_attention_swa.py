@@ -73,7 +73,8 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
     -> ``materialize_rope_rows`` -> ``qkv_proj_rope(..., late_dep)``) ->
     ``at "prefill_swa_cache_write"`` (``kv[t]`` to flat cache row ``ori_slot_mapping[t]`` for
     ``t < num_tokens``, ``-1`` skips; consecutive slots copied as one run) ->
-    ``at "prefill_swa_window_indices"`` (per token ``[1, W]`` rows through ``block_table``) ->
+    ``at "prefill_swa_window_indices"`` (the ``[T, W]`` rows through ``block_table``, all tokens in
+    one set of tile ops) ->
     ``prefill_sparse_attn`` with the dummy compressed metadata -> ``hc_post_prefill``.
 
     Dummy compressed metadata: ``cmp_block_table [cmp_kv_block_num] INT32`` with
@@ -135,23 +136,58 @@ def prefill_attention_swa_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = Fal
         active = check_num_tokens("prefill_attention_swa", num_tokens, t)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="prefill_swa_window_indices") as tid:
             positions = pl.read_values(position_ids, [0], active)  # the active tokens' positions, one call
-            tokens, late = [], None
-            for tok in pl.range(active):
-                pos = positions[tok]
-                if pos < 0:  # raised once the tokens before it are done
-                    late = BindError(f"prefill_attention_swa: position_ids[{tok}] = {pos} is negative")
-                    break
-                tokens.append((tok, pos))
-            # per active token the page segments of its row, its table entries read in token order
-            runs = window_runs_many("prefill_attention_swa", tokens, block_table, (), window=W, block_size=BS,
-                                    n_blocks=NBLK, n_pages=P)
-            if late is not None:
-                raise late
-            runs += [[] for _ in range(t - active)]  # an inactive token's row is all -1
-            # per token pl.full(-1) and one pl.arange per segment (pl.arange_rows: the rows in one
-            # call), then row tok into swa_indices[tok], one store per row
-            pl.store_rows(swa_indices, list(range(t)), pl.arange_rows([1, W], pl.INT32, -1, runs))
+            lo_pos, hi_pos = (min(positions), max(positions)) if positions else (0, 0)
+            lo_page, hi_page = max(0, lo_pos + 1 - W) // BS, hi_pos // BS
+            fast = lo_pos >= 0 and hi_page < NBLK  # no position error
+            if active and fast:  # no table entry past the pool among the pages any window can read
+                fast = max(pl.read_values(block_table, [lo_page], hi_page - lo_page + 1)) < P
+            if active and fast:
+                _window_rows_tile(position_ids, block_table, active, swa_indices)
+            elif active:
+                _window_rows_by_runs(positions, block_table, active, swa_indices)
+            if active < t:  # an inactive token's row is all -1
+                swa_indices[active:t, 0:W] = pl.full([t - active, W], pl.INT32, -1)
         return tid
+
+    def _window_rows_tile(position_ids, block_table, active: int, swa_indices) -> None:
+        """Rows ``0 .. active-1`` of ``swa_indices`` in tile ops on all tokens at once (every
+        active position is in ``[0, NBLK * BS)`` and every table entry a window can read is
+        below ``P``): key ``k = max(pos - W + 1, 0) + j`` of column ``j`` is valid while
+        ``k <= pos``; its row is ``table[k // BS] * BS + k % BS`` where the entry is ``>= 0``,
+        ``-1`` elsewhere."""
+        pos = pl.slice(pl.reshape(position_ids, [pl.tensor.dim(position_ids, 0), 1]), [active, 1], [0, 0])
+        start = pl.maximum(pos - (W - 1), 0)
+        keys = pl.col_expand_add(pl.row_expand_add(pl.full([active, W], pl.INT32, 0), start),
+                                 pl.arange(0, [1, W], pl.INT32))  # [a, W]
+        valid = pl.row_expand_sub(keys, pos) <= 0
+        page = keys / BS  # keys >= 0: the quotient is the floor
+        if (W - 1) // BS >= NBLK:  # an invalid column's key can pass the table (its value is not used)
+            page = pl.minimum(page, NBLK - 1)
+        table = pl.reshape(block_table, [1, NBLK])[0:1, 0:NBLK]
+        phys = pl.reshape(pl.gather(table, index=pl.reshape(page, [1, active * W])), [active, W])
+        rows = (phys - page) * BS + keys  # phys * BS + k % BS
+        ok = pl.select(valid, phys >= 0, False)
+        swa_indices[0:active, 0:W] = pl.select(ok, rows, -1)
+
+    def _window_rows_by_runs(positions: list, block_table, active: int, swa_indices) -> None:
+        """Rows ``0 .. active-1`` of ``swa_indices`` token by token as page segments, raising the
+        first failing token's error (a negative position, a position past the block table, a
+        table entry outside the pool) after the tokens before it were read."""
+        tokens, late = [], None
+        for tok in range(active):
+            pos = positions[tok]
+            if pos < 0:  # raised once the tokens before it are done
+                late = BindError(f"prefill_attention_swa: position_ids[{tok}] = {pos} is negative")
+                break
+            tokens.append((tok, pos))
+        # per active token the page segments of its row, its table entries read in token order
+        runs = window_runs_many("prefill_attention_swa", tokens, block_table, (), window=W, block_size=BS,
+                                n_blocks=NBLK, n_pages=P)
+        if late is not None:
+            raise late
+        # per token pl.full(-1) and one pl.arange per segment (pl.arange_rows: the rows in one
+        # call), then row tok into swa_indices[tok], one store per row
+        pl.store_rows(swa_indices, list(range(active)), pl.arange_rows([1, W], pl.INT32, -1, runs))
 
     @pl.jit
     def swa_window_indices_test(position_ids: pl.Tensor[[T_DYN], pl.INT32],

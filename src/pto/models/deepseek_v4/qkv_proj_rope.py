@@ -32,11 +32,11 @@ pre-commit shape (static scratch at capacity, ``qr_proj_seed`` / ``kv_proj_seed`
 Deviations from the reference, all value-preserving except the K association of the BF16
 matmuls (the golden is one FP32 matmul either way): the matmul tasks take up to 128 rows
 and their whole K-slice per matmul (reference: 16 rows, 256/128-wide K steps), the vector
-tasks token tiles of up to 32 rows (reference 8); the quantiser takes ``amax`` of
-``qr*inv*gamma`` directly (the golden's order) instead of ``inv * amax(qr*gamma)``; q is
-stored one token row (its 4 heads, contiguous in ``q``) at a time so that every write
-footprint is an exact box (a multi-token window of 4 heads would be recorded as its
-bounding box, overlapping the neighbouring blocks' heads).
+tasks token tiles of up to 32 rows (reference 8), ``qproj_dequant_rms_nope_rope`` all ``T``
+rows of its 4 heads at once; the quantiser takes ``amax`` of ``qr*inv*gamma`` directly (the
+golden's order) instead of ``inv * amax(qr*gamma)``; q is stored as one strided window whose
+footprint is one exact box per token row (its 4 heads, contiguous in ``q``; a bounding box
+of the multi-token window would overlap the neighbouring blocks' heads).
 """
 
 import functools
@@ -337,12 +337,11 @@ def qkv_proj_rope(
     for b in pl.spmd(-(-t // TT), name_hint="q_rope_prepare", allow_early_resolve=True):
         t0 = b * TT
         rows = min(TT, t - t0)
-        jf = pl.cast(pl.arange(0, [1, r], pl.INT32), pl.FP32, mode="none")
-        half = pl.cast(jf * 0.5, pl.INT32, mode="trunc")  # j >> 1
-        halff = pl.cast(half, pl.FP32, mode="none")
-        odd = jf - halff * 2.0  # j & 1
-        swap = pl.cast(halff * 2.0 + 1.0 - odd, pl.INT32, mode="trunc")  # j ^ 1
-        sign = odd * 2.0 - 1.0  # -1 on even lanes, +1 on odd lanes
+        j = pl.arange(0, [1, r], pl.INT32)
+        half = j / 2  # j >> 1 (j >= 0: the truncated quotient)
+        pm = (j - half * 2) * 2 - 1  # 2 * (j & 1) - 1: -1 on even lanes, +1 on odd lanes
+        swap = j - pm  # j ^ 1
+        sign = pl.cast(pm, pl.FP32, mode="none")
         cos = pl.cast(pl.slice(rope_cos, [TT, r], [t0, 0], valid_shape=[rows, r]), pl.FP32, mode="none")
         sin = pl.cast(pl.slice(rope_sin, [TT, r], [t0, 0], valid_shape=[rows, r]), pl.FP32, mode="none")
         pl.assemble(q_rope_cos_il, pl.set_validshape(pl.gather(cos, index=half), rows, r), [t0, 0])
@@ -391,34 +390,33 @@ def qkv_proj_rope(
                 pl.assemble(q_proj_i32, pl.matmul(a8, wt) if bf16 else pl.matmul(a8, wt, out_dtype=pl.INT32),
                             [m0, n0])
 
-    # 5. dequant, per-head RMSNorm (no weight), RoPE on the last r channels, BF16
+    # 5. dequant, per-head RMSNorm (no weight), RoPE on the last r channels, BF16; all t token rows at
+    #    once (every op is per element or per (token, head) row)
     QH = tl.qd_heads
     for b in pl.spmd(H // QH, name_hint="qproj_dequant_rms_nope_rope", allow_early_resolve=True):
         h0 = b * QH
         c0, w = h0 * hd, QH * hd
-        col_scale = wq_b_scale_row[0:1, c0:c0 + w]
-        for t0 in pl.range(0, t, TT):
-            rows = min(TT, t - t0)
-            acc = pl.slice(q_proj_i32, [TT, w], [t0, c0], valid_shape=[rows, w])
+        if t > 0:
+            acc = q_proj_i32[0:t, c0:c0 + w]
             if bf16:  # FP32 product, no scale
-                dq = pl.reshape(pl.fillpad(acc), [TT * QH, hd])
+                dq = pl.reshape(acc, [t * QH, hd])
             else:
                 acc = pl.cast(acc, pl.FP32, mode="none")
-                qs = pl.slice(qr_scale, [TT, 1], [t0, 0], valid_shape=[rows, 1])
-                dq = pl.reshape(pl.col_expand_mul(pl.row_expand_mul(acc, qs), col_scale), [TT * QH, hd])
+                dq = pl.reshape(pl.col_expand_mul(pl.row_expand_mul(acc, qr_scale[0:t, 0:1]),
+                                                  wq_b_scale_row[0:1, c0:c0 + w]), [t * QH, hd])
             inv = pl.rsqrt(pl.row_sum(dq * dq) / float(hd) + eps, high_precision=True)
-            y = pl.reshape(pl.row_expand_mul(dq, inv), [TT, QH, hd])
+            y = pl.reshape(pl.row_expand_mul(dq, inv), [t, QH, hd])
             out = pl.cast(y, pl.BF16, mode="rint")
-            cos, sin, swap = _rope_tiles(q_rope_cos_il, q_rope_sin_signed, q_rope_swap_idx, t0, TT, rows, r)
-            # every head's rope channels at once: rows (token, head) of [TT*QH, r], the token's
-            # cos / sin / swap rows repeated per head (each element sees the same ops as per head)
-            per_head = [pl.reshape(pl.concat([tab] * QH), [TT * QH, r]) for tab in (cos, sin, swap)]
-            yr = pl.reshape(pl.slice(y, [TT, QH, r], [0, 0, n]), [TT * QH, r])
-            rot = pl.cast(rotate_interleaved(yr, *per_head), pl.BF16, mode="rint")
-            out = pl.assemble(out, pl.reshape(rot, [TT, QH, r]), [0, 0, n])
-            # the rows' QH heads in one strided store (one footprint box per token row, as the
-            # per-row stores recorded)
-            pl.assemble(q, out if rows == TT else pl.slice(out, [rows, QH, hd], [0, 0, 0]), [t0, h0, 0])
+            # every head's rope channels at once: rows (token, head) of [t*QH, r], the token's cos / sin
+            # rows repeated per head (each element sees the same ops as per head); the swap index j^1
+            # is the same in every row (one row, broadcast by the gather)
+            cos, sin = (pl.reshape(pl.concat([tab[0:t, 0:r]] * QH), [t * QH, r])
+                        for tab in (q_rope_cos_il, q_rope_sin_signed))
+            yr = pl.reshape(pl.slice(y, [t, QH, r], [0, 0, n]), [t * QH, r])
+            rot = pl.cast(rotate_interleaved(yr, cos, sin, q_rope_swap_idx[0:1, 0:r]), pl.BF16, mode="rint")
+            out = pl.assemble(out, pl.reshape(rot, [t, QH, r]), [0, 0, n])
+            # the rows' QH heads in one strided store (one footprint box per token row)
+            pl.assemble(q, out, [0, h0, 0])
 
     # 6. kv_fp32 += x[:, K-quarter] @ wkv[K-quarter, N-group]  (split-K, atomic add), gated by late_dep
     if seed_scopes:
