@@ -21,14 +21,16 @@ Shared core (:func:`indexer_topk_tasks`), prefill and decode (tokens request-maj
 ``[B, n]`` table; prefill ``B = 1``), tasks named ``<p>_*``:
 
 1. ``spmd`` ``<p>_q_proj``: INT8 ``qr @ wq_b`` in ``[PT, 256]`` tiles, dequantised (FP32).
-2. ``spmd`` ``<p>_q_rope_hadamard_quant``: per block of tokens (``HI`` rows each): RoPE, BF16,
-   Hadamard product, per-row INT8 codes and dequant scales.
+2. ``spmd`` ``<p>_q_rope_hadamard_quant``: per block of tokens (``[tokens, HI * c]`` rows of
+   the projection): RoPE over the full width (a column select keeps the non-rope channels), BF16,
+   Hadamard product of the ``HI`` rows of each token, per-row INT8 codes and dequant scales.
 3. ``spmd`` ``<p>_weights_proj``: ``x @ weights_proj`` times the combined scale.
 4. (``seed_scopes`` only) ``spmd`` ``<p>_score_init``: ``score_wide`` rows set to the most
    negative finite FP32 (the reference's 8 seed tasks, pypto-lib `prefill_indexer.py`); by default ``score_wide`` is
    created with that ``init_value`` instead (pypto-lib commit 3b6971a3 style), bit-identical results.
-5. ``spmd(T)`` ``<p>_score``: per active token, over all its visible key pages at once (one
-   ``pl.gather_rows`` of their rows; BF16 weights: one product per page): INT8 product,
+5. ``spmd(T)`` ``<p>_score``: per active token, over the key pages its request's widest
+   visible row covers (the same pages for every token of a prefill chunk: one ``pl.gather_rows``
+   of their rows; BF16 weights: one product per page): INT8 product,
    dequant, relu, head weights, head sum, key scale; columns ``>= n_vis`` masked (``pl.cmp`` /
    ``pl.select``) into ``score_wide [T, L]``. Every step is row-wise, so a key's score does
    not depend on how many pages are computed together.
@@ -223,37 +225,41 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
             deq = pl.col_expand_mul(deq, wq_scale_row[0:1, n0:n0 + NT])
         pl.assemble(q_proj, pl.set_validshape(deq, rows, NT), [r0, n0])
 
-    # 2. RoPE, BF16, Hadamard, per-(token, head) INT8
-    q_rows = pl.reshape(q_proj, [t_pad * HI, c])
+    # 2. RoPE, BF16, Hadamard, per-(token, head) INT8: a block's TT tokens as [TT, HI * c] rows of
+    # q_proj (head h in columns h*c ..), RoPE over the full width at once: in column j of head
+    # slice jj = j % c >= c - r (rope channel u = jj - (c - r)), x[j] * cos[u >> 1] + x[j ^ 1] *
+    # sign(u) * sin[u >> 1] (sign -1 on even channels); the other columns keep x (pl.select)
     TT = max(1, IDX_QROW_TILE // HI)  # tokens per block
     R = TT * HI
-    # per block of act tokens, the column numbers that repeat each of its act cos / sin rows
-    # (flattened, [1, act * r]) HI times: column j of the [1, act * HI * r] index (row j // r of
-    # the [act * HI, r] result, of token j // (HI * r)) is (j // (HI * r)) * r + j % r
-    def repeat_index(a: int):
-        j = pl.arange(0, [1, a * HI * r], pl.INT32)
-        return pl.div(j, HI * r) * r + (j - pl.div(j, r) * r)
+    N = HI * c
+    j = pl.arange(0, [1, N], pl.INT32)
+    u = (j - pl.div(j, c) * c) - (c - r)  # rope channel of a column, negative outside the rope slice
+    is_rope = pl.cmp(u, 0, "ge")
+    parity = j - pl.div(j, 2) * 2  # of u too: c - r is even
+    rope_half = pl.select(is_rope, pl.div(u, 2), 0)  # u >> 1 (0 in nope columns: any valid index)
+    rope_partner = pl.select(is_rope, j + 1 - parity * 2, j)  # j ^ 1
+    rope_sign = pl.cast(parity * 2 - 1, pl.FP32)  # -1 on even channels, +1 on odd
+    k = pl.arange(0, [1, TT * N], pl.INT32)
+    rope_cols = pl.reshape(pl.cmp(k - pl.div(k, c) * c, c - r, "ge"), [TT, N])  # is_rope on every row
 
-    repeat = {a: repeat_index(a) for a in {TT, nt % TT} if a > 0}
-
-    def head_rows(table, rows: list, act: int):
-        """``[R, r]`` FP32: row ``i < act * HI`` is ``table[rows[i // HI]]``, then zeros."""
+    def token_rows(table, rows: list, act: int):
+        """``[TT, r]`` FP32: row ``i < act`` is ``table[rows[i]]``, then zeros."""
         one = pl.cast(pl.gather_rows(table, rows, 0, r), pl.FP32)  # [act, r], one row per token
-        out = pl.reshape(pl.gather(pl.reshape(one, [1, act * r]), index=repeat[act]), [act * HI, r])
-        return out if act == TT else pl.assemble(pl.full([R, r], pl.FP32, 0.0), out, [0, 0])
+        return one if act == TT else pl.assemble(pl.full([TT, r], pl.FP32, 0.0), one, [0, 0])
 
     for blk in pl.spmd(-(-max(nt, 1) // TT), name_hint=f"{prefix}_q_rope_hadamard_quant"):
         t0 = blk * TT
         act = min(TT, nt - t0)
         if act <= 0:
             continue
-        q = pl.slice(q_rows, [R, c], [t0 * HI, 0], valid_shape=[act * HI, c])
+        q = pl.fillpad(pl.slice(q_proj, [TT, N], [t0, 0], valid_shape=[act, N]))  # [TT, HI * c]
         positions = pl.read_values(position_ids, [t0], act)  # the block's positions, one call
         rows = [max(0, p) for p in positions]
-        cos_r = head_rows(cos_table, rows, act)
-        sin_r = head_rows(sin_table, rows, act)
-        q = rope_rotate_rows(pl.fillpad(q), cos_r, sin_r, c - r, r)
-        qh = pl.matmul(pl.cast(q, pl.BF16, mode="rint"), hadamard[0:c, 0:c])
+        cos_f = pl.gather(token_rows(cos_table, rows, act), index=rope_half)  # [TT, N]
+        sin_f = pl.gather(token_rows(sin_table, rows, act), index=rope_half)
+        rotated = q * cos_f + pl.col_expand_mul(pl.gather(q, index=rope_partner), rope_sign) * sin_f
+        q = pl.reshape(pl.cast(pl.select(rope_cols, rotated, q), pl.BF16, mode="rint"), [R, c])
+        qh = pl.matmul(q, hadamard[0:c, 0:c])
         if bf16:  # the rotated query in BF16, no scale
             pl.assemble(q_i8, pl.set_validshape(pl.cast(qh, pl.BF16, mode="rint"), act * HI, c), [t0 * HI, 0])
             continue
@@ -283,8 +289,13 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
     cache_rows = pl.reshape(idx_kv_cache, [pages * bs, c])
     scale_rows = pl.reshape(idx_kv_scale, [pages * bs, 1])
     page_rows = range(bs)
-    page_counts = sorted({-(-v // bs) for v in n_vis if v > 0})
-    cols = {n: pl.arange(0, [1, n * bs], pl.INT32) for n in page_counts}  # column numbers of n pages
+    # the pages a block scores: those its request's widest visible row covers (prefill: the same
+    # pages for every token, so the blocks differ only in their query, weights and bound)
+    req_pages = [0] * B
+    for t in range(nt):
+        b = 0 if B == 1 else t // S
+        req_pages[b] = max(req_pages[b], -(-n_vis[t] // bs))
+    cols = {n: pl.arange(0, [1, n * bs], pl.INT32) for n in sorted(set(req_pages) - {0})}  # column numbers
     for t in pl.spmd(T, name_hint=f"{prefix}_score"):
         if t >= nt:
             continue
@@ -296,12 +307,14 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
         # [1, HI]: q_dq rows t*HI .. as a column tile (the same load), reshaped
         sq = None if bf16 else pl.reshape(q_dq[t * HI:(t + 1) * HI, 0:1], [1, HI])
         w = weights[t:t + 1, 0:HI]
-        n_pg = -(-nv // bs)
-        pages_t = pl.read_values(idx_block_table, [b, 0], min(n_pg, n_tab))  # the token's pages, one call
+        n_pg = req_pages[b]
+        # the request's pages, one call; as exact ints (one gather_rows of int rows; under a block
+        # template a guard on the values read, which every block of a prefill chunk shares)
+        pages_t = [int(p) for p in pl.read_values(idx_block_table, [b, 0], min(n_pg, n_tab))]
         for pg in range(n_pg):
             if pg >= n_tab or pages_t[pg] < 0:
-                raise _bind(kernel, f"token {t} (request {b}) sees index key page {pg}, which its idx_block_table "
-                                    "row does not map")
+                raise _bind(kernel, f"request {b} (token {t}) sees index key page {pg}, which its "
+                                    "idx_block_table row does not map")
         n_k = n_pg * bs
         if bf16:  # BF16 x BF16 -> FP32 dots page by page (a float GEMM's rounding may depend on M), no scales
             dots = pl.full([n_k, HI], pl.FP32, 0.0)
@@ -311,13 +324,12 @@ def indexer_topk_tasks(x, qr, qr_scale, wq_b, wq_b_scale, weights_proj, cos_tabl
             hs = pl.col_expand_mul(pl.maximum(dots, 0.0), w)
             sc = pl.reshape(pl.row_sum(hs), [1, n_k])
         else:
-            rows = [phys * bs + i for phys in pages_t for i in page_rows]  # the token's key rows, page by page
+            rows = [phys * bs + i for phys in pages_t for i in page_rows]  # the request's key rows, page by page
             dots = pl.cast(pl.matmul(pl.gather_rows(cache_rows, rows), q8, b_trans=True), pl.FP32)  # [n_k, HI]
             hs = pl.col_expand_mul(pl.maximum(pl.col_expand_mul(dots, sq), 0.0), w)
             sc = pl.reshape(pl.mul(pl.row_sum(hs), pl.gather_rows(scale_rows, rows)), [1, n_k])
-        if nv < n_k:  # the last page's columns past the visible count: the most negative finite FP32
-            sc = pl.select(pl.cmp(cols[n_pg], nv, "lt"), sc, -FP32_MAX)
-        score_wide[t:t + 1, 0:n_k] = sc
+        # the columns past the token's visible count: the most negative finite FP32
+        score_wide[t:t + 1, 0:n_k] = pl.select(pl.cmp(cols[n_pg], nv, "lt"), sc, -FP32_MAX)
 
     # 6. top-k by sort32 + mrgsort
     Kc = min(K, L)
