@@ -11,8 +11,9 @@ programs recorded on the same prompt:
   experts)``, ``generate(do_sample=False)``; prefill = the first forward over the prompt,
   decode = the rest (timed with a forward pre-hook);
 * ``pto golden``: :class:`GoldenModel`, ``--weights bf16`` (the FP32 parity forward);
-* ``pto kernels``: :class:`KernelModel` (``int8``), the DSL kernels through the CPU runtime,
-  with the per-kernel wall split (where the time goes: runtime vs the kernels' tile math is
+* ``pto kernels``: :class:`KernelModel` (``int8``), the DSL kernels through the CPU runtime
+  (block templates on, as :class:`KernelModel` runs by default; ``PTO_BLOCK_TEMPLATES=0`` in the
+  environment runs every block plainly), with the per-kernel wall split (where the time goes: runtime vs the kernels' tile math is
   in ``benchmarks/bench_overhead.py``);
 * ``pto kernels-bf16``: :class:`KernelModel` with ``bf16`` weights (the unquantised kernels:
   BF16 weights and activations into BF16 x BF16 -> FP32 matmuls).

@@ -350,6 +350,8 @@ class KernelModel:
         TypeError: ``block_templates`` is not None, True or False.
     """
 
+    block_templates: bool | None = None  # a subclass that skips __init__ keeps the global setting
+
     def __init__(self, checkpoint: Checkpoint, deployment: DeploymentConfig | None = None,
                  check: bool = False, per_layer: bool = False, block_templates: bool | None = None):
         if block_templates is not None and not isinstance(block_templates, bool):
