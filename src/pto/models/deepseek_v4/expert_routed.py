@@ -176,28 +176,30 @@ def expert_routed_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                 group = tiles[g * len(tiles) // n_g:(g + 1) * len(tiles) // n_g]
                 for b in pl.spmd(len(group) * n_f, name_hint="expert_gate_up"):
                     (e, r0, rows), f0 = group[b // n_f], (b % n_f) * FT
-                    m = min(ROUTED_M_TILE, round_up(rows, MATMUL_M_TILE))
-                    a = pl.slice(recv_x, [m, D], [r0, 0], valid_shape=[rows, D])
                     w1t, w3t = w1f[e * Fd + f0:e * Fd + f0 + FT, 0:D], w3f[e * Fd + f0:e * Fd + f0 + FT, 0:D]
-                    if bf16:
-                        h = swiglu_bf16_rows(a, w1t, w3t, L)
-                    else:
-                        sc = pl.slice(recv_scale, [m, 1], [r0, 0], valid_shape=[rows, 1])
-                        h = swiglu_int8_rows(a, sc, w1t, w1_scale[e:e + 1, f0:f0 + FT], w3t,
-                                             w3_scale[e:e + 1, f0:f0 + FT], L)
-                    pl.assemble(h_f32, pl.set_validshape(h, rows, FT), [r0, f0])
+                    if bf16:  # a tile of whole 16-row granules, the pad rows zero
+                        m = min(ROUTED_M_TILE, round_up(rows, MATMUL_M_TILE))
+                        a = pl.slice(recv_x, [m, D], [r0, 0], valid_shape=[rows, D])
+                        h = pl.set_validshape(swiglu_bf16_rows(a, w1t, w3t, L), rows, FT)
+                    else:  # the exact INT32 products of the valid rows alone (pad rows change no valid row)
+                        h = swiglu_int8_rows(recv_x[r0:r0 + rows, 0:D], recv_scale[r0:r0 + rows, 0:1], w1t,
+                                             w1_scale[e:e + 1, f0:f0 + FT], w3t, w3_scale[e:e + 1, f0:f0 + FT], L)
+                    pl.assemble(h_f32, h, [r0, f0])
                 for b in pl.spmd(len(group) * n_d, name_hint="expert_down"):
                     (e, r0, rows), d0 = group[b // n_d], (b % n_d) * DT
-                    m = min(ROUTED_M_TILE, round_up(rows, MATMUL_M_TILE))
-                    h = pl.slice(h_f32, [m, Fd], [r0, 0], valid_shape=[rows, Fd])  # pad rows zero, as a's
-                    rw = pl.slice(recv_w, [m, 1], [r0, 0], valid_shape=[rows, 1])
                     w2t = w2f[e * D + d0:e * D + d0 + DT, 0:Fd]
                     if bf16:
+                        m = min(ROUTED_M_TILE, round_up(rows, MATMUL_M_TILE))
+                        h = pl.slice(h_f32, [m, Fd], [r0, 0], valid_shape=[rows, Fd])  # pad rows zero, as a's
+                        rw = pl.slice(recv_w, [m, 1], [r0, 0], valid_shape=[rows, 1])
                         y = down_bf16_rows(pl.cast(h, pl.BF16, mode="rint"), w2t, rw)
+                        y = pl.set_validshape(pl.cast(y, pl.BF16, mode="rint"), rows, DT)
                     else:
-                        codes, hs = quantize_h_rows(h)  # whole rows (the amax spans F), again per D tile
-                        y = down_int8_rows(codes, hs * rw, w2t, w2_scale[e:e + 1, d0:d0 + DT])
-                    pl.assemble(recv_y, pl.set_validshape(pl.cast(y, pl.BF16, mode="rint"), rows, DT), [r0, d0])
+                        # whole rows (the amax spans F), again per D tile
+                        codes, hs = quantize_h_rows(h_f32[r0:r0 + rows, 0:Fd])
+                        y = down_int8_rows(codes, hs * recv_w[r0:r0 + rows, 0:1], w2t, w2_scale[e:e + 1, d0:d0 + DT])
+                        y = pl.cast(y, pl.BF16, mode="rint")
+                    pl.assemble(recv_y, y, [r0, d0])
 
         # 3. back to route order (row n = zero for empty routes), summed over k
         for b in pl.spmd(D // CT, name_hint="moe_combine"):

@@ -177,16 +177,17 @@ def expert_shared_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> S
         for b in pl.spmd(-(-t // TT), name_hint="sh_gate_up_act_q", allow_early_resolve=True):
             t0 = b * TT
             rows = min(TT, t - t0)
-            a = pl.slice(x_i8, [TT, D], [t0, 0], valid_shape=[rows, D])
             if bf16:
+                a = pl.slice(x_i8, [TT, D], [t0, 0], valid_shape=[rows, D])
                 h = swiglu_bf16_rows(a, w1[0:Fd, 0:D], w3[0:Fd, 0:D], L)
                 pl.assemble(h_i8, pl.set_validshape(pl.cast(h, pl.BF16, mode="rint"), rows, Fd), [t0, 0])
                 continue
-            sc = pl.slice(x_scale, [TT, 1], [t0, 0], valid_shape=[rows, 1])
-            h = swiglu_int8_rows(a, sc, w1[0:Fd, 0:D], w1s[0:1, 0:Fd], w3[0:Fd, 0:D], w3s[0:1, 0:Fd], L)
+            # the valid rows alone: exact INT32 products and per-row ops (pad rows change no valid row)
+            h = swiglu_int8_rows(x_i8[t0:t0 + rows, 0:D], x_scale[t0:t0 + rows, 0:1], w1[0:Fd, 0:D], w1s[0:1, 0:Fd],
+                                 w3[0:Fd, 0:D], w3s[0:1, 0:Fd], L)
             codes, hs = quantize_h_rows(h)
-            pl.assemble(h_i8, pl.set_validshape(codes, rows, Fd), [t0, 0])
-            pl.assemble(h_scale, pl.set_validshape(hs, rows, 1), [t0, 0])
+            pl.assemble(h_i8, codes, [t0, 0])
+            pl.assemble(h_scale, hs, [t0, 0])
 
         MT = min(SH_M_TILE, t_pad)
         n_m = -(-t_pad // MT)
