@@ -117,22 +117,24 @@ def hc_head_kernels(cfg: DeepSeekV4Config, seed_scopes: bool = False) -> SimpleN
             pl.assemble(mixes_raw, pl.matmul(xa, wb, b_trans=True), [m0, 0], atomic=pl.AtomicType.Add)
 
         task = pl.spmd(-(-t // TT), name_hint="hc_head_mix", allow_early_resolve=True)
+        x_rows = pl.reshape(x_hc, [t * N, D])  # row t*N + h: stream h of token t
         for b in task:
             t0 = b * TT
-            rows = min(TT, t - t0)
-            inv = pl.slice(inv_rms, [TT, 1], [t0, 0], valid_shape=[rows, 1])
-            z = pl.row_expand_mul(pl.slice(mixes_raw, [TT, N], [t0, 0], valid_shape=[rows, N]), inv)
+            rows = min(TT, t - t0)  # a ragged last tile computes only its own rows
+            inv = pl.slice(inv_rms, [rows, 1], [t0, 0])
+            z = pl.row_expand_mul(pl.slice(mixes_raw, [rows, N], [t0, 0]), inv)
             z = pl.col_expand_add(z * pl.read(hc_scale, [0]), base_row[0:1, 0:N])
             pre = pl.recip(pl.exp(pl.neg(z)) + 1.0) + hc_eps
-            # the tokens' whole rows in one load (a view of the unwritten input, one footprint box),
-            # each stream a [TT, D] column window of it (one copy, as a strided load would make)
-            xt = pl.slice(x_flat, [TT, HCD], [t0, 0], valid_shape=[rows, HCD])
-            terms = [pl.row_expand_mul(pl.slice(xt, [TT, D], [0, h * D]), pl.slice(pre, [TT, 1], [0, h]))
-                     for h in range(N)]
+            # the tokens' whole rows in one load as [rows*N, D] (row (token, stream)), every
+            # x_h * pre_h in one row-broadcast multiply by pre as a [rows*N, 1] column; stream h
+            # is columns h*D .. (h+1)*D of the product's [rows, N*D] view
+            xr = pl.slice(x_rows, [rows * N, D], [t0 * N, 0])
+            prod = pl.reshape(pl.row_expand_mul(xr, pl.reshape(pre, [rows * N, 1])), [rows, HCD])
+            terms = [prod[:, h * D:(h + 1) * D] for h in range(N)]
             while len(terms) > 1:  # pairwise tree, as the golden
                 terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
                          for i in range(0, len(terms), 2)]
-            pl.assemble(y, pl.set_validshape(pl.cast(terms[0], pl.BF16, mode="rint"), rows, D), [t0, 0])
+            pl.assemble(y, pl.cast(terms[0], pl.BF16, mode="rint"), [t0, 0])
         return task.tid
 
     hc_head_test = pl.jit.entry(hc_head, name="hc_head_test")

@@ -45,29 +45,46 @@ HC_POST_VEC_ELEMS = 32768
 T_DYN = pl.dynamic("T")
 
 
-def _hc_post_block(x2, res2, post, comb, y2, t0: int, rows: int, N: int, D: int) -> None:
+def _gm_views(residual, post, comb, y, N: int, D: int) -> SimpleNamespace:
+    """The GM views :func:`_hc_post_block` loads from and stores into (made once per call, in
+    the orchestration): ``res2 [T, N*D]`` and ``y2 [T, N*D]`` (stream ``j`` of token ``t`` is
+    columns ``j*D .. (j+1)*D`` of row ``t``), ``res_rows [T*N, D]`` (row ``t*N + i``: input
+    stream ``i`` of token ``t``), ``post [T, N]`` and ``post_col [T*N, 1]``, ``comb [T, N*N]``
+    and ``comb_col [T*N*N, 1]``."""
+    t = pl.tensor.dim(residual, 0)
+    return SimpleNamespace(res2=pl.reshape(residual, [t, N * D]), y2=pl.reshape(y, [t, N * D]),
+                           res_rows=pl.reshape(residual, [t * N, D]), post=post,
+                           post_col=pl.reshape(post, [t * N, 1]), comb=comb,
+                           comb_col=pl.reshape(comb, [t * N * N, 1]))
+
+
+def _hc_post_block(x2, g: SimpleNamespace, t0: int, rows: int, N: int, D: int) -> None:
     """One hc_post block body: rows ``t0 .. t0+rows`` of every output stream, all FP32.
 
-    ``x2 [T, D]`` BF16, ``res2 [T, N*D]`` and ``y2 [T, N*D]`` 2-D views of the residual and
-    output streams (stream ``j`` of token ``t`` is columns ``j*D .. (j+1)*D`` of row ``t``),
-    ``post [T, N]``, ``comb [T, N*N]``. Op order is the golden's: ``post*x`` first, then the
+    ``x2 [T, D]`` BF16, ``g`` the residual, post, comb and output views of :func:`_gm_views`.
+    Op order is the golden's: ``post*x`` first, then the
     input streams ``i = 0..N-1`` added in order (bit-identical to :func:`golden_hc_post`).
 
     Small tiles (at most :data:`HC_POST_VEC_ELEMS` elements per stream set, e.g. a tiny
-    decode step): all output streams at once on ``[rows*N, D]`` tiles whose row ``t*N + j`` is
-    (token ``t``, output stream ``j``): ``x`` and each input stream ``i`` are repeated ``N``
-    times along the columns and viewed as ``[rows*N, D]``, and ``post`` /
-    ``comb[:, i*N:(i+1)*N]`` as ``[rows*N, 1]`` columns, so every step is one row-broadcast
-    multiply or add (1 + 2N tile ops instead of N*(2N+1)). Larger tiles go stream by stream,
-    where the N-fold copies would cost more than the ops save. Both are elementwise with the
-    same ops in the same order per element: bit-identical.
+    decode step): all output streams at once. ``post*x`` is one row-broadcast multiply on a
+    ``[rows*N, D]`` tile whose row ``t*N + j`` is (token ``t``, output stream ``j``) (``x``
+    repeated ``N`` times along the columns, ``post`` loaded as a ``[rows*N, 1]`` column of its
+    ``[T*N, 1]`` view); every product ``comb[t, i*N + j] * residual[t, i]`` is one
+    row-broadcast multiply on a ``[rows*N*N, D]`` tile whose row ``(t*N + i)*N + j`` is input
+    stream ``i`` of token ``t`` (the ``[rows*N, D]`` stream rows, loaded from the residual's
+    ``[T*N, D]`` view, repeated ``N`` times along the columns), scaled by the ``[rows*N*N, 1]``
+    column of comb's ``[T*N*N, 1]`` view; then the ``N`` adds, input stream ``i`` being the
+    ``[rows, N*D]`` sub-tile ``(t, i, all j)`` of the products (3 + N tile ops of math instead
+    of N*(2N+1)). Larger tiles go stream by stream, where the N-fold copies would cost more
+    than the ops save. Both are
+    elementwise with the same ops in the same order per element: bit-identical.
     """
     xf = pl.cast(pl.slice(x2, [rows, D], [t0, 0]), pl.FP32)
-    post_t = pl.slice(post, [rows, N], [t0, 0])
-    comb_t = pl.slice(comb, [rows, N * N], [t0, 0])
-    res_t = pl.slice(res2, [rows, N * D], [t0, 0])
-    # sub-tiles by pl.slice (one copying call each) rather than tile subscripts
     if rows * N * D > HC_POST_VEC_ELEMS:  # large tiles: stream by stream (no N-fold copies)
+        post_t = pl.slice(g.post, [rows, N], [t0, 0])
+        comb_t = pl.slice(g.comb, [rows, N * N], [t0, 0])
+        res_t = pl.slice(g.res2, [rows, N * D], [t0, 0])
+        # sub-tiles by pl.slice (one copying call each) rather than tile subscripts
         res = [pl.slice(res_t, [rows, D], [0, i * D]) for i in range(N)]
         streams = []
         for j in range(N):
@@ -75,17 +92,19 @@ def _hc_post_block(x2, res2, post, comb, y2, t0: int, rows: int, N: int, D: int)
             for i in range(N):
                 acc = pl.add(acc, pl.row_expand_mul(res[i], pl.slice(comb_t, [rows, 1], [0, i * N + j])))
             streams.append(acc)
-        pl.assemble(y2, pl.concat(streams), [t0, 0])
+        pl.assemble(g.y2, pl.concat(streams), [t0, 0])
         return
-    acc = pl.row_expand_mul(pl.reshape(pl.concat([xf] * N), [rows * N, D]), pl.reshape(post_t, [rows * N, 1]))
-    # every token's N input streams repeated N times: row t*N + j of the [rows*N, N*D] view is
-    # residual[t] (all streams), so its columns i*D .. (i+1)*D are input stream i for every j
-    res_rep = pl.reshape(pl.concat([res_t] * N), [rows * N, N * D])
+    # the [T*N, D] / [T*N, 1] / [T*N*N, 1] GM views give the tiles in the shapes the math takes
+    # (a reshape of a loaded tile may copy it)
+    acc = pl.row_expand_mul(pl.reshape(pl.concat([xf] * N), [rows * N, D]),
+                            pl.slice(g.post_col, [rows * N, 1], [t0 * N, 0]))
+    acc = pl.reshape(acc, [rows, N * D])
+    res_rep = pl.reshape(pl.concat([pl.slice(g.res_rows, [rows * N, D], [t0 * N, 0])] * N), [rows * N * N, D])
+    prod = pl.row_expand_mul(res_rep, pl.slice(g.comb_col, [rows * N * N, 1], [t0 * N * N, 0]))
+    prod = pl.reshape(prod, [rows, N * N * D])
     for i in range(N):
-        res_i = pl.slice(res_rep, [rows * N, D], [0, i * D])
-        comb_i = pl.reshape(pl.slice(comb_t, [rows, N], [0, i * N]), [rows * N, 1])
-        acc = pl.add(acc, pl.row_expand_mul(res_i, comb_i))
-    pl.assemble(y2, pl.reshape(acc, [rows, N * D]), [t0, 0])
+        acc = pl.add(acc, prod[:, i * N * D:(i + 1) * N * D])
+    pl.assemble(g.y2, acc, [t0, 0])
 
 
 @functools.lru_cache(maxsize=None)
@@ -117,9 +136,6 @@ def hc_post_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                           f"got hc_mult={N}, hidden_size={D}")
     TT, PT = HC_POST_TOKEN_TILE, HC_POST_PAD_TILE
 
-    def views(x, residual, y):
-        t = pl.tensor.dim(x, 0)
-        return t, pl.reshape(residual, [t, N * D]), pl.reshape(y, [t, N * D])
 
     @pl.jit.inline
     def hc_post(x: pl.Tensor[[T_DYN, D], pl.BF16],
@@ -128,10 +144,11 @@ def hc_post_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                 comb: pl.Tensor[[T_DYN, N * N], pl.FP32],
                 y: pl.Out[pl.Tensor[[T_DYN, N, D], pl.FP32]]):
         """hc_post over every row: ``y[:, j] = post[:, j]*x + sum_i comb[:, i*N+j]*residual[:, i]``."""
-        t, res2, y2 = views(x, residual, y)
+        t = pl.tensor.dim(x, 0)
+        g = _gm_views(residual, post, comb, y, N, D)
         for b in pl.spmd(-(-t // TT), name_hint="hc_post"):
             t0 = b * TT
-            _hc_post_block(x, res2, post, comb, y2, t0, min(TT, t - t0), N, D)
+            _hc_post_block(x, g, t0, min(TT, t - t0), N, D)
         return y
 
     @pl.jit.inline
@@ -142,17 +159,18 @@ def hc_post_kernels(cfg: DeepSeekV4Config) -> SimpleNamespace:
                         y: pl.Out[pl.Tensor[[T_DYN, N, D], pl.FP32]],
                         num_tokens: pl.Scalar[pl.INT32]):
         """hc_post on rows ``< num_tokens`` (clamped into ``[0, T]``); rows past it are zero."""
-        t, res2, y2 = views(x, residual, y)
+        t = pl.tensor.dim(x, 0)
+        g = _gm_views(residual, post, comb, y, N, D)
         active = pl.min(pl.max(num_tokens, 0), t)
         if active > 0:  # orchestration-level conditional submission (pypto-lib `hc_post.py`)
             for b in pl.spmd(-(-active // TT), name_hint="hc_post_prefill"):
                 t0 = b * TT
-                _hc_post_block(x, res2, post, comb, y2, t0, min(TT, active - t0), N, D)
+                _hc_post_block(x, g, t0, min(TT, active - t0), N, D)
         inactive = t - active
         if inactive > 0:
             for b in pl.spmd(-(-inactive // PT), name_hint="hc_post_inactive_pad"):
                 t0 = active + b * PT
-                y2[t0:min(t0 + PT, t), 0:N * D] = pl.full([min(PT, t - t0), N * D], pl.FP32, 0.0)
+                g.y2[t0:min(t0 + PT, t), 0:N * D] = pl.full([min(PT, t - t0), N * D], pl.FP32, 0.0)
         return y
 
     hc_post_test = pl.jit.entry(hc_post, name="hc_post_test")

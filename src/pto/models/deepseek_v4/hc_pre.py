@@ -88,10 +88,9 @@ def inv_rms_rows(x_flat, inv_rms, t: int, t0: int, tile: int, eps: float) -> Non
     FP32 inside a block: ``rsqrt(mean(x^2) + eps)`` over the whole row (``high_precision``
     rsqrt); the RMS half of hc_pre and hc_head (pypto-lib `hc_pre.py` / `hc_head.py` step 1)."""
     n = pl.tensor.dim(x_flat, 1)
-    rows = min(tile, t - t0)
-    xt = pl.slice(x_flat, [tile, n], [t0, 0], valid_shape=[rows, n])
-    inv = pl.rsqrt(pl.row_sum(xt * xt) / float(n) + eps, high_precision=True)
-    pl.assemble(inv_rms, pl.set_validshape(inv, rows, 1), [t0, 0])
+    rows = min(tile, t - t0)  # a ragged last tile computes only its own rows
+    xt = pl.slice(x_flat, [rows, n], [t0, 0])
+    pl.assemble(inv_rms, pl.rsqrt(pl.row_sum(xt * xt) / float(n) + eps, high_precision=True), [t0, 0])
 
 
 T_DYN = pl.dynamic("T")  # runtime token count
@@ -265,58 +264,66 @@ def hc_pre(
     ST = token_tile(t, tl.split_t)
     for b in pl.spmd(-(-t // ST), name_hint="split_pre_post", allow_early_resolve=True):
         t0 = b * ST
-        rows = min(ST, t - t0)
-        inv = pl.slice(inv_rms, [ST, 1], [t0, 0], valid_shape=[rows, 1])
+        rows = min(ST, t - t0)  # a ragged last tile computes only its own rows
+        inv = pl.slice(inv_rms, [rows, 1], [t0, 0])
         s_pre, s_post = pl.read(hc_scale, [0]), pl.read(hc_scale, [1])
-        z_pre = pl.row_expand_mul(pl.slice(mixes_raw, [ST, hc_pad], [t0, 0], valid_shape=[rows, hc]), inv)
-        z_pre = pl.col_expand_add(z_pre * s_pre, pl.slice(base_row, [1, hc_pad], [0, 0], valid_shape=[1, hc]))
-        pre = pl.recip(pl.exp(-z_pre) + 1.0) + hc_eps
-        pl.assemble(pre_val_store, pl.set_validshape(pre, rows, hc), [t0, 0])
-        z_post = pl.row_expand_mul(pl.slice(mixes_raw, [ST, hc_pad], [t0, hc], valid_shape=[rows, hc]), inv)
-        z_post = pl.col_expand_add(z_post * s_post, pl.slice(base_row, [1, hc_pad], [0, hc], valid_shape=[1, hc]))
-        pl.assemble(post, pl.set_validshape(pl.recip(pl.exp(-z_post) + 1.0) * 2.0, rows, hc), [t0, 0])
+        z_pre = pl.row_expand_mul(pl.slice(mixes_raw, [rows, hc], [t0, 0]), inv)
+        z_pre = pl.col_expand_add(z_pre * s_pre, pl.slice(base_row, [1, hc], [0, 0]))
+        pl.assemble(pre_val_store, pl.recip(pl.exp(-z_pre) + 1.0) + hc_eps, [t0, 0])
+        z_post = pl.row_expand_mul(pl.slice(mixes_raw, [rows, hc], [t0, hc]), inv)
+        z_post = pl.col_expand_add(z_post * s_post, pl.slice(base_row, [1, hc], [0, hc]))
+        pl.assemble(post, pl.recip(pl.exp(-z_post) + 1.0) * 2.0, [t0, 0])
 
     # 4. comb = sinkhorn(softmax_j(mixes[:, 2hc:]*s2 + b) + eps)
     CT = token_tile(t, tl.comb_t)
     for b in pl.spmd(-(-t // CT), name_hint="comb_sinkhorn", allow_early_resolve=True):
         t0 = b * CT
-        rows = min(CT, t - t0)
-        inv = pl.slice(inv_rms, [CT, 1], [t0, 0], valid_shape=[rows, 1])
+        tt = min(CT, t - t0)  # the block's tokens (a ragged last tile computes only its own rows)
+        inv = pl.slice(inv_rms, [tt, 1], [t0, 0])
         s_comb = pl.read(hc_scale, [2])
-        z = pl.row_expand_mul(pl.slice(mixes_raw, [CT, hc * hc], [t0, 2 * hc], valid_shape=[rows, hc * hc]), inv)
+        z = pl.row_expand_mul(pl.slice(mixes_raw, [tt, hc * hc], [t0, 2 * hc]), inv)
         z = pl.col_expand_add(z * s_comb, pl.slice(base_row, [1, hc * hc], [0, 2 * hc]))
         # rows = (token, input stream i), columns = output stream j (no pad columns: a row max,
         # and a row sum in order, over hc columns is the value over hc_pad with FP32-minimum / zero pads)
-        zr = pl.reshape(z, [CT * hc, hc])
+        zr = pl.reshape(z, [tt * hc, hc])
         e = pl.exp(pl.row_expand_sub(zr, pl.row_max(zr)))
         c = pl.row_expand_div(e, pl.row_sum(e)) + hc_eps
-        # Sinkhorn on the [hc (i), CT*hc (token, j)] layout: the column pass is one column
+        if tt == 1:  # one token: [hc (i), hc (j)] is both layouts below (no reshapes, no transposes)
+            c = _sinkhorn_cols(c, hc_eps)
+            for _ in pl.range(iters - 1):
+                c = _sinkhorn_cols(pl.row_expand_div(c, pl.row_sum(c) + hc_eps), hc_eps)
+            pl.assemble(comb, pl.reshape(c, [1, hc * hc]), [t0, 0])
+            continue
+        # Sinkhorn on the [hc (i), tt*hc (token, j)] layout: the column pass is one column
         # reduction, the row pass a row reduction of a reshaped view (no transposes per round)
-        c = pl.reshape(pl.transpose(pl.reshape(c, [CT, hc, hc]), 0, 1), [hc, CT * hc])
+        c = pl.reshape(pl.transpose(pl.reshape(c, [tt, hc, hc]), 0, 1), [hc, tt * hc])
         c = _sinkhorn_cols(c, hc_eps)
         for _ in pl.range(iters - 1):
-            c = _sinkhorn_cols(_sinkhorn_rows(c, CT, hc, hc_eps), hc_eps)
-        out = pl.reshape(pl.transpose(pl.reshape(c, [hc, CT, hc]), 0, 1), [CT, hc * hc])
-        pl.assemble(comb, pl.set_validshape(out, rows, hc * hc), [t0, 0])
+            c = _sinkhorn_cols(_sinkhorn_rows(c, tt, hc, hc_eps), hc_eps)
+        out = pl.reshape(pl.transpose(pl.reshape(c, [hc, tt, hc]), 0, 1), [tt, hc * hc])
+        pl.assemble(comb, out, [t0, 0])
 
     # 5. x_mixed = bf16_rne((x0*pre0 + x1*pre1) + (x2*pre2 + x3*pre3))
     MT, DT = token_tile(t, tl.mix_t), tl.d_tile
     n_d = D // DT
+    x_rows = pl.reshape(x, [t * hc, D])  # row t*hc + h: stream h of token t
     for b in pl.spmd(-(-t // MT) * n_d, name_hint="mix_x", allow_early_resolve=True):
         t0 = (b // n_d) * MT
         d0 = (b % n_d) * DT
-        rows = min(MT, t - t0)
-        pre = pl.slice(pre_val_store, [MT, hc_pad], [t0, 0], valid_shape=[rows, hc])
-        if n_d == 1:  # the tokens' whole rows in one load (a view of the unwritten input, one
-            # footprint box), each stream a [MT, D] column window of it (one copy, as a strided load)
-            xt = pl.slice(x_flat, [MT, hc_dim], [t0, 0], valid_shape=[rows, hc_dim])
-            xs = [pl.slice(xt, [MT, DT], [0, h * D]) for h in range(hc)]
-        else:  # each stream's [MT, DT] window of x_flat loaded on its own
-            xs = [pl.slice(x_flat, [MT, DT], [t0, h * D + d0], valid_shape=[rows, DT]) for h in range(hc)]
-        terms = [pl.row_expand_mul(xs[h], pl.slice(pre, [MT, 1], [0, h])) for h in range(hc)]
+        rows = min(MT, t - t0)  # a ragged last tile computes only its own rows
+        pre = pl.slice(pre_val_store, [rows, hc], [t0, 0])
+        if n_d == 1:  # the tokens' whole rows in one load as [rows*hc, D] (row (token, stream)), every
+            # x_h * pre_h in one row-broadcast multiply by pre as a [rows*hc, 1] column; stream h is
+            # columns h*D .. (h+1)*D of the product's [rows, hc*D] view
+            xr = pl.slice(x_rows, [rows * hc, D], [t0 * hc, 0])
+            prod = pl.reshape(pl.row_expand_mul(xr, pl.reshape(pre, [rows * hc, 1])), [rows, hc * D])
+            terms = [prod[:, h * D:(h + 1) * D] for h in range(hc)]
+        else:  # each stream's [rows, DT] window of x_flat loaded on its own
+            xs = [pl.slice(x_flat, [rows, DT], [t0, h * D + d0]) for h in range(hc)]
+            terms = [pl.row_expand_mul(xs[h], pl.slice(pre, [rows, 1], [0, h])) for h in range(hc)]
         while len(terms) > 1:  # pairwise tree, as the golden
             terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
-        pl.assemble(x_mixed, pl.set_validshape(pl.cast(terms[0], pl.BF16, mode="rint"), rows, DT), [t0, d0])
+        pl.assemble(x_mixed, pl.cast(terms[0], pl.BF16, mode="rint"), [t0, d0])
     return x_mixed, post, comb
 
 

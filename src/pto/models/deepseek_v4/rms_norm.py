@@ -6,8 +6,8 @@ all in FP32, mean over the hidden axis D:
     x_normed = bf16_rne((x * rsqrt(mean(x^2) + eps)) * w)
 
 Kernel (``rms_norm``, one task ``rms_norm`` of ``ceil(T/RMS_T_TILE)`` blocks, no GM
-scratch): each block loads its token rows as one ``[RMS_T_TILE, D]`` tile (tail rows via
-``valid_shape``; zero padding is never stored), sums squares in FP32,
+scratch): each block loads its token rows as one ``[rows, D]`` tile (``RMS_T_TILE`` rows, the
+ragged last block only its own), sums squares in FP32,
 ``inv = rsqrt(sum/D + eps)``, writes ``x*inv*w`` as BF16 with ``rint`` (round-to-nearest-
 even). The reference uses 8-token blocks and walks D in 32 chunks of 128 per pass; on the
 CPU the same math runs as a handful of large tile ops per block (128 tokens, full width), so
@@ -88,12 +88,12 @@ def rms_norm(
     task = pl.spmd((t + TT - 1) // TT, name_hint="rms_norm", allow_early_resolve=True)
     for b in task:
         t0 = b * TT
-        rows = min(TT, t - t0)
-        xt = pl.cast(pl.slice(x, [TT, D], [t0, 0], valid_shape=[rows, D]), pl.FP32, mode="none")
-        inv = pl.rsqrt(pl.row_sum(xt * xt) / float(D) + eps, high_precision=True)  # [TT, 1]
+        rows = min(TT, t - t0)  # a ragged last tile computes only its own rows
+        xt = pl.cast(pl.slice(x, [rows, D], [t0, 0]), pl.FP32, mode="none")
+        inv = pl.rsqrt(pl.row_sum(xt * xt) / float(D) + eps, high_precision=True)  # [rows, 1]
         wt = pl.cast(w_row[0:1, 0:D], pl.FP32, mode="none")
         y = pl.col_expand_mul(pl.row_expand_mul(xt, inv), wt)
-        pl.assemble(x_normed, pl.set_validshape(pl.cast(y, pl.BF16, mode="rint"), rows, D), [t0, 0])
+        pl.assemble(x_normed, pl.cast(y, pl.BF16, mode="rint"), [t0, 0])
     return task.tid
 
 
