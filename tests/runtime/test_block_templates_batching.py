@@ -118,7 +118,10 @@ def test_block_zero_without_batched_form_does_not_stop_later_programs_when_varia
     a = _early_path_args(32)
     C.run_args(early_path, *a)
     after = B.template_info()
-    assert after["tasks"] == 2 and after["batched"] == 54
+    # the second program takes the first one's templates (reused): blocks 0-2, whose paths follow
+    # this program's data, record their own; block 3 (the variant's recording before) batches too
+    assert after["tasks"] == 2 and after["reused"] == 1 and after["recorded"] == info["recorded"] + 3
+    assert after["batched"] == 27 + 28
     assert torch.equal(a[2], _early_path_expected(a))
 
 

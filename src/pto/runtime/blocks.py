@@ -76,13 +76,21 @@ GM, as on the device.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import os
 import sys
+import types
+from collections import OrderedDict
 
 import torch
 
 from pto.errors import PtoError
 from pto.language import _ctx
+from pto.language import compat_ops as _compat
+from pto.language.dtypes import DType
+from pto.language.tensor_ops import GMTensor
+from pto.language.tile_ops import Tile
 from pto.runtime import replay as _replay
 from pto.runtime.graph import Block
 from pto.runtime.symbolic import NAMESPACE as _SYM_NS
@@ -107,7 +115,8 @@ RECORD_BLOCKS = int(os.environ.get("PTO_BLOCK_TEMPLATES_RECORD_BLOCKS", "50"))
 MAX_VARIANTS = 4  # templates per task (paths through the block)
 _SITE_OFF: set = set()  # task sites whose blocks could not be templated (later programs run them plainly)
 _CODE: dict = {}  # generated source -> compiled factory
-_INFO = {"tasks": 0, "recorded": 0, "templated": 0, "batched": 0, "plain": 0, "diverged": 0, "restarts": 0}
+_INFO = {"tasks": 0, "recorded": 0, "reused": 0, "templated": 0, "batched": 0, "plain": 0, "diverged": 0,
+         "restarts": 0}
 _DEBUG = os.environ.get("PTO_BLOCKS_DEBUG", "0") not in ("0", "")
 _DIVERGED_AT: list = []  # (task, block, template line) of the latest divergences (PTO_BLOCKS_DEBUG=1)
 _BATCH_LOG: list = []  # (task, blocks, what batching did) per templated task (PTO_BLOCKS_DEBUG=1)
@@ -160,6 +169,7 @@ def reset_templates() -> None:
     """Forget the task sites turned off (and those not batched) and zero the counters (tests)."""
     _SITE_OFF.clear()
     _NO_BATCH.clear()
+    _KEPT.clear()
     _UNBATCHED.clear()
     for k in _INFO:
         _INFO[k] = 0
@@ -238,26 +248,34 @@ def _blocks(prog, task, n: int):
     blocks that diverge; the last block) between begin_block and end_block; run the others from
     the templates."""
     _INFO["tasks"] += 1
-    variants: list = []
-    tpl = yield from _record(prog, task, 0, variants)
-    if _worth(tpl, 1, n):
-        variants.append(tpl)
-    elif tpl is not None and (tpl.ok(1) or tpl.batch is not None):
-        # block 0's path holds for a few blocks only (the first tokens of a chunk see nothing):
-        # kept, the blocks past it record their own paths (a later run of them may batch)
-        if _DEBUG:
-            _log((task.name, n, "index guards hold for a few blocks"))
-        variants.append(tpl)
+    env = _TaskEnv.of(prog, task, n) if _REUSE[0] else None
+    variants = env.bind() if env is not None else None
+    if variants is not None:  # an earlier task of this site and kernel state: its templates, no recording
+        _INFO["reused"] += 1
+        st = {"hits": 0, "misses": 0, "plain": 0, "variants": variants}
+        k1, recorded0 = 0, _INFO["recorded"]
     else:
-        if _DEBUG and tpl is not None:
-            _log((task.name, n, "index guards hold for too few blocks"))
-        _SITE_OFF.add(task.site)  # the blocks' paths differ by their index: plain (and plain next time)
-    st = {"hits": 0, "misses": 0, "plain": 1, "variants": variants}
+        variants = []
+        tpl = yield from _record(prog, task, 0, variants)
+        if _worth(tpl, 1, n):
+            variants.append(tpl)
+        elif tpl is not None and (tpl.ok(1) or tpl.batch is not None):
+            # block 0's path holds for a few blocks only (the first tokens of a chunk see nothing):
+            # kept, the blocks past it record their own paths (a later run of them may batch)
+            if _DEBUG:
+                _log((task.name, n, "index guards hold for a few blocks"))
+            variants.append(tpl)
+        else:
+            if _DEBUG and tpl is not None:
+                _log((task.name, n, "index guards hold for too few blocks"))
+            _SITE_OFF.add(task.site)  # the blocks' paths differ by their index: plain (and plain next time)
+        st = {"hits": 0, "misses": 0, "plain": 1, "variants": variants}
+        k1, recorded0 = 1, _INFO["recorded"] - 1
     if _DEBUG and variants:
         _log((task.name, n, "no batched form: " + str(variants[0].why) if variants[0].batch is None
                            else "site not batched" if task.site in _NO_BATCH else "batched"))
-    batched0, recorded0 = _INFO["batched"], _INFO["recorded"] - 1
-    sort = yield from _run_range(prog, task, 1, n - 1, n, st)
+    batched0 = _INFO["batched"]
+    sort = yield from _run_range(prog, task, k1, n - 1, n, st)
     batched, recorded = _INFO["batched"] - batched0, _INFO["recorded"] - recorded0
     if variants and ((variants[0].batch is None and not batched) or recorded * RECORD_BLOCKS > batched):
         # no block of the task ran batched (block 0's template has no batched form, nor had any
@@ -267,6 +285,8 @@ def _blocks(prog, task, n: int):
         # MIN_UNBATCHED blocks). A task of another block count (a prompt's last, shorter chunk)
         # does not mark the full chunks' tasks
         _UNBATCHED.add((task.site, n))
+    if env is not None and st["variants"] and task.site not in _SITE_OFF and (k1 or _INFO["recorded"] > recorded0):
+        env.keep(st["variants"])  # recorded here (not only bound): kept for the next task of this key
     if sort:
         task.blocks.sort(key=lambda b: b.idx)
     if n > 1:
@@ -349,6 +369,245 @@ def _one(prog, task, k: int, n: int, st: dict):
     yield k
     prog.end_block()
     st["plain"] += 1
+
+
+# ---- templates across tasks --------------------------------------------------------------------------
+# A kernel runs the same task site once per call (one per layer of a forward, one per prefill chunk):
+# its block body is the same code over the same shapes, only the GM tensors differ. A task whose
+# kernel state matches an earlier task's of the same site takes that task's templates with the new
+# tensors in place of the old ones, and records nothing.
+_REUSE = [os.environ.get("PTO_BLOCK_TEMPLATES_REUSE", "1").strip().lower() not in ("0", "", "false", "off", "no")]
+_REUSE_MAX = 512  # kept (site, state) entries; the least recently used goes beyond that
+_KEPT: OrderedDict = OrderedDict()  # env key -> list of template recipes
+_SIMPLE = (type(None), bool, int, str, bytes, torch.dtype, DType, slice, range, type(Ellipsis))
+_CALLABLE = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
+             types.MethodWrapperType, types.ClassMethodDescriptorType)
+_HELD = (GMTensor, Tile, torch.Tensor, torch.nn.Parameter)
+_BUF_FACTS = ("kind", "direction", "readonly", "untracked", "partial", "offset", "base_off", "no_copy", "freed")
+_HOLDERS = (types.ModuleType, type, types.GetSetDescriptorType, types.MemberDescriptorType)
+
+
+class _Unkeyable(Exception):
+    """A kernel variable whose value cannot be part of a task's reuse key (internal)."""
+
+
+class _Slot:
+    """Where a template constant comes from: object ``i`` of kernel variable ``name`` (its GM
+    tensor's view, Buffer or the Buffer's tensor; a tile's values or mask; a tensor)."""
+
+    __slots__ = ("name", "i")
+
+    def __init__(self, name: str, i: int):
+        self.name, self.i = name, i
+
+
+class _RecView:
+    """What a batched form reads of its recorder: the constants and the recorded tensor metadata."""
+
+    __slots__ = ("consts", "meta")
+
+    def __init__(self, consts: dict, meta: dict):
+        self.consts, self.meta = consts, meta
+
+
+def _value_key(v, depth: int = 0):
+    """A hashable key equal for two values a block body cannot tell apart (numbers with their
+    type and sign, strings, dtypes, containers of them, frozen dataclasses, modules, classes,
+    functions by code and closure). Raises _Unkeyable for anything else (a mutable object, a
+    tensor inside a container)."""
+    t = type(v)
+    if t in _SIMPLE or isinstance(v, enum.Enum):
+        return (t, v)
+    if t is float:
+        return (t, v.hex() if v == v else "nan")
+    if depth > 3:
+        raise _Unkeyable
+    if t is tuple or t is list:
+        if len(v) > 256:
+            raise _Unkeyable
+        return (t, tuple(_value_key(x, depth + 1) for x in v))
+    if t is dict:
+        if len(v) > 64 or any(type(k) is not str for k in v):
+            raise _Unkeyable
+        return (t, tuple(sorted((k, _value_key(x, depth + 1)) for k, x in v.items())))
+    if t is types.FunctionType:
+        try:
+            cells = tuple(_value_key(c.cell_contents, depth + 1) for c in (v.__closure__ or ()))
+        except ValueError:  # an empty cell
+            raise _Unkeyable from None
+        return (t, v.__code__, cells, _value_key(v.__defaults__, depth + 1), _value_key(v.__kwdefaults__, depth + 1))
+    if isinstance(v, _HOLDERS) or isinstance(v, _CALLABLE) and isinstance(getattr(v, "__self__", None), _HOLDERS):
+        return ("id", v)
+    if dataclasses.is_dataclass(v) and not isinstance(v, type) and v.__dataclass_params__.frozen:
+        try:
+            hash(v)
+        except TypeError:
+            raise _Unkeyable from None
+        return ("dc", v)
+    raise _Unkeyable
+
+
+def _tensor_key(x: torch.Tensor) -> tuple:
+    return (tuple(x.shape), x.stride(), x.storage_offset(), x.dtype)
+
+
+def _portable(x) -> bool:
+    """True for a template constant that means the same in any task: numbers, strings, dtypes,
+    shape lists, torch's functions and unbound methods, module-level functions."""
+    t = type(x)
+    if t in _SIMPLE or t is float or t is complex:
+        return True
+    if t is tuple or t is list:
+        return all(_portable(y) for y in x)
+    if isinstance(x, _CALLABLE):
+        s = getattr(x, "__self__", None)
+        return s is None or isinstance(s, _HOLDERS)
+    if t is types.FunctionType:
+        return x.__closure__ is None
+    return isinstance(x, (type, types.ModuleType))
+
+
+class _TaskEnv:
+    """The kernel state a task's block body starts from (the variables of the frame running
+    ``for b in pl.spmd(n)``): the reuse key and the objects a template constant may come from."""
+
+    __slots__ = ("key", "objs", "where", "consts")
+
+    @staticmethod
+    def of(prog, task, n: int):
+        """The env of ``task`` (``n`` blocks) of program ``prog``, or None when some kernel
+        variable is not keyable (then the task records its own templates and keeps none)."""
+        from pto.runtime.heap import Buffer
+        # frame 2 is pl.spmd's block generator; the frame that iterates it runs the block body. A
+        # loop in pto's own code (the decorator form: the body is a function) keys nothing
+        f = sys._getframe(2).f_back
+        if f is None or _sym_trusted(f.f_code):
+            return None
+        parts: list = [task.site, n, f.f_code, _compat.mode.pypto, repr(prog.config)]
+        env = _TaskEnv()
+        env.objs, env.where = {}, {}
+        try:
+            for name, v in f.f_locals.items():
+                env._add(parts, name, v, 0)
+        except _Unkeyable:
+            return None
+        env.key = tuple(parts)
+        return env
+
+    def _add(self, parts: list, name, v, depth: int) -> None:
+        """Key kernel variable ``name`` = ``v`` into ``parts``; its tensors, Buffers and tiles
+        (also inside a tuple, list or dict) become objects of slot ``name``."""
+        from pto.language.control import spmd
+        from pto.runtime.heap import Buffer
+        t = type(v)
+        if t is GMTensor:
+            buf = v.buf
+            if type(buf) is not Buffer or buf.slow or buf.pending is not None:
+                raise _Unkeyable
+            got = (v.data, buf, buf.data)
+            parts.append((name, "G", _tensor_key(v.data), _tensor_key(buf.data), buf.shape, buf.dtype,
+                          tuple(_value_key(getattr(buf, a, None)) for a in _BUF_FACTS),
+                          getattr(buf, "undo", None) is not None))
+        elif t is Tile:
+            vals, ib = getattr(v, "_vals", None), getattr(v, "_ib", None)
+            vk = None if vals is None else (vals[0] is v.data, vals[1], _value_key(vals[2]))
+            ik = None if ib is None else (ib[0] is v.data, ib[1], ib[2])
+            got = (v.data, v.mask)
+            parts.append((name, "T", _tensor_key(v.data), v.mask is None, _value_key(v.valid), vk, ik,
+                          getattr(v, "_mown", None)))
+        elif t is torch.Tensor or t is torch.nn.Parameter:
+            got = (v,)
+            parts.append((name, "t", _tensor_key(v)))
+        elif t is spmd:  # a task scope (this loop's or an earlier one): its size and name
+            parts.append((name, "spmd", v.n, v.name))
+            return
+        elif (t is tuple or t is list) and depth < 2 and any(type(x) in _HELD for x in v):
+            parts.append((name, t, len(v)))
+            for i, x in enumerate(v):
+                self._add(parts, (name, i), x, depth + 1)
+            return
+        elif t is dict and depth < 2 and any(type(x) in _HELD for x in v.values()):
+            parts.append((name, t, len(v)))
+            for k in sorted(v, key=repr):
+                parts.append((name, "k", _value_key(k)))
+                self._add(parts, (name, k), v[k], depth + 1)
+            return
+        else:
+            parts.append((name, _value_key(v)))
+            return
+        self.objs[name] = got
+        for i, o in enumerate(got):
+            if o is None:
+                continue
+            first = self.where.setdefault(id(o), (name, i))
+            if first != (name, i):
+                parts.append(("alias", name, i, first))  # two variables share the object
+
+    def bind(self):
+        """The templates an earlier task of this key kept, bound to this task's objects (a list), or None."""
+        recipes = _KEPT.get(self.key)
+        if recipes is None:
+            return None
+        _KEPT.move_to_end(self.key)
+        return [self._bind(r) for r in recipes]
+
+    def _obj(self, x):
+        return self.objs[x.name][x.i] if type(x) is _Slot else x
+
+    def _bind(self, r: dict) -> "_Template":
+        tpl = _Template.__new__(_Template)
+        P = tuple(self._obj(x) for x in r["P"])
+        tpl.factory, tpl.P = r["factory"], P
+        tpl.fn, tpl.ok, tpl.book, tpl.bookr = r["factory"](P)
+        tpl.undo, tpl.unlogged, tpl.src, tpl.why = r["undo"], r["unlogged"], r["src"], r["why"]
+        b = r["batch"]
+        if b is None:
+            tpl.batch = None
+        else:
+            ops, writes, used, fp_reads, consts, meta = b
+            nb = tpl.batch = _Batch()
+            nb.rec = _RecView({i: self._obj(c) for i, c in consts.items()}, meta)
+            nb.ops, nb.used, nb.fp_reads = ops, used, fp_reads
+            nb.writes = {i: (w, self._obj(a)) for i, (w, a) in writes.items()}
+        return tpl
+
+    def _slot(self, x):
+        """``x`` as a recipe entry: a _Slot for an object of a kernel variable, ``x`` itself when
+        portable; raises _Unkeyable otherwise (a tensor made elsewhere, a closure)."""
+        hit = self.where.get(id(x))
+        if hit is not None and self.objs[hit[0]][hit[1]] is x:
+            return _Slot(*hit)
+        if type(x) is torch.Tensor and x.dim() == 0 and id(x) in self.consts:
+            return x  # the DSL's cached FP32 scalar operand of that value (never written)
+        if isinstance(x, torch.Tensor) or not _portable(x):
+            raise _Unkeyable
+        return x
+
+    def keep(self, variants: list) -> None:
+        """Keep ``variants`` (this task's templates) for later tasks of the same key, unless one
+        holds a constant that is neither portable nor an object of a kernel variable."""
+        from pto.language.tile_ops import _FP32_SCALARS
+        self.consts = {id(t) for t in _FP32_SCALARS.values()}
+        try:
+            recipes = []
+            for v in variants:
+                batch = None
+                if v.batch is not None:
+                    b = v.batch
+                    for op in b.ops:
+                        for x in list(op[1]) + list(op[2].values()):
+                            if isinstance(x, torch.Tensor) or type(x) is GMTensor or type(x) is Tile:
+                                raise _Unkeyable
+                    batch = (b.ops, {i: (w, None if a is None else self._slot(a)) for i, (w, a) in b.writes.items()},
+                             b.used, b.fp_reads, {i: self._slot(c) for i, c in b.rec.consts.items()}, b.rec.meta)
+                recipes.append({"factory": v.factory, "P": tuple(self._slot(x) for x in v.P), "undo": v.undo,
+                                "unlogged": v.unlogged, "src": v.src, "why": v.why, "batch": batch})
+        except _Unkeyable:
+            return
+        _KEPT[self.key] = recipes
+        _KEPT.move_to_end(self.key)
+        while len(_KEPT) > _REUSE_MAX:
+            _KEPT.popitem(last=False)
 
 
 def _fixed_view(op):
@@ -715,7 +974,7 @@ class _Template:
     record ``blk`` (footprints, counters) and returns True, or undoes its GM writes and returns
     False when a guard fails."""
 
-    __slots__ = ("fn", "ok", "book", "bookr", "batch", "undo", "unlogged", "src", "why")
+    __slots__ = ("fn", "ok", "book", "bookr", "batch", "undo", "unlogged", "src", "why", "factory", "P")
 
     def __init__(self, rec: _BlockRecorder, blk):
         P: list = []
@@ -914,7 +1173,8 @@ class _Template:
             ns = {"D": _Diverged, "Z": _replay._same_signed, **_SYM_NS}
             exec(compile(src, "<pto block template>", "exec"), ns)  # noqa: S102 - generated
             factory = _CODE[src] = ns["make"]
-        self.fn, self.ok, self.book, self.bookr = factory(tuple(P))
+        self.factory, self.P = factory, tuple(P)
+        self.fn, self.ok, self.book, self.bookr = factory(self.P)
         _WHY[0] = None
         self.batch = _Batch.of(rec, ops[len(pure):], writes, len(pure), blk) if _BATCH[0] else None
         self.why = _WHY[0]
