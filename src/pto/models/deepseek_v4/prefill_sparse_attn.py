@@ -87,6 +87,7 @@ __all__ = [
     "invalid_bias",
     "rope_index_rows",
     "gather_key_block",
+    "gather_tile_block",
     "bias_block",
     "key_block_stats",
     "merge_key_blocks",
@@ -241,13 +242,15 @@ def _gather_rows(src_flat, rows: list, n_stage: int, head_dim: int):
 
 
 def _cmp_rows(kernel: str, tok: int, c0: int, slots: list, cmp_block_table, table_row: tuple, *,
-              cmp_pages: int, block_size: int) -> list:
+              cmp_pages: int, block_size: int, pages: dict | None = None) -> list:
     """Flat ``cmp_kv`` rows of the logical ``slots`` (``cmp_indices[tok, c0 ..]``; ``-1`` for a
     negative slot): ``cmp_block_table[*table_row, slot // block_size] * block_size + slot %
     block_size``, each page's entry read once (``pl.read``: cheaper than ``pl.read_elements``
-    for the few pages of a key block). Raises BindError for a slot past the table or on an entry
-    that is not a page of ``cmp_kv`` (the message names ``kernel``)."""
-    rows, pages = [], {}
+    for the few pages of a key block; ``pages``: the entries already read, page -> entry, shared
+    by the tokens of one block). Raises BindError for a slot past the table or on an entry that
+    is not a page of ``cmp_kv`` (the message names ``kernel``)."""
+    rows = []
+    pages = {} if pages is None else pages
     for k, slot in enumerate(slots):
         if slot < 0:
             rows.append(-1)
@@ -311,6 +314,49 @@ def gather_key_block(kernel: str, tok: int, kb: int, swa_indices, cmp_indices, o
     pl.assemble(sparse_kv, stage, [(tok * key_blocks + kb) * key_tile + r0, 0])
 
 
+def gather_tile_block(kernel: str, t0: int, t1: int, kb: int, t: int, swa_indices, cmp_indices, ori_flat, cmp_flat,
+                      cmp_block_table, sparse_kv, *, key_tile: int, swa_blocks: int, n_cmp: int, head_dim: int,
+                      cmp_pages: int, block_size: int) -> None:
+    """Key block ``kb`` of the tokens ``t0 .. t1 - 1`` (one block of prefill's ``gather_kv``) into
+    the key-block-major ``sparse_kv``: token ``tok``'s rows ``(kb * t + tok) * key_tile ..``, so
+    the tokens of one block are one run of ``(t1 - t0) * key_tile`` rows.
+
+    The block's index columns (window columns of ``swa_indices`` for ``kb < swa_blocks``, else
+    compressed columns of ``cmp_indices`` lowered through ``cmp_block_table``, each page's entry
+    read once per block) are one ``[t1 - t0, n]`` tile read row by row (``pl.read_values``);
+    every valid row of the tokens is gathered in one ``pl.gather_rows`` into a ``[(t1 - t0) *
+    key_tile, head_dim]`` BF16 stage whose invalid and padding rows are zero, stored at once.
+    A block past ``n_cmp`` or whose every index is ``-1`` writes nothing (``qk_pv`` skips a
+    token's key block by its bias row, so a token whose own columns are all ``-1`` reads none
+    of its zero rows either).
+
+    Raises:
+        BindError: a compressed slot past the table (``cmp_pages`` pages), or one whose table
+            entry is not a page of ``cmp_kv``; the message names ``kernel``.
+    """
+    swa = kb < swa_blocks
+    c0 = kb * key_tile if swa else (kb - swa_blocks) * key_tile
+    n = key_tile if swa else min(key_tile, n_cmp - c0)
+    m = t1 - t0
+    if n <= 0 or m <= 0:
+        return  # padding block past the attended compressed columns, or no active token
+    idx = pl.slice(swa_indices if swa else cmp_indices, [m, n], [t0, c0])
+    rows, pages, pad = [], {}, [-1] * (key_tile - n)
+    for r in range(m):
+        vals = pl.read_values(idx, [r, 0], n)
+        if max(vals) < 0:
+            rows += [-1] * key_tile
+            continue
+        if not swa:  # logical slots lowered through the block table (each page's entry read once)
+            vals = _cmp_rows(kernel, t0 + r, c0, vals, cmp_block_table, (), cmp_pages=cmp_pages,
+                             block_size=block_size, pages=pages)
+        rows += vals + pad if pad else vals
+    if max(rows) < 0:
+        return
+    stage = _gather_rows(ori_flat if swa else cmp_flat, rows, m * key_tile, head_dim)
+    pl.assemble(sparse_kv, stage, [(kb * t + t0) * key_tile, 0])
+
+
 def bias_block(b: int, t: int, swa_indices, cmp_indices, sparse_bias, *, window: int, n_cmp: int,
                key_pad: int) -> None:
     """Block ``b`` of the core's bias task: rows ``b * BIAS_TOK_TILE ..`` of ``sparse_bias [T,
@@ -329,14 +375,17 @@ def bias_block(b: int, t: int, swa_indices, cmp_indices, sparse_bias, *, window:
 
 
 def key_block_stats(load_q, tok: int, kb: int, sparse_kv, sparse_bias, blk_m, blk_l, blk_o, *, scale: float,
-                    key_tile: int, key_blocks: int, heads: int, head_dim: int) -> None:
+                    key_tile: int, key_blocks: int, heads: int, head_dim: int, tokens: int | None = None) -> None:
     """Online-softmax statistics of key block ``kb`` of token ``tok``, every head at once:
     ``s = q @ kv^T * scale + bias`` FP32 ``[H, KT]``, ``m = row_max s``, ``p = exp(s - m)``,
     ``l = row_sum p``, ``o = bf16(p) @ kv`` into rows ``(tok * key_blocks + kb) * heads ..`` of
     ``blk_m / blk_l [.., 1]`` and ``blk_o [.., head_dim]``. ``load_q()`` returns the token's
     ``[H, head_dim]`` BF16 query tile (called only for a block with a valid key). A fully
     masked block (its bias row all ``-FP32_MAX``) is not loaded: it stores ``(-FP32_MAX, 0,
-    0)``, which the merge weighs by ``exp(-FP32_MAX - m) = 0`` (alone: ``o / inf = 0``)."""
+    0)``, which the merge weighs by ``exp(-FP32_MAX - m) = 0`` (alone: ``o / inf = 0``). The
+    block's keys are ``sparse_kv`` rows ``(tok * key_blocks + kb) * key_tile ..`` (token-major), or
+    with ``tokens`` (the chunk's token count: prefill's key-block-major ``gather_kv``) rows
+    ``(kb * tokens + tok) * key_tile ..``."""
     hr = (tok * key_blocks + kb) * heads
     bias = sparse_bias[tok:tok + 1, kb * key_tile:(kb + 1) * key_tile]
     if pl.read(pl.row_max(bias), [0, 0]) < 0:
@@ -344,7 +393,7 @@ def key_block_stats(load_q, tok: int, kb: int, sparse_kv, sparse_bias, blk_m, bl
         blk_l[hr:hr + heads, 0:1] = pl.full([heads, 1], pl.FP32, 0.0)
         blk_o[hr:hr + heads, 0:head_dim] = pl.full([heads, head_dim], pl.FP32, 0.0)
         return
-    r0 = (tok * key_blocks + kb) * key_tile
+    r0 = ((tok * key_blocks + kb) if tokens is None else (kb * tokens + tok)) * key_tile
     kv = sparse_kv[r0:r0 + key_tile, 0:head_dim]
     s = pl.col_expand_add(pl.mul(pl.matmul(load_q(), kv, b_trans=True), scale), bias)  # [H, KT] FP32
     m = pl.row_max(s)
@@ -425,12 +474,14 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
 
     Tasks (pypto-lib `models/deepseek/v4-flash/prefill_sparse_attn.py`; ``NB = key_blocks``, ``KT = key_tile``, ``T`` dynamic):
 
-    1. ``gather_kv`` ``spmd(ceil(T/4) * NB)``: block = (4 tokens, key block); per active
-       token a ``[KT, head_dim]`` stage of the valid rows (raw rows from ``swa_indices``;
-       compressed slots lowered through ``cmp_block_table``, each page's entry read once),
-       gathered in one ``pl.gather_rows`` and placed in a zeroed stage by runs of consecutive
-       rows; a ``-1`` column copies nothing (the row stays zero); a block whose every index is
-       ``-1`` is not written at all.
+    1. ``gather_kv`` ``spmd(ceil(T/4) * NB)``: block = (4 tokens, key block); the active
+       tokens' ``[KT, head_dim]`` stages of the valid rows (raw rows from ``swa_indices``;
+       compressed slots lowered through ``cmp_block_table``, each page's entry read once per
+       block), gathered in one ``pl.gather_rows`` and placed in a zeroed ``[4*KT, head_dim]``
+       stage by runs of consecutive rows, stored at once into the key-block-major
+       ``sparse_kv`` (token ``t``'s block ``kb`` at rows ``(kb*T + t)*KT``); a ``-1`` column
+       copies nothing (the row stays zero); a block whose every index is ``-1`` is not
+       written at all (:func:`gather_tile_block`).
     2. ``build_bias`` ``spmd(ceil(T/16))``: additive mask ``[T, sparse_pad]``.
     3. ``qk_pv`` ``spmd(T)``: per active token and key block, all heads at once: scores,
        ``* softmax_scale``, ``+ bias``, row max, ``exp``, row sum, BF16 probabilities @ kv;
@@ -521,12 +572,12 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
 
         # 1. gather the key rows of every active token, one key block per block; a block whose
         #    every index is -1 is left unwritten (qk_pv skips it by its bias row)
-        geo = dict(key_tile=KT, key_blocks=NB, swa_blocks=NBS, n_cmp=NCMP, head_dim=HD, cmp_pages=CP, block_size=BS)
+        geo = dict(key_tile=KT, swa_blocks=NBS, n_cmp=NCMP, head_dim=HD, cmp_pages=CP, block_size=BS)
         for b in pl.spmd(-(-t // GATHER_TOK_TILE) * NB, name_hint="gather_kv"):
             tile, kb = divmod(b, NB)
-            for tok in range(tile * GATHER_TOK_TILE, min((tile + 1) * GATHER_TOK_TILE, active)):
-                gather_key_block("prefill_sparse_attn", tok, kb, swa_indices, cmp_indices, ori_flat, cmp_flat,
-                                 cmp_block_table, (), sparse_kv, **geo)
+            t0 = tile * GATHER_TOK_TILE
+            gather_tile_block("prefill_sparse_attn", t0, min(t0 + GATHER_TOK_TILE, active), kb, t, swa_indices,
+                              cmp_indices, ori_flat, cmp_flat, cmp_block_table, sparse_kv, **geo)
 
         # 2. additive mask: 0 for a valid column, -FP32_MAX for -1 and for the padding columns
         for b in pl.spmd(-(-t // BIAS_TOK_TILE), name_hint="build_bias"):
@@ -539,7 +590,7 @@ def prefill_sparse_attn_kernels(cfg: DeepSeekV4Config, max_compressed: int | Non
                 qt = q_rows[tok * H:(tok + 1) * H, 0:HD]  # [H, HD]
                 for kb in pl.range(NB):
                     key_block_stats(lambda: qt, tok, kb, sparse_kv, sparse_bias, blk_m, blk_l, blk_o, scale=scale,
-                                    key_tile=KT, key_blocks=NB, heads=H, head_dim=HD)
+                                    key_tile=KT, key_blocks=NB, heads=H, head_dim=HD, tokens=t)
 
         # 4. merge the key blocks (golden order), attention sink, split nope / rope parts
         merge = pl.spmd(t, name_hint="merge_norm")
