@@ -65,6 +65,24 @@ times) runs on every recording: a later recording (a diverged block's variant, b
 later program) may reach code the first one did not. Each code object is examined once per
 process (replay's cache).
 
+Across tasks: a kernel runs the same task site once per call (each layer of a forward, each
+prefill chunk, each generate). At the start of a task, the variables of the frame that iterates
+``pl.spmd`` are keyed (:class:`_TaskEnv`): numbers by value, type and sign, strings, dtypes,
+containers of them, frozen dataclasses, modules and classes, functions by code and closure;
+GM tensors, tiles and tensors (also inside a tuple, list or dict) by shape, strides, storage
+offset and dtype, with their Buffer's facts (kind, direction, heap offset, undo log) and which
+variables share an object; plus the site, the block count, the pypto compatibility mode and
+the RunConfig. A task whose key an earlier task of the site kept runs from that task's
+templates (all its variants), each constant that was a tensor, Buffer or tile of a kernel
+variable replaced by the same variable's object of this task: no recording, and block 0 runs
+like the others (batched where the index guards hold). A task whose variables include
+anything else (a mutable object, a tensor inside an object, a closure over a tensor), whose
+loop runs in pto's own code (the decorator form ``@pl.spmd(n)``), or whose templates hold a
+constant that is neither portable (numbers, shape lists, torch's functions, the DSL's cached
+FP32 scalars) nor an object of a kernel variable records its own and keeps none. Values the
+block body takes from module globals are taken as the first task of the key saw them.
+``PTO_BLOCK_TEMPLATES_REUSE=0`` turns this off; the latest ``_REUSE_MAX`` (512) keys are kept.
+
 Not used (plain blocks): check mode, graph-only mode, ``drop_init``, a ``block_order`` other
 than ``"program"``, a phased (syncall) body, a distributed world of more than one rank, while
 the program cache records a run, under a trace function (a debugger, coverage), and a block
@@ -159,14 +177,16 @@ class block_templates(_replay._Switch):  # noqa: N801 - used like a function: ``
 
 def template_info() -> dict:
     """Counters since import (or the last :func:`reset_templates`): ``tasks`` run with templates,
-    ``recorded`` (block recordings), ``templated`` (blocks run from a template), ``plain``
+    ``recorded`` (block recordings), ``reused`` (tasks that took an earlier task's templates),
+    ``templated`` (blocks run from a template), ``plain``
     (blocks of those tasks run plainly: first/last, diverged, after giving up), ``diverged``,
     ``restarts`` (programs rerun plainly), ``sites_off``."""
     return dict(_INFO, sites_off=len(_SITE_OFF))
 
 
 def reset_templates() -> None:
-    """Forget the task sites turned off (and those not batched) and zero the counters (tests)."""
+    """Forget the task sites turned off (and those not batched) and the templates kept across
+    tasks, and zero the counters (tests)."""
     _SITE_OFF.clear()
     _NO_BATCH.clear()
     _KEPT.clear()
