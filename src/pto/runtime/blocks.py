@@ -79,8 +79,10 @@ like the others (batched where the index guards hold). A task whose variables in
 anything else (a mutable object, a tensor inside an object, a closure over a tensor), whose
 loop runs in pto's own code (the decorator form ``@pl.spmd(n)``), or whose templates hold a
 constant that is neither portable (numbers, shape lists, torch's functions, the DSL's cached
-FP32 scalars) nor an object of a kernel variable records its own and keeps none. Values the
-block body takes from module globals are taken as the first task of the key saw them.
+FP32 scalars) nor an object of a kernel variable records its own and keeps none. The module
+globals the kernel function's own code names are keyed too where their values are keyable;
+what the body reaches otherwise (the globals of the helpers it calls, a mutable global, a loop
+value carried from block to block) is taken as the first task of the key saw it.
 ``PTO_BLOCK_TEMPLATES_REUSE=0`` turns this off; the latest ``_REUSE_MAX`` (512) keys are kept.
 
 Not used (plain blocks): check mode, graph-only mode, ``drop_init``, a ``block_order`` other
@@ -399,7 +401,7 @@ def _one(prog, task, k: int, n: int, st: dict):
 _REUSE = [os.environ.get("PTO_BLOCK_TEMPLATES_REUSE", "1").strip().lower() not in ("0", "", "false", "off", "no")]
 _REUSE_MAX = 512  # kept (site, state) entries; the least recently used goes beyond that
 _KEPT: OrderedDict = OrderedDict()  # env key -> list of template recipes
-_SIMPLE = (type(None), bool, int, str, bytes, torch.dtype, DType, slice, range, type(Ellipsis))
+_SIMPLE = (type(None), bool, int, str, bytes, torch.dtype, DType, type(Ellipsis))
 _CALLABLE = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
              types.MethodWrapperType, types.ClassMethodDescriptorType)
 _HELD = (GMTensor, Tile, torch.Tensor, torch.nn.Parameter)
@@ -442,6 +444,8 @@ def _value_key(v, depth: int = 0):
         return (t, v.hex() if v == v else "nan")
     if depth > 3:
         raise _Unkeyable
+    if t is slice or t is range:  # by their parts (range(0, 0) == range(64, 64); slices do not hash)
+        return (t, _value_key(v.start, depth + 1), _value_key(v.stop, depth + 1), _value_key(v.step, depth + 1))
     if t is tuple or t is list:
         if len(v) > 256:
             raise _Unkeyable
@@ -455,16 +459,23 @@ def _value_key(v, depth: int = 0):
             cells = tuple(_value_key(c.cell_contents, depth + 1) for c in (v.__closure__ or ()))
         except ValueError:  # an empty cell
             raise _Unkeyable from None
-        return (t, v.__code__, cells, _value_key(v.__defaults__, depth + 1), _value_key(v.__kwdefaults__, depth + 1))
-    if isinstance(v, _HOLDERS) or isinstance(v, _CALLABLE) and isinstance(getattr(v, "__self__", None), _HOLDERS):
+        # code objects compare equal across modules: the module's globals too (by identity)
+        return (t, v.__code__, v.__code__.co_filename, id(v.__globals__), cells, _value_key(v.__defaults__, depth + 1),
+                _value_key(v.__kwdefaults__, depth + 1))
+    if t is types.ModuleType or isinstance(v, type) and _framework(v) or (
+            isinstance(v, _CALLABLE) and isinstance(getattr(v, "__self__", None), _HOLDERS)):
         return ("id", v)
     if dataclasses.is_dataclass(v) and not isinstance(v, type) and v.__dataclass_params__.frozen:
-        try:
-            hash(v)
-        except TypeError:
-            raise _Unkeyable from None
-        return ("dc", v)
+        # field by field (its own == would take 0.0 for -0.0, 4 for 4.0, a mutable field by identity)
+        return ("dc", t, tuple(_value_key(getattr(v, f.name), depth + 1) for f in dataclasses.fields(v)))
     raise _Unkeyable
+
+
+def _framework(cls: type) -> bool:
+    """A class of Python, torch or pto's DSL and runtime (whose attributes kernels do not
+    change); a kernel's own class may have its attributes changed between tasks: not keyable."""
+    mod = getattr(cls, "__module__", "") or ""
+    return mod == "builtins" or mod.split(".")[0] == "torch" or mod.startswith(("pto.language", "pto.runtime"))
 
 
 def _tensor_key(x: torch.Tensor) -> tuple:
@@ -477,6 +488,8 @@ def _portable(x) -> bool:
     t = type(x)
     if t in _SIMPLE or t is float or t is complex:
         return True
+    if t is slice or t is range:
+        return _portable(x.start) and _portable(x.stop) and _portable(x.step)
     if t is tuple or t is list:
         return all(_portable(y) for y in x)
     if isinstance(x, _CALLABLE):
@@ -507,11 +520,25 @@ class _TaskEnv:
         env = _TaskEnv()
         env.objs, env.where = {}, {}
         try:
-            for name, v in f.f_locals.items():
+            loc = f.f_locals
+            for name, v in loc.items():
                 env._add(parts, name, v, 0)
         except _Unkeyable:
             return None
+        # the module globals the kernel function's own code names (a global it reads, changed
+        # between calls, keys another entry); one whose value is not keyable is left out
+        glb = f.f_globals
+        for name in f.f_code.co_names:
+            if name not in loc and name in glb:
+                try:
+                    parts.append(("global", name, _value_key(glb[name])))
+                except _Unkeyable:
+                    pass
         env.key = tuple(parts)
+        try:
+            hash(env.key)
+        except TypeError:  # some value that reached the key does not hash: not keyable
+            return None
         return env
 
     def _add(self, parts: list, name, v, depth: int) -> None:
