@@ -270,6 +270,15 @@ def _cmp_rows(kernel: str, tok: int, c0: int, slots: list, cmp_block_table, tabl
     return rows
 
 
+def _key_block_columns(kb: int, *, key_tile: int, swa_blocks: int, n_cmp: int) -> tuple:
+    """``(swa, c0, n)`` of key block ``kb``: whether it holds window columns, its first column
+    (of ``swa_indices`` or of ``cmp_indices``) and its column count (``<= 0`` for a padding
+    block past the ``n_cmp`` attended compressed columns)."""
+    swa = kb < swa_blocks
+    c0 = kb * key_tile if swa else (kb - swa_blocks) * key_tile
+    return swa, c0, key_tile if swa else min(key_tile, n_cmp - c0)
+
+
 def gather_key_block(kernel: str, tok: int, kb: int, swa_indices, cmp_indices, ori_flat, cmp_flat, cmp_block_table,
                      table_row: tuple, sparse_kv, *, key_tile: int, key_blocks: int, swa_blocks: int, n_cmp: int,
                      head_dim: int, cmp_pages: int, block_size: int, part: tuple = (0, 1)) -> None:
@@ -291,9 +300,7 @@ def gather_key_block(kernel: str, tok: int, kb: int, swa_indices, cmp_indices, o
         BindError: a compressed slot past the table (``cmp_pages`` pages), or one whose table
             entry is not a page of ``cmp_kv``; the message names ``kernel``.
     """
-    swa = kb < swa_blocks
-    c0 = kb * key_tile if swa else (kb - swa_blocks) * key_tile
-    n = key_tile if swa else min(key_tile, n_cmp - c0)
+    swa, c0, n = _key_block_columns(kb, key_tile=key_tile, swa_blocks=swa_blocks, n_cmp=n_cmp)
     if n <= 0:
         return  # padding block past the attended compressed columns
     idx = pl.slice(swa_indices if swa else cmp_indices, [1, n], [tok, c0])
@@ -334,9 +341,7 @@ def gather_tile_block(kernel: str, t0: int, t1: int, kb: int, t: int, swa_indice
         BindError: a compressed slot past the table (``cmp_pages`` pages), or one whose table
             entry is not a page of ``cmp_kv``; the message names ``kernel``.
     """
-    swa = kb < swa_blocks
-    c0 = kb * key_tile if swa else (kb - swa_blocks) * key_tile
-    n = key_tile if swa else min(key_tile, n_cmp - c0)
+    swa, c0, n = _key_block_columns(kb, key_tile=key_tile, swa_blocks=swa_blocks, n_cmp=n_cmp)
     m = t1 - t0
     if n <= 0 or m <= 0:
         return  # padding block past the attended compressed columns, or no active token
