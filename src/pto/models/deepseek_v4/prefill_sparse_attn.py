@@ -222,6 +222,8 @@ def _gather_rows(src_flat, rows: list, n_stage: int, head_dim: int):
     (read footprints per run), placed in a zeroed stage by runs of consecutive stage rows. A
     single run covering the whole stage is the gathered tile itself (no zeroed stage is made:
     the assemble would overwrite every element)."""
+    if len(rows) == n_stage and min(rows) >= 0:  # every row valid: the gathered tile is the stage
+        return pl.gather_rows(src_flat, rows, cols=head_dim)
     cols = [k for k, r in enumerate(rows) if r >= 0]
     if not cols:
         return pl.full([n_stage, head_dim], pl.BF16, 0)
