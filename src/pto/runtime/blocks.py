@@ -108,11 +108,13 @@ import torch
 from pto.errors import PtoError
 from pto.language import _ctx
 from pto.language import compat_ops as _compat
+from pto.language.control import spmd as _spmd
 from pto.language.dtypes import DType
 from pto.language.tensor_ops import GMTensor
 from pto.language.tile_ops import Tile
 from pto.runtime import replay as _replay
 from pto.runtime.graph import Block
+from pto.runtime.heap import Buffer
 from pto.runtime.symbolic import NAMESPACE as _SYM_NS
 from pto.runtime.symbolic import _UN_SRC as _SYM_UN
 from pto.runtime.symbolic import Sym, concrete_of, evaluate
@@ -307,7 +309,7 @@ def _blocks(prog, task, n: int):
         # MIN_UNBATCHED blocks). A task of another block count (a prompt's last, shorter chunk)
         # does not mark the full chunks' tasks
         _UNBATCHED.add((task.site, n))
-    if env is not None and st["variants"] and task.site not in _SITE_OFF and (k1 or _INFO["recorded"] > recorded0):
+    if env is not None and recorded and st["variants"] and task.site not in _SITE_OFF:
         env.keep(st["variants"])  # recorded here (not only bound): kept for the next task of this key
     if sort:
         task.blocks.sort(key=lambda b: b.idx)
@@ -510,7 +512,6 @@ class _TaskEnv:
     def of(prog, task, n: int):
         """The env of ``task`` (``n`` blocks) of program ``prog``, or None when some kernel
         variable is not keyable (then the task records its own templates and keeps none)."""
-        from pto.runtime.heap import Buffer
         # frame 2 is pl.spmd's block generator; the frame that iterates it runs the block body. A
         # loop in pto's own code (the decorator form: the body is a function) keys nothing
         f = sys._getframe(2).f_back
@@ -544,8 +545,6 @@ class _TaskEnv:
     def _add(self, parts: list, name, v, depth: int) -> None:
         """Key kernel variable ``name`` = ``v`` into ``parts``; its tensors, Buffers and tiles
         (also inside a tuple, list or dict) become objects of slot ``name``."""
-        from pto.language.control import spmd
-        from pto.runtime.heap import Buffer
         t = type(v)
         if t is GMTensor:
             buf = v.buf
@@ -565,7 +564,7 @@ class _TaskEnv:
         elif t is torch.Tensor or t is torch.nn.Parameter:
             got = (v,)
             parts.append((name, "t", _tensor_key(v)))
-        elif t is spmd:  # a task scope (this loop's or an earlier one): its size and name
+        elif t is _spmd:  # a task scope (this loop's or an earlier one): its size and name
             parts.append((name, "spmd", v.n, v.name))
             return
         elif (t is tuple or t is list) and depth < 2 and any(type(x) in _HELD for x in v):

@@ -339,6 +339,12 @@ def gather_tile_block(kernel: str, t0: int, t1: int, kb: int, t: int, swa_indice
     token's key block by its bias row, so a token whose own columns are all ``-1`` reads none
     of its zero rows either).
 
+    Args (``T = t`` the chunk's tokens, ``NB`` key blocks per token, ``KT = key_tile``):
+        swa_indices: ``[T, W]`` INT32, physical flat rows of ``ori_flat [P*BS, head_dim]`` BF16.
+        cmp_indices: ``[T, >= n_cmp]`` INT32 logical slots of ``cmp_flat [CP*BS, head_dim]``
+            BF16 through ``cmp_block_table [CP]`` INT32 (pages of ``block_size`` rows).
+        sparse_kv: ``[T*NB*KT, head_dim]`` BF16 scratch, written in place.
+
     Raises:
         BindError: a compressed slot past the table (``cmp_pages`` pages), or one whose table
             entry is not a page of ``cmp_kv``; the message names ``kernel``.
