@@ -1,8 +1,9 @@
 """Where a decode step's time goes: torch calls per step, pto's kernel path vs transformers eager.
 
 On the tiny checkpoint (``pto checkpoint tiny``, seed 0), one request: a ``--prompt``-token
-prefill (default 128, one chunk), then ``--steps`` decode steps (default 3). For one prefill
-chunk and for the best decode step (process CPU time, 1 thread) of each engine
+prefill (default 128, one chunk), then ``--steps`` decode steps (default 3). For the best of
+``--steps`` prefill chunks (pto: after a warm-up chunk, the program cache cleared before each, as
+for a new prompt) and of ``--steps`` decode steps (process CPU time, 1 thread) of each engine
 (``KernelModel`` int8 through the CPU runtime; ``DeepseekV4ForCausalLM`` float32, eager
 attention and experts, its KV cache), a ``TorchFunctionMode`` counts the torch calls made
 from Python in one more run of the same step: tensor ops (``torch.*`` functions and tensor
@@ -49,13 +50,18 @@ class CallCount(TorchFunctionMode):
         return sum(self.calls.values()) - meta, meta
 
 
-def _measure(step, steps: int) -> dict:
-    """Best CPU time (ms) of ``step()`` over ``steps`` runs, then the calls of one more run."""
+def _measure(step, steps: int, before=None) -> dict:
+    """Best CPU time (ms) of ``step()`` over ``steps`` runs, then the calls of one more run;
+    ``before()`` (untimed) runs before each of them."""
     cpu = []
     for _ in range(steps):
+        if before is not None:
+            before()
         t0 = time.process_time()
         step()
         cpu.append((time.process_time() - t0) * 1e3)
+    if before is not None:
+        before()
     with CallCount() as c:
         step()
     ops, meta = c.split()
@@ -66,6 +72,7 @@ def _pto(ckpt: str, ids: list[int], steps: int) -> dict:
     from pto.models.deepseek_v4.config import get_deployment
     from pto.models.deepseek_v4.layer import KernelModel
     from pto.models.deepseek_v4.weights import open_checkpoint
+    from pto.runtime import clear_program_cache
 
     model = KernelModel(open_checkpoint(ckpt, "int8"), get_deployment("tiny"))
     x = torch.tensor(ids)
@@ -76,8 +83,11 @@ def _pto(ckpt: str, ids: list[int], steps: int) -> dict:
         model.forward(x, st)
         model.release_state(st)
 
-    prefill()  # warm-up
-    res["prefill"] = _measure(prefill, 1)
+    prefill()  # warm-up: block templates recorded, weights converted
+    # the program cache forgets the chunk before every run: its key holds the token ids, so a
+    # repeated prompt would time the cache's recording (second call) or a replay (later calls)
+    # instead of a new prompt's prefill (bench_generate does the same)
+    res["prefill"] = _measure(prefill, steps, before=clear_program_cache)
     state = model.new_state()
     tok = int(model.forward(x, state)[-1].argmax())
     res["decode"] = _measure(lambda: model.decode([tok], [state]), steps)
@@ -96,7 +106,7 @@ def _hf(ckpt: str, ids: list[int], steps: int) -> dict:
     res = {}
     with torch.no_grad():
         model(x, use_cache=True)  # warm-up
-        res["prefill"] = _measure(lambda: model(x, use_cache=True), 1)
+        res["prefill"] = _measure(lambda: model(x, use_cache=True), steps)
         out = model(x, use_cache=True)
         pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
         # each measured step decodes the same next token on top of the prompt's cache (the cache grows)

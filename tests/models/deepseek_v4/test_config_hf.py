@@ -62,12 +62,29 @@ def test_from_hf_reads_a_transformers_saved_config(tmp_path):
     ({"layer_types": ["sliding_attention"] * 5 + ["full_attention"]}, "full_attention"),
     ({"layer_types": None}, "layer_types nor compress_ratios"),
     ({"scoring_func": "softmax"}, "scoring_func"),
+    ({"eos_token_id": "155"}, r"eos_token_id must be a non-negative integer token id, a list of them or null, got '155'"),
+    ({"eos_token_id": [1, "x"]}, "eos_token_id must be"),
+    ({"eos_token_id": True}, "eos_token_id must be"),
+    ({"eos_token_id": -1}, "eos_token_id must be"),
+    ({"bos_token_id": 0.5}, "bos_token_id must be a non-negative integer token id or null, got 0.5"),
 ])
 def test_from_hf_rejects_bad_fields(change, needle):
     hf = get_config("tiny").to_hf()
     hf.update(change)
     with pytest.raises(ConfigError, match=needle):
         DeepSeekV4Config.from_hf(hf)
+
+
+@pytest.mark.parametrize("eos, want", [(7, 7), ([7], 7), ([9, 7], (9, 7)), ([], None), (None, None)])
+def test_from_hf_eos_token_id_forms(eos, want):
+    """HF allows one stop id or a list of them: a list of several is kept whole (a tuple) and
+    written back as a list."""
+    hf = get_config("tiny").to_hf()
+    hf["eos_token_id"] = eos
+    cfg = DeepSeekV4Config.from_hf(hf)
+    assert cfg.eos_token_id == want
+    back = cfg.to_hf()["eos_token_id"]
+    assert back == (list(want) if isinstance(want, tuple) else want)
 
 
 def test_from_hf_missing_file(tmp_path):

@@ -3,6 +3,7 @@
 Short prompts only (the 509-token runs are in tests/parity/test_parity_model.py).
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -54,6 +55,20 @@ def test_eos_and_max_new_tokens(model):
     stopped = generate(model, [ids], max_new_tokens=6, eos_token_id=eos)
     assert stopped.tokens[0] == free.tokens[0][:first + 1] and stopped.stop_reasons == ["eos"]
     assert stopped.decode_steps == first
+    # a list of stop ids (Hugging Face's form): the first of them generated stops the request
+    other = free.tokens[0][4]
+    listed = generate(model, [ids], max_new_tokens=6, eos_token_id=[10_000, other, eos])
+    assert listed.tokens[0] == stopped.tokens[0] and listed.stop_reasons == ["eos"]
+    # the config's eos_token_id (-1, the default), also as a tuple of several
+    cfg = model.cfg
+    try:
+        model.cfg = dataclasses.replace(cfg, eos_token_id=(10_000, eos))
+        assert generate(model, [ids], max_new_tokens=6).tokens[0] == stopped.tokens[0]
+    finally:
+        model.cfg = cfg
+    for bad in ("7", 7.0, True, [7, None]):
+        with pytest.raises(BindError, match="eos_token_id must be None, a token id or a list of token ids"):
+            generate(model, [ids], max_new_tokens=2, eos_token_id=bad)
 
 
 def test_batch_of_different_lengths(model):

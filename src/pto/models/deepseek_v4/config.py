@@ -25,6 +25,27 @@ LAYER_TYPE_OF_RATIO = {0: "sliding_attention", 4: "compressed_sparse_attention",
 _RATIO_OF_LAYER_TYPE = {v: k for k, v in LAYER_TYPE_OF_RATIO.items()}
 
 
+def _token_id_field(hf: dict, key: str, default, many: bool = False):
+    """``config.json`` field ``key`` as a token id: a non-negative integer or null; with ``many``
+    (``eos_token_id``) also a list of them, as Hugging Face allows (generation stops at any of
+    them): one id gives the int, several a tuple, an empty list None.
+
+    Raises:
+        ConfigError: any other value (a string, a float, a bool, a negative id), naming the field.
+    """
+    v = hf.get(key, default)
+
+    def one(x) -> bool:
+        return type(x) is int and x >= 0
+
+    if v is None or one(v):
+        return v
+    if many and isinstance(v, list) and all(one(x) for x in v):
+        return None if not v else v[0] if len(v) == 1 else tuple(v)
+    what = "a non-negative integer token id, a list of them or null" if many else "a non-negative integer token id or null"
+    raise ConfigError(f"config.json: {key} must be {what}, got {v!r}")
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """YaRN parameters of the compress RoPE profile (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
@@ -87,7 +108,7 @@ class DeepSeekV4Config:
     swiglu_limit: float = 10.0
     num_hash_layers: int = 3
     bos_token_id: int | None = 0
-    eos_token_id: int | None = 1
+    eos_token_id: int | tuple[int, ...] | None = 1  # a tuple: several stop tokens (HF's list form)
     num_nextn_predict_layers: int = 1
 
     # ---- derived -------------------------------------------------------
@@ -296,9 +317,8 @@ class DeepSeekV4Config:
         if scoring != "sqrtsoftplus":
             raise ConfigError(f"config.json: scoring_func={scoring!r}; only 'sqrtsoftplus' is "
                               "implemented")
-        eos = hf.get("eos_token_id", 1)
-        if isinstance(eos, list):
-            eos = eos[0] if eos else None
+        bos = _token_id_field(hf, "bos_token_id", 0)
+        eos = _token_id_field(hf, "eos_token_id", 1, many=True)
 
         cfg = cls(
             name=name, hidden_size=get("hidden_size", int),
@@ -320,7 +340,7 @@ class DeepSeekV4Config:
             scoring_func=scoring,
             routed_scaling_factor=get("routed_scaling_factor", float, 1.5),
             swiglu_limit=get("swiglu_limit", float, 10.0), num_hash_layers=n_hash,
-            bos_token_id=hf.get("bos_token_id", 0), eos_token_id=eos,
+            bos_token_id=bos, eos_token_id=eos,
             num_nextn_predict_layers=get("num_nextn_predict_layers", int, 1),
         )
         if cfg.n_shared_experts != 1:
@@ -375,7 +395,8 @@ class DeepSeekV4Config:
             "index_topk": self.index_topk, "hc_mult": self.hc_mult,
             "hc_sinkhorn_iters": self.hc_sinkhorn_iters, "hc_eps": self.hc_eps,
             "rms_norm_eps": self.rms_norm_eps, "tie_word_embeddings": False,
-            "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
             "num_nextn_predict_layers": self.num_nextn_predict_layers,
             "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
         }

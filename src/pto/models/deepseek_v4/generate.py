@@ -26,7 +26,7 @@ from pto.errors import BindError, CapacityError
 from pto.models.deepseek_v4.decode_metadata import HCA_RATIO, hca_cmp_cols
 from pto.models.deepseek_v4.prefill_sparse_attn import sparse_attn_tiling
 
-__all__ = ["GenerateResult", "generate", "check_prompts", "hca_context"]
+__all__ = ["GenerateResult", "generate", "check_prompts", "hca_context", "stop_ids"]
 
 
 @dataclass
@@ -155,8 +155,25 @@ def check_prompts(prompts, cfg, deployment, max_new_tokens: int) -> list[list[in
     return out
 
 
+def stop_ids(eos) -> frozenset:
+    """The stop tokens of ``eos``: None -> none, an int -> that id, a list or tuple of ints -> each
+    (an ``eos_token_id`` as :class:`~pto.models.deepseek_v4.config.DeepSeekV4Config` or
+    :func:`generate` take it).
+
+    Raises:
+        BindError: anything else (a bool, a string, a float, a nested list), naming the value.
+    """
+    if eos is None:
+        return frozenset()
+    if type(eos) is int:
+        return frozenset((eos,))
+    if isinstance(eos, (list, tuple)) and all(type(t) is int for t in eos):
+        return frozenset(eos)
+    raise BindError(f"generate: eos_token_id must be None, a token id or a list of token ids, got {eos!r}")
+
+
 def generate(model, prompts, *, max_new_tokens: int = 8, chunk: int = 128,
-             eos_token_id: int | None = -1, keep_logits: bool = False,
+             eos_token_id=-1, keep_logits: bool = False,
              progress=None, mtp: bool = False, drafts: str = "model",
              reference: list[list[int]] | None = None) -> GenerateResult:
     """Greedy generation for a batch of prompts (see the module docstring).
@@ -166,8 +183,9 @@ def generate(model, prompts, *, max_new_tokens: int = 8, chunk: int = 128,
         prompts: list of token-id lists (different lengths allowed).
         max_new_tokens: new tokens per request at most (>= 1).
         chunk: prefill chunk length in tokens (>= 1).
-        eos_token_id: stop token; ``-1`` (default) means the model config's
-            ``eos_token_id``; ``None`` never stops early.
+        eos_token_id: stop token (an int) or tokens (a list or tuple of ints: a request stops at
+            any of them, as with Hugging Face's list form); ``-1`` (default) means the model
+            config's ``eos_token_id``; ``None`` never stops early.
         keep_logits: keep the prompt logits and each step's logits in the result.
         progress: optional callable ``progress(done_tokens, total_tokens, phase)``.
         mtp: self-speculative decoding with the checkpoint's MTP layer
@@ -182,14 +200,14 @@ def generate(model, prompts, *, max_new_tokens: int = 8, chunk: int = 128,
         :class:`GenerateResult`.
 
     Raises:
-        BindError / CapacityError: see :func:`check_prompts`; a bad ``chunk``. Raised before
-            any forward runs.
+        BindError / CapacityError: see :func:`check_prompts`; a bad ``chunk`` or
+            ``eos_token_id``. Raised before any forward runs.
     """
     cfg, dep = model.cfg, model.deployment
     prompts = check_prompts(prompts, cfg, dep, max_new_tokens)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise BindError(f"generate: chunk must be a positive integer, got {chunk!r}")
-    eos = cfg.eos_token_id if eos_token_id == -1 else eos_token_id
+    eos = stop_ids(cfg.eos_token_id if isinstance(eos_token_id, int) and eos_token_id == -1 else eos_token_id)
     B = len(prompts)
     total = sum(len(p) for p in prompts) + B * max_new_tokens
     tokens: list[list[int]] = [[] for _ in range(B)]
@@ -242,7 +260,7 @@ def _run(model, prompts, states, res, chunk, max_new_tokens, eos, keep_logits, p
             nxt = int(last.argmax())
             tokens[r].append(nxt)
             done += 1
-            if eos is not None and nxt == eos:
+            if nxt in eos:
                 reasons[r] = "eos"
             elif max_new_tokens > 1:
                 running.append(r)
@@ -262,7 +280,7 @@ def _run(model, prompts, states, res, chunk, max_new_tokens, eos, keep_logits, p
                 done += 1
                 if keep_logits:
                     step_logits[r].append(logits[row])
-                if eos is not None and nxt == eos:
+                if nxt in eos:
                     reasons[r] = "eos"
                 elif len(tokens[r]) < max_new_tokens:
                     still.append(r)

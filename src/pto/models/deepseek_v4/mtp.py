@@ -165,7 +165,8 @@ def generate_mtp(model, prompts: list[list[int]], res, *, chunk: int, max_new_to
                  keep_logits: bool, drafts: str = "model", reference=None, progress=None) -> None:
     """Greedy decoding with MTP drafts (module docstring); fills ``res`` (a
     :class:`GenerateResult`) in place: tokens, stop reasons, logits, timings, ``decode_steps``,
-    ``mtp_drafts`` / ``mtp_accepted``.
+    ``mtp_drafts`` / ``mtp_accepted``. ``eos``: the stop token ids (a set:
+    :func:`~pto.models.deepseek_v4.generate.stop_ids`; empty: never stop early).
 
     Raises:
         BindError: a bad ``drafts`` mode or ``reference``. ConfigError: no MTP layer (except
@@ -235,7 +236,7 @@ def generate_mtp(model, prompts: list[list[int]], res, *, chunk: int, max_new_to
                 done += 1
                 if mtp is not None:
                     draft[r] = int(ml[-1].argmax())
-                if eos is not None and nxt == eos:
+                if nxt in eos:
                     reasons[r] = "eos"
                 elif max_new_tokens > 1:
                     running.append(r)
@@ -266,7 +267,7 @@ def generate_mtp(model, prompts: list[list[int]], res, *, chunk: int, max_new_to
                         done += 1
                         if keep_logits:
                             res.step_logits[r].append(row)
-                        if eos is not None and tok == eos:
+                        if tok in eos:
                             reasons[r] = "eos"
                     draft[r] = nd
                     if reasons[r] != "eos" and len(tokens[r]) < max_new_tokens:
