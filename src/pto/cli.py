@@ -713,7 +713,8 @@ def _check_args(p):
     p.add_argument("--block-order", choices=("reverse", "shuffle"), default=None,
                    help="schedule sensitivity: run the blocks of every task (and unordered atomic adds) in this "
                         "order too and compare every output bit for bit with program order")
-    p.add_argument("--block-order-seed", type=int, default=0, metavar="K", help="seed of --block-order shuffle")
+    p.add_argument("--block-order-seed", type=int, default=None, metavar="K",
+                   help="seed of --block-order shuffle (default 0)")
 
 
 @command("check", "run a kernel in check mode against its golden; print PASS or the error", _check_args)
@@ -722,11 +723,14 @@ def cmd_check(args) -> int:
     ``--drop-init NAME`` runs it with that allocation's init_value dropped
     (``RunConfig.drop_init``: a name that drops nothing is a ConfigError). ``--json``: one
     document (:func:`_check_doc`) instead of the PASS / FAIL line."""
+    if args.block_order_seed is not None and args.block_order != "shuffle":
+        raise ConfigError(f"--block-order-seed seeds the --block-order shuffle; it needs --block-order shuffle "
+                          f"(got {'no --block-order' if args.block_order is None else '--block-order ' + args.block_order})")
     target = _target_from_args(args)
     if args.block_order is not None:
         if args.drop_init:
             raise ConfigError("--block-order compares schedules of the kernel as it is; it takes no --drop-init")
-        return _block_order_check(target, args.block_order, args.block_order_seed, args.json)
+        return _block_order_check(target, args.block_order, args.block_order_seed or 0, args.json)
     if "all" in args.drop_init:
         return _drop_init_all(target, args.drop_init, args.json)
     drop = tuple(args.drop_init)
@@ -1483,9 +1487,11 @@ def cmd_generate(args) -> int:
         con.print(f"{label}: {' '.join(map(str, toks))}  ({res.stop_reasons[r]})", highlight=False)
         if text is not None:
             con.print(f"text: {out['text'][r]}", highlight=False)
-    con.print(f"prefill {1e3 * res.prefill_s:.1f} ms ({sum(out['prompt_tokens'])} tokens), decode "
-              f"{res.decode_ms_per_token:.2f} ms/token, {res.tokens_per_s:.1f} tokens/s "
-              f"(weights {args.weights}, {'DSL kernels' if backend == 'kernels' else 'golden FP32 forward'})",
+    # no decode step ran (every request stopped at its first token): no per-token decode rate
+    decode = (f"decode {res.decode_ms_per_token:.2f} ms/token" if res.decode_steps else "no decode step")
+    con.print(f"prefill {1e3 * res.prefill_s:.1f} ms ({sum(out['prompt_tokens'])} tokens), {decode}, "
+              f"{res.tokens_per_s:.1f} tokens/s "
+              f"({f'weights {args.weights}, DSL kernels' if backend == 'kernels' else 'golden FP32 forward'})",
               highlight=False)
     if args.mtp:
         con.print(f"MTP: {res.mtp_accepted}/{res.mtp_drafts} drafts accepted (acceptance rate "
@@ -1502,11 +1508,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "DeepSeek-V4-Flash kernels")
     parser.add_argument("--version", action="version", version=f"pto {pto.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser._pto_sub = {}  # command name -> its parser (main reports unknown arguments with its usage)
     for cmd in COMMANDS.values():
         p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
         if cmd.configure is not None:
             cmd.configure(p)
         p.set_defaults(_handler=cmd.handler)
+        parser._pto_sub[cmd.name] = p
     return parser
 
 
@@ -1562,7 +1570,10 @@ def main(argv=None) -> int:
     that exhaust the machine's memory); 130 interrupted.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # an unknown option of a command: its own usage line, not the top-level one (exit 2)
+        parser._pto_sub.get(getattr(args, "command", None), parser).error(
+            f"unrecognized arguments: {' '.join(extra)}")
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what `pto generate --ep N` gives its ranks
     if getattr(args, "_handler", None) is None:
         parser.print_help()

@@ -9,6 +9,7 @@ feeds values that are discarded (e.g. a zero table that is never dereferenced).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pto.errors import PtoError
@@ -27,7 +28,8 @@ class DropInitOutcome:
         site: ``file:line`` of its first allocation; init_value: the value dropped;
         count: allocations of that name with an init_value in the run (loops allocate again);
         caught: the run failed; by: the error class, or ``"golden mismatch"``;
-        detail: the first line of the error or of the mismatch ("" when not caught).
+        detail: the first line of the error or of the mismatch ("" when not caught); a
+            message of several problems says how many there are and that this is the first.
     """
 
     name: str
@@ -54,8 +56,14 @@ def init_allocations(program: Program) -> list[tuple]:
     return [tuple(v) for v in seen.values()]
 
 
+# the count a message of several problems tags its first line with (sanitizer._join): the other
+# problems follow on later lines, which a one-line detail leaves out
+_SEVERAL = re.compile(r" \[(\d+) ([^\]]+?) in all; every one below\]")
+
+
 def _first_line(text: str, limit: int = 200) -> str:
     line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    line = _SEVERAL.sub(r" [the first of \1 \2]", line)
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
