@@ -506,6 +506,13 @@ def _prog_block(what: str):
     return blk
 
 
+def _poisoned(data: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``data`` with the poison pattern where ``mask`` is nonzero (runtime.program.poisoned; the
+    runtime imports this module, so the import waits for the first undefined read)."""
+    from pto.runtime.program import poisoned
+    return poisoned(data, mask)
+
+
 def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile:
     """Load the window [starts, stops) of t; with ``valid`` only the top-left
     valid extents are read and the rest is padding (zero unless ``pad``).
@@ -551,6 +558,8 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
         m = t.smask()[tuple(map(_pyslice, starts, vstops))]
         if buf.program.sanitizer.window_undefined(buf, m):
             mask = buf.program.consume_undefined(m.clone(), blk, "load")
+            if buf.lazy_poison:  # an Out argument's undefined elements read as the poison pattern
+                src = _poisoned(src, mask)
     if src.is_meta:  # graph-only mode: an unknown tile (a meta clone is slower than a new one)
         return Tile(_go.meta([b - a for a, b in zip(starts, stops)], src.dtype), None, valid)
     # an In argument nobody writes during the run (Buffer.no_copy: a store into it is a DslError)
@@ -1026,6 +1035,8 @@ def _gathered(t: GMTensor, blk, sel: torch.Tensor, c0: int, c1: int, data: torch
         m = t.smask()[:, c0:c1].index_select(0, sel)
         if buf.program.sanitizer.window_undefined(buf, m):
             mask = buf.program.consume_undefined(m, blk, "load")
+            if buf.lazy_poison:  # an Out argument's undefined elements read as the poison pattern
+                data = _poisoned(data, mask)
     return Tile(data, mask)
 
 

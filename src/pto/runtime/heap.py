@@ -60,7 +60,8 @@ class Buffer:
 
     __slots__ = ("id", "name", "site", "kind", "direction", "shape", "dtype", "nbytes", "offset", "base_off",
                  "C", "shadow", "untracked", "freed", "program", "init_value", "init_dropped", "written",
-                 "readonly", "no_copy", "data", "scope", "partial", "tasks_before", "slow", "pending", "go", "undo")
+                 "readonly", "no_copy", "data", "scope", "partial", "tasks_before", "slow", "pending", "go", "undo",
+                 "lazy_poison")
 
     def __init__(self, bid, name, site, kind, data: torch.Tensor, program, direction="in", offset=None,
                  init_value=None, untracked=False, facts=None):
@@ -96,6 +97,10 @@ class Buffer:
         self.data = data
         self.scope = 0
         self.partial = False  # a pl.PartialOut argument: unwritten elements are allowed
+        # check mode, an Out argument's private copy: its storage is not filled with the poison
+        # pattern; a load hands out the pattern for the elements its shadow says are undefined
+        # (program.poisoned), which is what a load of eagerly poisoned storage gives
+        self.lazy_poison = False
         self.tasks_before = 0  # tasks and join nodes submitted before the allocation (orchestration order)
         # the GM access fast paths must not touch it: freed, or holding atomic adds held back by a
         # schedule-sensitivity run (RunConfig.block_order; ``pending`` lists them)

@@ -484,7 +484,7 @@ class Program:
         elif not written:
             data = t
         elif direction == OUT and self.check and not partial:
-            data = torch.empty_like(t)  # poisoned below: an Out argument is undefined until written
+            data = torch.empty_like(t)  # undefined until written: poisoned where loaded (lazy_poison below)
         elif not self._in_place:
             data = t.clone()
         else:
@@ -512,7 +512,11 @@ class Program:
             # caller's values in its storage for the elements the program leaves alone
             buf.shadow = _sanitizer.new_shadow(buf.shape, None if direction == OUT else 0)  # Out: Sanitizer.defer
             if direction == OUT and not partial:
-                _poison(data)
+                # not filled with the poison pattern (a pass over the whole output, and the copy
+                # back another): every read of an undefined element goes through its shadow, so
+                # a tile load gets the pattern there (poisoned()), a scalar read an undefined value,
+                # and the output check keeps an unwritten element from reaching the caller
+                buf.lazy_poison = True
         g = GMTensor(data, buf, p.name)
         self.args.append((p, t, g))
         return g
@@ -1153,6 +1157,22 @@ def _in_pto(frame) -> bool:
     if inside is None:
         inside = _IN_PTO[fname] = fname.startswith(_PTO_DIR) and not fname.startswith(_MODELS_DIR)
     return inside
+
+
+_POISON_VALUE: dict = {}  # torch dtype -> its one-element poison tensor (the pattern _poison fills)
+
+
+def poisoned(data: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``data`` (a tile's values loaded from a check-mode Out argument, ``Buffer.lazy_poison``)
+    with the poison pattern where ``mask`` (its definedness mask, same shape) is nonzero: NaN
+    for floats, True for BOOL, bytes 0xAB for integers, as :func:`_poison` fills storage. A new
+    tensor; ``data`` is not written."""
+    v = _POISON_VALUE.get(data.dtype)
+    if v is None:
+        v = torch.empty(1, dtype=data.dtype)
+        _poison(v)
+        _POISON_VALUE[data.dtype] = v
+    return torch.where(mask != 0, v, data)
 
 
 def _poison(data: torch.Tensor) -> None:

@@ -15,6 +15,10 @@ one writes (plain write or atomic add), except two atomic adds.
   scope without ``deps=``, a ``manual_dep`` tensor without ``deps=`` and a
   wrong direction.
 
+An In argument (``Buffer.readonly``: a store into it is a DslError) is only read, so its
+accesses cannot conflict and are not kept; under pypto compatibility a written In argument
+becomes InOut during the run, so there every buffer's accesses are kept.
+
 Reachability uses ancestor bitsets (Python ints), one per task. The access
 history of a buffer drops entries that a later plain write of a descendant
 (or of the same task) covers: any later access that conflicts with a dropped
@@ -33,6 +37,7 @@ overlaps it holds.
 from __future__ import annotations
 
 from pto.errors import RaceError
+from pto.language import compat_ops as _compat
 from pto.runtime.deps import RowIndex, coalesce
 from pto.runtime.graph import KIND_NAMES
 
@@ -153,7 +158,10 @@ class RaceChecker:
             per_buf.setdefault(buf, []).append((box, kind))
         history = self.history
         tid = task.id
+        pypto = _compat.mode.pypto
         for buf, accesses in per_buf.items():
+            if buf.readonly and not pypto:
+                continue  # reads of an In argument nobody may write: nothing can conflict
             hist = history.get(buf.id)
             if hist is not None and hist:
                 for box, kind in accesses:
