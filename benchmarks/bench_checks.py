@@ -22,7 +22,14 @@ extra time goes (medians):
 Seed kernels (cases with a ``seed_scopes`` variant) are marked. No kernel
 golden runs; this times the kernel only.
 
+Torch runs 1 intra-op thread by default, as ``pto check`` does (``PTO_THREADS``) and as the other
+benchmarks do: on this 2-core machine a reduction of more than 32k elements with 2 threads waits
+for the second thread, milliseconds when another process holds that core (a bool ``any`` of a
+[128, 512] window took 0.08 ms with 1 thread and up to 8 ms with 2), which made both sides of
+the ratio erratic. ``--threads 0`` keeps torch's own setting.
+
     python benchmarks/bench_checks.py [--preset flash] [--mode prefill] [--repeat 3] [--only NAME ...]
+        [--threads 1]
 """
 
 from __future__ import annotations
@@ -133,7 +140,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="minimum runs per variant")
     ap.add_argument("--min-seconds", type=float, default=1.0, help="minimum total wall per variant")
     ap.add_argument("--only", nargs="*", default=None)
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch.set_num_threads (default 1: what pto's CLI runs with, PTO_THREADS; 0: torch's own)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
