@@ -974,8 +974,11 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
         sel = torch.tensor(rows, dtype=torch.int64)
         d = t.data
         st0, st1 = t._strides
-        data = (d if c0 == 0 and c1 == width else
-                d.as_strided((n, c1 - c0), (st0, st1), buf.base_off + t._off + c0 * st1)).index_select(0, sel)
+        if d.is_meta:  # graph-only mode, a shape-only tensor: an unknown tile (torch's meta index_select runs in Python)
+            data = _go.meta([len(rows), c1 - c0], d.dtype)
+        else:
+            data = (d if c0 == 0 and c1 == width else
+                    d.as_strided((n, c1 - c0), (st0, st1), buf.base_off + t._off + c0 * st1)).index_select(0, sel)
         br, bc, _ = t._rows
         cut = [k for k in range(1, len(rows)) if rows[k] != rows[k - 1] + 1]  # where a new run starts
         cut.append(len(rows))

@@ -1836,7 +1836,9 @@ def select(mask, a, b) -> Tile:
             if not oid:
                 _int_range_error("pl.select", v, a.data.dtype, _SCALAR_HINT)
             v = 0  # an undefined scalar (check mode): its elements are marked undefined
-        bd = _meta(a.data.shape, a.data.dtype) if isinstance(b, _MetaScalar) else torch.full_like(a.data, v)
+        # graph-only mode: an unknown operand gives an unknown result (torch's meta full_like runs in Python)
+        unknown = isinstance(b, _MetaScalar) or a.data.is_meta or m.data.is_meta
+        bd = _meta(a.data.shape, a.data.dtype) if unknown else torch.full_like(a.data, v)
         bm = torch.full(a.data.shape, oid, dtype=torch.int32) if oid else None
     if m.data.is_meta or a.data.is_meta or bd.is_meta:  # graph-only mode
         _count(a.data.numel())
