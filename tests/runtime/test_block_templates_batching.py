@@ -149,3 +149,22 @@ def test_unbatched_memory_is_per_block_count(monkeypatch):
     C.run_args(early_path, *a)
     assert B.template_info()["tasks"] == 2 and B.template_info()["batched"] == 27
     assert torch.equal(a[2], _early_path_expected(a))
+
+
+def test_cross_overlap_of_batched_blocks():
+    """The overlap test a batch runs before it runs blocks at once: a box one block writes that
+    meets a box of another block (read or written) is an overlap; reads alone, disjoint row ranges
+    (the quick path) and disjoint columns of shared rows (the sweep) are not."""
+    a, b = object(), object()
+
+    def blocks(*fps):
+        return [B._FpBlock(i, fp) for i, fp in enumerate(fps)]
+
+    W, R = 1, 0
+    assert not B._cross_overlap(blocks([(a, (0, 4, 0, 8), W)], [(a, (4, 8, 0, 8), W)], [(a, (8, 12, 0, 8), W)]))
+    assert not B._cross_overlap(blocks([(a, (0, 8, 0, 4), W)], [(a, (0, 8, 4, 8), W)]))  # same rows, other columns
+    assert not B._cross_overlap(blocks([(b, (0, 8, 0, 8), R)], [(b, (0, 8, 0, 8), R)]))  # reads only
+    assert B._cross_overlap(blocks([(a, (0, 4, 0, 8), W)], [(a, (3, 5, 0, 8), R)]))  # a read of a written row
+    assert B._cross_overlap(blocks([(a, (0, 8, 0, 5), W)], [(a, (0, 8, 4, 8), W)]))  # shared rows and a column
+    # one block's own boxes may overlap: only other blocks count
+    assert not B._cross_overlap(blocks([(a, (0, 4, 0, 8), W), (a, (2, 6, 0, 8), R)], [(a, (6, 8, 0, 8), W)]))

@@ -751,6 +751,8 @@ def _cross_overlap(blocks) -> bool:
         if not any(k for _, k, _ in items):
             continue  # read by every block, written by none
         items.sort(key=lambda it: it[0][0])
+        if all(items[i][0][1] <= items[i + 1][0][0] for i in range(len(items) - 1)):
+            continue  # no two boxes share a row (the usual case: a row range per block): none overlap
         active: list = []
         for box, kind, b in items:
             r0 = box[0]
