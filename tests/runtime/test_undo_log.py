@@ -10,6 +10,8 @@ same kernel under private copies (check mode) or a hand-computed result.
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pto
 import pto.language as pl
@@ -221,3 +223,28 @@ def test_error_after_many_block_stores_restores_with_block_templates(templates):
     info = template_info()
     # with templates on, the middle blocks really ran from the template (else the test proves nothing)
     assert (info["tasks"], info["templated"] >= n - 3) == ((1, True) if templates else (0, False))
+
+
+def _overlap_pairwise(spans) -> bool:
+    """The definition: some written span shares a byte with another span (both nonempty)."""
+    return any(w and wn and sn and s0 < w0 + wn and w0 < s0 + sn
+               for i, (w0, wn, w) in enumerate(spans) for j, (s0, sn, _) in enumerate(spans) if i != j)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 12), st.booleans()), max_size=8))
+def test_written_overlap_equals_the_pairwise_definition(spans):
+    """program.written_overlap (the in-place decision of a plain run and of a replay) sweeps the
+    spans in order of first byte; it must answer as the pairwise test over every two spans."""
+    from pto.runtime.program import written_overlap
+    assert written_overlap(spans) == _overlap_pairwise(spans)
+
+
+def test_written_overlap_cases():
+    from pto.runtime.program import written_overlap
+    assert not written_overlap([(0, 8, True), (8, 8, False), (16, 8, True)])  # adjacent, disjoint
+    assert written_overlap([(0, 8, False), (4, 8, True)])  # a written span inside a read one's bytes
+    assert written_overlap([(4, 8, True), (0, 16, False)])
+    assert not written_overlap([(0, 8, False), (0, 8, False)])  # the same In tensor twice
+    assert written_overlap([(0, 8, True), (0, 8, False)])  # an Out aliasing an In
+    assert not written_overlap([(0, 0, True), (0, 8, False)])  # an empty tensor shares no byte
