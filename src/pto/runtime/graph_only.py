@@ -118,7 +118,10 @@ class BufferState:
             return False
         if u is True:
             return box is not None
-        return any(bool(u[r0:r1, c0:c1].any()) for r0, r1, c0, c1 in _boxes(box))
+        # the mask's bytes as UINT8: torch's BOOL any over a strided window is ~9x slower (85 against
+        # 9 us for [128, 512] with 1 thread, milliseconds with 2 while the other core is busy)
+        u8 = u.view(torch.uint8)
+        return any(bool(u8[r0:r1, c0:c1].any()) for r0, r1, c0, c1 in _boxes(box))
 
     def _mark(self, box, unknown: bool) -> None:
         u = self.unknown
