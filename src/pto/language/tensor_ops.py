@@ -506,13 +506,6 @@ def _prog_block(what: str):
     return blk
 
 
-def _poisoned(data: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``data`` with the poison pattern where ``mask`` is nonzero (runtime.program.poisoned; the
-    runtime imports this module, so the import waits for the first undefined read)."""
-    from pto.runtime.program import poisoned
-    return poisoned(data, mask)
-
-
 def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile:
     """Load the window [starts, stops) of t; with ``valid`` only the top-left
     valid extents are read and the rest is padding (zero unless ``pad``).
@@ -559,7 +552,7 @@ def _load(t: GMTensor, starts, stops, valid, pad, checked: bool = False) -> Tile
         if buf.program.sanitizer.window_undefined(buf, m):
             mask = buf.program.consume_undefined(m.clone(), blk, "load")
             if buf.lazy_poison:  # an Out argument's undefined elements read as the poison pattern
-                src = _poisoned(src, mask)
+                src = buf.program.poisoned(src, mask)
     if src.is_meta:  # graph-only mode: an unknown tile (a meta clone is slower than a new one)
         return Tile(_go.meta([b - a for a, b in zip(starts, stops)], src.dtype), None, valid)
     # an In argument nobody writes during the run (Buffer.no_copy: a store into it is a DslError)
@@ -1039,7 +1032,7 @@ def _gathered(t: GMTensor, blk, sel: torch.Tensor, c0: int, c1: int, data: torch
         if buf.program.sanitizer.window_undefined(buf, m):
             mask = buf.program.consume_undefined(m, blk, "load")
             if buf.lazy_poison:  # an Out argument's undefined elements read as the poison pattern
-                data = _poisoned(data, mask)
+                data = buf.program.poisoned(data, mask)
     return Tile(data, mask)
 
 

@@ -899,6 +899,12 @@ class Program:
         as their first consumer (in place; see runtime/sanitizer.py)."""
         return self.sanitizer.consume(mask, blk, how)
 
+    @staticmethod
+    def poisoned(data: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Check mode: a tile's ``data`` loaded from an Out argument (``Buffer.lazy_poison``)
+        with the poison pattern where its definedness ``mask`` is nonzero (:func:`poisoned`)."""
+        return poisoned(data, mask)
+
     def consume_scalar(self, tag: int, blk: Block | None, site: str | None = None) -> int:
         """Check mode: the tag of an undefined scalar read by ``blk`` (None:
         an orchestration read at ``site``)."""

@@ -154,14 +154,14 @@ class RaceChecker:
         anc = self._ancestors(task)
         self.anc.append(anc)
         per_buf: dict = {}
+        pypto = _compat.mode.pypto
         for buf, kind, box in task.footprints:
+            if buf.readonly and not pypto:
+                continue  # reads of an In argument nobody may write: nothing can conflict
             per_buf.setdefault(buf, []).append((box, kind))
         history = self.history
         tid = task.id
-        pypto = _compat.mode.pypto
         for buf, accesses in per_buf.items():
-            if buf.readonly and not pypto:
-                continue  # reads of an In argument nobody may write: nothing can conflict
             hist = history.get(buf.id)
             if hist is not None and hist:
                 for box, kind in accesses:
