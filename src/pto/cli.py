@@ -42,6 +42,7 @@ from typing import Callable
 import torch
 from torch.overrides import TorchFunctionMode
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import pto
@@ -85,9 +86,10 @@ def command(name: str, help: str, configure: Callable | None = None):  # noqa: A
 
 def console() -> Console:
     """A rich console; 120 columns for tables when stdout is not a terminal (CI
-    logs); long message lines are never hard-wrapped (soft wrap)."""
-    c = Console(soft_wrap=True)
-    return c if c.is_terminal else Console(width=120, soft_wrap=True)
+    logs); long message lines are never hard-wrapped (soft wrap); no ``:name:`` emoji codes (a
+    path or a kernel's text such as ``ck:smile:x`` prints as it is)."""
+    c = Console(soft_wrap=True, emoji=False)
+    return c if c.is_terminal else Console(width=120, soft_wrap=True, emoji=False)
 
 
 # ---- targets: registered kernels or MODULE:FUNCTION -----------------------------------
@@ -212,6 +214,8 @@ class Target:
         case_run: the CaseRun (golden available) or None.
         fn, args: the jit function and its arguments (bare functions).
         program: an already-run Program (a callable that returned one).
+        note: said after the mode in the title (``"(demo preset)"``: a case run below the
+            default preset because no ``--preset`` was given).
     """
 
     name: str
@@ -220,11 +224,12 @@ class Target:
     fn: object = None
     args: list | None = None
     program: Program | None = None
+    note: str = ""
 
     @property
     def title(self) -> str:
-        """``"name mode"`` for tables and PASS/FAIL lines (just ``name`` without a mode)."""
-        return f"{self.name} {self.mode}".strip()
+        """``"name mode note"`` for tables and PASS/FAIL lines (just ``name`` without a mode)."""
+        return " ".join(p for p in (self.name, self.mode, self.note) if p)
 
     def run_program(self, check: bool = False, drop_init: tuple = (), execute: bool = True) -> Program:
         """Run once (no golden) and return the Program (``drop_init``, ``execute``: see RunConfig;
@@ -270,11 +275,11 @@ def resolve_target(spec: str, preset: str | None, mode: str | None, options: dic
     if ":" not in spec:
         load_kernels()
         _reject_ignored(spec, "a registered kernel case", dim=dims, scalar=scalars)
-        return _case_target(get_case(spec), preset or DEFAULT_PRESET, mode, options, shape_only)
+        return _case_target(get_case(spec), preset, mode, options, shape_only)
     obj = _load_attr(spec)
     if isinstance(obj, KernelCase):
         _reject_ignored(spec, "a KernelCase", dim=dims, scalar=scalars)
-        return _case_target(obj, preset or DEFAULT_PRESET, mode, options, shape_only)
+        return _case_target(obj, preset, mode, options, shape_only)
     if isinstance(obj, JitFunction):
         _reject_ignored(spec, "a @pl.jit function", preset=preset, mode=mode, opt=options)
         _check_jit_names(obj, dims, scalars)
@@ -409,8 +414,20 @@ def _check_build_options(case: KernelCase, options: dict) -> None:
         raise ConfigError(f"{case.name}: unknown options {unknown} (its options: {', '.join(names) or 'none'})")
 
 
-def _case_target(case: KernelCase, preset: str, mode: str | None, options: dict,
+def _default_preset(case: KernelCase, shape_only: bool) -> str:
+    """The preset a kernel case runs at when ``--preset`` is not given: :data:`DEFAULT_PRESET`,
+    capped at the case's ``max_preset`` as ``pto demo`` caps it (the MoE kernels at ``flash``
+    hold about 13 GB and take minutes), except in graph-only mode (shape-only weights)."""
+    if shape_only or case.max_preset is None:
+        return DEFAULT_PRESET
+    from pto.models.deepseek_v4.config import capped_preset
+    return capped_preset(DEFAULT_PRESET, case.max_preset)
+
+
+def _case_target(case: KernelCase, preset: str | None, mode: str | None, options: dict,
                  shape_only: bool = False) -> Target:
+    capped = preset is None and _default_preset(case, shape_only) != DEFAULT_PRESET
+    preset = preset or _default_preset(case, shape_only)
     _check_preset(preset)
     mode = mode or case.modes[0]
     if mode not in case.modes:
@@ -426,13 +443,15 @@ def _case_target(case: KernelCase, preset: str, mode: str | None, options: dict,
         raise
     except PtoError as e:  # the inputs the options ask for cannot be built (e.g. a T above a ring): bad input
         raise ConfigError(f"kernel {case.name!r}: options {options}: {type(e).__name__}: {e}") from None
-    return Target(case.name, mode, case_run=cr)
+    return Target(case.name, mode, case_run=cr, note=f"({preset} preset)" if capped else "")
 
 
 def add_target_args(p: argparse.ArgumentParser) -> None:
     """The target arguments shared by run/check/graph (and later trace/sim)."""
     p.add_argument("target", help="registered kernel name, or MODULE:FUNCTION (module name or .py path)")
-    p.add_argument("--preset", default=None, help=f"model preset of a kernel case (default {DEFAULT_PRESET})")
+    p.add_argument("--preset", default=None, help=f"model preset of a kernel case (default {DEFAULT_PRESET}, or the "
+                                                  "case's largest demo preset: demo for the MoE kernels, unless "
+                                                  "--graph-only)")
     p.add_argument("--mode", default=None, help="kernel mode of a kernel case (default: its first mode)")
     p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
                    help="extra build option of a kernel case, e.g. --opt T=64 --opt seed_scopes=True")
@@ -625,8 +644,10 @@ def cmd_demo(args) -> int:
     cases.sort(key=lambda c: (c.group != "model", c.name))
     rows = []
     t_start = time.perf_counter()
+    err = Console(stderr=True)  # rich's terminal test (FORCE_COLOR counts as a terminal)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True, disable=args.json) as bar:
+                  console=err, transient=True,
+                  disable=args.json or not err.is_terminal) as bar:  # a bar only on a terminal (no blank line in logs)
         job = bar.add_task("pto demo", total=sum(len(c.modes) for c in cases))
         for case in cases:
             for mode in case.modes:
@@ -679,7 +700,8 @@ def cmd_demo(args) -> int:
     con.print(f"{n_pass}/{n_checked} passed in {wall_s:.2f} s")
     for r in rows:
         if r["status"] not in ("PASS", "GRAPH"):
-            con.print(f"[red]FAIL[/red] {r['kernel']} [{r['mode']}]: {r['error']}", highlight=False, markup=True)
+            detail = f"{r['kernel']} [{r['mode']}]: {r['error']}"
+            con.print(f"[red]FAIL[/red] {escape(detail)}", highlight=False)
     return 1 if n_pass < n_checked or not rows else 0
 
 
@@ -1078,11 +1100,17 @@ def cmd_trace(args) -> int:
     from pto.runtime.simulate import get_machine, simulate
     from pto.runtime.trace import cpu_trace, sim_trace, write_trace
     machine = get_machine(args.simulate) if args.simulate else None
-    out = Path(args.out).resolve()
-    if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
-        why = ("Is a directory" if out.is_dir() else "No such directory" if not out.parent.is_dir()
-               else "Permission denied")
-        raise ConfigError(f"cannot write {args.out!r}: {why}")  # before the run, which may take minutes
+    if not args.out:
+        raise ConfigError("--out: an empty path")
+    out = Path(args.out).resolve()  # a symbolic link: the file it names
+    # before the run, which may take minutes: an existing file (or device) must be writable, a new
+    # one needs a writable directory
+    why = ("Is a directory" if out.is_dir() else
+           ("Permission denied" if not os.access(out, os.W_OK) else None) if out.exists() else
+           "No such directory" if not out.parent.is_dir() else
+           "Permission denied" if not os.access(out.parent, os.W_OK) else None)
+    if why:
+        raise ConfigError(f"cannot write {args.out!r}: {why}")
     target = _target_from_args(args)
     prog = target.run_program(check=False)
     if machine is None:
@@ -1309,7 +1337,7 @@ def cmd_checkpoint(args) -> int:
         raise ConfigError(f"cannot write a checkpoint to {args.dir!r}: {e.strerror or e}") from None
     console().print(f"wrote tiny checkpoint (seed {args.seed}, layout {args.layout}"
                     f"{', with the MTP layer' if args.mtp else ''}) to {root}",
-                    highlight=False)
+                    highlight=False, markup=False)
     return 0
 
 
@@ -1379,7 +1407,7 @@ def cmd_generate(args) -> int:
             prompts = [_parse_ids(args.input_ids, "--input-ids")]
         elif args.input_ids_file is not None:
             try:
-                lines = Path(args.input_ids_file).read_text().splitlines()
+                lines = Path(args.input_ids_file).read_text(encoding="utf-8-sig").splitlines()
             except OSError as e:
                 raise ConfigError(f"--input-ids-file: cannot read {args.input_ids_file}: {e.strerror}") from None
             except UnicodeDecodeError as e:
@@ -1485,8 +1513,8 @@ def cmd_generate(args) -> int:
     for r, toks in enumerate(res.tokens):
         label = f"request {r}" if len(prompts) > 1 else "tokens"
         con.print(f"{label}: {' '.join(map(str, toks))}  ({res.stop_reasons[r]})", highlight=False)
-        if text is not None:
-            con.print(f"text: {out['text'][r]}", highlight=False)
+        if text is not None:  # the decoded text as it is (no rich markup in it)
+            con.print(f"text: {out['text'][r]}", highlight=False, markup=False)
     # no decode step ran (every request stopped at its first token): no per-token decode rate
     decode = (f"decode {res.decode_ms_per_token:.2f} ms/token" if res.decode_steps else "no decode step")
     con.print(f"prefill {1e3 * res.prefill_s:.1f} ms ({sum(out['prompt_tokens'])} tokens), {decode}, "

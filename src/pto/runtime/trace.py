@@ -231,28 +231,46 @@ def sim_trace(sim, program) -> dict:
 
 
 def write_trace(trace: dict, path: str) -> None:
-    """Write ``trace`` (from :func:`cpu_trace` / :func:`sim_trace`) as JSON to ``path``,
-    atomically: into a temporary file beside it, renamed over ``path`` once complete, so a
-    failure (a value JSON cannot hold, a full disk, an interrupt) leaves no partial file and
-    an existing ``path`` untouched.
+    """Write ``trace`` (from :func:`cpu_trace` / :func:`sim_trace`) as JSON to ``path``.
+
+    A regular file (or a new one) is written atomically: into a temporary file beside it,
+    renamed over it once complete, so a failure (a value JSON cannot hold, a full disk, an
+    interrupt) leaves no partial file and an existing ``path`` untouched; an existing file keeps
+    its permission bits. A symbolic link is followed (the file it names is written; the link
+    stays). Anything else that exists (a device such as ``/dev/null``, a FIFO) is written to
+    directly, as ``open(path, "w")`` would, never replaced.
 
     Raises:
-        OSError: ``path`` cannot be written (its directory is missing or read-only, or it
-            is a directory).
+        OSError: ``path`` is empty or cannot be written (its directory is missing or
+            read-only, it is a directory, the device refuses the bytes).
         TypeError / ValueError: ``trace`` holds a value JSON cannot encode.
     """
     import os
+    import stat
     import tempfile
-    target = os.path.abspath(path)
-    if os.path.isdir(target):
+    if not path:
+        raise FileNotFoundError(2, "an empty path", path)
+    target = os.path.realpath(path)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
         raise IsADirectoryError(21, "Is a directory", path)
+    if mode is not None and not stat.S_ISREG(mode):  # a device or FIFO: write it, do not replace it
+        with open(target, "w", encoding="utf-8") as f:
+            json.dump(trace, f)
+        return
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(target) + ".", suffix=".tmp", dir=os.path.dirname(target))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(trace, f)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as open(path, "w") would have made it (mkstemp makes 0600)
+        if mode is None:  # as open(path, "w") would have made it (mkstemp makes 0600)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        else:
+            os.chmod(tmp, stat.S_IMODE(mode))
         os.replace(tmp, target)
     except BaseException:
         os.unlink(tmp)

@@ -255,10 +255,10 @@ def tiny_state(cfg: DeepSeekV4Config | None = None, seed: int = 0, mtp: bool = F
     main model's from the same generator, so the main tensors equal those of ``mtp=False``.
 
     Raises:
-        CheckpointError: ``seed`` is not a non-negative integer.
+        CheckpointError: ``seed`` is not an integer in ``[0, 2**64)`` (a torch generator seed).
     """
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise CheckpointError(f"tiny checkpoint: seed must be a non-negative integer, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
+        raise CheckpointError(f"tiny checkpoint: seed must be an integer in [0, 2**64), got {seed!r}")
     cfg = cfg or get_config("tiny")
     gen = torch.Generator().manual_seed(seed)
     out = {name: _unit_scale(name, shape, kind, cfg, gen)
@@ -300,7 +300,7 @@ def write_tiny_checkpoint(directory, seed: int = 0, *, cfg: DeepSeekV4Config | N
 
     Args:
         directory: output directory (created; must not already hold a config.json).
-        seed: generator seed (non-negative int).
+        seed: generator seed (an int in ``[0, 2**64)``).
         cfg: model config (default: the ``tiny`` preset).
         layout: ``"hf"`` or ``"fp8"``.
         shards: number of safetensors files (>= 1).
@@ -315,6 +315,7 @@ def write_tiny_checkpoint(directory, seed: int = 0, *, cfg: DeepSeekV4Config | N
         OSError: the directory cannot be created or written; nothing is left behind (no
             partial file, no directory this call created).
     """
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     if layout not in ("hf", "fp8"):
@@ -356,8 +357,11 @@ def write_tiny_checkpoint(directory, seed: int = 0, *, cfg: DeepSeekV4Config | N
         os.umask(umask)
         for fname, keys in files.items():
             tmp = root / (fname + ".tmp")
-            save_file({k: stored[k] for k in keys}, str(tmp), metadata={"format": "pt"})
             written.append(tmp)
+            try:
+                save_file({k: stored[k] for k in keys}, str(tmp), metadata={"format": "pt"})
+            except SafetensorError as exc:  # safetensors reports a failed write (full disk, EFBIG) as its own error
+                raise OSError(f"{tmp.name}: {exc}") from None
             tmp.chmod(0o666 & ~umask)  # safetensors writes 0600; the files get the usual mode, as config.json
         if shards > 1:
             index = {"metadata": {"total_size": sum(t.numel() * t.element_size()

@@ -161,7 +161,7 @@ class DeepSeekV4Config:
         for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "q_lora_rank",
                     "o_lora_rank", "o_groups", "sliding_window", "n_routed_experts", "num_experts_per_tok",
                     "moe_intermediate_size", "vocab_size", "index_n_heads", "index_head_dim", "index_topk",
-                    "hc_mult", "max_position_embeddings"):
+                    "hc_mult", "max_position_embeddings", "hc_sinkhorn_iters"):
             v = getattr(self, key)
             need(v > 0, f"{key}={v} must be positive")
         for key in ("rope_theta", "compress_rope_theta", "rms_norm_eps", "hc_eps"):
@@ -246,9 +246,33 @@ class DeepSeekV4Config:
                 raise ConfigError(f"config.json: {key} must be a number, got {v!r}")
             return float(v) if kind is float else v
 
+        def listed(key) -> list:
+            v = hf[key]
+            if not isinstance(v, list):
+                raise ConfigError(f"config.json: {key} must be a list, got {v!r}")
+            return v
+
+        def obj(d: dict, key: str, where: str) -> dict:
+            v = d.get(key)
+            if v is None:
+                return {}
+            if not isinstance(v, dict):
+                raise ConfigError(f"config.json: {where}{key} must be an object, got {v!r}")
+            return v
+
+        def num(d: dict, key: str, default, where: str, kind=float):
+            v = d.get(key)
+            if v is None:
+                return default
+            ok = isinstance(v, int) if kind is int else isinstance(v, (int, float))
+            if isinstance(v, bool) or not ok:
+                what = "an integer" if kind is int else "a number"
+                raise ConfigError(f"config.json: {where}{key} must be {what}, got {v!r}")
+            return kind(v)
+
         n_layers = get("num_hidden_layers", int)
         if hf.get("layer_types") is not None:
-            types = list(hf["layer_types"])
+            types = listed("layer_types")
             if len(types) < n_layers:
                 raise ConfigError(f"config.json: layer_types has {len(types)} entries, "
                                   f"num_hidden_layers={n_layers}")
@@ -257,23 +281,26 @@ class DeepSeekV4Config:
                 raise ConfigError(f"config.json: unknown layer_types entries {bad}; "
                                   f"known: {sorted(_RATIO_OF_LAYER_TYPE)}")
             ratios = tuple(_RATIO_OF_LAYER_TYPE[t] for t in types[:n_layers])
-            rates = hf.get("compress_rates") or {}
+            rates = obj(hf, "compress_rates", "")
             for t, r in rates.items():
                 if t in _RATIO_OF_LAYER_TYPE and r != _RATIO_OF_LAYER_TYPE[t]:
                     raise ConfigError(f"config.json: compress_rates[{t!r}]={r}; only "
                                       f"{_RATIO_OF_LAYER_TYPE[t]} is supported")
         elif hf.get("compress_ratios") is not None:
-            cr = list(hf["compress_ratios"])
+            cr = listed("compress_ratios")
             if len(cr) < n_layers:
                 raise ConfigError(f"config.json: compress_ratios has {len(cr)} entries, "
                                   f"num_hidden_layers={n_layers}")
-            ratios = tuple(int(r) for r in cr[:n_layers])  # a trailing extra entry is the MTP layer
+            bad = [r for r in cr if isinstance(r, bool) or not isinstance(r, int)]
+            if bad:
+                raise ConfigError(f"config.json: compress_ratios entries must be integers, got {bad[0]!r}")
+            ratios = tuple(cr[:n_layers])  # a trailing extra entry is the MTP layer
         else:
             raise ConfigError("config.json: neither layer_types nor compress_ratios is given "
                               "(the attention schedule of every layer)")
 
         if hf.get("mlp_layer_types") is not None:
-            mlp = list(hf["mlp_layer_types"])[:n_layers]
+            mlp = listed("mlp_layer_types")[:n_layers]
             n_hash = 0
             while n_hash < len(mlp) and mlp[n_hash] == "hash_moe":
                 n_hash += 1
@@ -292,20 +319,22 @@ class DeepSeekV4Config:
         rp = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         if not isinstance(rp, dict):
             raise ConfigError(f"config.json: rope_parameters must be an object, got {rp!r}")
-        yarn = rp.get("compress", rp)
-        rope_theta = float(rp.get("main", {}).get("rope_theta", get("rope_theta", float, 1e4)))
-        compress_theta = float(yarn.get("rope_theta", get("compress_rope_theta", float, 1.6e5)))
-        if yarn.get("attention_factor", 1.0) != 1.0:
+        yarn, yw = (obj(rp, "compress", "rope_parameters."), "rope_parameters.compress.") if "compress" in rp \
+            else (rp, "rope_parameters.")
+        rope_theta = num(obj(rp, "main", "rope_parameters."), "rope_theta", get("rope_theta", float, 1e4),
+                         "rope_parameters.main.")
+        compress_theta = num(yarn, "rope_theta", get("compress_rope_theta", float, 1.6e5), yw)
+        if num(yarn, "attention_factor", 1.0, yw) != 1.0:
             raise ConfigError(f"config.json: YaRN attention_factor={yarn['attention_factor']}; "
                               "DeepSeek-V4 uses 1.0 (no mscale)")
         defaults = RopeScaling()
         scaling = RopeScaling(
-            factor=float(yarn.get("factor", hf.get("rope_factor", defaults.factor))),
-            beta_fast=float(yarn.get("beta_fast", hf.get("beta_fast", defaults.beta_fast))),
-            beta_slow=float(yarn.get("beta_slow", hf.get("beta_slow", defaults.beta_slow))),
-            original_max_position_embeddings=int(yarn.get(
-                "original_max_position_embeddings",
-                hf.get("original_seq_len", defaults.original_max_position_embeddings))))
+            factor=num(yarn, "factor", get("rope_factor", float, defaults.factor), yw),
+            beta_fast=num(yarn, "beta_fast", get("beta_fast", float, defaults.beta_fast), yw),
+            beta_slow=num(yarn, "beta_slow", get("beta_slow", float, defaults.beta_slow), yw),
+            original_max_position_embeddings=num(
+                yarn, "original_max_position_embeddings",
+                get("original_seq_len", int, defaults.original_max_position_embeddings), yw, int))
 
         if get("num_key_value_heads", int, 1) != 1:
             raise ConfigError(f"config.json: num_key_value_heads={hf['num_key_value_heads']}; "

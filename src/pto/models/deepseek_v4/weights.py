@@ -128,6 +128,13 @@ class Checkpoint:
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise CheckpointError(f"checkpoint {self.path}: unreadable "
                                       f"model.safetensors.index.json ({exc})") from None
+            if not isinstance(weight_map, dict):
+                raise CheckpointError(f"checkpoint {self.path}: model.safetensors.index.json: weight_map must be "
+                                      f"an object of tensor name -> file name, got {weight_map!r:.80}")
+            bad = next((k for k, v in weight_map.items() if not isinstance(v, str) or not v), None)
+            if bad is not None:
+                raise CheckpointError(f"checkpoint {self.path}: model.safetensors.index.json: weight_map[{bad!r}] "
+                                      f"must be a file name, got {weight_map[bad]!r}")
             files = sorted(set(weight_map.values()))
         else:
             weight_map = None
