@@ -94,18 +94,22 @@ def console() -> Console:
 
 # ---- targets: registered kernels or MODULE:FUNCTION -----------------------------------
 
-def parse_options(items) -> dict:
+def parse_options(items, flag: str = "--opt") -> dict:
     """``["T=128", "seed_scopes=True", "name=x"]`` -> ``{"T": 128, "seed_scopes": True, "name": "x"}``.
     Values are Python literals; ``true/false/yes/no/on/off`` (any case) are booleans.
 
     Raises:
-        ConfigError: an item without ``=``.
+        ConfigError: an item without ``=``, or a key given twice (``--opt T=4 --opt T=8``: which
+            one was meant?).
     """
     out = {}
     for item in items or ():
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"option {item!r} is not KEY=VALUE")
+        if key.strip() in out:
+            raise ConfigError(f"{flag} {key.strip()} is given twice ({item!r} after {key.strip()}="
+                              f"{out[key.strip()]!r})")
         try:
             out[key.strip()] = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
@@ -462,12 +466,12 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
 
 
 def _target_from_args(args) -> Target:
-    dims = parse_options(args.dim)
+    dims = parse_options(args.dim, "--dim")
     for k, v in dims.items():
         if not isinstance(v, int) or v < 0:
             raise ConfigError(f"--dim {k}={v!r}: extent must be a non-negative int")
     return resolve_target(args.target, args.preset, args.mode, parse_options(args.opt), dims,
-                          parse_options(args.scalar), shape_only=getattr(args, "graph_only", False))
+                          parse_options(args.scalar, "--scalar"), shape_only=getattr(args, "graph_only", False))
 
 
 # ---- formatting ------------------------------------------------------------------------
@@ -748,6 +752,9 @@ def cmd_check(args) -> int:
     if args.block_order_seed is not None and args.block_order != "shuffle":
         raise ConfigError(f"--block-order-seed seeds the --block-order shuffle; it needs --block-order shuffle "
                           f"(got {'no --block-order' if args.block_order is None else '--block-order ' + args.block_order})")
+    if len(set(args.drop_init)) < len(args.drop_init):
+        twice = next(n for n in args.drop_init if args.drop_init.count(n) > 1)
+        raise ConfigError(f"--drop-init {twice} is given twice")
     target = _target_from_args(args)
     if args.block_order is not None:
         if args.drop_init:
@@ -1249,9 +1256,9 @@ def cmd_diff(args) -> int:
     one variant, its fill cost against the seed task of the other (:func:`fill_vs_seed`)."""
     from pto.runtime.simulate import fill_vs_seed, get_machine, simulate
     machine = get_machine(args.machine)
-    dims = parse_options(args.dim)
-    scalars = parse_options(args.scalar)
-    base_opts, opts = parse_options(args.base_opt), parse_options(args.opt)
+    dims = parse_options(args.dim, "--dim")
+    scalars = parse_options(args.scalar, "--scalar")
+    base_opts, opts = parse_options(args.base_opt, "--base-opt"), parse_options(args.opt)
     if base_opts == opts:
         raise ConfigError(f"pto diff: both variants have the options {opts or '{}'}; give the other variant --opt")
     targets = [resolve_target(args.target, args.preset, args.mode, o, dims, scalars) for o in (base_opts, opts)]
@@ -1329,6 +1336,8 @@ def cmd_checkpoint(args) -> int:
     """``pto checkpoint tiny DIR``: :func:`write_tiny_checkpoint`; exit 2 on bad input."""
     from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
 
+    if not args.dir:
+        raise ConfigError("pto checkpoint: an empty directory name")
     try:
         root = write_tiny_checkpoint(args.dir, args.seed, layout=args.layout, shards=args.shards, mtp=args.mtp)
     except PtoError as e:

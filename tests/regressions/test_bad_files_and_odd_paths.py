@@ -15,7 +15,9 @@
   success line raise MarkupError after the checkpoint was written, or printed another path;
 * ``pto run moe`` (no ``--preset``) ran the MoE kernels at ``flash`` (minutes, about 13 GB) although
   ``pto demo`` and the benchmarks cap them at ``demo``;
-* a UTF-8 byte-order mark at the start of ``--input-ids-file`` was read as part of the first id.
+* a UTF-8 byte-order mark at the start of ``--input-ids-file`` was read as part of the first id;
+* a key given twice (``--opt T=4 --opt T=8``, ``--dim``, ``--drop-init``) silently took the last one,
+  and ``pto checkpoint tiny ""`` wrote into the current directory.
 """
 
 import json
@@ -172,3 +174,15 @@ def test_input_ids_file_with_a_byte_order_mark(tmp_path, capsys):
     assert main(["generate", str(ckpt), "--input-ids-file", str(f), "--max-new-tokens", "2", "--backend", "golden",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["prompt_tokens"] == [3]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["run", "example_splitk_matmul", "--opt", "T=4", "--opt", "T=8"], "--opt T is given twice ('T=8' after T=4)"),
+    (["run", "rms_norm", "--preset", "tiny", "--dim", "T=3", "--dim", "T=4"], "--dim T is given twice"),
+    (["check", "hc_pre", "--preset", "tiny", "--drop-init", "mixes_raw", "--drop-init", "mixes_raw"],
+     "--drop-init mixes_raw is given twice"),
+    (["checkpoint", "tiny", ""], "pto checkpoint: an empty directory name"),
+])
+def test_options_given_twice_and_an_empty_directory(capsys, argv, says):
+    assert main(argv) == 2
+    assert f"error: {says}" in capsys.readouterr().err
