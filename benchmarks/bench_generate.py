@@ -1,12 +1,14 @@
 """Generation side by side: pto (golden forward, kernel path) and transformers eager.
 
-One tiny checkpoint written by ``pto checkpoint tiny`` (seed 0), one prompt of ``--prompt``
-random tokens (default 509), ``--new`` greedy tokens (default 8). Each engine runs in its own
-spawned process (so peak RSS is its own), one warm-up generate (pto: of another prompt of the
-same length; its wall is printed as the process's first generate) then ``--repeat`` timed ones;
-the best run is reported (the machine is shared). pto's program cache is cleared before every
-run, as for a new prompt (its keys hold the token ids and positions), so no timed run replays
-programs recorded on the same prompt:
+One seeded checkpoint written as ``pto checkpoint tiny`` writes it (seed 0; ``--preset demo``:
+the same at the ``demo`` preset's sizes, hidden 1024, 16 heads, 32 experts, vocab 8192, and
+pto's ``demo`` deployment), one prompt of ``--prompt`` random tokens (default 509), ``--new``
+greedy tokens (default 8). Each engine runs in its own spawned process (so peak RSS is its
+own), one warm-up generate (pto: of another prompt of the same length; its wall is printed as
+the process's first generate) then ``--repeat`` timed ones; the best run is reported (the
+machine is shared). pto's program cache is cleared before every run, as for a new prompt (its
+keys hold the token ids and positions), so no timed run replays programs recorded on the same
+prompt:
 
 * ``transformers``: ``DeepseekV4ForCausalLM.from_pretrained(dtype=float32, eager attention and
   experts)``, ``generate(do_sample=False)``; prefill = the first forward over the prompt,
@@ -30,7 +32,7 @@ Columns: prefill wall (ms), decode ms per token, tokens/s, peak RSS (MiB), decod
 the MTP acceptance rate, and each pto engine's ratios to transformers (wall = prefill +
 decode). Target of issue 15: the kernel path within 3x of transformers' wall.
 
-    python benchmarks/bench_generate.py [--prompt 509] [--new 8] [--repeat 2] [--chunk 128]
+    python benchmarks/bench_generate.py [--preset tiny|demo] [--prompt 509] [--new 8] [--repeat 2] [--chunk 128]
         [--engines transformers,golden,kernels,kernels-bf16,kernels+mtp-none,kernels+mtp,kernels+mtp-accept]
 """
 
@@ -72,14 +74,14 @@ def _hf(ckpt: str, ids: list[int], new: int, repeat: int) -> dict:
     return best
 
 
-def _pto(ckpt: str, ids: list[int], new: int, repeat: int, engine: str, chunk: int) -> dict:
+def _pto(ckpt: str, ids: list[int], new: int, repeat: int, engine: str, chunk: int, preset: str) -> dict:
     from pto.models.deepseek_v4.config import get_deployment
     from pto.models.deepseek_v4.generate import generate
     from pto.models.deepseek_v4.layer import KernelModel
     from pto.models.deepseek_v4.model import GoldenModel
     from pto.models.deepseek_v4.weights import open_checkpoint
 
-    dep = get_deployment("tiny")
+    dep = get_deployment(preset)
     kernels = engine.startswith("kernels")
     if kernels:
         model = KernelModel(open_checkpoint(ckpt, "bf16" if engine == "kernels-bf16" else "int8"), dep)
@@ -124,9 +126,10 @@ def _pto(ckpt: str, ids: list[int], new: int, repeat: int, engine: str, chunk: i
     return best
 
 
-def _worker(engine: str, ckpt: str, ids: list[int], new: int, repeat: int, chunk: int, q) -> None:
+def _worker(engine: str, ckpt: str, ids: list[int], new: int, repeat: int, chunk: int, preset: str, q) -> None:
     torch.set_num_threads(1)
-    run = _hf(ckpt, ids, new, repeat) if engine == "transformers" else _pto(ckpt, ids, new, repeat, engine, chunk)
+    run = (_hf(ckpt, ids, new, repeat) if engine == "transformers" else
+           _pto(ckpt, ids, new, repeat, engine, chunk, preset))
     run["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     q.put(run)
 
@@ -138,24 +141,30 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--chunk", type=int, default=128)
     ap.add_argument("--engines", default="transformers,golden,kernels,kernels-bf16")
+    ap.add_argument("--preset", choices=("tiny", "demo"), default="tiny",
+                    help="model size of the seeded checkpoint (and pto's deployment): tiny (default) or demo "
+                         "(hidden 1024, 16 heads, 32 experts, vocab 8192: tile math outweighs per-op costs)")
     args = ap.parse_args()
 
     from pto.models.deepseek_v4.checkpoint import write_tiny_checkpoint
+    from pto.models.deepseek_v4.config import get_config
 
+    cfg = get_config(args.preset)  # both presets' vocabularies hold the prompt's ids [0, 512)
     ids = torch.randint(0, 512, (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist()
     ctx = mp.get_context("spawn")
     results = {}
     with tempfile.TemporaryDirectory(prefix="pto_bench_gen_") as tmp:
-        ckpt = str(write_tiny_checkpoint(f"{tmp}/tiny", seed=0, mtp=True))
+        ckpt = str(write_tiny_checkpoint(f"{tmp}/{args.preset}", seed=0, mtp=True, cfg=cfg))
         for engine in args.engines.split(","):
             q = ctx.Queue()
-            p = ctx.Process(target=_worker, args=(engine, ckpt, ids, args.new, args.repeat, args.chunk, q))
+            p = ctx.Process(target=_worker,
+                            args=(engine, ckpt, ids, args.new, args.repeat, args.chunk, args.preset, q))
             p.start()
             results[engine] = q.get()
             p.join()
 
     con = Console(width=180)
-    table = Table(title=f"generate: tiny checkpoint, {args.prompt}-token prompt, {args.new} new tokens, "
+    table = Table(title=f"generate: {args.preset} checkpoint, {args.prompt}-token prompt, {args.new} new tokens, "
                         f"1 thread, best of {args.repeat}")
     for col in ("engine", "prefill ms", "decode ms/token", "tokens/s", "peak RSS MiB", "decode steps",
                 "MTP accept", "wall / HF", "prefill / HF", "decode / HF", "tokens = HF"):
