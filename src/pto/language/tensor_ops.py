@@ -964,8 +964,7 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
         # fast path: in-bounds int rows of a view whose rows are root rows (the checks in C, the
         # runs of consecutive rows from one comparison per row; the same tile, boxes, loads and
         # bytes as below)
-        a = _np.array(rows, dtype=_np.int64)
-        sel = torch.from_numpy(a)
+        sel = torch.tensor(rows, dtype=torch.int64)
         d = t.data
         st0, st1 = t._strides
         if d.is_meta:  # graph-only mode, a shape-only tensor: an unknown tile (torch's meta index_select runs in Python)
@@ -974,7 +973,7 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
             data = (d if c0 == 0 and c1 == width else
                     d.as_strided((n, c1 - c0), (st0, st1), buf.base_off + t._off + c0 * st1)).index_select(0, sel)
         br, bc, _ = t._rows
-        cut = (_np.flatnonzero(_np.diff(a) != 1) + 1).tolist()  # where a new run starts
+        cut = [k for k in range(1, len(rows)) if rows[k] != rows[k - 1] + 1]  # where a new run starts
         cut.append(len(rows))
         fp = blk.fp
         i = 0
@@ -1001,7 +1000,7 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
             mask = torch.cat([p.mask if p.mask is not None else torch.zeros(p.data.shape, dtype=torch.int32)
                               for p in parts])
         return Tile(data, mask)
-    sel = _index_tensor(idx)
+    sel = torch.tensor(idx, dtype=torch.int64)
     data = t.data[:, c0:c1].index_select(0, sel)
     fp = blk.fp
     i, n_idx = 0, len(idx)
@@ -1020,12 +1019,6 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
 
 
 _INT_ONLY = {int}
-
-
-def _index_tensor(ints: list) -> torch.Tensor:
-    """``torch.tensor(ints, dtype=torch.int64)`` for a list of Python ints that fit INT64 (through
-    numpy: a quarter of the time for a few hundred entries)."""
-    return torch.from_numpy(_np.array(ints, dtype=_np.int64))
 
 
 def _gathered(t: GMTensor, blk, sel: torch.Tensor, c0: int, c1: int, data: torch.Tensor) -> Tile:
@@ -1739,7 +1732,7 @@ def store_rows(dst, rows, src, col=0, src_rows=None):
             m = src.data.shape[0]
             if set(map(type, src_rows)) == _INT_ONLY and 0 <= builtins.min(src_rows) and builtins.max(src_rows) < m:
                 data = src.data if list(src_rows) == list(range(m)) else src.data.index_select(
-                    0, _index_tensor(list(src_rows)))
+                    0, torch.tensor(list(src_rows), dtype=torch.int64))
         shape = dst._shape
         br, bc, q = dst._rows
         if (data is not None and blk is not None and not buf.slow and not buf.readonly and buf.go is None
@@ -1759,7 +1752,7 @@ def store_rows(dst, rows, src, col=0, src_rows=None):
                         j += 1
                     buf.save_window((j - k, w), dst._strides, off + rows[k] * st0)
                     k = j
-            d.as_strided((shape[0], w), (st0, st1), off).index_copy_(0, _index_tensor(rows), data)
+            d.as_strided((shape[0], w), (st0, st1), off).index_copy_(0, torch.tensor(rows, dtype=torch.int64), data)
             c0, c1 = bc + col, bc + col + w
             blk.fp.extend([(buf, (br + r * q, br + r * q + 1, c0, c1), W) for r in rows])
             blk.bytes += n * w * dst._itemsize
@@ -1873,7 +1866,7 @@ def read_elements(src, idxs) -> list:
                     br, bc = src._fast
                     if bc + builtins.max(cols) < buf.C:
                         boxes = [(buf, (br, br + 1, bc + c, bc + c + 1), R) for c in cols]
-                        sel = _index_tensor(cols)
+                        sel = torch.tensor(cols, dtype=torch.int64)
                         values = d.as_strided((shape[0],), src._strides, buf.base_off + src._off).index_select(
                             0, sel).tolist()
             elif rank == 2 and src._rows is not None:
@@ -1885,7 +1878,7 @@ def read_elements(src, idxs) -> list:
                     if bc + builtins.max(cols) < buf.C:
                         boxes = [(buf, (br + r * q, br + r * q + 1, bc + c, bc + c + 1), R) for r, c in zip(rws, cols)]
                         st0, st1 = src._strides
-                        flat = _index_tensor([r * st0 + c * st1 for r, c in zip(rws, cols)])
+                        flat = torch.tensor([r * st0 + c * st1 for r, c in zip(rws, cols)], dtype=torch.int64)
                         span = (shape[0] - 1) * st0 + (shape[1] - 1) * st1 + 1  # the view's elements, flat
                         values = d.as_strided((span,), (1,), buf.base_off + src._off).index_select(0, flat).tolist()
             if boxes is not None:
