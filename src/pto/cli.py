@@ -237,8 +237,23 @@ class Target:
 
     def run_program(self, check: bool = False, drop_init: tuple = (), execute: bool = True) -> Program:
         """Run once (no golden) and return the Program (``drop_init``, ``execute``: see RunConfig;
-        ``execute=False`` is graph-only mode)."""
+        ``execute=False`` is graph-only mode). A target that returned an already-run Program
+        is that run, which cannot be run again in another mode.
+
+        Raises:
+            ConfigError: check mode, ``drop_init`` or graph-only mode asked of an already-run
+                Program that did not run that way (it would be reported as checked, mutated or
+                graph-only when it was not).
+        """
         if self.program is not None:
+            pc = self.program.config
+            asked = [what for what, differs in (("check mode", check and not pc.check),
+                                                 ("--drop-init", tuple(drop_init) != tuple(pc.drop_init)),
+                                                 ("graph-only mode", execute != pc.execute)) if differs]
+            if asked:
+                raise ConfigError(f"{self.name} returned a Program that was already run; {asked[0]} needs a kernel "
+                                  f"it can run itself (a @pl.jit function, a KernelCase or a callable returning a "
+                                  f"CaseRun)")
             return self.program
         cfg = RunConfig(check=check, keep_footprints=True, drop_init=tuple(drop_init), execute=execute)
         if self.case_run is not None:

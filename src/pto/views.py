@@ -177,18 +177,21 @@ def sim_task_rows(sim, program) -> list[dict]:
     (``sched_us``), holding every other task's ready-to-end time fixed (its dispatch and
     any wait for a core included) and ignoring core contention: a backward pass over the
     graph, latest end = min over successors of (their latest end - (their end - their
-    ready)), ``sched_us`` for a task without successors; slack = latest end - end (>= 0)."""
+    ready)), ``sched_us`` for a task without successors; slack = latest end - end (>= 0).
+    The successors are the graph's and the tasks that waited for ring-heap bytes the task
+    released (``sim.reuse_succs``), so a task on the critical path has no slack."""
     tasks = program.graph.tasks
     spans = sim.task_spans
     cores: dict = {}
     for r in sim.runs:
         cores.setdefault(r.task, set()).add(r.core_type.upper())
     succs = program.graph.succs()
+    reuse = sim.reuse_succs
     latest: dict = {}
     for t in reversed(tasks):
         ready, start, end = spans[t.id]
         le = sim.sched_us
-        for s in succs[t.id]:
+        for s in (succs[t.id] if t.id not in reuse else set(succs[t.id]) | set(reuse[t.id])):
             s_ready, _, s_end = spans[s]
             le = min(le, latest[s] - (s_end - s_ready))
         latest[t.id] = max(le, end)

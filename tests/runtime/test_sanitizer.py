@@ -542,8 +542,8 @@ def test_undefined_output_error_names_everything():
     site = _site_of(_splitk_kernel, "acc = pl.create_tensor([t_pad, 32], pl.FP32, init_value=0")
     assert msg.startswith("kernel splitk: output 'out' [5, 32] has 160 undefined written element(s) in box [0:5, 0:32]")
     assert f"origin: allocation 'acc' [16, 32] pl.FP32 at {site} (init_value dropped by the mutation hook)" in msg
-    loop_site = _site_of(_splitk_kernel, 'for kb in pl.spmd(4, name_hint="linear_splitk")')
-    assert (f"first consumed undefined by task 'linear_splitk' (#0) block 0 at {loop_site} "
+    add_site = _site_of(_splitk_kernel, "pl.assemble(acc, part, [0, 0], atomic=pl.AtomicType.Add)")
+    assert (f"first consumed undefined by task 'linear_splitk' (#0) block 0 at {add_site} "
             "(atomic add onto undefined)") in msg
     assert "written to 'out' by task(s) 'finish' (#1)" in msg
     assert bool((out == 0).all())  # a failed program leaves the caller's tensors untouched

@@ -329,6 +329,8 @@ class GMTensor:
             k0, k1 = key
             if type(k0) is _pyslice and type(k1) is _pyslice and k0.step is None and k1.step is None:
                 a0, b0, a1, b1 = k0.start, k0.stop, k1.start, k1.stop
+                if len(self._shape) != 2:
+                    self._parse(key)  # the index-count error of the general path
                 if a0 is None or b0 is None or a1 is None or b1 is None:
                     a0, b0, a1, b1 = _omitted_bounds(a0, b0, a1, b1, self._shape)
                 t = _load_rows(self, a0, b0, a1, b1)

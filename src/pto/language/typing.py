@@ -52,8 +52,10 @@ class TensorType:
     def __init__(self, dims, dtype, direction=IN, partial: bool = False):
         if dims is not None:
             for d in dims:
-                if not isinstance(d, (int, DynVar)):
+                if isinstance(d, bool) or not isinstance(d, (int, DynVar)):
                     raise DslError(f"tensor annotation dims must be ints or pl.dynamic, got {d!r}")
+                if isinstance(d, int) and d < 0:
+                    raise DslError(f"tensor annotation dims must not be negative, got {list(dims)}")
             dims = tuple(dims)
         self.dims = dims
         self.dtype = as_dtype(dtype) if dtype is not None else None

@@ -18,6 +18,7 @@ pattern 0xAB for integers (hw-native-sys/pypto `docs/en/user/`).
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 
@@ -172,6 +173,12 @@ def validate_init_value(name: str, dtype, init_value) -> None:
     elif dtype.name in ("BF16", "FP16") and init_value != 0:
         raise BindError(f"create_tensor {name!r}: non-zero init_value {init_value} on {dtype} is not supported "
                         "by the device runtime (only 0); use FP32 or fill with a task")
+    elif dtype.name == "FP32" and math.isfinite(init_value) and abs(init_value) > _FP32_MAX:
+        raise BindError(f"create_tensor {name!r}: init_value {init_value} out of range of {dtype} "
+                        f"(largest finite {_FP32_MAX:.6g}; write float('inf') for an infinite fill)")
+
+
+_FP32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 
 
 class RingHeap:

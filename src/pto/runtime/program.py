@@ -372,6 +372,7 @@ class Program:
         else:
             self._bound = None
         self._params = params  # dyn_dims is built from them when first read
+        check_written_aliasing(self.name, params)
         self._in_place = self._writes_in_place(params)
         values = []
         for p in params:
@@ -965,6 +966,36 @@ FREEZE_IMPORTS = os.environ.get("PTO_GC_FREEZE", "1").strip() != "0"
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc malloc.h
 MALLOC_TRIM_BYTES = 128 << 20
 MALLOC_MMAP_BYTES = 32 << 20
+
+
+def check_written_aliasing(program: str, params) -> None:
+    """Raise when two Out/InOut tensor arguments of one call share bytes (``k(buf, buf)``, or
+    ``buf[0:16]`` and ``buf[8:24]``): each is written through its own parameter, so the bytes both
+    write would end as whichever is copied back last, a lost update no check can see. Under pypto
+    compatibility (where pypto-lib code may pass one tensor twice) they are left alone.
+
+    Raises:
+        BindError: naming the program and both parameters.
+    """
+    if _compat.mode.pypto:
+        return
+    spans = []
+    for p in params:
+        ann = p.ann
+        if isinstance(ann, TensorType) and ann.direction != IN:
+            t = p.value
+            if isinstance(t, torch.Tensor) and t.layout is torch.strided and t.nbytes and t.is_contiguous():
+                spans.append((t.data_ptr(), t.data_ptr() + t.nbytes, p.name))
+    if len(spans) < 2:
+        return
+    spans.sort()
+    end, name = spans[0][1], spans[0][2]
+    for s0, e, n in spans[1:]:
+        if s0 < end:
+            raise BindError(f"{program}: written arguments {name!r} and {n!r} share memory; each Out/InOut "
+                            "argument needs bytes of its own (pass separate tensors, or one InOut)")
+        if e > end:
+            end, name = e, n
 
 
 def written_overlap(spans) -> bool:

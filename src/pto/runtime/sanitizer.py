@@ -46,11 +46,13 @@ import bisect
 import contextlib
 import itertools
 import os
+import sys
 import threading
 
 import torch
 
 from pto.errors import UndefinedOutputError
+from pto.language._ctx import frame_site
 from pto.language.typing import INOUT, OUT
 from pto.runtime.deps import coalesce
 
@@ -235,13 +237,26 @@ def _union_covers(boxes: list, rows: int, cols: int) -> bool:
     return True
 
 
+def _operation_site() -> str | None:
+    """``file:line`` of the kernel source line running now (the first frame outside the pto
+    language and runtime packages: the load, read or atomic add that consumes), or None."""
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_code.co_filename.replace("\\", "/")
+        if "/pto/language/" not in name and "/pto/runtime/" not in name:
+            return frame_site(f)
+        f = f.f_back
+    return None
+
+
 class Consumer:
     """The first task (and block) that consumed undefined data of an origin.
 
     Attributes:
         task_id: task id (None for an orchestration-level ``pl.read``).
         task: task name; block: block index (None in orchestration);
-        site: ``file:line`` of the task (or of the orchestration read);
+        site: ``file:line`` of the kernel line that consumed (the load, scalar read or atomic
+            add; the task's line when none is found), or of the orchestration read;
         how: ``"load"``, ``"scalar read"`` or ``"atomic add onto undefined"``.
     """
 
@@ -420,7 +435,7 @@ class Sanitizer:
         tag = self._index.get(key)
         if tag is None:
             if blk is not None:
-                cons = Consumer(blk.task.id, blk.task.name, blk.idx, blk.task.site, how)
+                cons = Consumer(blk.task.id, blk.task.name, blk.idx, _operation_site() or blk.task.site, how)
             else:
                 cons = Consumer(None, "orchestration", None, site or "<unknown>", how)
             tag = TAINT_BASE + len(self.taints)

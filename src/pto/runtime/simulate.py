@@ -420,6 +420,8 @@ class SimResult:
         task_spans: {task id: (ready_us, start_us, end_us)}: ready = submitted,
             predecessors done and buffers available; start = first block (or
             completion for a join node or an empty task).
+        reuse_succs: {task id: ids of the tasks that waited for ring-heap bytes it was among the
+            last to use} (a dependency through memory reuse, beside the graph's edges).
     """
 
     machine: Machine
@@ -444,6 +446,7 @@ class SimResult:
     fill_runs: list = field(default_factory=list)
     aicpu_runs: list = field(default_factory=list)
     task_spans: dict = field(default_factory=dict)
+    reuse_succs: dict = field(default_factory=dict)
 
     def as_row(self) -> dict:
         """The headline figures as a flat dict."""
@@ -593,6 +596,7 @@ def simulate(program, machine="a2a3", *, free_tasks=frozenset(), free_fills=froz
     for bid, (_, preds, _) in nodes.items():
         for p in preds:
             reuse_waiters.setdefault(p, []).append(bid)
+    res.reuse_succs = {p: sorted({w for bid in bids for w in buf_waiters[bid]}) for p, bids in reuse_waiters.items()}
 
     events: list = []  # (time, seq, kind, payload)
     counter = [0]
