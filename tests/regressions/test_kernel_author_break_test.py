@@ -9,7 +9,9 @@
 * ``pto sim --tasks`` gave tasks on the critical path positive slack when they were ordered by
   ring-heap reuse rather than by an edge;
 * a 2-D subscript of a rank-1 GM tensor raised IndexError, an FP32 ``init_value`` past the
-  dtype's range a torch RuntimeError, and a negative annotation dim was accepted until a run.
+  dtype's range a torch RuntimeError, and a negative annotation dim was accepted until a run;
+* an FP32 scalar argument past FP32's range became inf silently (int scalars are range-checked),
+  and a BOOL ``init_value`` of ``True`` was refused while ``1`` was taken.
 """
 
 import pytest
@@ -126,3 +128,30 @@ def test_bad_subscripts_fills_and_dims_are_dsl_errors():
         big.run(torch.zeros(4, 8), torch.zeros(4, 8))
     with pytest.raises(DslError, match=r"tensor annotation dims must not be negative, got \[4, -8\]"):
         pl.Tensor[[4, -8], pl.FP32]
+
+
+def test_float_scalars_in_range_and_bool_fills():
+    @pl.jit
+    def scale(x: pl.Tensor[[4], pl.FP32], a: pl.Scalar[pl.FP32], y: pl.Out[pl.Tensor[[4], pl.FP32]]):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="s"):
+            y[0:4] = x[0:4] * a
+
+    y = torch.zeros(4)
+    scale(torch.ones(4), float("inf"), y)  # an infinity is a float value of its own
+    assert bool((y == float("inf")).all())
+    with pytest.raises(BindError, match=r"scalar parameter 'a' value 1e\+39 out of range of pl.FP32"):
+        scale(torch.ones(4), 1e39, torch.zeros(4))  # it would have become inf silently
+
+    for iv, want in ((True, True), (False, False), (1, True)):
+        @pl.jit
+        def fill(y: pl.Out[pl.Tensor[[4], pl.BOOL]]):
+            s = pl.create_tensor([4], pl.BOOL, init_value=iv)
+            with pl.at(level=pl.Level.CORE_GROUP, name_hint="s"):
+                y[0:4] = s[0:4]
+
+        y = torch.zeros(4, dtype=torch.bool)
+        fill(y)
+        assert y.tolist() == [want] * 4
+    with pytest.raises(BindError, match="init_value of a BOOL tensor must be True, False, 0 or 1, got 2"):
+        iv = 2
+        fill(torch.zeros(4, dtype=torch.bool))

@@ -417,6 +417,10 @@ def _bind_scalar(kernel: str, name: str, ann: ScalarType, value):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise BindError(f"kernel {kernel}: scalar parameter {name!r} ({dt}) expects a number, got {value!r}")
         value = float(value)
+        top = torch.finfo(dt.torch).max
+        if value == value and abs(value) != float("inf") and abs(value) > top:  # a finite number past the dtype
+            raise BindError(f"kernel {kernel}: scalar parameter {name!r} value {value} out of range of {dt} "
+                            f"(largest finite {top:.6g})")
     else:
         if not isinstance(value, bool):
             raise BindError(f"kernel {kernel}: scalar parameter {name!r} ({dt}) expects a bool, got {value!r}")

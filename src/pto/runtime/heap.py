@@ -159,9 +159,15 @@ def validate_init_value(name: str, dtype, init_value) -> None:
 
     Raises:
         BindError: a float value on an integer dtype, an integer out of the
-            dtype's range, a non-number, or a non-zero fill of a BF16/FP16
-            tensor (rejected by the device runtime).
+            dtype's range, a finite value past FP32's, a non-number (a BOOL tensor
+            takes True, False, 0 or 1), or a non-zero fill of a BF16/FP16 tensor
+            (rejected by the device runtime).
     """
+    if dtype.name == "BOOL":
+        if init_value not in (0, 1) or isinstance(init_value, float):
+            raise BindError(f"create_tensor {name!r}: init_value of a BOOL tensor must be True, False, 0 or 1, "
+                            f"got {init_value!r}")
+        return
     if isinstance(init_value, bool) or not isinstance(init_value, (int, float)):
         raise BindError(f"create_tensor {name!r}: init_value must be a number, got {init_value!r}")
     if dtype.is_int:
