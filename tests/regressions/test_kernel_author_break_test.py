@@ -11,7 +11,9 @@
 * a 2-D subscript of a rank-1 GM tensor raised IndexError, an FP32 ``init_value`` past the
   dtype's range a torch RuntimeError, and a negative annotation dim was accepted until a run;
 * an FP32 scalar argument past FP32's range became inf silently (int scalars are range-checked),
-  and a BOOL ``init_value`` of ``True`` was refused while ``1`` was taken.
+  and a BOOL ``init_value`` of ``True`` was refused while ``1`` was taken;
+* an op torch has no CPU kernel for (UINT32 add, BOOL subtraction) left the program as torch's
+  NotImplementedError / RuntimeError instead of a DslError.
 """
 
 import pytest
@@ -155,3 +157,31 @@ def test_float_scalars_in_range_and_bool_fills():
     with pytest.raises(BindError, match="init_value of a BOOL tensor must be True, False, 0 or 1, got 2"):
         iv = 2
         fill(torch.zeros(4, dtype=torch.bool))
+
+
+@pl.jit
+def uint_add(x: pl.Tensor[[4, 8], pl.UINT32], y: pl.Out[pl.Tensor[[4, 8], pl.UINT32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="s"):
+        y[0:4, :] = x[0:4, :] + 1  # UINT32 ADD
+
+
+@pl.jit
+def bool_sub(x: pl.Tensor[[4, 8], pl.BOOL], y: pl.Out[pl.Tensor[[4, 8], pl.BOOL]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="s"):
+        t = x[0:4, :]
+        y[0:4, :] = t - t
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_a_dtype_torch_cannot_compute_is_a_dsl_error(check):
+    y = torch.full((4, 8), 7, dtype=torch.uint32)
+    with pytest.raises(DslError) as ei:
+        uint_add.run(torch.zeros(4, 8, dtype=torch.uint32), y, config=pto.RunConfig(check=check))
+    msg = str(ei.value)
+    assert msg.startswith("kernel uint_add, task 's' (#0) block 0, at ") and "test_kernel_author_break_test.py:" in msg
+    assert "a tile operation on a dtype the CPU runtime cannot compute it for (torch: \"add_stub\" not " \
+           "implemented for 'UInt32'); cast the tile to a dtype it supports first (pl.cast)" in msg
+    assert bool((y == 7).all())  # nothing written
+    with pytest.raises(DslError, match="with two bool tensors is not supported"):
+        bool_sub.run(torch.zeros(4, 8, dtype=torch.bool), torch.zeros(4, 8, dtype=torch.bool),
+                     config=pto.RunConfig(check=check))

@@ -412,6 +412,10 @@ class Program:
             if self.undo:
                 self._undo_stores()
             if isinstance(e, Exception):
+                unsupported = _unsupported_dtype_error(e)
+                if unsupported is not None:  # torch has no kernel for a tile op's dtype: bad input
+                    _name_context(self, unsupported)
+                    raise unsupported from None
                 _name_context(self, e)
             raise
         finally:
@@ -984,7 +988,8 @@ def check_written_aliasing(program: str, params) -> None:
         ann = p.ann
         if isinstance(ann, TensorType) and ann.direction != IN:
             t = p.value
-            if isinstance(t, torch.Tensor) and t.layout is torch.strided and t.nbytes and t.is_contiguous():
+            if (isinstance(t, torch.Tensor) and t.layout is torch.strided and t.nbytes and not t.is_meta
+                    and t.is_contiguous()):  # a shape-only (meta) tensor has no bytes of its own
                 spans.append((t.data_ptr(), t.data_ptr() + t.nbytes, p.name))
     if len(spans) < 2:
         return
@@ -1102,6 +1107,26 @@ def _record_block_error(err: PtoError) -> None:
         err._pto_block = blk
 
 
+# torch's refusals of an operation for a dtype ("add_stub" not implemented for 'UInt32'; BOOL - and negation)
+_UNSUPPORTED = re.compile(r'"\w+" not implemented for \'\w+\'|'
+                          r'the `-` operator, (with|on) (a|two) bool tensors? is not supported')
+
+
+def _unsupported_dtype_error(err: Exception):
+    """A DslError for ``err`` when it is torch refusing an operation for a dtype (an arithmetic
+    op on a UINT32 or BOOL tile: ``"add_stub" not implemented for 'UInt32'``), else None."""
+    if not isinstance(err, (NotImplementedError, RuntimeError)) or isinstance(err, PtoError):
+        return None
+    msg = str(err)
+    if not _UNSUPPORTED.search(msg):
+        return None
+    e = DslError(f"a tile operation on a dtype the CPU runtime cannot compute it for (torch: {msg.splitlines()[0]}); "
+                 "cast the tile to a dtype it supports first (pl.cast)")
+    e._pto_block = getattr(err, "_pto_block", None)
+    e._pto_site = _raise_site(err)  # the kernel line (this error has no traceback of its own yet)
+    return e
+
+
 def _name_context(prog: "Program", err: Exception) -> None:
     """Make ``err``, leaving program ``prog``, name the kernel, the task and block it was raised
     in (if any) and the kernel-source ``file:line``.
@@ -1119,7 +1144,7 @@ def _name_context(prog: "Program", err: Exception) -> None:
         blk = None  # a block of another program
     if blk is None and prog.cur_task is not None and prog.cur_task.blocks:
         blk = prog.cur_task.blocks[-1]  # the task scope the exception left (see _end_task_early)
-    site = _raise_site(err)
+    site = getattr(err, "_pto_site", None) or _raise_site(err)
     if isinstance(err, PtoError):
         msg = str(err)
         if f"kernel {prog.name}" in msg and "task " in msg and " block" in msg:
