@@ -249,7 +249,8 @@ class Target:
             pc = self.program.config
             asked = [what for what, differs in (("check mode", check and not pc.check),
                                                  ("--drop-init", tuple(drop_init) != tuple(pc.drop_init)),
-                                                 ("graph-only mode", execute != pc.execute)) if differs]
+                                                 ("graph-only mode" if not execute else "a run that computes",
+                                                  execute != pc.execute)) if differs]
             if asked:
                 raise ConfigError(f"{self.name} returned a Program that was already run; {asked[0]} needs a kernel "
                                   f"it can run itself (a @pl.jit function, a KernelCase or a callable returning a "

@@ -119,7 +119,8 @@ from pto.language.typing import IN, INOUT, OUT, ScalarType, TensorType
 from pto.runtime.deps import LazyDerivation, group_footprints
 from pto.runtime.graph import Block, Task, TaskGraph
 from pto.runtime.heap import RingHeap
-from pto.runtime.program import _COUNTED, Program, ProgramStats, RunConfig, _gc_pause, _gc_resume, check_written_aliasing, written_overlap
+from pto.runtime.program import (_COUNTED, Program, ProgramStats, RunConfig, _gc_pause, _gc_resume,
+                                  check_written_aliasing, written_overlap)
 from pto.runtime.sanitizer import active_drop_init as _active_drop_init
 from pto.runtime.symbolic import NAMESPACE as _SYM_NS
 from pto.runtime.symbolic import Sym, concrete_of, evaluate, has_sym, observes_identity, source
