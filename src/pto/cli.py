@@ -146,6 +146,9 @@ def _load_attr(spec: str):
             raise ConfigError(f"no such file {mod_part!r}")
         if path.suffix != ".py":  # importlib finds no loader for it
             raise ConfigError(f"{mod_part!r} is not a Python file: a kernel file's name ends in .py")
+        folder = str(path.resolve().parent)  # its sibling modules import as when Python runs the file
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
         try:
             module = import_file(path, f"pto_cli_target.{path.stem}")
         except PtoError:

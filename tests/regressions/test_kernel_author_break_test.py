@@ -13,7 +13,8 @@
 * an FP32 scalar argument past FP32's range became inf silently (int scalars are range-checked),
   and a BOOL ``init_value`` of ``True`` was refused while ``1`` was taken;
 * an op torch has no CPU kernel for (UINT32 add, BOOL subtraction) left the program as torch's
-  NotImplementedError / RuntimeError instead of a DslError.
+  NotImplementedError / RuntimeError instead of a DslError;
+* ``pto run DIR/k.py:k`` could not import ``k.py``'s sibling modules (``from helpers import X``).
 """
 
 import pytest
@@ -185,3 +186,20 @@ def test_a_dtype_torch_cannot_compute_is_a_dsl_error(check):
     with pytest.raises(DslError, match="with two bool tensors is not supported"):
         bool_sub.run(torch.zeros(4, 8, dtype=torch.bool), torch.zeros(4, 8, dtype=torch.bool),
                      config=pto.RunConfig(check=check))
+
+
+def test_a_kernel_file_imports_its_sibling_modules(tmp_path, capsys, monkeypatch):
+    (tmp_path / "kab_sibling_consts.py").write_text("SCALE = 3.0\n")
+    (tmp_path / "k.py").write_text('''
+import pto.language as pl
+from kab_sibling_consts import SCALE
+
+@pl.jit
+def k(x: pl.Tensor[[4, 8], pl.FP32], y: pl.Out[pl.Tensor[[4, 8], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="s"):
+        y[0:4, :] = x[0:4, :] * SCALE
+''')
+    monkeypatch.chdir(tmp_path.parent)  # run from elsewhere, as "pto run DIR/k.py:k"
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    assert main(["run", f"{tmp_path.name}/k.py:k"]) == 0
+    assert "cannot import" not in capsys.readouterr().err
