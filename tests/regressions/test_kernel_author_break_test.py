@@ -14,7 +14,8 @@
   and a BOOL ``init_value`` of ``True`` was refused while ``1`` was taken;
 * an op torch has no CPU kernel for (UINT32 add, BOOL subtraction) left the program as torch's
   NotImplementedError / RuntimeError instead of a DslError;
-* ``pto run DIR/k.py:k`` could not import ``k.py``'s sibling modules (``from helpers import X``).
+* ``pto run DIR/k.py:k`` could not import ``k.py``'s sibling modules (``from helpers import X``);
+* a ``pl.PartialOut`` read before it was written was called an "Out parameter".
 """
 
 import pytest
@@ -203,3 +204,14 @@ def k(x: pl.Tensor[[4, 8], pl.FP32], y: pl.Out[pl.Tensor[[4, 8], pl.FP32]]):
     monkeypatch.setattr("sys.path", list(__import__("sys").path))
     assert main(["run", f"{tmp_path.name}/k.py:k"]) == 0
     assert "cannot import" not in capsys.readouterr().err
+
+
+@pl.jit
+def read_partial(x: pl.Tensor[[4, 8], pl.FP32], y: pl.PartialOut[pl.Tensor[[4, 8], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="s"):
+        y[0:4, :] = y[0:4, :] + x[0:4, :]
+
+
+def test_a_partial_out_read_before_written_is_named_as_one():
+    with pytest.raises(UndefinedOutputError, match=r"origin: PartialOut parameter 'y' \[4, 8\] pl.FP32 \(read before"):
+        read_partial.run(torch.ones(4, 8), torch.zeros(4, 8), config=pto.RunConfig(check=True))

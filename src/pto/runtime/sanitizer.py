@@ -527,7 +527,8 @@ def _describe_buffer(buf) -> str:
         why = ("init_value dropped by the mutation hook" if getattr(buf, "init_dropped", False)
                else "no init_value, and not written before it was read")
         return f"allocation {buf.name!r} {what} at {buf.site} ({why})"
-    return f"Out parameter {buf.name!r} {what} (read before the program wrote it)"
+    kind = "PartialOut" if getattr(buf, "partial", False) else "Out"
+    return f"{kind} parameter {buf.name!r} {what} (read before the program wrote it)"
 
 
 def undefined_box(bad: torch.Tensor) -> list[list[int]]:
