@@ -449,8 +449,9 @@ def _default_preset(case: KernelCase, shape_only: bool) -> str:
 
 def _case_target(case: KernelCase, preset: str | None, mode: str | None, options: dict,
                  shape_only: bool = False) -> Target:
-    capped = preset is None and _default_preset(case, shape_only) != DEFAULT_PRESET
-    preset = preset or _default_preset(case, shape_only)
+    default = _default_preset(case, shape_only)
+    capped = preset is None and default != DEFAULT_PRESET
+    preset = preset or default
     _check_preset(preset)
     mode = mode or case.modes[0]
     if mode not in case.modes:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 
 import torch
 
@@ -418,7 +419,7 @@ def _bind_scalar(kernel: str, name: str, ann: ScalarType, value):
             raise BindError(f"kernel {kernel}: scalar parameter {name!r} ({dt}) expects a number, got {value!r}")
         value = float(value)
         top = torch.finfo(dt.torch).max
-        if value == value and abs(value) != float("inf") and abs(value) > top:  # a finite number past the dtype
+        if math.isfinite(value) and abs(value) > top:  # a finite number past the dtype (inf and nan bind)
             raise BindError(f"kernel {kernel}: scalar parameter {name!r} value {value} out of range of {dt} "
                             f"(largest finite {top:.6g})")
     else:

@@ -184,7 +184,7 @@ def validate_init_value(name: str, dtype, init_value) -> None:
                         f"(largest finite {_FP32_MAX:.6g}; write float('inf') for an infinite fill)")
 
 
-_FP32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+_FP32_MAX = torch.finfo(torch.float32).max
 
 
 class RingHeap:

@@ -238,15 +238,13 @@ def _union_covers(boxes: list, rows: int, cols: int) -> bool:
 
 
 def _operation_site() -> str | None:
-    """``file:line`` of the kernel source line running now (the first frame outside the pto
-    language and runtime packages: the load, read or atomic add that consumes), or None."""
+    """``file:line`` of the kernel source line running now (the innermost frame outside pto's own
+    code, as ``program._in_pto`` tells it: the load, read or atomic add that consumes), or None."""
+    from pto.runtime.program import _in_pto  # program imports this module
     f = sys._getframe(1)
-    while f is not None:
-        name = f.f_code.co_filename.replace("\\", "/")
-        if "/pto/language/" not in name and "/pto/runtime/" not in name:
-            return frame_site(f)
+    while f is not None and _in_pto(f):
         f = f.f_back
-    return None
+    return frame_site(f) if f is not None else None
 
 
 class Consumer:
