@@ -130,6 +130,15 @@ def load_kernels() -> None:
     freeze_imports()  # before any input exists, so that no input is frozen by the first program
 
 
+def _pypto_hint(e: BaseException) -> str:
+    """A hint for an import that failed on pypto's own modules: such a file is a pypto script,
+    which runs under ``pto pypto``."""
+    name = getattr(e, "name", None) or ""
+    if isinstance(e, ImportError) and name.split(".")[0] in ("pypto", "golden"):
+        return " (a pypto / pypto-lib file: run it with `pto pypto FILE.py`)"
+    return ""
+
+
 def _check_preset(preset: str) -> None:
     from pto.models.deepseek_v4.config import PRESETS
     if preset not in PRESETS:
@@ -154,14 +163,14 @@ def _load_attr(spec: str):
         except PtoError:
             raise
         except Exception as e:  # noqa: BLE001 - user code
-            raise ConfigError(f"cannot import {mod_part!r}: {type(e).__name__}: {e}") from None
+            raise ConfigError(f"cannot import {mod_part!r}: {type(e).__name__}: {e}{_pypto_hint(e)}") from None
     else:
         if str(Path.cwd()) not in sys.path:
             sys.path.insert(0, str(Path.cwd()))
         try:
             module = importlib.import_module(mod_part)
         except ImportError as e:
-            raise ConfigError(f"cannot import module {mod_part!r}: {e}") from None
+            raise ConfigError(f"cannot import module {mod_part!r}: {e}{_pypto_hint(e)}") from None
     try:
         return getattr(module, attr)
     except AttributeError:

@@ -12,8 +12,10 @@ on stdout as ``[RUN] pto: ... ignored`` lines:
 * the benchmark loop (``PYPTO_BENCH``) is not run.
 
 What matches: specs in parameter order passed positionally; the golden computed first from
-clones of the inputs (pure outputs start as zeros, scalars as Python values); only
-``is_output=True`` specs are validated, each by its ``compare_fn`` entry called as
+clones of the inputs (pure outputs start as zeros, scalars as Python values); only outputs are
+validated (``is_output=True``, or, when a spec does not say, as the current reference harness
+stamps it from the kernel signature: a ``pl.Out`` / ``pl.InOut`` parameter; a run with a golden
+and no output fails, it compared nothing), each by its ``compare_fn`` entry called as
 ``cmp(actual, expected, actual_outputs=, expected_outputs=, inputs=, rtol=, atol=)`` or by
 ``torch.allclose``; ``save_data`` writes ``<work_dir>/data/{in,out}/<name>.pt`` and
 ``golden_data=<dir>`` replays that layout; kernel exceptions propagate.
@@ -362,6 +364,35 @@ def _load_dir(golden_data: str, specs):
     return missing
 
 
+def _signature_annotations(fn) -> dict:
+    """``{parameter name: annotation}`` of the kernel's entry (a ``@pl.jit`` function, the entry of
+    a ``@pl.program`` class, a ``@pl.jit.host`` function); ``{}`` when it has none."""
+    target = getattr(fn, "entry", fn)
+    sig = getattr(target, "signature", None)
+    if sig is None:
+        return {}
+    return sig()[1]
+
+
+def _resolve_directions(fn, specs) -> list:
+    """``specs`` with every ``TensorSpec`` whose ``is_output`` was not given resolved from the
+    kernel's signature, as the current reference harness stamps a spec's direction from the
+    compiled parameter (``pl.Out`` / ``pl.InOut`` / ``pl.PartialOut``: an output); without an
+    annotation the older harness's default (not an output) holds. An explicit ``is_output`` is
+    kept. Returns a new list; the caller's specs are unchanged."""
+    from dataclasses import replace
+
+    from pto.language.typing import IN, TensorType
+    anns = _signature_annotations(fn)
+    out = []
+    for s in specs:
+        if isinstance(s, _PtoTensorSpec) and s.is_output is None:
+            ann = anns.get(s.name)
+            s = replace(s, is_output=isinstance(ann, TensorType) and ann.direction != IN)
+        out.append(s)
+    return out
+
+
 def _run_kernel(fn, args, cfg):
     """Run ``fn`` (a @pl.jit function, a @pl.program class or a @pl.jit.host function) once."""
     run = getattr(fn, "run", None)
@@ -402,7 +433,11 @@ def run_jit(fn, specs, golden_fn=None, golden_data=None, compile_cfg=None, runti
     work_dir = None
     if save_data:
         work_dir = os.path.join("build_output", f"{name}_{time.strftime('%Y%m%d_%H%M%S')}")
+    specs = _resolve_directions(fn, specs)
     outputs = [s for s in specs if isinstance(s, _PtoTensorSpec) and s.is_output]
+    if not outputs and (golden_fn is not None or golden_data is not None):
+        return RunResult(False, "nothing to validate: no spec is an output (no pl.Out / pl.InOut parameter and "
+                                "no is_output=True)", time.perf_counter() - t0)
     golden: dict = {}
     if golden_data is not None:
         missing = _load_dir(golden_data, specs)

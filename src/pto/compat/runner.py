@@ -3,8 +3,9 @@
 The script runs with ``sys.argv = [FILE.py, *ARGS]`` and its directory first on
 ``sys.path`` (as ``python FILE.py`` would), the import aliases of
 :mod:`pto.compat.imports` installed, its source (and that of every module it imports
-from its own checkout) rewritten for the ``with pl.spmd(n)`` body form, and
-``compat_ops.mode.pypto`` on. Everything is restored afterwards, including the
+from its own checkout) rewritten for the ``with pl.spmd(n)`` body form,
+``compat_ops.mode.pypto`` on, and every kernel the script calls directly (``kernel(x, y)``,
+not through the harness) run in check mode, as the harness runs it. Everything is restored afterwards, including the
 user modules it imported (so two scripts with sibling modules of the same name can
 run in one process).
 """
@@ -57,6 +58,27 @@ def _user_line(tb, roots) -> str:
     return site
 
 
+_KEYWORD = re.compile(r"^(\w+)\(\) got an unexpected keyword argument '(\w+)'$")
+
+
+def _unsupported_keyword(e: TypeError, roots) -> str | None:
+    """The ``error:`` line for a pypto keyword argument that pto's DSL function does not take
+    (``pl.load(..., transpose=True)``: Python's TypeError, raised at the user's call), or None
+    when ``e`` is another TypeError or the function is not one of ``pto.language``'s."""
+    m = _KEYWORD.match(str(e))
+    if m is None:
+        return None
+    import pto.language as pl
+    name, kw = m.groups()
+    fn = getattr(pl, name, None) or getattr(getattr(pl, "tile", None), name, None)
+    if fn is None or getattr(fn, "__name__", None) != name:
+        return None
+    site = _user_line(e.__traceback__, roots)
+    at = f" at {site}" if site else ""
+    return (f"error: UnsupportedConstructError: pl.{name}({kw}=...): this pypto keyword is not supported by "
+            f"pto{at}")
+
+
 def run_file(path: str, argv=(), stderr=None) -> int:
     """Run the pypto script ``path`` with arguments ``argv``; returns its exit code.
 
@@ -69,7 +91,8 @@ def run_file(path: str, argv=(), stderr=None) -> int:
     """
     from pto.compat.imports import Aliases
     from pto.compat.transform import compile_pypto
-    from pto.language import compat_ops
+    from pto.language import _ctx, compat_ops
+    from pto.runtime import RunConfig
 
     stderr = stderr or sys.stderr
     path = os.path.abspath(path)
@@ -85,6 +108,10 @@ def run_file(path: str, argv=(), stderr=None) -> int:
     saved_argv, saved_path, saved_main = sys.argv, list(sys.path), sys.modules.get("__main__")
     before = set(sys.modules)
     mode_was = compat_ops.mode.pypto
+    factory_was = _ctx.state.program_factory
+
+    def checked(jf, args, kwargs, config):  # a kernel called directly runs in check mode too
+        return factory_was(jf, args, kwargs, RunConfig(check=True) if config is None else config)
     main = types.ModuleType("__main__")
     main.__file__ = path
     main.__builtins__ = __builtins__
@@ -96,12 +123,19 @@ def run_file(path: str, argv=(), stderr=None) -> int:
             sys.path.insert(0, script_dir)
             sys.modules["__main__"] = main
             compat_ops.mode.pypto = True
+            _ctx.state.program_factory = checked
             try:
                 exec(compile_pypto(source, path), main.__dict__)  # noqa: S102 - running the user's script is the point
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
                 if e.code is not None and not isinstance(e.code, int):
                     print(e.code, file=stderr)
+            except TypeError as e:
+                text = _unsupported_keyword(e, roots)
+                if text is None or os.environ.get("PTO_DEBUG"):
+                    raise
+                print(_shown(text), file=stderr)
+                code = 1
             except PtoError as e:
                 if os.environ.get("PTO_DEBUG"):
                     raise
@@ -112,6 +146,7 @@ def run_file(path: str, argv=(), stderr=None) -> int:
                 code = 1
     finally:
         compat_ops.mode.pypto = mode_was
+        _ctx.state.program_factory = factory_was
         sys.argv, sys.path[:] = saved_argv, saved_path
         if saved_main is not None:
             sys.modules["__main__"] = saved_main

@@ -18,7 +18,9 @@ bind to the new loop instead of the enclosing one) is a DslError naming the line
 A body (of the ``with`` form or of ``for b in pl.spmd(n)``) that calls
 ``pl.system.syncall()`` becomes a generator function whose barriers are
 ``yield pl.system.syncall()``, run by the decorator form ``pl.spmd(...)(body)``:
-every block runs up to a barrier before any block goes past it.
+every block runs up to a barrier before any block goes past it. Each block keeps its own
+variables across the barriers; a name the enclosing function also uses starts as its value
+there and holds the last block's value after the task, as the plain loop form leaves it.
 """
 
 from __future__ import annotations
@@ -120,8 +122,10 @@ class _SpmdWith(ast.NodeTransformer):
 
     def _phased(self, node, call, var, as_target, form):
         """A body with ``pl.system.syncall()`` barriers: a generator function run in phases by the
-        decorator form ``pl.spmd(...)(body)``; names the body assigns that the enclosing
-        function also uses become ``nonlocal`` (pre-bound to None when only read there)."""
+        decorator form ``pl.spmd(...)(body)``. Every block's generator keeps its own locals (the
+        blocks run interleaved, phase by phase). A name the body assigns that the enclosing code
+        also uses is copied in (its value when the task starts, if it has one) and copied out
+        after the task (the last block's value, as the loop form leaves it)."""
         self.count += 1
         handle = f"_pto_spmd_{node.lineno}_{self.count}"
         loc = dict(lineno=node.lineno, col_offset=node.col_offset, end_lineno=node.lineno,
@@ -129,27 +133,38 @@ class _SpmdWith(ast.NodeTransformer):
         body = [_Yields().visit(stmt) for stmt in node.body]
         assigned = {n.id for n in _walk_local(body) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         assigned.discard(var)
-        shared, prebind = [], []
         if self.funcs:
             fn = self.funcs[-1]
             outside = [n for n in _walk_local(fn.body) if n is not node]
             inner = set(map(id, _walk_local([node])))
             used = {n.id for n in outside if isinstance(n, ast.Name) and id(n) not in inner}
-            bound = {n.id for n in outside if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
-                     and id(n) not in inner}
-            bound |= {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
-            shared = sorted(assigned & (used | bound))
-            prebind = [name for name in shared if name not in bound]
-        decl = [ast.Nonlocal(names=shared, **loc)] if shared else []
-        fdef = ast.FunctionDef(name=handle + "_body", args=ast.arguments(
-            posonlyargs=[], args=[ast.arg(arg=var, **loc)], kwonlyargs=[], kw_defaults=[], defaults=[]),
-            body=decl + body, decorator_list=[], returns=None, type_params=[], **loc)
-        out = [ast.Assign(targets=[ast.Name(n, ast.Store(), **loc)], value=ast.Constant(None, **loc), **loc)
-               for n in prebind]
+            used |= {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
+            shared = sorted(assigned & used)
+        else:  # module level: any of them may be read later
+            shared = sorted(assigned)
+        cin, cout = handle + "_in", handle + "_out"
+
+        def stmts(src):
+            tree = ast.parse(src)
+            for n in ast.walk(tree):
+                if isinstance(n, (ast.stmt, ast.expr, ast.excepthandler)):
+                    n.lineno, n.col_offset = loc["lineno"], loc["col_offset"]
+                    n.end_lineno, n.end_col_offset = loc["end_lineno"], loc["end_col_offset"]
+            return tree.body
+
+        def save(into):
+            return "".join(f"try:\n    {into}[{n!r}] = {n}\nexcept NameError:\n    pass\n" for n in shared)
+
+        head = stmts("".join(f"if {n!r} in _pto_in:\n    {n} = _pto_in[{n!r}]\n" for n in shared))
+        tail = stmts(save("_pto_out"))
+        fdef = stmts(f"def {handle}_body({var}, _pto_in={cin}, _pto_out={cout}):\n    pass\n")[0]
+        fdef.body = head + body + tail
+        out = stmts(f"{cin} = {{}}\n{cout} = {{}}\n" + save(cin))
         out += [fdef,
                 ast.Assign(targets=[ast.Name(handle, ast.Store(), **loc)], value=call, **loc),
                 ast.Expr(ast.Call(ast.Name(handle, ast.Load(), **loc), [ast.Name(handle + "_body", ast.Load(), **loc)],
                                   [], **loc), **loc)]
+        out += stmts("".join(f"if {n!r} in {cout}:\n    {n} = {cout}[{n!r}]\n" for n in shared))
         if as_target is not None:
             out.append(ast.Assign(targets=[as_target],
                                   value=ast.Attribute(ast.Name(handle, ast.Load(), **loc), "tid", ast.Load(), **loc),

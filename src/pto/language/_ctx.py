@@ -72,6 +72,8 @@ def caller_site(depth: int = 2) -> str:
 
 
 _IN_LANGUAGE: dict = {}  # source file name -> inside the pto.language package
+# this package's directory (a user file whose path merely contains /pto/language/ is not in it)
+_LANGUAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def user_frame(depth: int = 1):
@@ -82,7 +84,7 @@ def user_frame(depth: int = 1):
         fname = f.f_code.co_filename
         inside = _IN_LANGUAGE.get(fname)
         if inside is None:
-            inside = _IN_LANGUAGE[fname] = "/pto/language/" in fname.replace("\\", "/")
+            inside = _IN_LANGUAGE[fname] = fname.startswith(_LANGUAGE_DIR)
         if not inside:
             return f
         f = f.f_back

@@ -86,7 +86,11 @@ def create_tile(shape, dtype, target_memory=None, addr=None, size=None, valid_sh
 
     Returns:
         Tile whose contents are undefined: NaN / 0xAB bytes in check mode, zeros otherwise;
-        write it (``pl.assemble``, ``pl.gather_row``, subscript assign) before reading.
+        write it (``pl.assemble``, ``pl.gather_row``, subscript assign) before reading. In
+        check mode every element carries an undefinedness tag naming this line (as a GM
+        scratch tensor's do), so an element that reaches an output without being written is
+        an UndefinedOutputError naming the buffer, even when the tile math discarded the
+        poison values (a ``maximum`` against 0xAB..., a ``cmp`` against NaN).
 
     Raises:
         DslError: outside a task block, or a negative dim.
@@ -99,7 +103,19 @@ def create_tile(shape, dtype, target_memory=None, addr=None, size=None, valid_sh
         raise DslError(f"pl.create_tile: negative dim in {dims}{_site()}")
     _count()
     valid = None if valid_shape is None else tuple(as_int(v, "a valid extent") for v in valid_shape)
-    return Tile(_poisoned(dims, dt), None, valid)
+    data = _poisoned(dims, dt)
+    mask = None
+    if _ctx.state.check:  # every element undefined until written, named by this line
+        prog = _ctx.state.program
+        san = getattr(prog, "sanitizer", None)
+        if san is not None:
+            f = _ctx.user_frame()
+            site = f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "<unknown>"
+            mask = torch.full(dims, san.tile_origin(name, dims, data.dtype, site), dtype=torch.int32)
+    tile = Tile(data, mask, valid)
+    if mask is not None:
+        tile._mown = True  # a private mask: writes into the buffer clear it in place
+    return tile
 
 
 def create_l1(shape, dtype, transpose: bool = False) -> Tile:

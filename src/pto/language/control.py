@@ -281,13 +281,29 @@ def _scoped_iter(prog, it):
             prog.pop_scope()
 
 
+def _no_carry(what: str, init_values) -> None:
+    """pypto's loop-carried form ``for i, (acc,) in pl.range(n, init_values=(acc0,))`` with
+    ``pl.yield_``: not supported (a DslError naming the loop's line)."""
+    if init_values is not None:
+        f = _ctx.user_frame(2)
+        at = f" at {f.f_code.co_filename}:{f.f_lineno}" if f is not None else ""
+        raise DslError(f"{what}(init_values=...): loop-carried values (pl.yield_) are not supported by pto{at}; "
+                       f"carry the value in a plain variable (acc = pl.add(acc, ...) inside the loop)")
+
+
 def range(*args, init_values=None):  # noqa: A001 - DSL name
-    """Sequential loop ``range(stop)`` / ``(start, stop[, step])``; bounds may be scalars."""
+    """Sequential loop ``range(stop)`` / ``(start, stop[, step])``; bounds may be scalars.
+
+    Raises:
+        DslError: ``init_values`` given (pypto's loop-carried values are not supported).
+    """
+    _no_carry("pl.range", init_values)
     return _loop(args, "pl.range")
 
 
-def pipeline(*args, stage: int = 2):
-    """Software-pipelined loop; numerically identical to :func:`range`."""
+def pipeline(*args, stage: int = 2, init_values=None):
+    """Software-pipelined loop; numerically identical to :func:`range` (same errors)."""
+    _no_carry("pl.pipeline", init_values)
     return _loop(args, "pl.pipeline")
 
 
@@ -296,6 +312,7 @@ def unroll(*args):
     return _loop(args, "pl.unroll")
 
 
-def parallel(*args):
-    """Loop whose iterations are asserted independent; numerically :func:`range`."""
+def parallel(*args, init_values=None):
+    """Loop whose iterations are asserted independent; numerically :func:`range` (same errors)."""
+    _no_carry("pl.parallel", init_values)
     return _loop(args, "pl.parallel")

@@ -29,6 +29,8 @@ indexer. Each such sort counts in ``ProgramStats.assumed_sorts``.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from pto.errors import GraphOnlyError
@@ -126,8 +128,8 @@ def read_origin(name: str, idx) -> str:
     """``"name[i, j] (read at file:line)"`` for a :class:`MetaScalar`'s origin: the kernel's line
     (past the runtime's frames too: a buffer with real storage is read by runtime/graph_only.py)."""
     f = _ctx.user_frame()
-    while f is not None and any(p in f.f_code.co_filename.replace("\\", "/")
-                                for p in ("/pto/runtime/", "/pto/language/")):
+    runtime = os.path.join(os.path.dirname(_ctx._LANGUAGE_DIR.rstrip(os.sep)), "runtime") + os.sep
+    while f is not None and f.f_code.co_filename.startswith((runtime, _ctx._LANGUAGE_DIR)):
         f = f.f_back
     site = f" (read at {_ctx.frame_site(f)})" if f is not None else ""
     return f"{name}{list(idx)}{site}"

@@ -10,6 +10,9 @@ tile_ops.py). A mask element is an INT32 *undefinedness tag*:
 * ``0``: defined;
 * ``1 <= v < TAINT_BASE``: undefined, straight from allocation ``v`` (the
   buffer id), not yet touched by any task;
+* ``TILE_BASE <= v < TAINT_BASE``: undefined, straight from on-chip buffer
+  ``v - TILE_BASE`` of the program's tile origins (an uninitialised
+  ``pl.create_tile``: :meth:`Sanitizer.tile_origin`);
 * ``v >= TAINT_BASE``: undefined, entry ``v - TAINT_BASE`` of the program's
   taint table: (origin allocation, the task/block that first consumed it).
 
@@ -56,10 +59,23 @@ from pto.language._ctx import frame_site
 from pto.language.typing import INOUT, OUT
 from pto.runtime.deps import coalesce
 
-__all__ = ["TAINT_BASE", "Sanitizer", "Consumer", "check_outputs", "output_problems", "undefined_box",
+__all__ = ["TAINT_BASE", "TILE_BASE", "TileOrigin", "Sanitizer", "Consumer", "check_outputs", "output_problems", "undefined_box",
            "drop_init_values", "active_drop_init", "new_shadow"]
 
 TAINT_BASE = 1 << 24  # tags below are raw allocation ids; at or above, taint-table entries
+TILE_BASE = 1 << 23  # raw tags from TILE_BASE up to TAINT_BASE name on-chip buffers (TileOrigin)
+
+
+class TileOrigin:
+    """An uninitialised on-chip buffer (``pl.create_tile``, or ``pl.create_tensor`` inside a task
+    under pypto compatibility) as the origin of undefined elements: ``id`` (its raw tag), the
+    ``name`` given or ``None``, ``shape`` (list of ints), ``dtype`` (torch), ``site``
+    (``file:line``). It quacks like a Buffer for the messages (``kind == "tile"``)."""
+
+    kind = "tile"
+
+    def __init__(self, oid: int, name, shape, dtype, site: str):
+        self.id, self.name, self.shape, self.dtype, self.site = oid, name, list(shape), dtype, site
 
 class _DropStack(threading.local):
     """The names of the open ``drop_init_values`` blocks of this thread (a list of frozensets)."""
@@ -281,6 +297,8 @@ class Sanitizer:
         self.program = program
         self.taints: list[tuple[int, Consumer]] = []
         self._index: dict[tuple, int] = {}
+        self.tiles: list[TileOrigin] = []  # on-chip origins, tag TILE_BASE + index
+        self._tile_index: dict[tuple, int] = {}
         # Ids of the buffers whose shadow is known all zero (every element defined): loads,
         # stores of defined tiles and the output check skip their shadow. A store of a tile
         # with a mask drops the id (tensor_ops._store); a buffer that is not in the set gets
@@ -493,12 +511,27 @@ class Sanitizer:
                 pool.nbytes += 4 * n
 
     # ---- naming ---------------------------------------------------------------------
+    def tile_origin(self, name, shape, dtype, site: str) -> int:
+        """The raw tag of an uninitialised on-chip buffer created at ``site`` (one per site, name,
+        shape and dtype: a loop creating the same buffer again shares its origin)."""
+        key = (site, name, tuple(shape), dtype)
+        tag = self._tile_index.get(key)
+        if tag is None:
+            if len(self.tiles) >= TAINT_BASE - TILE_BASE - 1:  # never in practice; keep the tags apart
+                return TILE_BASE + len(self.tiles) - 1
+            tag = TILE_BASE + len(self.tiles)
+            self.tiles.append(TileOrigin(tag, name, shape, dtype, site))
+            self._tile_index[key] = tag
+        return tag
+
     def origin(self, tag: int):
-        """(origin Buffer, Consumer or None) of a non-zero tag."""
+        """(origin Buffer or TileOrigin, Consumer or None) of a non-zero tag."""
         if tag >= TAINT_BASE:
             oid, cons = self.taints[tag - TAINT_BASE]
         else:
             oid, cons = tag, None
+        if oid >= TILE_BASE:
+            return self.tiles[oid - TILE_BASE], cons
         return self.program.buffers[oid - 1], cons
 
     def describe(self, tag: int) -> str:
@@ -521,6 +554,10 @@ def _dtype_name(dt: torch.dtype) -> str:
 
 def _describe_buffer(buf) -> str:
     what = f"{list(buf.shape)} {_dtype_name(buf.dtype)}"
+    if buf.kind == "tile":
+        named = f" {buf.name!r}" if buf.name else ""
+        return (f"on-chip buffer{named} {what} created at {buf.site} (pl.create_tile: uninitialised, and "
+                f"not written before it was read)")
     if buf.kind == "scratch":
         why = ("init_value dropped by the mutation hook" if getattr(buf, "init_dropped", False)
                else "no init_value, and not written before it was read")
