@@ -84,12 +84,20 @@ def command(name: str, help: str, configure: Callable | None = None):  # noqa: A
     return deco
 
 
+class _Console(Console):
+    """rich's Console whose closed stdout (``pto sim ... | head -1``) raises BrokenPipeError for
+    :func:`main` (exit 141) instead of rich's own ``SystemExit(1)``, the code of a failed kernel."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError("stdout closed by its reader")
+
+
 def console() -> Console:
     """A rich console; 120 columns for tables when stdout is not a terminal (CI
     logs); long message lines are never hard-wrapped (soft wrap); no ``:name:`` emoji codes (a
     path or a kernel's text such as ``ck:smile:x`` prints as it is)."""
-    c = Console(soft_wrap=True, emoji=False)
-    return c if c.is_terminal else Console(width=120, soft_wrap=True, emoji=False)
+    c = _Console(soft_wrap=True, emoji=False)
+    return c if c.is_terminal else _Console(width=120, soft_wrap=True, emoji=False)
 
 
 # ---- targets: registered kernels or MODULE:FUNCTION -----------------------------------
@@ -444,6 +452,24 @@ def _check_build_options(case: KernelCase, options: dict) -> None:
     unknown = sorted(k for k in options if k not in names)
     if unknown:
         raise ConfigError(f"{case.name}: unknown options {unknown} (its options: {', '.join(names) or 'none'})")
+    for k, v in options.items():
+        _check_option_type(case.name, k, v, params[k].default)
+
+
+def _check_option_type(kernel: str, key: str, value, default) -> None:
+    """ConfigError when ``--opt key=value`` is not of the kind of the builder's default: a
+    boolean option takes a boolean (a misspelt ``Flase`` stays a string, which is truthy), an
+    integer option an integer (not ``True``), a float option a number."""
+    if isinstance(default, bool):
+        ok, want = isinstance(value, bool), "a boolean (True / False)"
+    elif isinstance(default, int):
+        ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif isinstance(default, float):
+        ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    else:
+        return
+    if not ok:
+        raise ConfigError(f"{kernel}: --opt {key} expects {want}, got {value!r}")
 
 
 def _default_preset(case: KernelCase, shape_only: bool) -> str:
@@ -460,11 +486,13 @@ def _case_target(case: KernelCase, preset: str | None, mode: str | None, options
                  shape_only: bool = False) -> Target:
     default = _default_preset(case, shape_only)
     capped = preset is None and default != DEFAULT_PRESET
-    preset = preset or default
+    preset = default if preset is None else preset  # an empty --preset is an unknown preset, not the default
     _check_preset(preset)
-    mode = mode or case.modes[0]
+    mode = case.modes[0] if mode is None else mode
     if mode not in case.modes:
         raise ConfigError(f"kernel {case.name!r} has no mode {mode!r}; modes: {', '.join(case.modes)}")
+    if "seed_scopes" in options and not isinstance(options["seed_scopes"], bool):
+        _check_option_type(case.name, "seed_scopes", options["seed_scopes"], False)
     if options.get("seed_scopes") and not case.seed_variant:
         raise ConfigError(f"kernel {case.name!r} has no seed variant (seed_scopes)")
     _check_build_options(case, options)
@@ -479,15 +507,19 @@ def _case_target(case: KernelCase, preset: str | None, mode: str | None, options
     return Target(case.name, mode, case_run=cr, note=f"({preset} preset)" if capped else "")
 
 
-def add_target_args(p: argparse.ArgumentParser) -> None:
-    """The target arguments shared by run/check/graph (and later trace/sim)."""
+def add_target_args(p: argparse.ArgumentParser, function_args: bool = True) -> None:
+    """The target arguments shared by run/check/graph/trace/sim/diff; ``function_args`` False
+    (diff, whose variants are build options of a kernel case) leaves out ``--dim`` and
+    ``--scalar``, which only a ``MODULE:FUNCTION`` target takes."""
     p.add_argument("target", help="registered kernel name, or MODULE:FUNCTION (module name or .py path)")
     p.add_argument("--preset", default=None, help=f"model preset of a kernel case (default {DEFAULT_PRESET}, or the "
-                                                  "case's largest demo preset: demo for the MoE kernels, unless "
-                                                  "--graph-only)")
+                                                  "case's largest demo preset: demo for the MoE kernels)")
     p.add_argument("--mode", default=None, help="kernel mode of a kernel case (default: its first mode)")
     p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
                    help="extra build option of a kernel case, e.g. --opt T=64 --opt seed_scopes=True")
+    if not function_args:
+        p.set_defaults(dim=[], scalar=[])
+        return
     p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
                    help="extent of a pl.dynamic dim (MODULE:FUNCTION targets)")
     p.add_argument("--scalar", action="append", default=[], metavar="NAME=VALUE",
@@ -555,6 +587,9 @@ def add_graph_only_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graph-only", action="store_true",
                    help="graph-only mode: record tasks, edges, footprints and heap without computing float data "
                         "(RunConfig(execute=False); docs/graph_only.md)")
+    for a in p._actions:  # the preset default is the uncapped one in graph-only mode
+        if "--preset" in a.option_strings:
+            a.help = a.help[:-1] + f"; {DEFAULT_PRESET} with --graph-only)"
 
 
 def _graph_only_title(title: str, args) -> str:
@@ -892,8 +927,8 @@ def _block_order_check(target: Target, order: str, seed: int, as_json: bool = Fa
                       ("max abs", "right"), ("max ulps", "right"), ("through atomic task(s)", "left")):
         table.add_column(col, justify=just)
     for o in rep.outputs:
-        table.add_row(o.name, "[green]yes[/green]" if o.identical else "[yellow]no[/yellow]",
-                      f"{o.differing}/{o.numel}", fmt_err(o.max_abs), str(o.max_ulps), ", ".join(o.through) or "-")
+        table.add_row(escape(o.name), "[green]yes[/green]" if o.identical else "[yellow]no[/yellow]",
+                      f"{o.differing}/{o.numel}", fmt_err(o.max_abs), str(o.max_ulps), escape(", ".join(o.through) or "-"))
     con.print(table)
     if rep.stable:
         moved = f" although the atomic adds of {', '.join(rep.reordered)} ran in another order" if rep.reordered else ""
@@ -963,7 +998,8 @@ def _drop_init_all(target: Target, names: list, as_json: bool = False) -> int:
         table.add_column(col, no_wrap=True)
     prefix = f"kernel {base.name}: "
     for r in rows:
-        table.add_row(r.name if r.count == 1 else f"{r.name} (x{r.count})", short_site(r.site), repr(r.init_value),
+        table.add_row(escape(r.name if r.count == 1 else f"{r.name} (x{r.count})"), escape(short_site(r.site)),
+                      escape(repr(r.init_value)),
                       "[green]yes[/green]" if r.caught else "[yellow]no[/yellow]", r.by or "-")
     con.print(table)
     for r in rows:
@@ -1064,7 +1100,7 @@ def _model_graph(args) -> int:
         for col in ("stage", "tasks", "edges", "edges/task", "blocks", "heap peak"):
             t.add_column(col, justify="left" if col == "stage" else "right")
         for s in stages:
-            t.add_row(s.name, str(s.tasks), str(s.edges), f"{s.edges_per_task:.2f}", str(s.blocks),
+            t.add_row(escape(s.name), str(s.tasks), str(s.edges), f"{s.edges_per_task:.2f}", str(s.blocks),
                       fmt_bytes(s.heap_peak_bytes))
         console().print(t)
         lines = lines[next(i for i, ln in enumerate(lines) if ln.startswith("total")):]
@@ -1113,10 +1149,10 @@ def cmd_graph(args) -> int:
         table.add_column(col, justify="right" if col in ("id", "blocks") else "left")
     for n in doc["nodes"]:
         preds = ", ".join(f"#{p} {names[p]} ({','.join(kinds[(p, n['id'])])})" for p in n["preds"]) or "-"
-        row = [str(n["id"]), n["name"], n["kind"], str(n["blocks"]), n["core"], preds, n["site"]]
+        row = [str(n["id"]), escape(n["name"]), n["kind"], str(n["blocks"]), n["core"], escape(preds), escape(n["site"])]
         if "footprints" in n:
-            row.append("\n".join(f"{f['kind']} {f['buffer']}[{f['rows'][0]}:{f['rows'][1]}, "
-                                 f"{f['cols'][0]}:{f['cols'][1]}]" for f in n["footprints"]) or "-")
+            row.append(escape("\n".join(f"{f['kind']} {f['buffer']}[{f['rows'][0]}:{f['rows'][1]}, "
+                                 f"{f['cols'][0]}:{f['cols'][1]}]" for f in n["footprints"]) or "-"))
         table.add_row(*row)
     console().print(table)
     return 0
@@ -1135,7 +1171,7 @@ def cmd_trace(args) -> int:
     wall times, or one track per simulated core."""
     from pto.runtime.simulate import get_machine, simulate
     from pto.runtime.trace import cpu_trace, sim_trace, write_trace
-    machine = get_machine(args.simulate) if args.simulate else None
+    machine = get_machine(args.simulate) if args.simulate is not None else None
     if not args.out:
         raise ConfigError("--out: an empty path")
     out = Path(args.out).resolve()  # a symbolic link: the file it names
@@ -1206,12 +1242,13 @@ def cmd_sim(args) -> int:
     con.print(table)
     if args.tasks:
         tt = Table(title=f"tasks of {title} on {machine.name} (us)", title_justify="left",
-                   caption="slack: how much later the task could end without delaying the schedule's end; "
-                           "* on the critical path", caption_justify="left")
+                   caption="slack: how much later the task could end without delaying this schedule's end (0: it "
+                           "binds the end); * on the critical path (unlimited cores, idle scheduler)",
+                   caption_justify="left")
         for col in ("id", "task", "core", "ready", "start", "end", "slack", "critical"):
             tt.add_column(col, justify="left" if col in ("task", "core") else "right")
         for r in doc["task_table"]:
-            tt.add_row(str(r["id"]), r["name"], r["core"], f"{r['ready_us']:.2f}", f"{r['start_us']:.2f}",
+            tt.add_row(str(r["id"]), escape(r["name"]), r["core"], f"{r['ready_us']:.2f}", f"{r['start_us']:.2f}",
                        f"{r['end_us']:.2f}", f"{r['slack_us']:.2f}", "*" if r["critical"] else "")
         con.print(tt)
         names = {t.id: t.name for t in prog.graph}
@@ -1257,7 +1294,7 @@ def _diff_doc(title: str, label: list, progs: list, sims: list, machine) -> dict
 
 
 def _diff_args(p):
-    add_target_args(p)
+    add_target_args(p, function_args=False)
     p.add_argument("--base-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="build option of the base variant (default: none); --opt gives the other variant")
     p.add_argument("--machine", default="a2a3", help="machine model for the simulated times: a2a3 (default) or a5")
@@ -1325,7 +1362,7 @@ def cmd_diff(args) -> int:
     for name in dict.fromkeys([*outs[0], *outs[1]]):
         a, b = outs[0].get(name), outs[1].get(name)
         same = a is not None and b is not None and _bit_identical(a, b)
-        table.add_row(f"output {name}", "", "", "bit-identical" if same else "DIFFERS")
+        table.add_row(escape(f"output {name}"), "", "", "bit-identical" if same else "DIFFERS")
     con = console()
     con.print(table)
     for lab, sim in zip(label, sims):
@@ -1339,7 +1376,7 @@ def cmd_diff(args) -> int:
                   "cheaper"):
             ft.add_column(h, justify="left" if h in ("allocation", "seed task", "cheaper") else "right")
         for r in rows:
-            ft.add_row(r.buffer, fmt_bytes(r.nbytes), us(r.fill_us), us(r.fill_cost_us), r.seed_task or "-",
+            ft.add_row(escape(r.buffer), fmt_bytes(r.nbytes), us(r.fill_us), us(r.fill_cost_us), escape(r.seed_task or "-"),
                        us(r.seed_block_us), us(r.seed_cost_us), r.cheaper)
         con.print(ft)
     return 0
@@ -1633,7 +1670,8 @@ def main(argv=None) -> int:
     error raised while it ran, printed as one ``error:`` line; ``PTO_DEBUG=1``
     shows the traceback); 2 bad command-line input (unknown kernel, preset,
     mode or option: a ConfigError; a size above a capacity: a CapacityError; sizes
-    that exhaust the machine's memory); 130 interrupted.
+    that exhaust the machine's memory); 130 interrupted; 141 stdout closed by its reader
+    (a pipe into ``head``), nothing more printed.
     """
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -1655,6 +1693,13 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader of stdout went away (`pto sim ... | head -1`): stop quietly
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
+        except (OSError, ValueError):
+            pass
+        return 141  # 128 + SIGPIPE, as a shell reports a command a closed pipe stopped
     except Exception as e:  # noqa: BLE001 - kernel code: one line, not a traceback
         if os.environ.get("PTO_DEBUG"):
             raise

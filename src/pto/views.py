@@ -137,8 +137,8 @@ def graph_dot(program, title: str) -> str:
             lines.append(f"  t{t.id} [label={_dot_str(f'#{t.id} join')}, shape=diamond];")
             continue
         nb = len({b.idx for b in t.blocks})
-        label = f"#{t.id} {t.name}\\n{nb} block{'s' if nb != 1 else ''}, {core_type(t)}"
-        lines.append(f"  t{t.id} [label=\"{label.replace(chr(34), chr(92) + chr(34))}\", shape=box];")
+        label = _dot_str(f"#{t.id} {t.name}")[:-1] + f"\\n{nb} block{'s' if nb != 1 else ''}, {core_type(t)}\""
+        lines.append(f"  t{t.id} [label={label}, shape=box];")
     kinds = g.edge_kinds()
     for (p, s) in sorted(kinds, key=lambda e: (e[1], e[0])):
         ks = kinds[(p, s)]

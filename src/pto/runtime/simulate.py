@@ -341,13 +341,37 @@ MACHINES: dict[str, Machine] = {
 }
 
 
+def _check_machine(m: Machine) -> None:
+    """ConfigError naming a constant of ``m`` a schedule cannot use: core counts must be
+    positive integers, rates positive (``inf``: that work is free), costs and latencies finite
+    and non-negative."""
+    import math
+    for f in ("n_aic", "n_aiv"):
+        v = getattr(m, f)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"machine {m.name!r}: {f} must be a positive integer core count, got {v!r}")
+    for f in ("cube_flops", "vec_flops", "aic_gm_bw", "aiv_gm_bw", "fill_bw"):
+        v = getattr(m, f)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v <= 0:
+            raise ConfigError(f"machine {m.name!r}: {f} must be a positive rate (inf: free), got {v!r}")
+    for f in ("submit_s", "dispatch_s", "vec_op_s", "cube_op_s", "load_s", "store_s"):
+        v = getattr(m, f)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ConfigError(f"machine {m.name!r}: {f} must be a finite non-negative time in seconds, got {v!r}")
+    for kind, v in m.vec_kind_s:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ConfigError(f"machine {m.name!r}: vec_kind_s {kind!r} must be a finite non-negative time, got {v!r}")
+
+
 def get_machine(machine) -> Machine:
-    """The Machine named ``machine`` (or ``machine`` itself if it is one).
+    """The Machine named ``machine`` (or ``machine`` itself if it is one, checked).
 
     Raises:
-        ConfigError: an unknown machine name.
+        ConfigError: an unknown machine name; a Machine with a constant a schedule cannot use
+            (a core count below 1, a rate that is not positive, a negative or non-finite cost).
     """
     if isinstance(machine, Machine):
+        _check_machine(machine)
         return machine
     try:
         return MACHINES[machine]
@@ -559,7 +583,8 @@ def simulate(program, machine="a2a3", *, free_tasks=frozenset(), free_fills=froz
         and the schedule.
 
     Raises:
-        ConfigError: an unknown machine name.
+        ConfigError: an unknown machine name, or a Machine with an unusable constant
+            (:func:`get_machine`).
         PtoError: a graph whose dependencies cannot all be satisfied.
     """
     m = get_machine(machine)
@@ -857,12 +882,13 @@ class FillVsSeed:
         buffer: allocation name; nbytes: bytes filled by the AICPU.
         fill_us: the fill's AICPU time; fill_cost_us: what it adds to the
             effective time of the init_value variant (effective time minus
-            that of the same run with this one fill free).
+            that of the same run with this one fill free; 0 when the run with
+            the fill free comes out slower, a list-scheduling anomaly).
         seed_task: name of the seed task in the seed variant (None if the seed
             variant fills the allocation too, or no task writes it before any
             other access); seed_block_us: its longest block; seed_cost_us: what
             it adds to the seed variant's effective time (minus the same run
-            with the task free: no submission, dispatch or blocks).
+            with the task free: no submission, dispatch or blocks; 0 likewise).
         cheaper: ``"seed task"``, ``"init_value"``, ``"equal"``, ``"init_value in
             both"`` (nothing to compare) or ``"no seed task"``.
     """
@@ -908,14 +934,16 @@ def fill_vs_seed(seed_program, init_program, machine="a2a3") -> list:
     for b in init_program.buffers:
         if b.kind != "scratch" or b.init_value is None:
             continue
-        fill_cost = base_init - simulate(init_program, m, free_fills={b.id}).effective_us
+        # a counterfactual can come out slower (a list-scheduling anomaly: the freed AICPU time
+        # reorders dispatches); what the fill or the task adds is then nothing, not a saving
+        fill_cost = max(0.0, base_init - simulate(init_program, m, free_fills={b.id}).effective_us)
         both = any(s.kind == "scratch" and s.name == b.name and s.init_value is not None
                    for s in seed_program.buffers)
         t = None if both else _seed_task(seed_program, b.name)
         if t is None:
             seed_cost, block = 0.0, 0.0
         else:
-            seed_cost = base_seed - simulate(seed_program, m, free_tasks={t.id}).effective_us
+            seed_cost = max(0.0, base_seed - simulate(seed_program, m, free_tasks={t.id}).effective_us)
             block = max((_block_us(m, rec) for p in _phases(t) for rec in p), default=0.0)
         if t is None:
             cheaper = "init_value in both" if both else "no seed task"

@@ -122,7 +122,17 @@ def cpu_trace(program) -> dict:
 
     Returns:
         The trace as a JSON-serialisable dict.
+
+    Raises:
+        ConfigError: ``program`` is a replay of the program cache (``program.replayed``): its
+            tasks carry the recording's times, not this call's (trace a plain run: the first
+            call of a key, or with ``pto.runtime.set_program_cache(False)``).
     """
+    if getattr(program, "replayed", False):
+        from pto.errors import ConfigError
+        raise ConfigError(f"cpu_trace: {program.name} is a replay of the program cache, whose tasks carry the "
+                          f"recording's times, not this call's; trace a plain run (pto.runtime.set_program_cache"
+                          f"(False), or the first call after pto.runtime.clear_program_cache())")
     events = [_meta(_PID_CPU, None, "process_name", f"CPU run: {program.name}"),
               _meta(_PID_CPU, 1, "thread_name", "tasks (eager, program order)"),
               _meta(_PID_CPU, 1, "thread_sort_index", 0)]
@@ -156,7 +166,8 @@ def sim_trace(sim, program) -> dict:
     ``pto.runtime.simulate.simulate(program, ...)``. One track per core, one
     for the AICPU orchestrator (submissions, fills) and one for the AICPU
     scheduler (dispatches); one complete event per block, fill, submission
-    and dispatch.
+    and dispatch; a join node or a task without blocks is a zero-length event
+    on a track of its own, so every dependency edge is a flow arrow.
 
     Returns:
         The trace as a JSON-serialisable dict.
@@ -172,10 +183,12 @@ def sim_trace(sim, program) -> dict:
             events.append(_meta(_PID_SIM, tid, "thread_name", f"{ct.upper()} {i:02d}"))
             events.append(_meta(_PID_SIM, tid, "thread_sort_index", tid))
     dummies = [t for t in program.graph.tasks if t.kind == "dummy"]
+    ran = {r.task for r in sim.runs}
+    empty = [t for t in program.graph.tasks if t.kind != "dummy" and t.id not in ran]  # no block (pl.spmd(0))
     for tid, name, has in ((orch_tid, "AICPU orchestrator (submit, init_value fill)",
                             sim.fill_runs or any(a.kind == "submit" for a in sim.aicpu_runs)),
                            (sched_tid, "AICPU scheduler (dispatch)", any(a.kind != "submit" for a in sim.aicpu_runs)),
-                           (join_tid, "join nodes (task_dummy)", dummies)):
+                           (join_tid, "join nodes (task_dummy) and tasks without blocks", dummies or empty)):
         if has:
             events.append(_meta(_PID_SIM, tid, "thread_name", name))
             events.append(_meta(_PID_SIM, tid, "thread_sort_index", tid))
@@ -213,6 +226,11 @@ def sim_trace(sim, program) -> dict:
         end = sim.task_spans[t.id][2]
         events.append({"ph": "X", "pid": _PID_SIM, "tid": join_tid, "name": f"join #{t.id}", "cat": "join",
                        "ts": end, "dur": 0.0, "args": {"task_id": t.id, "preds": sorted(t.preds)}})
+        first[t.id] = last[t.id] = (_PID_SIM, join_tid, end)
+    for t in empty:  # a zero-length mark where it completed, so its dependency arrows have both ends
+        end = sim.task_spans[t.id][2]
+        events.append({"ph": "X", "pid": _PID_SIM, "tid": join_tid, "name": t.name, "cat": "empty",
+                       "ts": end, "dur": 0.0, "args": {"task_id": t.id, "blocks": 0, "preds": sorted(t.preds)}})
         first[t.id] = last[t.id] = (_PID_SIM, join_tid, end)
     for f in sim.fill_runs:
         events.append({"ph": "X", "pid": _PID_SIM, "tid": orch_tid, "name": f"fill {f.name}", "cat": "init",
