@@ -1488,8 +1488,15 @@ def cmd_generate(args) -> int:
             except UnicodeDecodeError as e:
                 raise ConfigError(f"--input-ids-file: {args.input_ids_file} is not a text file (byte {e.start}: "
                                   f"{e.reason})") from None
-            prompts = [_parse_ids(ln, f"{args.input_ids_file} line {k + 1}")
-                       for k, ln in enumerate(lines) if ln.strip()]
+            numbered = [(k + 1, _parse_ids(ln, f"{args.input_ids_file} line {k + 1}"))
+                        for k, ln in enumerate(lines) if ln.strip()]
+            V = ckpt.config.vocab_size
+            for line, ids in numbered:  # name the line, as the parse errors do (not the request index)
+                bad = next((t for t in ids if not 0 <= t < V), None)
+                if bad is not None:
+                    raise ConfigError(f"{args.input_ids_file} line {line}: token id {bad} is outside the "
+                                      f"vocabulary [0, {V})")
+            prompts = [ids for _, ids in numbered]
             if not prompts:
                 raise ConfigError(f"--input-ids-file: {args.input_ids_file} holds no prompt (no line with a token id; "
                                   "one prompt per line)")

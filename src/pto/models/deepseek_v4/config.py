@@ -46,6 +46,9 @@ def _token_id_field(hf: dict, key: str, default, many: bool = False):
     raise ConfigError(f"config.json: {key} must be {what}, got {v!r}")
 
 
+_FP32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, the kernels' float range
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """YaRN parameters of the compress RoPE profile (transformers `models/deepseek_v4/modeling_deepseek_v4.py`).
@@ -167,6 +170,15 @@ class DeepSeekV4Config:
         for key in ("rope_theta", "compress_rope_theta", "rms_norm_eps", "hc_eps"):
             v = getattr(self, key)
             need(math.isfinite(v) and v > 0, f"{key}={v} must be a positive finite number")
+        for key in ("routed_scaling_factor", "swiglu_limit"):  # FP32 factors of the kernels: past FP32's range
+            v = getattr(self, key)                             # they are inf, and the logits NaN
+            need(math.isfinite(v) and 0 < v <= _FP32_MAX, f"{key}={v} must be a positive number within FP32's range")
+        need(self.num_nextn_predict_layers >= 0,
+             f"num_nextn_predict_layers={self.num_nextn_predict_layers} must not be negative")
+        eos = self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
+        for key, ids in (("bos_token_id", (self.bos_token_id,)), ("eos_token_id", eos)):
+            bad = [t for t in ids if t is not None and not 0 <= t < self.vocab_size]
+            need(not bad, f"{key} {bad[0] if bad else ''} is outside the vocabulary [0, {self.vocab_size})")
         need(self.qk_rope_head_dim % 2 == 0, f"qk_rope_head_dim={self.qk_rope_head_dim} must be even")
         need(0 < self.qk_rope_head_dim <= self.head_dim,
              f"qk_rope_head_dim={self.qk_rope_head_dim} must be in (0, head_dim={self.head_dim}]")
@@ -205,7 +217,10 @@ class DeepSeekV4Config:
           ``rope_parameters["compress"]`` (HF nesting) or a flat ``rope_scaling`` /
           ``rope_parameters`` dict; its ``attention_factor`` must be 1 (or absent);
         * ``num_key_value_heads`` must be 1 (one shared K=V head); ``tie_word_embeddings``
-          must be false; ``scoring_func`` must be ``sqrtsoftplus``.
+          must be false; ``scoring_func`` must be ``sqrtsoftplus``; ``norm_topk_prob`` must be
+          true and ``attention_bias`` / ``mlp_bias`` false (when given); ``routed_scaling_factor``
+          and ``swiglu_limit`` positive within FP32's range; ``bos_token_id`` / ``eos_token_id``
+          inside the vocabulary.
 
         Unknown keys (``architectures``, ``dtype``, ``quantization_config``, ...) are
         ignored; the weight format is the loader's business (``weights.py``).
@@ -342,6 +357,10 @@ class DeepSeekV4Config:
         if hf.get("tie_word_embeddings"):
             raise ConfigError("config.json: tie_word_embeddings=true is not supported "
                               "(DeepSeek-V4 has an untied lm_head)")
+        for key, want in (("norm_topk_prob", True), ("attention_bias", False), ("mlp_bias", False)):
+            if key in hf and hf[key] is not None and hf[key] is not want:
+                raise ConfigError(f"config.json: {key}={json.dumps(hf[key])} is not supported; DeepSeek-V4 has "
+                                  f"{json.dumps(want)} (the kernels and the golden implement only that)")
         scoring = get("scoring_func", str, "sqrtsoftplus")
         if scoring != "sqrtsoftplus":
             raise ConfigError(f"config.json: scoring_func={scoring!r}; only 'sqrtsoftplus' is "

@@ -17,12 +17,13 @@ every request in one call (its own order of the chunks, e.g. several requests at
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from pto.errors import BindError, CapacityError
+from pto.errors import BindError, CapacityError, CheckpointError
 from pto.models.deepseek_v4.decode_metadata import HCA_RATIO, hca_cmp_cols
 from pto.models.deepseek_v4.prefill_sparse_attn import sparse_attn_tiling
 
@@ -132,12 +133,14 @@ def check_prompts(prompts, cfg, deployment, max_new_tokens: int) -> list[list[in
     V = cfg.vocab_size
     reach = hca_context(cfg)
     for r, p in enumerate(prompts):
-        if isinstance(p, torch.Tensor):
+        if isinstance(p, torch.Tensor) or (hasattr(p, "tolist") and hasattr(p, "dtype")):  # torch / numpy
             p = p.tolist()
-        if not isinstance(p, (list, tuple)) or len(p) == 0:
+        if not isinstance(p, (list, tuple)):
+            raise BindError(f"generate: request {r} is {type(p).__name__} {p!r}, not a list of token ids")
+        if len(p) == 0:
             raise BindError(f"generate: request {r} has an empty prompt")
         for k, t in enumerate(p):
-            if isinstance(t, bool) or not isinstance(t, int):
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
                 raise BindError(f"generate: request {r} token {k} is {t!r}, not an integer id")
             if not 0 <= t < V:
                 raise BindError(f"generate: request {r} token {k} = {t} is outside the vocabulary "
@@ -201,12 +204,17 @@ def generate(model, prompts, *, max_new_tokens: int = 8, chunk: int = 128,
 
     Raises:
         BindError / CapacityError: see :func:`check_prompts`; a bad ``chunk`` or
-            ``eos_token_id``. Raised before any forward runs.
+            ``eos_token_id``; a ``chunk`` above the model's ``max_chunk`` (the kernels' token
+            capacity) for a prompt longer than that. Raised before any forward runs.
     """
     cfg, dep = model.cfg, model.deployment
     prompts = check_prompts(prompts, cfg, dep, max_new_tokens)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise BindError(f"generate: chunk must be a positive integer, got {chunk!r}")
+    cap = getattr(model, "max_chunk", None)
+    if cap is not None and chunk > cap and any(len(p) > cap for p in prompts):
+        raise CapacityError(f"generate: chunk {chunk} is more than the {cap} tokens the kernels take per prefill "
+                            f"chunk; give chunk <= {cap}")
     eos = stop_ids(cfg.eos_token_id if isinstance(eos_token_id, int) and eos_token_id == -1 else eos_token_id)
     B = len(prompts)
     total = sum(len(p) for p in prompts) + B * max_new_tokens
@@ -220,15 +228,31 @@ def generate(model, prompts, *, max_new_tokens: int = 8, chunk: int = 128,
         generate_mtp(model, prompts, res, chunk=chunk, max_new_tokens=max_new_tokens, eos=eos,
                      keep_logits=keep_logits, drafts=drafts, reference=reference, progress=progress)
         return res
-    states = [model.new_state() for _ in range(B)]
-    running = []
+    states = []
     try:
+        for _ in range(B):  # inside the try: a CapacityError part way returns the pages taken so far
+            states.append(model.new_state())
         _run(model, prompts, states, res, chunk, max_new_tokens, eos, keep_logits, progress, total)
     finally:
         if hasattr(model, "release_state"):  # return the requests' cache pages
             for st in states:
                 model.release_state(st)
     return res
+
+
+def finite_logits(logits: torch.Tensor, what: str) -> torch.Tensor:
+    """``logits`` if every value is finite, so no token is taken from a NaN row (``argmax`` of
+    a NaN row is 0: a silent stream of token 0).
+
+    Raises:
+        CheckpointError: a NaN or infinite logit, naming ``what`` (the request and the step):
+            the checkpoint's weights or config overflow the model's FP32 math.
+    """
+    if not bool(torch.isfinite(logits).all()):
+        bad = int((~torch.isfinite(logits)).sum())
+        raise CheckpointError(f"generate: {what}: {bad} of {logits.numel()} logits are NaN or infinite; the "
+                              f"checkpoint's weights or config values overflow FP32 (no token is taken from them)")
+    return logits
 
 
 def _run(model, prompts, states, res, chunk, max_new_tokens, eos, keep_logits, progress, total):
@@ -253,7 +277,7 @@ def _run(model, prompts, states, res, chunk, max_new_tokens, eos, keep_logits, p
                 if progress:
                     progress(done, total, "prefill")
             res.prefill_s += time.perf_counter() - t0
-            last = parts[-1][-1]
+            last = finite_logits(parts[-1][-1], f"request {r}, the prompt's last position")
             if keep_logits:
                 prompt_logits.append(torch.cat(parts))
                 step_logits[r].append(last)
@@ -275,7 +299,7 @@ def _run(model, prompts, states, res, chunk, max_new_tokens, eos, keep_logits, p
             res.decode_steps += 1
             still = []
             for row, r in enumerate(running):
-                nxt = int(logits[row].argmax())
+                nxt = int(finite_logits(logits[row], f"request {r}, decode step {res.decode_steps}").argmax())
                 tokens[r].append(nxt)
                 done += 1
                 if keep_logits:

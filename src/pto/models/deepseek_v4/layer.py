@@ -383,6 +383,11 @@ class KernelModel:
         self._head_w = [glob["hc_head_fn"], glob["hc_head_scale"], glob["hc_head_base"],
                         glob["norm.weight"].to(bf16), glob["head.weight"].to(bf16)]
 
+    @property
+    def max_chunk(self) -> int:
+        """The most tokens one prefill chunk may carry: the kernels' token capacity (128)."""
+        return token_capacity(self.kcfg)
+
     def coverage(self) -> list[dict[str, str]]:
         """Per layer: ``{"type", "attn prefill", "attn decode", "ffn"}`` -> the kernel it runs."""
         return [{"type": self.cfg.layer_types[i], "attn prefill": f"prefill_attention_{_FAMILY[r]}",

@@ -41,6 +41,7 @@ import time
 import torch
 
 from pto.errors import BindError, ConfigError
+from pto.models.deepseek_v4.generate import finite_logits
 from pto.models.deepseek_v4.lm_head import golden_final_logits
 from pto.models.deepseek_v4.model import GoldenModel, LayerState
 from pto.models.deepseek_v4.mtp_layer import mtp_layer_kernels
@@ -181,7 +182,7 @@ def generate_mtp(model, prompts: list[list[int]], res, *, chunk: int, max_new_to
     if not kernel and drafts == "none":
         raise BindError("generate: drafts='none' (the S = 2 decode shape) is a kernel-path mode")
     V = model.cfg.vocab_size
-    states = [model.new_state() for _ in range(B)]
+    states = []
     mtp_st = [LayerState(kv=torch.zeros(0, model.cfg.head_dim)) for _ in range(B)]
     tokens, reasons = res.tokens, res.stop_reasons
     total = sum(len(p) for p in prompts) + B * max_new_tokens
@@ -197,6 +198,8 @@ def generate_mtp(model, prompts: list[list[int]], res, *, chunk: int, max_new_to
     draft = [None] * B
     running = []
     try:
+        for _ in range(B):  # inside the try: a CapacityError part way returns the pages taken so far
+            states.append(model.new_state())
         with torch.no_grad():
             for r, p in enumerate(prompts):  # ---- prefill, the MTP layer chunk by chunk
                 t0 = time.perf_counter()
@@ -227,7 +230,7 @@ def generate_mtp(model, prompts: list[list[int]], res, *, chunk: int, max_new_to
                     nxt = int(parts[-1][-1].argmax())
                     ml = mtp.golden(torch.tensor(p[1:] + [nxt]), torch.cat(hidden), torch.arange(len(p)), mtp_st[r])
                 res.prefill_s += time.perf_counter() - t0
-                last = parts[-1][-1]
+                last = finite_logits(parts[-1][-1], f"request {r}, the prompt's last position")
                 if keep_logits:
                     res.prompt_logits.append(torch.cat(parts))
                     res.step_logits[r].append(last)
@@ -257,18 +260,21 @@ def generate_mtp(model, prompts: list[list[int]], res, *, chunk: int, max_new_to
                 res.decode_steps += 1
                 still = []
                 for (got, rows, nd), r in zip(new, running):
-                    if draft[r] is not None:
-                        res.mtp_drafts += 1
-                        res.mtp_accepted += len(got) - 1
+                    kept = 0
                     for tok, row in zip(got, rows):
                         if reasons[r] == "eos" or len(tokens[r]) >= max_new_tokens:
                             break
+                        finite_logits(row, f"request {r}, decode step {res.decode_steps}")
                         tokens[r].append(tok)
+                        kept += 1
                         done += 1
                         if keep_logits:
                             res.step_logits[r].append(row)
                         if tok in eos:
                             reasons[r] = "eos"
+                    if draft[r] is not None:  # accepted: the draft's token was kept (not cut by an eos before it)
+                        res.mtp_drafts += 1
+                        res.mtp_accepted += max(0, kept - 1)
                     draft[r] = nd
                     if reasons[r] != "eos" and len(tokens[r]) < max_new_tokens:
                         still.append(r)

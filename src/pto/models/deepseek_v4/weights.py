@@ -101,8 +101,9 @@ class Checkpoint:
 
     Raises:
         CheckpointError: (from the constructor) no config.json, no safetensors file, an
-            unreadable index or file, a tensor the index names but no file holds, or any
-            missing / extra / misshapen tensor.
+            unreadable index or file, a tensor the index names but no file holds, a tensor
+            stored in two files without an index to choose, or any missing / extra / misshapen
+            tensor.
         ConfigError: an unknown ``weight_format`` or an unsupported config.json.
     """
 
@@ -156,6 +157,9 @@ class Checkpoint:
             for k in h.keys():
                 if weight_map is not None and weight_map.get(k) != fname:
                     continue
+                if k in stored:  # no index to say which copy counts: which file wins must not be luck
+                    raise CheckpointError(f"checkpoint {self.path}: tensor {k!r} is stored in both {stored[k][0]} "
+                                          f"and {fname}")
                 sl = h.get_slice(k)
                 stored[k] = (fname, tuple(sl.get_shape()), sl.get_dtype())
         if weight_map is not None:
@@ -270,6 +274,7 @@ class Checkpoint:
         Raises:
             CheckpointError: unknown name; a tensor (the rows read) holding NaN or infinite values
                 (a corrupt file: the model would silently emit token 0), naming the stored tensor;
+                a ``tid2eid`` entry outside ``[0, n_routed_experts)``;
                 a ``rows`` slice outside the first dim or with a step.
         """
         p = self._canon.get(canonical)
@@ -296,7 +301,15 @@ class Checkpoint:
             else:
                 out = dequantize_fp4(t.view(torch.int8), s)
         elif not t.is_floating_point():
-            return t.to(torch.int64)
+            t = t.to(torch.int64)
+            if canonical.endswith("tid2eid"):  # hash routing: every entry an expert of this model
+                E = self.config.n_routed_experts
+                bad = (t < 0) | (t >= E)
+                if bool(bad.any()):
+                    v = int(t[bad][0])
+                    raise CheckpointError(f"checkpoint {self.path}: tensor {p['value']!r} holds expert id {v} "
+                                          f"({int(bad.sum())} entries) outside [0, n_routed_experts={E})")
+            return t
         else:
             out = t.float()
         if cut is not None:
