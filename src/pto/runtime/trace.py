@@ -188,7 +188,9 @@ def sim_trace(sim, program) -> dict:
     for tid, name, has in ((orch_tid, "AICPU orchestrator (submit, init_value fill)",
                             sim.fill_runs or any(a.kind == "submit" for a in sim.aicpu_runs)),
                            (sched_tid, "AICPU scheduler (dispatch)", any(a.kind != "submit" for a in sim.aicpu_runs)),
-                           (join_tid, "join nodes (task_dummy) and tasks without blocks", dummies or empty)):
+                           (join_tid, " and ".join(w for w, got in (("join nodes (task_dummy)", dummies),
+                                                                  ("tasks without blocks", empty)) if got),
+                            dummies or empty)):
         if has:
             events.append(_meta(_PID_SIM, tid, "thread_name", name))
             events.append(_meta(_PID_SIM, tid, "thread_sort_index", tid))
