@@ -140,3 +140,14 @@ def test_an_id_outside_the_vocabulary_in_a_file_names_its_line(ckpt, tmp_path, c
     assert main(["generate", str(ckpt), "--input-ids-file", str(f), "--backend", "golden"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"error: {f} line 4: token id 999 is outside the vocabulary [0, 512)")
+
+
+def test_numpy_batches_and_stop_ids_are_accepted(ckpt):
+    m = GoldenModel(open_checkpoint(ckpt), DeploymentConfig(max_context=64, rope_max_pos=64))
+    want = generate(m, [[5, 17, 300]], max_new_tokens=3, eos_token_id=None)
+    assert generate(m, np.array([[5, 17, 300]]), max_new_tokens=3, eos_token_id=None).tokens == want.tokens
+    eos = want.tokens[0][1]
+    got = generate(m, [[5, 17, 300]], max_new_tokens=3, eos_token_id=np.int64(eos))
+    assert got.tokens == [want.tokens[0][:2]] and got.stop_reasons == ["eos"]
+    with pytest.raises(BindError, match="got a flat list of ints"):
+        generate(m, [np.int64(5), 17], max_new_tokens=1)

@@ -213,3 +213,94 @@ def test_pto_check_on_a_pypto_file_points_to_pto_pypto(tmp_path, capsys, monkeyp
     assert cli_main(["check", f"{p.name}:hello"]) == 2
     err = capsys.readouterr().err
     assert "No module named 'pypto'" in err and "run it with `pto pypto FILE.py`" in err
+
+
+# ---- found when the fixes above were re-tested -----------------------------------------------
+
+WRITTEN_IN = """
+R, C = 32, 16
+
+@pl.jit
+def k(x: pl.Tensor[[R, C], pl.FP32], y: pl.Tensor[[R, C], pl.FP32]):   # y written: pypto infers InOut
+    for r in pl.parallel(0, R, 16):
+        with pl.at(level=pl.Level.CORE_GROUP):
+            y[r:r + 16, :] = pl.add(x[r:r + 16, :], 1.0)
+
+if __name__ == "__main__":
+    from golden import TensorSpec, run_jit
+    specs = [TensorSpec("x", [R, C], torch.float32, init_value=torch.randn),
+             TensorSpec("OUT_NAME", [R, C], torch.float32)]
+    def golden(v):
+        v["OUT_NAME"][:] = v["x"] + GOLDEN_ADD
+    r = run_jit(k, specs, golden)
+    raise SystemExit(0 if r.passed else 1)
+"""
+
+
+@pytest.mark.parametrize("add, name, code", [(1, "y", 0), (99, "y", 1), (1, "out", 0), (99, "out", 1)])
+def test_a_written_in_parameter_is_compared_and_specs_bind_by_position(tmp_path, capsys, add, name, code):
+    p = _script(tmp_path, WRITTEN_IN.replace("GOLDEN_ADD", str(add)).replace("OUT_NAME", name))
+    got, out, err = _run(p, capsys)
+    assert got == code, out + err
+    assert f"'{name}' {'PASS' if code == 0 else 'FAIL'}" in out
+
+
+def test_writes_through_a_sub_tile_view_and_init_value_in_a_task_define_the_buffer(tmp_path, capsys):
+    p = _script(tmp_path, """
+        @pl.jit
+        def k(x: pl.Tensor[[16, 64], pl.FP32], y: pl.Out[pl.Tensor[[16, 64], pl.FP32]],
+              z: pl.Out[pl.Tensor[[16, 64], pl.FP32]]):
+            with pl.at(level=pl.Level.CORE_GROUP, name_hint="k"):
+                t = pl.create_tile([16, 64], dtype=pl.FP32)
+                top = t[0:8, :]
+                top[:, :] = x[0:8, :]
+                t[8:16, :] = x[8:16, :]
+                y[:, :] = t
+                u = pl.create_tensor([16, 64], dtype=pl.FP32, init_value=0.0)
+                u = pl.assemble(u, x[0:8, :], [0, 0])
+                z[:, :] = u
+
+        x = torch.randn(16, 64); y = torch.zeros(16, 64); z = torch.full((16, 64), 7.0)
+        k(x, y, z)
+        assert torch.equal(y, x)
+        assert torch.equal(z[:8], x[:8]) and bool((z[8:] == 0).all())
+    """)
+    got, out, err = _run(p, capsys)
+    assert got == 0, out + err
+
+
+def test_phased_bodies_leave_names_as_the_loop_form_does(tmp_path, capsys):
+    p = _script(tmp_path, """
+        R, C, T = 32, 16, 8
+
+        @pl.jit
+        def k(x: pl.Tensor[[R, C], pl.FP32], y: pl.Out[pl.Tensor[[R, C], pl.FP32]]):
+            flag = -1
+            for b in pl.spmd(R // T, name_hint="phase"):
+                r0 = b * T
+                t = pl.add(x[r0:r0 + T, :], 1.0)
+                if b == 1:
+                    flag = b
+                pl.system.syncall()
+                y[r0:r0 + T, :] = t
+            f = lambda: r0
+            return flag, b, f()
+
+        x = torch.randn(R, C); y = torch.zeros(R, C)
+        print("result", k(x, y))
+        assert torch.equal(y, x + 1.0)
+    """)
+    got, out, err = _run(p, capsys)
+    assert got == 0, out + err
+    assert "result (1, 3, 24)" in out
+
+
+def test_a_bad_keyword_to_the_users_own_function_stays_their_type_error(tmp_path, capsys, monkeypatch):
+    p = _script(tmp_path, """
+        def add(a, b):
+            return a + b
+
+        add(1, 2, scale=3)
+    """)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'scale'"):
+        _run(p, capsys)

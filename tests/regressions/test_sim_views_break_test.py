@@ -161,3 +161,11 @@ def test_a_closed_stdout_exits_141_quietly():
     err = p.stderr.read().decode()
     assert p.wait(timeout=300) == 141, err
     assert "BrokenPipe" not in err and "error" not in err
+
+
+def test_numpy_numbers_make_a_machine():
+    import numpy as np
+    from pto.cli import resolve_target
+    prog = resolve_target("example_splitk_matmul", None, None, {}).run_program()
+    m = dataclasses.replace(MACHINES["a2a3"], n_aiv=np.int64(48), fill_bw=np.float64(MACHINES["a2a3"].fill_bw))
+    assert simulate(prog, m).effective_us == pytest.approx(simulate(prog, "a2a3").effective_us)

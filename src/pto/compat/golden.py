@@ -364,33 +364,49 @@ def _load_dir(golden_data: str, specs):
     return missing
 
 
-def _signature_annotations(fn) -> dict:
-    """``{parameter name: annotation}`` of the kernel's entry (a ``@pl.jit`` function, the entry of
-    a ``@pl.program`` class, a ``@pl.jit.host`` function); ``{}`` when it has none."""
+def _parameter_annotations(fn) -> list:
+    """The annotations of the kernel entry's parameters in order (a ``@pl.jit`` function, the
+    entry of a ``@pl.program`` class, a ``@pl.jit.host`` function; None for an unannotated one);
+    ``[]`` when it has no signature. Specs bind to parameters by position, as they are passed."""
     target = getattr(fn, "entry", fn)
     sig = getattr(target, "signature", None)
     if sig is None:
-        return {}
-    return sig()[1]
+        return []
+    signature, anns = sig()
+    return [anns.get(name) for name in signature.parameters]
 
 
 def _resolve_directions(fn, specs) -> list:
     """``specs`` with every ``TensorSpec`` whose ``is_output`` was not given resolved from the
     kernel's signature, as the current reference harness stamps a spec's direction from the
     compiled parameter (``pl.Out`` / ``pl.InOut`` / ``pl.PartialOut``: an output); without an
-    annotation the older harness's default (not an output) holds. An explicit ``is_output`` is
-    kept. Returns a new list; the caller's specs are unchanged."""
+    annotation the older harness's default (not an output) holds. Spec ``i`` is parameter
+    ``i`` (specs are passed positionally). An explicit ``is_output`` is kept. Returns a new
+    list; the caller's specs are unchanged (a spec left None is not an output until the run
+    shows it written: :func:`_written_inputs`)."""
     from dataclasses import replace
 
     from pto.language.typing import IN, TensorType
-    anns = _signature_annotations(fn)
+    anns = _parameter_annotations(fn)
     out = []
-    for s in specs:
+    for i, s in enumerate(specs):
         if isinstance(s, _PtoTensorSpec) and s.is_output is None:
-            ann = anns.get(s.name)
-            s = replace(s, is_output=isinstance(ann, TensorType) and ann.direction != IN)
+            ann = anns[i] if i < len(anns) else None
+            if isinstance(ann, TensorType) and ann.direction != IN:
+                s = replace(s, is_output=True)
         out.append(s)
     return out
+
+
+def _written_inputs(prog, specs) -> set:
+    """Names of the specs left without a direction whose parameter is declared In but the run
+    wrote (pypto infers InOut, and pto follows with a warning): outputs too."""
+    written = {p.name for p, _caller, g in getattr(prog, "args", ()) if not g.buf.readonly and p.direction == "in"}
+    jf = getattr(prog, "jf", None)
+    sig = getattr(jf, "signature", None)
+    names = list(sig()[0].parameters) if sig is not None else [s.name for s in specs]
+    return {s.name for i, s in enumerate(specs) if isinstance(s, _PtoTensorSpec) and s.is_output is None
+            and i < len(names) and names[i] in written}
 
 
 def _run_kernel(fn, args, cfg):
@@ -435,9 +451,6 @@ def run_jit(fn, specs, golden_fn=None, golden_data=None, compile_cfg=None, runti
         work_dir = os.path.join("build_output", f"{name}_{time.strftime('%Y%m%d_%H%M%S')}")
     specs = _resolve_directions(fn, specs)
     outputs = [s for s in specs if isinstance(s, _PtoTensorSpec) and s.is_output]
-    if not outputs and (golden_fn is not None or golden_data is not None):
-        return RunResult(False, "nothing to validate: no spec is an output (no pl.Out / pl.InOut parameter and "
-                                "no is_output=True)", time.perf_counter() - t0)
     golden: dict = {}
     if golden_data is not None:
         missing = _load_dir(golden_data, specs)
@@ -457,7 +470,8 @@ def run_jit(fn, specs, golden_fn=None, golden_data=None, compile_cfg=None, runti
             else:
                 values[s.name] = torch.load(os.path.join(golden_data, "in", f"{s.name}.pt"), weights_only=True)
         golden = {s.name: torch.load(os.path.join(golden_data, "out", f"{s.name}.pt"), weights_only=True)
-                  for s in outputs}
+                  for s in specs if isinstance(s, _PtoTensorSpec) and (s.is_output or (
+                      s.is_output is None and os.path.isfile(os.path.join(golden_data, "out", f"{s.name}.pt"))))}
     else:
         values = {s.name: (s.to_python() if isinstance(s, _PtoScalarSpec) else s.create_tensor()) for s in specs}
         if work_dir is not None:
@@ -475,12 +489,10 @@ def run_jit(fn, specs, golden_fn=None, golden_data=None, compile_cfg=None, runti
                     gvals[s.name] = torch.zeros(s.shape, dtype=s.dtype)
             _log("golden ...")
             golden_fn(gvals)
-            golden = {s.name: gvals[s.name] for s in outputs}
-            if work_dir is not None:
-                d = os.path.join(work_dir, "data", "out")
-                os.makedirs(d, exist_ok=True)
-                for k, v in golden.items():
-                    torch.save(v.clone(), os.path.join(d, f"{k}.pt"))
+            # every tensor the golden filled: a spec without a direction whose In parameter the run
+            # writes (pypto infers InOut) is compared too
+            golden = {s.name: gvals[s.name] for s in specs if isinstance(s, _PtoTensorSpec)
+                      and (s.is_output or s.is_output is None)}  # saved once the outputs are known
     cfg = RunConfig(heap_bytes=heap, check=True)
     args = [values[s.name] for s in specs]
     _log(f"runtime (pto CPU, check mode) {name} ...")
@@ -489,8 +501,25 @@ def run_jit(fn, specs, golden_fn=None, golden_data=None, compile_cfg=None, runti
     if golden_fn is None and golden_data is None:
         _log(f"PASS ({time.perf_counter() - t0:.2f}s, validation skipped: no golden_fn or golden_data)")
         return RunResult(True, None, time.perf_counter() - t0, work_dir, program=prog)
+    written = _written_inputs(prog, specs)
+    outputs = [s for s in specs if isinstance(s, _PtoTensorSpec) and (s.is_output or s.name in written)]
+    if not outputs:
+        _log(f"FAIL ({time.perf_counter() - t0:.2f}s)")
+        return RunResult(False, "nothing to validate: no spec is an output (no pl.Out / pl.InOut parameter, none "
+                                "written by the kernel and no is_output=True)", time.perf_counter() - t0,
+                         work_dir, program=prog)
+    out_names = {s.name for s in outputs}
+    if work_dir is not None and golden_data is None and golden:
+        d = os.path.join(work_dir, "data", "out")
+        os.makedirs(d, exist_ok=True)
+        for k in out_names:
+            torch.save(golden[k].clone(), os.path.join(d, f"{k}.pt"))
+    missing = [s.name for s in outputs if s.name not in golden]
+    if missing:  # a golden_data replay saved without them
+        return RunResult(False, f"golden_data has no golden for output(s) {missing}", time.perf_counter() - t0,
+                         work_dir, program=prog)
     inputs = {s.name: (s.value if isinstance(s, _PtoScalarSpec) else values[s.name])
-              for s in specs if not (isinstance(s, _PtoTensorSpec) and s.is_output)}
+              for s in specs if not (isinstance(s, _PtoTensorSpec) and s.name in out_names)}
     try:
         validate_golden({s.name: values[s.name] for s in outputs}, golden, rtol, atol, compare_fn, inputs)
     except AssertionError as e:

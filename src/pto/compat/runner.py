@@ -73,6 +73,13 @@ def _unsupported_keyword(e: TypeError, roots) -> str | None:
     fn = getattr(pl, name, None) or getattr(getattr(pl, "tile", None), name, None)
     if fn is None or getattr(fn, "__name__", None) != name:
         return None
+    tb = e.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    frame = tb.tb_frame  # the call site (the callee never started): a name of the user's own is theirs
+    own = frame.f_locals.get(name, frame.f_globals.get(name))
+    if own is not None and getattr(own, "__module__", "").split(".")[0] != "pto":
+        return None
     site = _user_line(e.__traceback__, roots)
     at = f" at {site}" if site else ""
     return (f"error: UnsupportedConstructError: pl.{name}({kw}=...): this pypto keyword is not supported by "

@@ -33,8 +33,9 @@ __all__ = ["transform_source", "compile_pypto", "needs_transform"]
 
 
 def needs_transform(source: str) -> bool:
-    """Cheap test: could ``source`` contain a ``with ...spmd(...)`` statement?"""
-    return "spmd" in source and "with" in source
+    """Cheap test: could ``source`` contain a ``with ...spmd(...)`` statement, or a ``for ... in
+    pl.spmd(...)`` body with a ``syncall`` barrier?"""
+    return "spmd" in source and ("with" in source or "syncall" in source)
 
 
 def _is_spmd_call(node) -> bool:
@@ -135,9 +136,11 @@ class _SpmdWith(ast.NodeTransformer):
         assigned.discard(var)
         if self.funcs:
             fn = self.funcs[-1]
-            outside = [n for n in _walk_local(fn.body) if n is not node]
-            inner = set(map(id, _walk_local([node])))
-            used = {n.id for n in outside if isinstance(n, ast.Name) and id(n) not in inner}
+            # every name of the function outside the task, nested lambdas and functions too (a
+            # closure reading a name after the task reads the function's variable)
+            inner = set(map(id, ast.walk(node)))
+            outside = [n for stmt in fn.body for n in ast.walk(stmt) if id(n) not in inner]
+            used = {n.id for n in outside if isinstance(n, ast.Name)}
             used |= {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
             shared = sorted(assigned & used)
         else:  # module level: any of them may be read later
@@ -155,8 +158,14 @@ class _SpmdWith(ast.NodeTransformer):
         def save(into):
             return "".join(f"try:\n    {into}[{n!r}] = {n}\nexcept NameError:\n    pass\n" for n in shared)
 
+        # a block hands a name back only if it rebound it (a block that left the value it started
+        # with must not undo an earlier block's assignment: the loop form runs them in turn)
+        changed = "".join(f"try:\n    if {n!r} not in _pto_in or {n} is not _pto_in[{n!r}]:\n"
+                          f"        _pto_out[{n!r}] = {n}\nexcept NameError:\n    pass\n" for n in shared)
+        if form == "for":  # the loop variable: the last block's index after the loop, as Python leaves it
+            changed += f"_pto_out[{var!r}] = {var}\n"
         head = stmts("".join(f"if {n!r} in _pto_in:\n    {n} = _pto_in[{n!r}]\n" for n in shared))
-        tail = stmts(save("_pto_out"))
+        tail = stmts(changed)
         fdef = stmts(f"def {handle}_body({var}, _pto_in={cin}, _pto_out={cout}):\n    pass\n")[0]
         fdef.body = head + body + tail
         out = stmts(f"{cin} = {{}}\n{cout} = {{}}\n" + save(cin))
@@ -164,7 +173,8 @@ class _SpmdWith(ast.NodeTransformer):
                 ast.Assign(targets=[ast.Name(handle, ast.Store(), **loc)], value=call, **loc),
                 ast.Expr(ast.Call(ast.Name(handle, ast.Load(), **loc), [ast.Name(handle + "_body", ast.Load(), **loc)],
                                   [], **loc), **loc)]
-        out += stmts("".join(f"if {n!r} in {cout}:\n    {n} = {cout}[{n!r}]\n" for n in shared))
+        back = shared + ([var] if form == "for" else [])
+        out += stmts("".join(f"if {n!r} in {cout}:\n    {n} = {cout}[{n!r}]\n" for n in back))
         if as_target is not None:
             out.append(ast.Assign(targets=[as_target],
                                   value=ast.Attribute(ast.Name(handle, ast.Load(), **loc), "tid", ast.Load(), **loc),

@@ -307,8 +307,9 @@ def pipeline(*args, stage: int = 2, init_values=None):
     return _loop(args, "pl.pipeline")
 
 
-def unroll(*args):
-    """Fully unrolled loop; literal bounds; numerically identical to :func:`range`."""
+def unroll(*args, init_values=None):
+    """Fully unrolled loop; literal bounds; numerically identical to :func:`range` (same errors)."""
+    _no_carry("pl.unroll", init_values)
     return _loop(args, "pl.unroll")
 
 

@@ -857,7 +857,13 @@ def create_tensor(shape, dtype, init_value=None, capacity=None, manual_dep: bool
     if _ctx.state.block is not None:
         from pto.language import compat_ops
         if compat_ops.mode.pypto:  # pypto lowers it to an on-chip buffer (tile.create)
-            return compat_ops.create_tile(shape, dtype, name=name)
+            tile = compat_ops.create_tile(shape, dtype, name=name)
+            if init_value is not None:  # filled at creation: every element defined
+                from pto.runtime.heap import validate_init_value
+                validate_init_value(name or "tile", as_dtype(dtype), init_value)
+                tile.data.fill_(init_value)
+                tile.mask = None
+            return tile
         raise DslError(f"pl.create_tensor is orchestration-only; it was called inside a task{_where()}")
     f = _ctx.user_frame()
     try:

@@ -222,7 +222,13 @@ class Tile:
         key = tile_key(self.data.shape, key, "tile subscript")
         self._own_before_view()
         data = self.data[key]
-        return Tile(data, None if self.mask is None else self.mask[key])
+        if self.mask is None:
+            return Tile(data, None)
+        # check mode: the view's mask is a view of this tile's own mask, so a write through the
+        # sub-tile defines the parent's elements too, as its data aliases the parent's
+        view = Tile(data, self.own_mask()[key])
+        view._mown = True
+        return view
 
     def __len__(self) -> int:
         """Extent of dim 0 (torch semantics).

@@ -346,20 +346,21 @@ def _check_machine(m: Machine) -> None:
     positive integers, rates positive (``inf``: that work is free), costs and latencies finite
     and non-negative."""
     import math
+    import numbers
     for f in ("n_aic", "n_aiv"):
         v = getattr(m, f)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
             raise ConfigError(f"machine {m.name!r}: {f} must be a positive integer core count, got {v!r}")
     for f in ("cube_flops", "vec_flops", "aic_gm_bw", "aiv_gm_bw", "fill_bw"):
         v = getattr(m, f)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v <= 0:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v) or v <= 0:
             raise ConfigError(f"machine {m.name!r}: {f} must be a positive rate (inf: free), got {v!r}")
     for f in ("submit_s", "dispatch_s", "vec_op_s", "cube_op_s", "load_s", "store_s"):
         v = getattr(m, f)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
             raise ConfigError(f"machine {m.name!r}: {f} must be a finite non-negative time in seconds, got {v!r}")
     for kind, v in m.vec_kind_s:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
             raise ConfigError(f"machine {m.name!r}: vec_kind_s {kind!r} must be a finite non-negative time, got {v!r}")
 
 

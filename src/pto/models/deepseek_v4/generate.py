@@ -119,11 +119,11 @@ def check_prompts(prompts, cfg, deployment, max_new_tokens: int) -> list[list[in
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise BindError(f"generate: max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    if isinstance(prompts, torch.Tensor):
+    if isinstance(prompts, torch.Tensor) or (hasattr(prompts, "tolist") and hasattr(prompts, "dtype")):  # numpy
         prompts = prompts.tolist()
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise BindError("generate: prompts must be a non-empty list of token-id lists")
-    if isinstance(prompts[0], int):
+    if isinstance(prompts[0], numbers.Integral) and not isinstance(prompts[0], bool):
         raise BindError("generate: prompts must be a list of token-id lists (one per request), "
                         "got a flat list of ints; wrap it in a list")
     if len(prompts) > deployment.max_requests:
@@ -166,12 +166,15 @@ def stop_ids(eos) -> frozenset:
     Raises:
         BindError: anything else (a bool, a string, a float, a nested list), naming the value.
     """
+    def is_id(t):
+        return isinstance(t, numbers.Integral) and not isinstance(t, bool)  # numpy ints too
+
     if eos is None:
         return frozenset()
-    if type(eos) is int:
-        return frozenset((eos,))
-    if isinstance(eos, (list, tuple)) and all(type(t) is int for t in eos):
-        return frozenset(eos)
+    if is_id(eos):
+        return frozenset((int(eos),))
+    if isinstance(eos, (list, tuple)) and all(is_id(t) for t in eos):
+        return frozenset(int(t) for t in eos)
     raise BindError(f"generate: eos_token_id must be None, a token id or a list of token ids, got {eos!r}")
 
 
