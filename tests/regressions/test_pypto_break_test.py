@@ -74,35 +74,6 @@ def test_a_golden_with_no_output_to_compare_fails(tmp_path, capsys):
     assert got == 1, out + err
 
 
-def test_blocks_of_a_phased_body_keep_their_own_variables(tmp_path, capsys):
-    p = _script(tmp_path, """
-        R, C, T = 32, 16, 8
-
-        @pl.jit
-        def two_phase(x: pl.Tensor[[R, C], pl.FP32], y: pl.Out[pl.Tensor[[R, C], pl.FP32]],
-                      z: pl.Out[pl.Tensor[[R, C], pl.FP32]]):
-            with pl.spmd(R // T, name_hint="phase") as tid:
-                r0 = pl.tile.get_block_idx() * T
-                t = pl.add(x[r0:r0 + T, :], 1.0)
-                pl.system.syncall()
-                y[r0:r0 + T, :] = t
-            last = r0
-            with pl.spmd(R // T, name_hint="copy", deps=[tid]):
-                r0 = pl.tile.get_block_idx() * T
-                z[r0:r0 + T, :] = pl.mul(x[r0:r0 + T, :], 2.0)
-            return last
-
-        x = torch.randn(R, C); y = torch.zeros(R, C); z = torch.zeros(R, C)
-        last = two_phase(x, y, z)
-        assert torch.equal(y, x + 1.0), (y - (x + 1)).abs().max()
-        assert torch.equal(z, x * 2.0)
-        print("last", last)
-    """)
-    got, out, err = _run(p, capsys)
-    assert got == 0, out + err
-    assert "last 24" in out  # after the task a shared name holds the last block's value, as the loop form
-
-
 @pytest.mark.parametrize("op", [
     "acc = pl.maximum(acc, xi)",                                    # 0xAB.. INT32 loses every maximum
     "acc = pl.select(pl.cmp(acc, xi, 'ge'), acc, xi)",              # NaN compares false
@@ -148,51 +119,49 @@ def test_an_on_chip_buffer_written_before_it_is_read_passes(tmp_path, capsys):
     assert got == 0, out + err
 
 
-def test_a_kernel_called_directly_runs_in_check_mode(tmp_path, capsys):
-    p = _script(tmp_path, """
-        @pl.jit
-        def racy(x: pl.Tensor[[32, 16], pl.FP32], y: pl.Out[pl.Tensor[[32, 16], pl.FP32]]):
-            with pl.spmd(4, name_hint="racy"):
-                b = pl.tile.get_block_idx()
-                y[0:8, :] = pl.add(x[0:8, :], 1.0 * b)
+RACY_DIRECT = """
+@pl.jit
+def racy(x: pl.Tensor[[32, 16], pl.FP32], y: pl.Out[pl.Tensor[[32, 16], pl.FP32]]):
+    with pl.spmd(4, name_hint="racy"):
+        b = pl.tile.get_block_idx()
+        y[0:8, :] = pl.add(x[0:8, :], 1.0 * b)
 
-        racy(torch.randn(32, 16), torch.zeros(32, 16))
-    """)
-    got, out, err = _run(p, capsys)
+racy(torch.randn(32, 16), torch.zeros(32, 16))
+"""
+
+LOOP_CARRIED = """
+@pl.jit
+def k(a: pl.Tensor[[16, 64], pl.FP32], y: pl.Out[pl.Tensor[[16, 32], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP):
+        acc = pl.full([16, 32], dtype=pl.FP32, value=0.0)
+        for i, (acc,) in pl.range(2, init_values=(acc,)):
+            acc = pl.yield_(pl.add(acc, a[:, i * 32:(i + 1) * 32]))
+        y[:, :] = acc
+
+k(torch.randn(16, 64), torch.zeros(16, 32))
+"""
+
+PYPTO_KEYWORD = """
+@pl.jit
+def k(a: pl.Tensor[[16, 32], pl.FP32], y: pl.Out[pl.Tensor[[16, 32], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP):
+        t = pl.load(a, [0, 0], [16, 32], transpose=True)
+        y[:, :] = t
+
+k(torch.randn(16, 32), torch.zeros(16, 32))
+"""
+
+
+@pytest.mark.parametrize("body, wants", [
+    (RACY_DIRECT, ["RaceError", "blocks 0 and 1 of task 'racy'"]),                  # a direct call: check mode
+    (LOOP_CARRIED, ["DslError", "pl.range(init_values=...): loop-carried values", "k.py:8"]),
+    (PYPTO_KEYWORD, ["UnsupportedConstructError: pl.load(transpose=...)", "k.py:7"]),
+], ids=["direct-call-race", "loop-carried", "pypto-keyword"])
+def test_one_error_line_naming_what_and_where(tmp_path, capsys, body, wants):
+    got, out, err = _run(_script(tmp_path, body), capsys)
     assert got == 1
-    assert "RaceError" in err and "blocks 0 and 1 of task 'racy'" in err
-
-
-def test_loop_carried_values_are_a_dsl_error_naming_the_line(tmp_path, capsys):
-    p = _script(tmp_path, """
-        @pl.jit
-        def k(a: pl.Tensor[[16, 64], pl.FP32], y: pl.Out[pl.Tensor[[16, 32], pl.FP32]]):
-            with pl.at(level=pl.Level.CORE_GROUP):
-                acc = pl.full([16, 32], dtype=pl.FP32, value=0.0)
-                for i, (acc,) in pl.range(2, init_values=(acc,)):
-                    acc = pl.yield_(pl.add(acc, a[:, i * 32:(i + 1) * 32]))
-                y[:, :] = acc
-
-        k(torch.randn(16, 64), torch.zeros(16, 32))
-    """)
-    got, out, err = _run(p, capsys)
-    assert got == 1
-    assert "DslError" in err and "pl.range(init_values=...): loop-carried values" in err and "k.py:8" in err
-
-
-def test_a_pypto_keyword_pto_lacks_is_an_unsupported_construct(tmp_path, capsys):
-    p = _script(tmp_path, """
-        @pl.jit
-        def k(a: pl.Tensor[[16, 32], pl.FP32], y: pl.Out[pl.Tensor[[16, 32], pl.FP32]]):
-            with pl.at(level=pl.Level.CORE_GROUP):
-                t = pl.load(a, [0, 0], [16, 32], transpose=True)
-                y[:, :] = t
-
-        k(torch.randn(16, 32), torch.zeros(16, 32))
-    """)
-    got, out, err = _run(p, capsys)
-    assert got == 1
-    assert "UnsupportedConstructError: pl.load(transpose=...)" in err and "k.py:7" in err
+    for w in wants:
+        assert w in err, err
 
 
 def test_a_user_checkout_under_a_pto_folder_is_the_users_code(tmp_path, capsys):
@@ -269,30 +238,39 @@ def test_writes_through_a_sub_tile_view_and_init_value_in_a_task_define_the_buff
     assert got == 0, out + err
 
 
-def test_phased_bodies_leave_names_as_the_loop_form_does(tmp_path, capsys):
+def test_phased_bodies_keep_per_block_variables_and_leave_names_as_the_loop_form_does(tmp_path, capsys):
     p = _script(tmp_path, """
         R, C, T = 32, 16, 8
 
         @pl.jit
-        def k(x: pl.Tensor[[R, C], pl.FP32], y: pl.Out[pl.Tensor[[R, C], pl.FP32]]):
+        def two_phase(x: pl.Tensor[[R, C], pl.FP32], y: pl.Out[pl.Tensor[[R, C], pl.FP32]],
+                      z: pl.Out[pl.Tensor[[R, C], pl.FP32]]):
             flag = -1
-            for b in pl.spmd(R // T, name_hint="phase"):
-                r0 = b * T
+            with pl.spmd(R // T, name_hint="phase") as tid:     # the with form
+                r0 = pl.tile.get_block_idx() * T
                 t = pl.add(x[r0:r0 + T, :], 1.0)
-                if b == 1:
-                    flag = b
+                if r0 == T:
+                    flag = r0
                 pl.system.syncall()
                 y[r0:r0 + T, :] = t
+            last = r0
+            for b in pl.spmd(R // T, name_hint="copy", deps=[tid]):   # the for form
+                r0 = b * T
+                u = pl.mul(x[r0:r0 + T, :], 2.0)
+                pl.system.syncall()
+                z[r0:r0 + T, :] = u
             f = lambda: r0
-            return flag, b, f()
+            return last, flag, b, f()
 
-        x = torch.randn(R, C); y = torch.zeros(R, C)
-        print("result", k(x, y))
-        assert torch.equal(y, x + 1.0)
+        x = torch.randn(R, C); y = torch.zeros(R, C); z = torch.zeros(R, C)
+        print("result", two_phase(x, y, z))
+        assert torch.equal(y, x + 1.0), (y - (x + 1)).abs().max()
+        assert torch.equal(z, x * 2.0)
     """)
     got, out, err = _run(p, capsys)
     assert got == 0, out + err
-    assert "result (1, 3, 24)" in out
+    # after a task a name holds the last block's value; one a block left alone keeps the earlier one
+    assert "result (24, 8, 3, 24)" in out
 
 
 def test_a_bad_keyword_to_the_users_own_function_stays_their_type_error(tmp_path, capsys, monkeypatch):

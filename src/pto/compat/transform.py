@@ -98,6 +98,49 @@ class _Yields(ast.NodeTransformer):
     visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = visit_FunctionDef
 
 
+def _stored_names(target) -> list:
+    """The plain names an assignment target binds (``a``, ``a, (b, c)``, ``*d``)."""
+    return [n.id for n in ast.walk(target) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+
+
+class _MarkAssigned:
+    """After every statement of a phased body that binds one of ``names`` (an assignment, an
+    augmented or annotated one; a ``for`` target at the start of its body; a ``with ... as``
+    target at the start of its body), ``_pto_set.add(name)``; nested functions and classes are
+    left alone (their names are their own)."""
+
+    def __init__(self, names: set, stmts):
+        self.names, self.stmts = names, stmts
+
+    def _marks(self, bound) -> list:
+        hit = [n for n in dict.fromkeys(bound) if n in self.names]
+        return self.stmts("".join(f"_pto_set.add({n!r})\n" for n in hit)) if hit else []
+
+    def mark(self, body: list) -> list:
+        out = []
+        for st in body:
+            bound = []
+            if isinstance(st, ast.Assign):
+                bound = [n for t in st.targets for n in _stored_names(t)]
+            elif isinstance(st, (ast.AugAssign, ast.AnnAssign)):
+                bound = _stored_names(st.target)
+            if isinstance(st, (ast.For, ast.AsyncFor)):
+                st.body = self._marks(_stored_names(st.target)) + self.mark(st.body)
+                st.orelse = self.mark(st.orelse)
+            elif isinstance(st, (ast.With, ast.AsyncWith)):
+                st.body = self._marks([n for it in st.items if it.optional_vars is not None
+                                       for n in _stored_names(it.optional_vars)]) + self.mark(st.body)
+            elif isinstance(st, (ast.If, ast.While)):
+                st.body, st.orelse = self.mark(st.body), self.mark(st.orelse)
+            elif isinstance(st, ast.Try):
+                st.body, st.orelse, st.finalbody = self.mark(st.body), self.mark(st.orelse), self.mark(st.finalbody)
+                for h in st.handlers:
+                    h.body = self.mark(h.body)
+            out.append(st)
+            out += self._marks(bound)
+        return out
+
+
 class _SpmdWith(ast.NodeTransformer):
     def __init__(self, filename: str):
         self.filename = filename
@@ -158,13 +201,16 @@ class _SpmdWith(ast.NodeTransformer):
         def save(into):
             return "".join(f"try:\n    {into}[{n!r}] = {n}\nexcept NameError:\n    pass\n" for n in shared)
 
-        # a block hands a name back only if it rebound it (a block that left the value it started
-        # with must not undo an earlier block's assignment: the loop form runs them in turn)
-        changed = "".join(f"try:\n    if {n!r} not in _pto_in or {n} is not _pto_in[{n!r}]:\n"
-                          f"        _pto_out[{n!r}] = {n}\nexcept NameError:\n    pass\n" for n in shared)
+        # a block hands a name back only if it assigned it (a block that left the value it started
+        # with must not undo an earlier block's assignment: the loop form runs them in turn); every
+        # assignment to a shared name records it in the block's _pto_set
+        if shared:
+            body = _MarkAssigned(set(shared), stmts).mark(body)
+        changed = "".join(f"if {n!r} in _pto_set:\n    _pto_out[{n!r}] = {n}\n" for n in shared)
         if form == "for":  # the loop variable: the last block's index after the loop, as Python leaves it
             changed += f"_pto_out[{var!r}] = {var}\n"
-        head = stmts("".join(f"if {n!r} in _pto_in:\n    {n} = _pto_in[{n!r}]\n" for n in shared))
+        head = stmts("_pto_set = set()\n" + "".join(f"if {n!r} in _pto_in:\n    {n} = _pto_in[{n!r}]\n"
+                                                    for n in shared))
         tail = stmts(changed)
         fdef = stmts(f"def {handle}_body({var}, _pto_in={cin}, _pto_out={cout}):\n    pass\n")[0]
         fdef.body = head + body + tail
