@@ -928,7 +928,8 @@ def _block_order_check(target: Target, order: str, seed: int, as_json: bool = Fa
         table.add_column(col, justify=just)
     for o in rep.outputs:
         table.add_row(escape(o.name), "[green]yes[/green]" if o.identical else "[yellow]no[/yellow]",
-                      f"{o.differing}/{o.numel}", fmt_err(o.max_abs), str(o.max_ulps), escape(", ".join(o.through) or "-"))
+                      f"{o.differing}/{o.numel}", fmt_err(o.max_abs), str(o.max_ulps),
+                      escape(", ".join(o.through) or "-"))
     con.print(table)
     if rep.stable:
         moved = f" although the atomic adds of {', '.join(rep.reordered)} ran in another order" if rep.reordered else ""
@@ -1376,7 +1377,8 @@ def cmd_diff(args) -> int:
                   "cheaper"):
             ft.add_column(h, justify="left" if h in ("allocation", "seed task", "cheaper") else "right")
         for r in rows:
-            ft.add_row(escape(r.buffer), fmt_bytes(r.nbytes), us(r.fill_us), us(r.fill_cost_us), escape(r.seed_task or "-"),
+            ft.add_row(escape(r.buffer), fmt_bytes(r.nbytes), us(r.fill_us), us(r.fill_cost_us),
+                       escape(r.seed_task or "-"),
                        us(r.seed_block_us), us(r.seed_cost_us), r.cheaper)
         con.print(ft)
     return 0

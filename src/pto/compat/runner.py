@@ -5,9 +5,9 @@ The script runs with ``sys.argv = [FILE.py, *ARGS]`` and its directory first on
 :mod:`pto.compat.imports` installed, its source (and that of every module it imports
 from its own checkout) rewritten for the ``with pl.spmd(n)`` body form,
 ``compat_ops.mode.pypto`` on, and every kernel the script calls directly (``kernel(x, y)``,
-not through the harness) run in check mode, as the harness runs it. Everything is restored afterwards, including the
-user modules it imported (so two scripts with sibling modules of the same name can
-run in one process).
+not through the harness) run in check mode, as the harness runs it. Everything is
+restored afterwards, including the user modules it imported (so two scripts with sibling
+modules of the same name can run in one process).
 """
 
 from __future__ import annotations

@@ -59,8 +59,8 @@ from pto.language._ctx import frame_site
 from pto.language.typing import INOUT, OUT
 from pto.runtime.deps import coalesce
 
-__all__ = ["TAINT_BASE", "TILE_BASE", "TileOrigin", "Sanitizer", "Consumer", "check_outputs", "output_problems", "undefined_box",
-           "drop_init_values", "active_drop_init", "new_shadow"]
+__all__ = ["TAINT_BASE", "TILE_BASE", "TileOrigin", "Sanitizer", "Consumer", "check_outputs", "output_problems",
+           "undefined_box", "drop_init_values", "active_drop_init", "new_shadow"]
 
 TAINT_BASE = 1 << 24  # tags below are raw allocation ids; at or above, taint-table entries
 TILE_BASE = 1 << 23  # raw tags from TILE_BASE up to TAINT_BASE name on-chip buffers (TileOrigin)
