@@ -398,11 +398,14 @@ def _resolve_directions(fn, specs) -> list:
     return out
 
 
-def _written_inputs(prog, specs) -> set:
+def _written_inputs(fn, prog, specs) -> set:
     """Names of the specs left without a direction whose parameter is declared In but the run
-    wrote (pypto infers InOut, and pto follows with a warning): outputs too."""
-    written = {p.name for p, _caller, g in getattr(prog, "args", ()) if not g.buf.readonly and p.direction == "in"}
+    wrote (pypto infers InOut, and pto follows with a warning): outputs too. Only when ``prog``
+    is the run of ``fn``'s own entry (a host function's last chip program has other parameters)."""
     jf = getattr(prog, "jf", None)
+    if jf is None or jf is not getattr(fn, "entry", fn):
+        return set()
+    written = {p.name for p, _caller, g in getattr(prog, "args", ()) if not g.buf.readonly and p.direction == "in"}
     sig = getattr(jf, "signature", None)
     names = list(sig()[0].parameters) if sig is not None else [s.name for s in specs]
     return {s.name for i, s in enumerate(specs) if isinstance(s, _PtoTensorSpec) and s.is_output is None
@@ -501,7 +504,7 @@ def run_jit(fn, specs, golden_fn=None, golden_data=None, compile_cfg=None, runti
     if golden_fn is None and golden_data is None:
         _log(f"PASS ({time.perf_counter() - t0:.2f}s, validation skipped: no golden_fn or golden_data)")
         return RunResult(True, None, time.perf_counter() - t0, work_dir, program=prog)
-    written = _written_inputs(prog, specs)
+    written = _written_inputs(fn, prog, specs)
     outputs = [s for s in specs if isinstance(s, _PtoTensorSpec) and (s.is_output or s.name in written)]
     if not outputs:
         _log(f"FAIL ({time.perf_counter() - t0:.2f}s)")
