@@ -491,7 +491,7 @@ def _case_target(case: KernelCase, preset: str | None, mode: str | None, options
     mode = case.modes[0] if mode is None else mode
     if mode not in case.modes:
         raise ConfigError(f"kernel {case.name!r} has no mode {mode!r}; modes: {', '.join(case.modes)}")
-    if "seed_scopes" in options and not isinstance(options["seed_scopes"], bool):
+    if "seed_scopes" in options:  # a builder taking **options checks no type of its own
         _check_option_type(case.name, "seed_scopes", options["seed_scopes"], False)
     if options.get("seed_scopes") and not case.seed_variant:
         raise ConfigError(f"kernel {case.name!r} has no seed variant (seed_scopes)")
@@ -518,7 +518,6 @@ def add_target_args(p: argparse.ArgumentParser, function_args: bool = True) -> N
     p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
                    help="extra build option of a kernel case, e.g. --opt T=64 --opt seed_scopes=True")
     if not function_args:
-        p.set_defaults(dim=[], scalar=[])
         return
     p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
                    help="extent of a pl.dynamic dim (MODULE:FUNCTION targets)")
@@ -1323,12 +1322,10 @@ def cmd_diff(args) -> int:
     one variant, its fill cost against the seed task of the other (:func:`fill_vs_seed`)."""
     from pto.runtime.simulate import fill_vs_seed, get_machine, simulate
     machine = get_machine(args.machine)
-    dims = parse_options(args.dim, "--dim")
-    scalars = parse_options(args.scalar, "--scalar")
     base_opts, opts = parse_options(args.base_opt, "--base-opt"), parse_options(args.opt)
     if base_opts == opts:
         raise ConfigError(f"pto diff: both variants have the options {opts or '{}'}; give the other variant --opt")
-    targets = [resolve_target(args.target, args.preset, args.mode, o, dims, scalars) for o in (base_opts, opts)]
+    targets = [resolve_target(args.target, args.preset, args.mode, o) for o in (base_opts, opts)]
     progs = [t.run_program(check=False) for t in targets]
     sims = [simulate(p, machine) for p in progs]
     label = [", ".join(f"{k}={v}" for k, v in o.items()) or "base" for o in (base_opts, opts)]

@@ -406,8 +406,7 @@ def _written_inputs(fn, prog, specs) -> set:
     if jf is None or jf is not getattr(fn, "entry", fn):
         return set()
     written = {p.name for p, _caller, g in getattr(prog, "args", ()) if not g.buf.readonly and p.direction == "in"}
-    sig = getattr(jf, "signature", None)
-    names = list(sig()[0].parameters) if sig is not None else [s.name for s in specs]
+    names = list(jf.signature()[0].parameters)
     return {s.name for i, s in enumerate(specs) if isinstance(s, _PtoTensorSpec) and s.is_output is None
             and i < len(names) and names[i] in written}
 

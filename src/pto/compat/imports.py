@@ -33,21 +33,15 @@ class UnsupportedModuleError(DslError, ImportError):
     """A pypto module that pto does not serve (the compiler, IR, distributed DSL)."""
 
 
-_PTO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the installed pto package
-
-
-def _in_pto(fname: str) -> bool:
-    """Whether source file ``fname`` is pto's own (under the installed package directory; a user
-    checkout whose path merely contains ``/pto/`` is not)."""
-    return os.path.abspath(fname).startswith(_PTO_DIR + os.sep)
-
-
 def _user_site(depth: int = 2) -> str:
-    """`` at file:line`` of the first frame outside pto (the user's source line)."""
+    """`` at file:line`` of the first frame outside pto (the user's source line; pto's own code is
+    told by its installed package directory, ``program._in_pto``, so a user checkout whose path
+    merely contains ``/pto/`` is the user's)."""
+    from pto.runtime.program import _in_pto
     f = sys._getframe(depth)
     while f is not None:
         fname = f.f_code.co_filename
-        if not _in_pto(fname) and not fname.startswith("<frozen"):
+        if not _in_pto(f) and not fname.startswith("<frozen"):
             return f" at {fname}:{f.f_lineno}"
         f = f.f_back
     return ""

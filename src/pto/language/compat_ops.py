@@ -110,7 +110,7 @@ def create_tile(shape, dtype, target_memory=None, addr=None, size=None, valid_sh
         san = getattr(prog, "sanitizer", None)
         if san is not None:
             f = _ctx.user_frame()
-            site = f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "<unknown>"
+            site = _ctx.frame_site(f) if f is not None else "<unknown>"  # as an allocation names its line
             mask = torch.full(dims, san.tile_origin(name, dims, data.dtype, site), dtype=torch.int32)
     tile = Tile(data, mask, valid)
     if mask is not None:

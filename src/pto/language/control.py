@@ -285,9 +285,8 @@ def _no_carry(what: str, init_values) -> None:
     """pypto's loop-carried form ``for i, (acc,) in pl.range(n, init_values=(acc0,))`` with
     ``pl.yield_``: not supported (a DslError naming the loop's line)."""
     if init_values is not None:
-        f = _ctx.user_frame(2)
-        at = f" at {f.f_code.co_filename}:{f.f_lineno}" if f is not None else ""
-        raise DslError(f"{what}(init_values=...): loop-carried values (pl.yield_) are not supported by pto{at}; "
+        from pto.language.compat_ops import _site  # compat_ops imports this module
+        raise DslError(f"{what}(init_values=...): loop-carried values (pl.yield_) are not supported by pto{_site()}; "
                        f"carry the value in a plain variable (acc = pl.add(acc, ...) inside the loop)")
 
 

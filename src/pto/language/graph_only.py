@@ -124,12 +124,16 @@ class MetaScalar(ScalarValue):
         return f"MetaScalar(unknown, from {self.origin})"
 
 
+# pto's runtime and language packages: a read's origin is the first frame outside both
+_RUNTIME_DIRS = (os.path.join(os.path.dirname(_ctx._LANGUAGE_DIR.rstrip(os.sep)), "runtime") + os.sep,
+                 _ctx._LANGUAGE_DIR)
+
+
 def read_origin(name: str, idx) -> str:
     """``"name[i, j] (read at file:line)"`` for a :class:`MetaScalar`'s origin: the kernel's line
     (past the runtime's frames too: a buffer with real storage is read by runtime/graph_only.py)."""
     f = _ctx.user_frame()
-    runtime = os.path.join(os.path.dirname(_ctx._LANGUAGE_DIR.rstrip(os.sep)), "runtime") + os.sep
-    while f is not None and f.f_code.co_filename.startswith((runtime, _ctx._LANGUAGE_DIR)):
+    while f is not None and f.f_code.co_filename.startswith(_RUNTIME_DIRS):
         f = f.f_back
     site = f" (read at {_ctx.frame_site(f)})" if f is not None else ""
     return f"{name}{list(idx)}{site}"

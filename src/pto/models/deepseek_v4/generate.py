@@ -107,6 +107,11 @@ def hca_context(cfg) -> int | None:
     return (n + 1) * HCA_RATIO - 1
 
 
+def _as_list(x):
+    """A torch tensor or numpy array as nested Python lists (``tolist``); anything else as it is."""
+    return x.tolist() if isinstance(x, torch.Tensor) or (hasattr(x, "tolist") and hasattr(x, "dtype")) else x
+
+
 def check_prompts(prompts, cfg, deployment, max_new_tokens: int) -> list[list[int]]:
     """Validate a batch of prompts; returns them as lists of Python ints.
 
@@ -119,8 +124,7 @@ def check_prompts(prompts, cfg, deployment, max_new_tokens: int) -> list[list[in
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise BindError(f"generate: max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    if isinstance(prompts, torch.Tensor) or (hasattr(prompts, "tolist") and hasattr(prompts, "dtype")):  # numpy
-        prompts = prompts.tolist()
+    prompts = _as_list(prompts)
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise BindError("generate: prompts must be a non-empty list of token-id lists")
     if isinstance(prompts[0], numbers.Integral) and not isinstance(prompts[0], bool):
@@ -133,8 +137,7 @@ def check_prompts(prompts, cfg, deployment, max_new_tokens: int) -> list[list[in
     V = cfg.vocab_size
     reach = hca_context(cfg)
     for r, p in enumerate(prompts):
-        if isinstance(p, torch.Tensor) or (hasattr(p, "tolist") and hasattr(p, "dtype")):  # torch / numpy
-            p = p.tolist()
+        p = _as_list(p)
         if not isinstance(p, (list, tuple)):
             raise BindError(f"generate: request {r} is {type(p).__name__} {p!r}, not a list of token ids")
         if len(p) == 0:
@@ -244,8 +247,8 @@ def generate(model, prompts, *, max_new_tokens: int = 8, chunk: int = 128,
 
 
 def finite_logits(logits: torch.Tensor, what: str) -> torch.Tensor:
-    """``logits`` if every value is finite, so no token is taken from a NaN row (``argmax`` of
-    a NaN row is 0: a silent stream of token 0).
+    """``logits`` (FP32, any shape: a ``[V]`` row or ``[T, V]``) if every value is finite, so no
+    token is taken from a NaN row (``argmax`` of a NaN row is 0: a silent stream of token 0).
 
     Raises:
         CheckpointError: a NaN or infinite logit, naming ``what`` (the request and the step):
