@@ -42,7 +42,7 @@ def build(preset: str = "flash", mode: str = "default", T: int = 200) -> CaseRun
     return CaseRun(add_kernel, specs, golden_add, {"z": exact()}, label=f"T={T}")
 
 
-register(KernelCase("example_add", build, modes=("default",), group="example",
+register(KernelCase("example_add", build, modes=("default",), takes_preset=False, group="example",
                     description="elementwise add with a valid-shape tail block"))
 
 

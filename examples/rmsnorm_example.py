@@ -49,7 +49,7 @@ def build(preset: str = "flash", mode: str = "default", T: int = 72) -> CaseRun:
     return CaseRun(rmsnorm_kernel, specs, golden_rmsnorm, cmp, label=f"T={T}")
 
 
-register(KernelCase("example_rmsnorm", build, modes=("default",), group="example",
+register(KernelCase("example_rmsnorm", build, modes=("default",), takes_preset=False, group="example",
                     description="weighted RMSNorm, FP32 math, BF16 rint output"))
 
 

@@ -70,7 +70,7 @@ def build(preset: str = "flash", mode: str = "default", T: int = 50) -> CaseRun:
     return CaseRun(rope_kernel, specs, golden_rope, {"y": exact()}, label=f"T={T}")
 
 
-register(KernelCase("example_rope", build, modes=("default",), group="example",
+register(KernelCase("example_rope", build, modes=("default",), takes_preset=False, group="example",
                     description="interleaved RoPE via gather index vectors, bit-exact"))
 
 

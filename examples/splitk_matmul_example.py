@@ -68,7 +68,8 @@ def build(preset: str = "flash", mode: str = "default", seed_scopes: bool = Fals
     return CaseRun(fn, specs, golden_matmul, cmp, label="seed task" if seed_scopes else "init_value=0")
 
 
-register(KernelCase("example_splitk_matmul", build, modes=("default",), seed_variant=True, group="example",
+register(KernelCase("example_splitk_matmul", build, modes=("default",), takes_preset=False, seed_variant=True,
+                    group="example",
                     description="split-K matmul atomic-adding into an init_value=0 scratch"))
 
 

@@ -5,14 +5,14 @@ DeepSeek-V4-Flash kernels written in it. See README.md and docs/ for the user's 
 ``pto.golden`` validates it against torch goldens.
 """
 
-from pto.errors import (BindError, CapacityError, CheckpointError, ConfigError, DslError, GoldenDataError, GoldenError,
-                        GraphOnlyError, HeapExhaustedError, PtoError, RaceError, UndefinedOutputError,
-                        UndefinedValueError)
+from pto.errors import (BindError, CapacityError, CheckpointError, ConfigError, DistributedError, DslError,
+                        GoldenDataError, GoldenError, GraphOnlyError, HeapExhaustedError, PtoError, RaceError,
+                        UndefinedOutputError, UndefinedValueError)
 from pto.runtime import Program, RunConfig, run
 
 __all__ = ["PtoError", "BindError", "CapacityError", "CheckpointError", "HeapExhaustedError", "ConfigError", "DslError",
            "UndefinedValueError", "UndefinedOutputError", "RaceError", "GoldenDataError", "GoldenError", "GraphOnlyError",
-           "Program",
+           "DistributedError", "Program",
            "RunConfig", "run"]
 __version__ = "0.1.0"
 

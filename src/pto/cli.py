@@ -104,7 +104,8 @@ def console() -> Console:
 
 def parse_options(items, flag: str = "--opt") -> dict:
     """``["T=128", "seed_scopes=True", "name=x"]`` -> ``{"T": 128, "seed_scopes": True, "name": "x"}``.
-    Values are Python literals; ``true/false/yes/no/on/off`` (any case) are booleans.
+    Values are Python literals; ``true/false/yes/no/on/off`` (any case) are booleans and
+    ``inf``, ``-inf``, ``nan`` (any case; ``infinity`` too) are floats, as ``float()`` reads them.
 
     Raises:
         ConfigError: an item without ``=``, or a key given twice (``--opt T=4 --opt T=8``: which
@@ -121,7 +122,13 @@ def parse_options(items, flag: str = "--opt") -> dict:
         try:
             out[key.strip()] = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
-            out[key.strip()] = _BOOL_WORDS.get(raw.strip().lower(), raw)
+            word = raw.strip().lower()
+            if word in _BOOL_WORDS:
+                out[key.strip()] = _BOOL_WORDS[word]
+            elif word.lstrip("+-") in ("inf", "infinity", "nan"):
+                out[key.strip()] = float(word)
+            else:
+                out[key.strip()] = raw
     return out
 
 
@@ -484,6 +491,10 @@ def _default_preset(case: KernelCase, shape_only: bool) -> str:
 
 def _case_target(case: KernelCase, preset: str | None, mode: str | None, options: dict,
                  shape_only: bool = False) -> Target:
+    if preset is not None and not case.takes_preset:
+        _check_preset(preset)  # an unknown preset is named as such first
+        raise ConfigError(f"--preset {preset} does not apply to kernel {case.name!r}: its builder ignores the "
+                          "preset (its sizes are build options: --opt)")
     default = _default_preset(case, shape_only)
     capped = preset is None and default != DEFAULT_PRESET
     preset = default if preset is None else preset  # an empty --preset is an unknown preset, not the default
@@ -1252,10 +1263,19 @@ def cmd_sim(args) -> int:
                        f"{r['end_us']:.2f}", f"{r['slack_us']:.2f}", "*" if r["critical"] else "")
         con.print(tt)
         names = {t.id: t.name for t in prog.graph}
-        con.print("critical path (ids): " + " -> ".join(f"#{i} {names[i]}" for i in sim.critical_path_ids),
+        con.print("critical path (ids): " + _path_text([f"#{i} {names[i]}" for i in sim.critical_path_ids]),
                   highlight=False, markup=False)
-    con.print("critical path: " + " -> ".join(sim.critical_path), highlight=False, markup=False)
+    con.print("critical path: " + _path_text(sim.critical_path), highlight=False, markup=False)
     return 0
+
+
+def _path_text(steps, keep: int = 10) -> str:
+    """A critical path as ``a -> b -> ...``; past ``2 * keep + 4`` steps its first and last ``keep``
+    around ``... (N more steps) ...`` (the whole path is in ``--json``)."""
+    steps = list(steps)
+    if len(steps) > 2 * keep + 4:
+        steps = steps[:keep] + [f"... ({len(steps) - 2 * keep} more steps) ..."] + steps[-keep:]
+    return " -> ".join(steps)
 
 
 def _sim_rows(sim) -> list:
@@ -1364,7 +1384,7 @@ def cmd_diff(args) -> int:
     con = console()
     con.print(table)
     for lab, sim in zip(label, sims):
-        con.print(f"critical path ({lab}): " + " -> ".join(sim.critical_path), highlight=False, markup=False)
+        con.print(f"critical path ({lab}): " + _path_text(sim.critical_path), highlight=False, markup=False)
     init_i = 0 if sims[0].fills > sims[1].fills else 1 if sims[1].fills > sims[0].fills else None
     if init_i is not None:
         rows = fill_vs_seed(progs[1 - init_i], progs[init_i], machine)

@@ -124,7 +124,10 @@ def allclose(atol: float = 1e-5, rtol: float = 1e-5):
         a = actual.to(torch.float64).reshape(-1)
         e = expected.to(torch.float64).reshape(-1)
         bad = ~((a - e).abs() <= atol + rtol * e.abs())
-        return False, (f"Mismatched elements: {int(bad.sum())}/{a.numel()} (atol={atol}, rtol={rtol}); first: "
+        both = int((torch.isnan(a) & torch.isnan(e)).sum())
+        note = (f" ({both} of them NaN in the golden too: NaN never matches, so the inputs may be outside the "
+                "op's domain)" if both else "")
+        return False, (f"Mismatched elements: {int(bad.sum())}/{a.numel()} (atol={atol}, rtol={rtol}){note}; first: "
                        f"{_first_bad(bad, a, e, tuple(actual.shape), 20)}")
     def margin(actual, expected, **_):
         return _elementwise_margin(actual, expected, atol, rtol)

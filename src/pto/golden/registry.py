@@ -44,6 +44,8 @@ class KernelCase:
         description: one line for tables.
         max_preset: the largest model preset ``pto demo`` and the kernel benchmarks run the
             case at (a larger ``--preset`` falls back to it); None: no cap.
+        takes_preset: False for a case whose ``build`` ignores its ``preset`` (its sizes are
+            its own options, as the examples'): the CLI refuses an explicit ``--preset``.
     """
 
     name: str
@@ -53,6 +55,7 @@ class KernelCase:
     description: str = ""
     group: str = "model"
     max_preset: str | None = None
+    takes_preset: bool = True
 
 
 REGISTRY: dict[str, KernelCase] = {}

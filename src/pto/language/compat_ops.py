@@ -60,7 +60,7 @@ mode = _Mode()
 
 def _site() -> str:
     f = _ctx.user_frame()
-    return f" at {f.f_code.co_filename}:{f.f_lineno}" if f is not None else ""
+    return f" at {_ctx.frame_site(f)}" if f is not None else ""
 
 
 def _poisoned(shape, dt) -> torch.Tensor:

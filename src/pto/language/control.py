@@ -36,22 +36,43 @@ class Level:
     HOST = "host"
 
 
+def _here() -> str:
+    """`` at FILE:LINE`` of the kernel line running now (empty outside user code)."""
+    f = _ctx.user_frame()
+    return f" at {_ctx.frame_site(f)}" if f is not None else ""
+
+
 def _deps_list(deps):
-    if not deps:
+    """Task ids of a ``deps=`` argument: a task id, a ``pl.spmd`` / ``pl.at`` object that has run,
+    or a list or tuple of them (nested lists flattened, ``None`` skipped; ``-1`` stays, the caller
+    ignores it as the invalid id). A bare id is one dependency, ``deps=0`` included.
+
+    Raises:
+        DslError: an entry that is no task id, or a task scope that has not run yet (its id is not
+            known: the dependency would be dropped).
+    """
+    if deps is None:
         return []
+    if not isinstance(deps, (list, tuple)):
+        deps = [deps]
     out = []
     for d in deps:
         if d is None:
             continue
         if isinstance(d, (list, tuple)):
             out.extend(_deps_list(d))
+        elif isinstance(d, (spmd, at)):
+            if d.tid < 0:
+                raise DslError(f"deps=: task {d.name!r} (pl.{type(d).__name__}) has not run yet, so it has no "
+                               f"task id to depend on; run it first or pass the id it returns{_here()}")
+            out.append(d.tid)
         elif hasattr(d, "tid"):
             out.append(d.tid)
         else:
             v = concrete(d, "a task id")
             if isinstance(v, bool) or not isinstance(v, int):
                 raise DslError(f"deps=: expected task ids (ints returned by pl.at / pl.spmd / task_dummy) or "
-                               f"pl.spmd objects, got {d!r}")
+                               f"pl.spmd objects, got {d!r}{_here()}")
             out.append(v)
     return out
 
@@ -204,7 +225,7 @@ class at:
         prog = _ctx.state.program
         if prog is None:
             _ctx.program("pl.at")  # raises: outside a program
-        self._task = prog.begin_task(self.name, 1, _deps_list(self.deps) if self.deps else [], self._site, True)
+        self._task = prog.begin_task(self.name, 1, _deps_list(self.deps), self._site, True)
         self._site = self._task.site  # the site, not the frame: no frame <-> task-scope reference cycle
         self._prog = prog
         self.tid = self._task.id
@@ -261,7 +282,17 @@ class scope:
 
 
 def _bounds(args, what):
-    return [as_int(a, f"a {what} bound") for a in args]
+    """The int bounds of a loop: ``(stop)``, ``(start, stop)`` or ``(start, stop, step)``.
+
+    Raises:
+        DslError: another number of bounds, a bound that is no integer, or a step of 0.
+    """
+    if not 1 <= len(args) <= 3:
+        raise DslError(f"{what}: takes 1 to 3 bounds (stop | start, stop[, step]), got {len(args)}{_here()}")
+    bounds = [as_int(a, f"a {what} bound") for a in args]
+    if len(bounds) == 3 and bounds[2] == 0:
+        raise DslError(f"{what}: step must not be zero{_here()}")
+    return bounds
 
 
 def _loop(args, what):

@@ -202,10 +202,7 @@ class GMTensor:
                 off, st0, _ = f
                 f_lo = off + a0 * st0 + a1
                 f_hi = off + (b0 - 1) * st0 + b1 - 1
-                r0, r1 = f_lo // C, f_hi // C
-                if r0 == r1:
-                    return (r0, r0 + 1, f_lo - r0 * C, f_hi - r0 * C + 1)
-                return (r0, r1 + 1, 0, C)
+                return _span_boxes(f_lo, f_hi, C)
             if len(f) == 2:
                 a, = starts
                 b, = stops
@@ -260,10 +257,7 @@ class GMTensor:
             k = c_lo // C  # the window's columns lie in one later root row of each row: shift rows, not widen
             br, c_lo, c_hi = br + k, c_lo - k * C, c_hi - k * C
         if mixed or c_hi >= C:
-            r0, r1 = divmod(f_lo, C)[0], divmod(f_hi, C)[0]
-            if r0 == r1:
-                return (r0, r0 + 1, f_lo - r0 * C, f_hi - r0 * C + 1)
-            return (r0, r1 + 1, 0, C)
+            return _span_boxes(f_lo, f_hi, C)
         base = br
         spans = []
         for q, a, b in row_dims:
@@ -1024,6 +1018,31 @@ def gather_rows(t: GMTensor, rows, col_offset=0, cols=None) -> Tile:
             fp.append((buf, box, R))
         i = j
     return _gathered(t, blk, sel, c0, c1, data)
+
+
+def _span_boxes(f_lo: int, f_hi: int, C: int):
+    """Root boxes covering the flat element range ``[f_lo, f_hi]`` of a buffer whose root rows are
+    ``C`` elements wide: one box inside a row, else up to three (the first row's tail, the whole
+    rows between, the last row's head). Every element of a window whose flat extent is that range
+    lies inside them, so a window that crosses root rows (a reshaped or flat view) records no
+    element outside its extent: two blocks writing disjoint runs of a flat view do not overlap."""
+    r0, r1 = f_lo // C, f_hi // C
+    c_lo, c_hi = f_lo - r0 * C, f_hi - r1 * C + 1
+    if r0 == r1:
+        return (r0, r0 + 1, c_lo, c_hi)
+    boxes = []
+    if c_lo:
+        boxes.append((r0, r0 + 1, c_lo, C))
+        r0 += 1
+    tail = None
+    if c_hi < C:
+        tail = (r1, r1 + 1, 0, c_hi)
+        r1 -= 1
+    if r1 >= r0:
+        boxes.append((r0, r1 + 1, 0, C))
+    if tail is not None:
+        boxes.append(tail)
+    return boxes[0] if len(boxes) == 1 else boxes
 
 
 _INT_ONLY = {int}

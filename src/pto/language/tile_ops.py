@@ -759,6 +759,16 @@ def _tile_shape(op: str, shape, what: str) -> list:
     return dims
 
 
+def _fit_float(v: float, tdt: torch.dtype) -> float:
+    """A float scalar past the finite range of the float dtype ``tdt`` rounded to it (IEEE
+    round-to-nearest: +-inf from ``max + ulp / 2`` on), as a store or a tile op rounds it; torch's
+    ``full`` would raise instead of rounding."""
+    top = torch.finfo(tdt).max
+    if math.isfinite(v) and not -top <= v <= top:
+        return float(torch.tensor(v, dtype=torch.float64).to(tdt).item())
+    return v
+
+
 def _check_int_fill(value, is_float: bool, dt: DType) -> None:
     """The checks of an integer ``pl.full`` fill value (a Python number, or a symbol read from
     data under a parametric recording, whose comparisons are guarded): ``is_float`` says whether
@@ -788,6 +798,8 @@ def full(shape, dtype, value) -> Tile:
         if type(s0) is int and type(s1) is int and s0 >= 0 and s1 >= 0:
             if dt.is_int:
                 _check_int_fill(value, tv is float, dt)
+            elif tv is float and not -65504.0 <= value <= 65504.0:
+                value = _fit_float(value, dt.torch)
             _count()
             if value == 0 and (tv is int or math.copysign(1.0, value) > 0):  # +0: zeros, sizes as arguments (cheaper)
                 return Tile(torch.zeros(s0, s1, dtype=dt.torch))
@@ -812,6 +824,8 @@ def full(shape, dtype, value) -> Tile:
     shape = _tile_shape("pl.full", shape, "a tile dim")
     if dt.is_int and isinstance(value, (int, float)) and not isinstance(value, bool):
         _check_int_fill(value, isinstance(value, float), dt)
+    elif dt.is_float and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = _fit_float(float(value), dt.torch)
     _count()
     if meta_value:  # graph-only mode: filled with an unknown value
         return Tile(_meta(shape, dt.torch))
@@ -1150,7 +1164,12 @@ def _reduce(op: str, x, dim: int, fn) -> Tile:
         _count(x.data.numel(), op)
         return Tile(_meta(shape, x.data.dtype))
     d = x.data
-    out = fn(d, dim)
+    try:
+        out = fn(d, dim)
+    except (IndexError, RuntimeError):
+        if d.shape[dim]:
+            raise
+        raise DslError(f"pl.{op}: the tile {list(d.shape)} has no elements along dim {dim} to reduce") from None
     mask = None if x.mask is None else x.mask.amax(dim=dim, keepdim=True)
     blk = _state.block
     if blk is not None:  # _count(d.numel(), op), inlined
@@ -1842,6 +1861,8 @@ def select(mask, a, b) -> Tile:
             if not oid:
                 _int_range_error("pl.select", v, a.data.dtype, _SCALAR_HINT)
             v = 0  # an undefined scalar (check mode): its elements are marked undefined
+        if isinstance(v, float) and a.data.dtype.is_floating_point:
+            v = _fit_float(v, a.data.dtype)
         # graph-only mode: an unknown operand gives an unknown result (torch's meta full_like runs in Python)
         unknown = isinstance(b, _MetaScalar) or a.data.is_meta or m.data.is_meta
         bd = _meta(a.data.shape, a.data.dtype) if unknown else torch.full_like(a.data, v)

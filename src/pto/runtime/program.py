@@ -372,7 +372,7 @@ class Program:
         else:
             self._bound = None
         self._params = params  # dyn_dims is built from them when first read
-        check_written_aliasing(self.name, params)
+        check_written_aliasing(self.name, params, self.check)
         self._in_place = self._writes_in_place(params)
         values = []
         for p in params:
@@ -972,11 +972,15 @@ MALLOC_TRIM_BYTES = 128 << 20
 MALLOC_MMAP_BYTES = 32 << 20
 
 
-def check_written_aliasing(program: str, params) -> None:
+def check_written_aliasing(program: str, params, check: bool = False) -> None:
     """Raise when two Out/InOut tensor arguments of one call share bytes (``k(buf, buf)``, or
     ``buf[0:16]`` and ``buf[8:24]``): each is written through its own parameter, so the bytes both
-    write would end as whichever is copied back last, a lost update no check can see. Under pypto
-    compatibility (where pypto-lib code may pass one tensor twice) they are left alone.
+    write would end as whichever is copied back last, a lost update no check can see. In check
+    mode (``check``) an In argument that shares bytes with an Out/InOut one is refused too: on the
+    device the kernel reads what its own stores wrote (one GM buffer, in place, with no task edge
+    or race check between the two parameters), while pto reads the In argument's values from
+    before the run, so neither the results nor the race checker would be the device's. Under
+    pypto compatibility (where pypto-lib code may pass one tensor twice) they are left alone.
 
     Raises:
         BindError: naming the program and both parameters.
@@ -986,21 +990,30 @@ def check_written_aliasing(program: str, params) -> None:
     spans = []
     for p in params:
         ann = p.ann
-        if isinstance(ann, TensorType) and ann.direction != IN:
+        if isinstance(ann, TensorType) and (check or ann.direction != IN):
             t = p.value
             if (isinstance(t, torch.Tensor) and t.layout is torch.strided and t.nbytes and not t.is_meta
                     and t.is_contiguous()):  # a shape-only (meta) tensor has no bytes of its own
-                spans.append((t.data_ptr(), t.data_ptr() + t.nbytes, p.name))
+                spans.append((t.data_ptr(), t.data_ptr() + t.nbytes, p.name, ann.direction != IN))
     if len(spans) < 2:
         return
     spans.sort()
-    end, name = spans[0][1], spans[0][2]
-    for s0, e, n in spans[1:]:
-        if s0 < end:
-            raise BindError(f"{program}: written arguments {name!r} and {n!r} share memory; each Out/InOut "
-                            "argument needs bytes of its own (pass separate tensors, or one InOut)")
+    end = w_end = -1  # furthest end of any earlier span, of any earlier written span
+    name = w_name = None
+    for s0, e, n, written in spans:
+        if s0 < w_end or (written and s0 < end):
+            if s0 < w_end and written:
+                raise BindError(f"{program}: written arguments {w_name!r} and {n!r} share memory; each Out/InOut "
+                                "argument needs bytes of its own (pass separate tensors, or one InOut)")
+            read, wrote = (name, n) if written else (n, w_name)
+            raise BindError(f"{program}: In argument {read!r} shares memory with the written argument {wrote!r}; "
+                            "in check mode each needs bytes of its own (on the device the In parameter would "
+                            "read the kernel's own stores, pto reads its values from before the run): pass a "
+                            "copy, or make it one InOut parameter")
         if e > end:
             end, name = e, n
+        if written and e > w_end:
+            w_end, w_name = e, n
 
 
 def written_overlap(spans) -> bool:
