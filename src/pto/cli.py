@@ -460,7 +460,21 @@ def _check_build_options(case: KernelCase, options: dict) -> None:
     if unknown:
         raise ConfigError(f"{case.name}: unknown options {unknown} (its options: {', '.join(names) or 'none'})")
     for k, v in options.items():
-        _check_option_type(case.name, k, v, params[k].default)
+        default = params[k].default
+        if default is None:  # ``T: int | None = None``: the annotation says the kind
+            default = _annotated_kind(params[k].annotation)
+        _check_option_type(case.name, k, v, default)
+
+
+def _annotated_kind(ann):
+    """A sample value of the kind ``ann`` names when it is ``bool``, ``int`` or ``float``, alone or
+    ``| None`` (an annotation object or, under ``from __future__ import annotations``, its
+    string); None for anything else (no check)."""
+    text = ann if isinstance(ann, str) else getattr(ann, "__name__", None) if isinstance(ann, type) else str(ann)
+    if not text:
+        return None
+    kinds = {part.strip() for part in text.replace("typing.Optional[", "").rstrip("]").split("|")} - {"None"}
+    return {"bool": False, "int": 0, "float": 0.0}.get(kinds.pop()) if len(kinds) == 1 else None
 
 
 def _check_option_type(kernel: str, key: str, value, default) -> None:

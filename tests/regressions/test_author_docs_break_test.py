@@ -10,7 +10,8 @@
   RuntimeError, where a store or a tile op rounds it to inf;
 * ``pl.range(0, 4, 0)`` and a reduction over an empty dim raised raw Python / torch errors;
 * writing an In parameter named its line by absolute path;
-* ``--scalar a=inf`` / ``nan`` were refused; ``--preset`` on an example was silently ignored;
+* ``--scalar a=inf`` / ``nan`` were refused; ``--preset`` on an example was silently ignored, and
+  ``--opt T=true`` on a builder whose ``T`` defaults to None reached torch;
   ``pto sim`` printed a 3000-task critical path in full;
 * an allclose failure whose elements are NaN in the golden too did not say so;
 * ``DistributedError`` was not importable from ``pto``.
@@ -245,3 +246,10 @@ def test_an_allclose_failure_says_when_the_golden_has_the_nans_too():
 
 def test_distributed_error_is_a_top_level_pto_error():
     assert issubclass(pto.DistributedError, pto.PtoError) and "DistributedError" in pto.__all__
+
+
+def test_an_option_whose_default_is_none_is_checked_by_its_annotation(capsys):
+    # rms_norm's builder: ``T: int | None = None``; True used to reach torch.randn
+    assert cli_main(["run", "rms_norm", "--preset", "tiny", "--opt", "T=true"]) == 2
+    assert "rms_norm: --opt T expects an integer, got True" in capsys.readouterr().err
+    assert cli_main(["run", "rms_norm", "--preset", "tiny", "--opt", "T=8"]) == 0
