@@ -394,10 +394,13 @@ class _ShapeOnlyFactories(TorchFunctionMode):
     their ``*_like`` forms; not ``arange``, whose small tables builders mix with real ones) whose result would be a float, INT8 or UINT8 tensor returns a
     shape-only (``meta``) tensor instead (no storage, the generator not drawn from); integer
     (16 bits and more) and BOOL results are made for real, as graph-only mode reads those.
-    An index computed by a sort of shape-only values (``argsort``, ``sort``, ``topk``) is real,
-    the values taken as ties (the indices in input order: a seeded hash table's rows become
-    experts ``0 .. K-1``), as graph-only mode's own sort-ties assumption (docs/graph_only.md).
-    Used to build a kernel case's inputs for a graph-only run (``--graph-only``)."""
+    An index computed by a sort of shape-only values (``argsort``, ``sort``, ``topk``) is real:
+    the values taken as ties, each row's indices in input order rotated by the row's number
+    (row ``i`` starts at index ``i``), so a seeded hash table's rows send token ``t`` to experts
+    ``t, t + 1, .., t + K - 1`` (mod the expert count): tokens spread evenly over the experts, as
+    graph-only mode's balanced-routing assumption spreads learned routes (docs/graph_only.md),
+    not every token to experts ``0 .. K-1``. Used to build a kernel case's inputs for a
+    graph-only run (``--graph-only``)."""
 
     _SORTS = {torch.argsort: 0, torch.Tensor.argsort: 0, torch.sort: 1, torch.Tensor.sort: 1,
               torch.topk: 2, torch.Tensor.topk: 2}
@@ -422,7 +425,11 @@ class _ShapeOnlyFactories(TorchFunctionMode):
             dim = kwargs.get("dim", args[2 if kind == 2 else 1] if len(args) > (2 if kind == 2 else 1) else -1)
             ix = res if kind == 0 else res[1]
             d = dim % ix.dim()
-            ties = torch.arange(ix.shape[d]).view([-1 if i == d else 1 for i in range(ix.dim())]).expand(ix.shape)
+            n = args[0].shape[d] if args[0].dim() else 1  # the sorted extent (a topk keeps k of n)
+            lane = torch.arange(ix.shape[d]).view([-1 if i == d else 1 for i in range(ix.dim())])
+            rows = torch.arange(ix.numel() // max(ix.shape[d], 1)).view(
+                [1 if i == d else ix.shape[i] for i in range(ix.dim())]) if ix.dim() > 1 else 0
+            ties = ((lane + rows) % max(n, 1)).expand(ix.shape).contiguous()
             return ties if kind == 0 else type(res)((res[0], ties))
         return func(*args, **kwargs)
 

@@ -29,6 +29,7 @@ naming both ranks and both tasks. Stores into a rank's own window are ordered by
 from __future__ import annotations
 
 import atexit
+import datetime
 import os
 import pickle
 import socket
@@ -464,10 +465,14 @@ class GlooTransport:
                 self.threads.append(th)
 
     def send(self, peer: int, kind: int, meta, data: torch.Tensor | None) -> None:
-        """Send one message to ``peer`` (blocking until gloo has taken the bytes).
+        """Send one message to ``peer`` (blocking until gloo has taken the bytes, at most the
+        world's ``timeout_s`` per part: a live peer's receiver thread always drains its channel,
+        so a send that makes no progress that long means the peer stopped, e.g. stuck or
+        suspended, where gloo's own group timeout would wait for days).
 
         Raises:
-            DistributedError: the channel to ``peer`` failed (the peer died).
+            DistributedError: the channel to ``peer`` failed (the peer died) or took nothing
+                for ``timeout_s`` (the peer stopped reading).
         """
         mb = pickle.dumps((meta, None if data is None else (data.dtype, tuple(data.shape))))
         payload = torch.frombuffer(bytearray(mb), dtype=torch.uint8)
@@ -477,14 +482,21 @@ class GlooTransport:
             nd = db.numel()
             payload = torch.cat([payload, db])
         head = torch.tensor([kind, len(mb), nd], dtype=torch.int64)
+        limit = datetime.timedelta(seconds=self.world.timeout_s)
         try:
             with self.lock:
-                self.dist.send(head, peer)  # two sends a message: sizes, then meta and data bytes
-                self.dist.send(payload, peer)
+                for part in (head, payload):  # two sends a message: sizes, then meta and data bytes
+                    if self.dist.isend(part, peer).wait(limit) is False:
+                        raise RuntimeError(f"Timed out waiting {self.world.timeout_s:g} s for the send")
         except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError subclasses
-            self.world.peer_failed(peer, f"send failed: {str(e).splitlines()[0][:200]}")
+            first = _reason(e)
+            self.world.peer_failed(peer, f"send failed: {first}")
+            if "Timed out" in first:
+                raise DistributedError(f"rank {self.world.rank}: sending to rank {peer} made no progress within "
+                                       f"{self.world.timeout_s:g} s ({TIMEOUT_ENV}): rank {peer} stopped reading "
+                                       "(stuck or suspended?)") from None
             raise DistributedError(f"rank {self.world.rank}: sending to rank {peer} failed (rank {peer} died?): "
-                                   f"{str(e).splitlines()[0][:200]}") from None
+                                   f"{first}") from None
 
     def _recv_loop(self, src: int) -> None:
         w = self.world
@@ -506,7 +518,7 @@ class GlooTransport:
                 w.receive(src, kind, meta, data)
         except Exception as e:  # noqa: BLE001 - a dead peer surfaces as a gloo error here
             if src not in self.closed:
-                w.peer_failed(src, f"connection lost: {str(e).splitlines()[0][:200]}")
+                w.peer_failed(src, f"connection lost: {_reason(e)}")
 
     def close(self) -> None:
         """Tell every peer this rank is done, wait (bounded) for theirs, destroy the group."""
@@ -608,8 +620,6 @@ def init(timeout_s: float | None = None) -> World:
     if size == 1:
         _WORLD = World(1, 0, timeout_s=t)
     else:
-        import datetime
-
         import torch.distributed as dist
         from torch.distributed.rendezvous import rendezvous
         try:
@@ -623,7 +633,7 @@ def init(timeout_s: float | None = None) -> World:
         except Exception as e:  # noqa: BLE001 - rendezvous failures come in several classes
             raise DistributedError(f"rank {rank}: cannot join the gloo group of {size} ranks at "
                                    f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}: "
-                                   f"{str(e).splitlines()[0][:200]}") from None
+                                   f"{_reason(e)}") from None
         _WORLD = World(size, rank, timeout_s=t)
         _WORLD.transport = GlooTransport(_WORLD)
         atexit.register(shutdown)
@@ -652,6 +662,25 @@ def run(entry, *args, config=None, **kwargs):
     return prog
 
 
+def _reason(e: BaseException) -> str:
+    """The first line of a gloo / rendezvous error without gloo's source location prefix
+    (``[.../pair.cc:537] ``) and its generic advice sentence, at most 200 characters."""
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if text.startswith("[") and "] " in text:
+        text = text[text.index("] ") + 2:]
+    text = text.split(" This is typically caused by")[0]
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _signal_name(num: int) -> str:
+    """``SIGKILL`` for 9; the number itself for one the platform does not name."""
+    import signal
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return str(num)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -668,7 +697,9 @@ def spawn(argv: list[str], nprocs: int, *, timeout_s: float | None = None, grace
     Ranks other than 0 have their stdout discarded when ``quiet_ranks`` (stderr is kept).
 
     Returns:
-        0 if every rank exited 0, else the first failing rank's exit code.
+        0 if every rank exited 0, else the first failing rank's own exit code (1 when every
+        failing rank was killed by a signal: each such rank is named on stderr; a signal's
+        negative return code would leave the process as an exit status outside pto's codes).
     """
     port = _free_port()
     env = dict(os.environ, WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -686,14 +717,20 @@ def spawn(argv: list[str], nprocs: int, *, timeout_s: float | None = None, grace
         while True:
             states = [p.poll() for p in procs]
             bad = [c for c in states if c not in (None, 0)]
-            if bad and code == 0:
-                code, failed_at = bad[0], time.monotonic()
+            if bad and failed_at is None:
+                failed_at = time.monotonic()
+            own = [c for c in bad if c > 0]
+            if own and code <= 0:
+                code = own[0]
             if all(c is not None for c in states):
                 break
             if failed_at is not None and time.monotonic() - failed_at > grace_s:
                 break
             time.sleep(0.05)
-        return code
+        for r, c in enumerate(states):
+            if c is not None and c < 0:
+                print(f"error: rank {r} was killed by signal {_signal_name(-c)}", file=sys.stderr)
+        return code if code > 0 else (1 if failed_at is not None else 0)
     finally:
         for p in procs:
             if p.poll() is None:

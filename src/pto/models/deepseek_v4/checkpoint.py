@@ -310,8 +310,8 @@ def write_tiny_checkpoint(directory, seed: int = 0, *, cfg: DeepSeekV4Config | N
         The directory path.
 
     Raises:
-        CheckpointError: bad seed / layout / shards (more shards than tensors), or the
-            directory already holds a checkpoint.
+        CheckpointError: bad seed / layout / shards (more shards than tensors), the
+            directory already holds a checkpoint, or it is a dangling symlink.
         OSError: the directory cannot be created or written; nothing is left behind (no
             partial file, no directory this call created).
     """
@@ -329,6 +329,8 @@ def write_tiny_checkpoint(directory, seed: int = 0, *, cfg: DeepSeekV4Config | N
     root = Path(directory)
     if (root / "config.json").exists():
         raise CheckpointError(f"tiny checkpoint: {root} already holds a config.json")
+    if root.is_symlink() and not root.exists():
+        raise CheckpointError(f"tiny checkpoint: {root} is a symlink to {os.readlink(root)!r}, which does not exist")
     tensors = _fp8_layout(state) if layout == "fp8" else state
     stored = {stored_name(k, layout): v.contiguous() for k, v in tensors.items()}
     if shards > len(stored):

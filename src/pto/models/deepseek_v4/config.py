@@ -46,6 +46,7 @@ def _token_id_field(hf: dict, key: str, default, many: bool = False):
     raise ConfigError(f"config.json: {key} must be {what}, got {v!r}")
 
 
+MAX_SINKHORN_ITERS = 1000  # a bound on config.json's hc_sinkhorn_iters (the model's is 20)
 _FP32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, the kernels' float range
 
 
@@ -173,6 +174,9 @@ class DeepSeekV4Config:
         for key in ("routed_scaling_factor", "swiglu_limit"):  # FP32 factors of the kernels: past FP32's range
             v = getattr(self, key)                             # they are inf, and the logits NaN
             need(math.isfinite(v) and 0 < v <= _FP32_MAX, f"{key}={v} must be a positive number within FP32's range")
+        need(self.hc_sinkhorn_iters <= MAX_SINKHORN_ITERS,  # every iteration is tile ops of every layer's hc_pre
+             f"hc_sinkhorn_iters={self.hc_sinkhorn_iters} is above {MAX_SINKHORN_ITERS} (DeepSeek-V4 runs 20; each "
+             "iteration is a row and a column normalisation of every layer's hc_pre and hc_head)")
         need(self.num_nextn_predict_layers >= 0,
              f"num_nextn_predict_layers={self.num_nextn_predict_layers} must not be negative")
         eos = self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)

@@ -65,8 +65,13 @@ class GenerateResult:
 
     @property
     def decode_steps_saved(self) -> int:
-        """Decode steps plain greedy would have run minus the steps run (= accepted drafts)."""
-        return self.mtp_accepted
+        """Decode steps plain greedy would have run minus the steps run. Plain greedy makes the
+        same tokens (MTP keeps only the drafts greedy would choose) and runs one batched step
+        per token after the first of the longest request, so it would run ``max(len(tokens)) - 1``
+        steps; with one request this is the number of accepted drafts, with a batch fewer (one
+        step decodes every request: a step saved needs the longest requests' drafts accepted)."""
+        plain = max((len(t) for t in self.tokens), default=1) - 1
+        return max(plain - self.decode_steps, 0)
 
     @property
     def new_tokens(self) -> int:

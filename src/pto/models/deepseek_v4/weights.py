@@ -31,6 +31,7 @@ Weight formats of the loaded model (``weight_format``):
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,9 +150,13 @@ class Checkpoint:
             try:
                 h = safe_open(str(fpath), framework="pt")
             except FileNotFoundError:
-                raise CheckpointError(f"checkpoint {self.path}: the index names {fname}, "
-                                      "which does not exist") from None
+                what = (f"{fname} is a symlink to {os.readlink(fpath)!r}, which does not exist"
+                        if fpath.is_symlink() else f"the index names {fname}, which does not exist")
+                raise CheckpointError(f"checkpoint {self.path}: {what}") from None
             except Exception as exc:  # safetensors raises its own error types
+                if fpath.is_dir():
+                    raise CheckpointError(f"checkpoint {self.path}: {fname} is a directory, not a safetensors "
+                                          "file") from None
                 raise CheckpointError(f"checkpoint {self.path}: cannot read {fname} ({exc})") from None
             self._handles[fname] = h
             for k in h.keys():
@@ -189,10 +194,16 @@ class Checkpoint:
             c = canonical_name(k)
             for suffix in (".weight_scale_inv", ".scale"):  # FP8/FP4 block scales
                 if c.endswith(suffix):
-                    parts.setdefault(c[:-len(suffix)] + ".weight", {})["scale"] = k
+                    c, role = c[:-len(suffix)] + ".weight", "scale"
                     break
             else:
-                parts.setdefault(c, {})["value"] = k
+                role = "value"
+            p = parts.setdefault(c, {})
+            if role in p:  # two stored names for one tensor: which one wins must not be luck
+                what = "the scale of " if role == "scale" else ""
+                raise CheckpointError(f"checkpoint {self.path}: {what}tensor {c!r} is stored twice, as "
+                                      f"{min(p[role], k)!r} and {max(p[role], k)!r}")
+            p[role] = k
         for c in sorted(parts):
             if c not in want:
                 raise CheckpointError(f"checkpoint {self.path}: unexpected tensor "
@@ -246,7 +257,7 @@ class Checkpoint:
                           "I8 (packed FP4)")
             if sdtype not in ("F8_E8M0", "F32", "BF16") or sshape != want_s:
                 raise CheckpointError(f"checkpoint {self.path}: scale {sname!r} is {sdtype} "
-                                      f"{list(sshape)}; expected F8_E8M0 {list(want_s)}")
+                                      f"{list(sshape)}; expected F8_E8M0, F32 or BF16 {list(want_s)}")
             return
         if dtype not in _FLOAT_DTYPES:
             raise bad(f"has dtype {dtype} without a scale; expected one of {_FLOAT_DTYPES}")
@@ -274,7 +285,8 @@ class Checkpoint:
         Raises:
             CheckpointError: unknown name; a tensor (the rows read) holding NaN or infinite values
                 (a corrupt file: the model would silently emit token 0), naming the stored tensor;
-                a ``tid2eid`` entry outside ``[0, n_routed_experts)``;
+                an FP8/FP4 block scale <= 0;
+                a ``tid2eid`` entry outside ``[0, n_routed_experts)``, or a row naming an expert twice;
                 a ``rows`` slice outside the first dim or with a step.
         """
         p = self._canon.get(canonical)
@@ -296,6 +308,11 @@ class Checkpoint:
             blk = FP8_BLOCK if fp8 else 1
             srows = None if span is None else (span[0] // blk, -(-span[1] // blk))
             s = self._read(p["scale"], srows).float()
+            if not bool((s > 0).all()):  # an E8M0 power of two is positive; NaN is caught below
+                bad_s = s[~(s > 0) & ~torch.isnan(s)]
+                if bad_s.numel():
+                    raise CheckpointError(f"checkpoint {self.path}: scale {p['scale']!r} holds {bad_s.numel()} "
+                                          f"value(s) <= 0 (e.g. {float(bad_s[0]):g}); a block scale is positive")
             if t.dtype == torch.float8_e4m3fn:
                 out = dequantize_fp8_block(t, s)
             else:
@@ -309,6 +326,14 @@ class Checkpoint:
                     v = int(t[bad][0])
                     raise CheckpointError(f"checkpoint {self.path}: tensor {p['value']!r} holds expert id {v} "
                                           f"({int(bad.sum())} entries) outside [0, n_routed_experts={E})")
+                if t.dim() == 2 and t.shape[1] > 1:  # a token's K experts are distinct (as a top-k is)
+                    srt = t.sort(dim=1).values
+                    dup = (srt[:, 1:] == srt[:, :-1]).any(dim=1)
+                    if bool(dup.any()):
+                        r = int(dup.nonzero()[0])
+                        raise CheckpointError(f"checkpoint {self.path}: tensor {p['value']!r} row {r} "
+                                              f"{t[r].tolist()} names an expert twice ({int(dup.sum())} row{'s' if int(dup.sum()) != 1 else ''}); "
+                                              "a token's hash-routed experts are distinct")
             return t
         else:
             out = t.float()
