@@ -253,3 +253,15 @@ def test_an_option_whose_default_is_none_is_checked_by_its_annotation(capsys):
     assert cli_main(["run", "rms_norm", "--preset", "tiny", "--opt", "T=true"]) == 2
     assert "rms_norm: --opt T expects an integer, got True" in capsys.readouterr().err
     assert cli_main(["run", "rms_norm", "--preset", "tiny", "--opt", "T=8"]) == 0
+
+
+@pl.jit
+def _bool_fill(y: pl.Out[pl.Tensor[[2, 4], pl.BOOL]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="m"):
+        y[0:2, :] = pl.full([2, 4], pl.BOOL, 1e6)
+
+
+def test_a_big_float_fills_a_bool_tile_as_before():
+    y = torch.zeros(2, 4, dtype=torch.bool)
+    _bool_fill.run(y)  # a non-zero number is True; the float-range rounding is for float tiles only
+    assert bool(y.all())
