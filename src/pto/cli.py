@@ -468,7 +468,9 @@ def _check_build_options(case: KernelCase, options: dict) -> None:
         raise ConfigError(f"{case.name}: unknown options {unknown} (its options: {', '.join(names) or 'none'})")
     for k, v in options.items():
         default = params[k].default
-        if default is None:  # ``T: int | None = None``: the annotation says the kind
+        if default is None:  # ``T: int | None = None``: the annotation says the kind (None itself is the default)
+            if v is None:
+                continue
             default = _annotated_kind(params[k].annotation)
         _check_option_type(case.name, k, v, default)
 

@@ -265,3 +265,27 @@ def test_a_big_float_fills_a_bool_tile_as_before():
     y = torch.zeros(2, 4, dtype=torch.bool)
     _bool_fill.run(y)  # a non-zero number is True; the float-range rounding is for float tiles only
     assert bool(y.all())
+
+
+def test_none_is_still_an_option_value_where_it_is_the_default(capsys):
+    assert cli_main(["run", "rms_norm", "--preset", "tiny", "--opt", "T=None"]) == 0
+
+
+@pl.jit
+def _big_ints(x: pl.Tensor[[2, 8], pl.FP16], y: pl.Out[pl.Tensor[[2, 8], pl.FP16]],
+              z: pl.Out[pl.Tensor[[2, 8], pl.FP16]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="m"):
+        t = x[0:2, :]
+        y[0:2, :] = pl.full([2, 8], pl.FP16, 70000)
+        z[0:2, :] = pl.select(t > 0.0, t, -(10 ** 400))
+
+
+def test_an_int_past_the_float_tile_range_rounds_to_inf_too():
+    y, z = torch.zeros(2, 8, dtype=torch.float16), torch.zeros(2, 8, dtype=torch.float16)
+    _big_ints.run(-torch.ones(2, 8, dtype=torch.float16), y, z)
+    assert bool((y == math.inf).all()) and bool((z == -math.inf).all())
+
+
+def test_graph_only_refuses_an_empty_max_reduction_as_a_real_run_does():
+    with pytest.raises(DslError, match=r"pl.row_max: the tile \[8, 0\] has no elements along dim 1"):
+        _empty_row_max.run(torch.randn(8, 32), torch.empty(8, 1), config=pto.RunConfig(execute=False))

@@ -759,14 +759,17 @@ def _tile_shape(op: str, shape, what: str) -> list:
     return dims
 
 
-def _fit_float(v: float, tdt: torch.dtype) -> float:
-    """A float scalar past the finite range of the float dtype ``tdt`` rounded to it (IEEE
+def _fit_float(v, tdt: torch.dtype) -> float:
+    """A number (float or int) past the finite range of the float dtype ``tdt`` rounded to it (IEEE
     round-to-nearest: +-inf from ``max + ulp / 2`` on), as a store or a tile op rounds it; torch's
     ``full`` would raise instead of rounding."""
     top = torch.finfo(tdt).max
-    if math.isfinite(v) and not -top <= v <= top:
-        return float(torch.tensor(v, dtype=torch.float64).to(tdt).item())
-    return v
+    if -top <= v <= top or (isinstance(v, float) and not math.isfinite(v)):  # in range, or already +-inf / NaN
+        return v
+    try:
+        return float(torch.tensor(float(v), dtype=torch.float64).to(tdt).item())
+    except OverflowError:  # an int past FP64's range
+        return math.inf if v > 0 else -math.inf
 
 
 def _check_int_fill(value, is_float: bool, dt: DType) -> None:
@@ -798,7 +801,7 @@ def full(shape, dtype, value) -> Tile:
         if type(s0) is int and type(s1) is int and s0 >= 0 and s1 >= 0:
             if dt.is_int:
                 _check_int_fill(value, tv is float, dt)
-            elif tv is float and dt.is_float and not -65504.0 <= value <= 65504.0:
+            elif dt.is_float and not -65504.0 <= value <= 65504.0:
                 value = _fit_float(value, dt.torch)
             _count()
             if value == 0 and (tv is int or math.copysign(1.0, value) > 0):  # +0: zeros, sizes as arguments (cheaper)
@@ -825,7 +828,7 @@ def full(shape, dtype, value) -> Tile:
     if dt.is_int and isinstance(value, (int, float)) and not isinstance(value, bool):
         _check_int_fill(value, isinstance(value, float), dt)
     elif dt.is_float and isinstance(value, numbers.Real) and not isinstance(value, bool):
-        value = _fit_float(float(value), dt.torch)
+        value = _fit_float(value if isinstance(value, int) else float(value), dt.torch)
     _count()
     if meta_value:  # graph-only mode: filled with an unknown value
         return Tile(_meta(shape, dt.torch))
@@ -1160,6 +1163,8 @@ def _reduce(op: str, x, dim: int, fn) -> Tile:
         x = _need_rank2(op, x)
     if x.data.is_meta:  # graph-only mode
         shape = list(x.data.shape)
+        if not shape[dim] and ("max" in op or "min" in op):  # as a real run's torch reduction refuses it
+            raise DslError(f"pl.{op}: the tile {shape} has no elements along dim {dim} to reduce")
         shape[dim] = 1
         _count(x.data.numel(), op)
         return Tile(_meta(shape, x.data.dtype))
@@ -1861,7 +1866,7 @@ def select(mask, a, b) -> Tile:
             if not oid:
                 _int_range_error("pl.select", v, a.data.dtype, _SCALAR_HINT)
             v = 0  # an undefined scalar (check mode): its elements are marked undefined
-        if isinstance(v, float) and a.data.dtype.is_floating_point:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and a.data.dtype.is_floating_point:
             v = _fit_float(v, a.data.dtype)
         # graph-only mode: an unknown operand gives an unknown result (torch's meta full_like runs in Python)
         unknown = isinstance(b, _MetaScalar) or a.data.is_meta or m.data.is_meta
