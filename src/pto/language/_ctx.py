@@ -66,6 +66,13 @@ def frame_site(f) -> str:
     return f"{rel_path(f.f_code.co_filename)}:{f.f_lineno}"
 
 
+def user_site() -> str:
+    """`` at file:line`` of the kernel line running now (:func:`user_frame`), for the end of an
+    error message; empty outside user code."""
+    f = user_frame(2)
+    return f" at {frame_site(f)}" if f is not None else ""
+
+
 def caller_site(depth: int = 2) -> str:
     """``file:line`` of the frame ``depth`` levels up (for error messages and origins)."""
     return frame_site(sys._getframe(depth))

@@ -58,9 +58,7 @@ class _Mode:
 mode = _Mode()
 
 
-def _site() -> str:
-    f = _ctx.user_frame()
-    return f" at {_ctx.frame_site(f)}" if f is not None else ""
+_site = _ctx.user_site
 
 
 def _poisoned(shape, dt) -> torch.Tensor:

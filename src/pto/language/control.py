@@ -36,12 +36,6 @@ class Level:
     HOST = "host"
 
 
-def _here() -> str:
-    """`` at FILE:LINE`` of the kernel line running now (empty outside user code)."""
-    f = _ctx.user_frame()
-    return f" at {_ctx.frame_site(f)}" if f is not None else ""
-
-
 def _deps_list(deps):
     """Task ids of a ``deps=`` argument: a task id, a ``pl.spmd`` / ``pl.at`` object that has run,
     or a list or tuple of them (nested lists flattened, ``None`` skipped; ``-1`` stays, the caller
@@ -64,7 +58,7 @@ def _deps_list(deps):
         elif isinstance(d, (spmd, at)):
             if d.tid < 0:
                 raise DslError(f"deps=: task {d.name!r} (pl.{type(d).__name__}) has not run yet, so it has no "
-                               f"task id to depend on; run it first or pass the id it returns{_here()}")
+                               f"task id to depend on; run it first or pass the id it returns{_ctx.user_site()}")
             out.append(d.tid)
         elif hasattr(d, "tid"):
             out.append(d.tid)
@@ -72,7 +66,7 @@ def _deps_list(deps):
             v = concrete(d, "a task id")
             if isinstance(v, bool) or not isinstance(v, int):
                 raise DslError(f"deps=: expected task ids (ints returned by pl.at / pl.spmd / task_dummy) or "
-                               f"pl.spmd objects, got {d!r}{_here()}")
+                               f"pl.spmd objects, got {d!r}{_ctx.user_site()}")
             out.append(v)
     return out
 
@@ -288,10 +282,11 @@ def _bounds(args, what):
         DslError: another number of bounds, a bound that is no integer, or a step of 0.
     """
     if not 1 <= len(args) <= 3:
-        raise DslError(f"{what}: takes 1 to 3 bounds (stop | start, stop[, step]), got {len(args)}{_here()}")
+        raise DslError(f"{what}: takes 1 to 3 bounds (stop | start, stop[, step]), got {len(args)}"
+                       f"{_ctx.user_site()}")
     bounds = [as_int(a, f"a {what} bound") for a in args]
     if len(bounds) == 3 and bounds[2] == 0:
-        raise DslError(f"{what}: step must not be zero{_here()}")
+        raise DslError(f"{what}: step must not be zero{_ctx.user_site()}")
     return bounds
 
 
@@ -316,8 +311,8 @@ def _no_carry(what: str, init_values) -> None:
     """pypto's loop-carried form ``for i, (acc,) in pl.range(n, init_values=(acc0,))`` with
     ``pl.yield_``: not supported (a DslError naming the loop's line)."""
     if init_values is not None:
-        from pto.language.compat_ops import _site  # compat_ops imports this module
-        raise DslError(f"{what}(init_values=...): loop-carried values (pl.yield_) are not supported by pto{_site()}; "
+        raise DslError(f"{what}(init_values=...): loop-carried values (pl.yield_) are not supported by pto"
+                       f"{_ctx.user_site()}; "
                        f"carry the value in a plain variable (acc = pl.add(acc, ...) inside the loop)")
 
 

@@ -801,7 +801,7 @@ def full(shape, dtype, value) -> Tile:
         if type(s0) is int and type(s1) is int and s0 >= 0 and s1 >= 0:
             if dt.is_int:
                 _check_int_fill(value, tv is float, dt)
-            elif dt.is_float and not -65504.0 <= value <= 65504.0:
+            elif dt.is_float and not -65504.0 <= value <= 65504.0:  # past FP16's max, the narrowest float range
                 value = _fit_float(value, dt.torch)
             _count()
             if value == 0 and (tv is int or math.copysign(1.0, value) > 0):  # +0: zeros, sizes as arguments (cheaper)

@@ -103,8 +103,8 @@ class Checkpoint:
     Raises:
         CheckpointError: (from the constructor) no config.json, no safetensors file, an
             unreadable index or file, a tensor the index names but no file holds, a tensor
-            stored in two files without an index to choose, or any missing / extra / misshapen
-            tensor.
+            stored in two files without an index to choose or under two names, or any missing /
+            extra / misshapen tensor.
         ConfigError: an unknown ``weight_format`` or an unsupported config.json.
     """
 
@@ -330,9 +330,9 @@ class Checkpoint:
                     srt = t.sort(dim=1).values
                     dup = (srt[:, 1:] == srt[:, :-1]).any(dim=1)
                     if bool(dup.any()):
-                        r = int(dup.nonzero()[0])
+                        r, n = int(dup.nonzero()[0]), int(dup.sum())
                         raise CheckpointError(f"checkpoint {self.path}: tensor {p['value']!r} row {r} "
-                                              f"{t[r].tolist()} names an expert twice ({int(dup.sum())} row{'s' if int(dup.sum()) != 1 else ''}); "
+                                              f"{t[r].tolist()} names an expert twice ({n} row{'s' if n != 1 else ''}); "
                                               "a token's hash-routed experts are distinct")
             return t
         else:
